@@ -1,0 +1,24 @@
+"""quinebox: run LLM agents and untrusted programs as processes in hardened containers.
+
+The Python API mirrors `subprocess`: `quinebox.exec` runs a command in a box
+and returns a completed result; `quinebox.Popen` streams.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "exec", "Popen", "ExecResult", "QuineboxError", "GrantError", "PIPE", "DEVNULL"]
+
+
+def __getattr__(name: str):
+    # Imported lazily so `import quinebox` (and the CLI's start-up) stays cheap.
+    if name in ("exec", "Popen", "ExecResult", "PIPE", "DEVNULL"):
+        from quinebox import api
+
+        return getattr(api, name)
+    if name in ("QuineboxError", "GrantError"):
+        from quinebox import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'quinebox' has no attribute {name!r}")

@@ -1,0 +1,321 @@
+"""The Python API, shaped like `subprocess`: `exec` → a completed result, `Popen` to stream.
+
+A box's lifetime, in order: spec (checked), policy (pure), lifeline socket,
+create, subscribe to its events, attach, start; then streams flow until the
+engine reports `die` (with the exit code) and `destroy` (the box is gone).
+The engine's events, not the box, are the authority on exit code and OOM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import IO, Any, Callable, Iterable, Sequence, Union
+
+from quinebox import streams
+from quinebox.backends.docker import DockerBackend
+from quinebox.errors import QuineboxError
+from quinebox.lifeline import LifelineServer
+from quinebox.policy import container_config, native_arch
+from quinebox.resources import resource_path
+from quinebox.spec import BoxSpec, build_spec
+
+PIPE = -1
+DEVNULL = -3
+EXIT_TIMEOUT = 124
+#: How long the engine may take to remove a box after it stopped before we insist.
+REMOVAL_GRACE = 10.0
+
+Stream = Union[None, int, IO[Any], Callable[[bytes], None]]
+
+
+@lru_cache(maxsize=1)
+def _seccomp_base() -> dict[str, Any]:
+    return json.loads(resource_path("sandbox", "seccomp", "quinebox.json").read_text())
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A finished box: what `quinebox.exec` returns."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    oom_killed: bool
+    session: str
+    duration_s: float
+
+
+class Popen:
+    """A box running one command, with its streams connected like subprocess.Popen's.
+
+    stdin, stdout, stderr: None inherits this process's fd 0/1/2; PIPE gives
+    `.stdin` (write, close() for EOF) / `.stdout` / `.stderr` (read); DEVNULL;
+    a file descriptor or file object; for stdout/stderr also a callable that
+    receives each chunk as it arrives.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        grants: Iterable[str] = (),
+        policy: str | None = None,
+        timeout: float | str | None = None,
+        image: str | None = None,
+        workdir: str | None = None,
+        stdin: Stream | bytes = None,
+        stdout: Stream = None,
+        stderr: Stream = None,
+        backend: DockerBackend | None = None,
+        spec: BoxSpec | None = None,
+    ):
+        self.spec = spec or build_spec(argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir)
+        self.args = self.spec.argv
+        self.session = self.spec.session
+        self.returncode: int | None = None
+        self.timed_out = False
+        self.oom_killed = False
+        self.stdin: streams.StdinWriter | None = None
+        self.stdout: IO[bytes] | None = None
+        self.stderr: IO[bytes] | None = None
+        self.id: str | None = None
+        self._exit_code: int | None = None
+        self._died = threading.Event()
+        self._destroyed = threading.Event()
+        self._pipe_ends: list[int] = []
+        self._threads: list[threading.Thread] = []
+        self._stop_r, self._stop_w = os.pipe()
+        self._deadline: threading.Timer | None = None
+        self._closed = False
+
+        config = container_config(self.spec, seccomp=_seccomp_base(), arch=native_arch())
+        self._backend = backend or DockerBackend.connect()
+        self._lifeline = LifelineServer(self.spec.lifeline) if self.spec.lifeline else None
+        try:
+            self.id = self._backend.create(config)
+            self._events = self._backend.events(self.id)
+            self._spawn(self._follow_events, "events")
+            self._sock = self._backend.attach(self.id)
+            self._connect_outputs(stdout, stderr)
+            self._backend.start(self.id)
+            self.started = time.monotonic()
+            self._connect_stdin(stdin)
+            if self.spec.grants.time:
+                self._deadline = threading.Timer(self.spec.grants.time, self._expire)
+                self._deadline.daemon = True
+                self._deadline.start()
+        except BaseException:
+            if self.id:
+                self._backend.remove(self.id)
+            self._close()
+            raise
+
+    # -- wiring -----------------------------------------------------------------
+
+    def _spawn(self, target: Callable[..., None], name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=f"{name}:{self.session}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _sink(self, target: Stream, fd: int, attr: str) -> streams.Sink:
+        if target is None:
+            return streams.fd_sink(fd)
+        if target == DEVNULL:
+            return streams.discard
+        if target == PIPE:
+            read_end, write_end = os.pipe()
+            setattr(self, attr, os.fdopen(read_end, "rb"))
+            self._pipe_ends.append(write_end)
+            return streams.fd_sink(write_end)
+        if callable(target):
+            return target
+        return streams.fd_sink(target if isinstance(target, int) else target.fileno())
+
+    def _connect_outputs(self, stdout: Stream, stderr: Stream) -> None:
+        out = self._guard(self._sink(stdout, 1, "stdout"))
+        err = self._guard(self._sink(stderr, 2, "stderr"))
+        reader = self._sock.makefile("rb", buffering=streams.CHUNK)
+        self._spawn(self._relay, "demux", reader, out, err)
+
+    def _guard(self, sink: streams.Sink) -> streams.Sink:
+        """A reader that went away stops the box, as SIGPIPE would stop a process."""
+        broken = False
+
+        def write(data: bytes) -> None:
+            nonlocal broken
+            if broken:
+                return
+            try:
+                sink(data)
+            except BrokenPipeError:
+                broken = True
+                self.broken_pipe = True
+                self.kill()
+
+        return write
+
+    broken_pipe = False
+
+    def _relay(self, reader: IO[bytes], out: streams.Sink, err: streams.Sink) -> None:
+        try:
+            streams.demux(reader, out, err)
+        except OSError:
+            pass
+        finally:
+            for fd in self._pipe_ends:
+                os.close(fd)
+            self._pipe_ends = []
+
+    def _connect_stdin(self, stdin: Stream | bytes) -> None:
+        if stdin == PIPE:
+            self.stdin = streams.StdinWriter(self._sock)
+        elif stdin == DEVNULL:
+            streams.StdinWriter(self._sock).close()
+        elif isinstance(stdin, (bytes, bytearray, memoryview)):
+            self._spawn(streams.pump_bytes, "stdin", bytes(stdin), self._sock)
+        else:
+            fd = 0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno()
+            self._spawn(streams.pump_fd, "stdin", fd, self._sock, self._stop_r)
+
+    def _follow_events(self) -> None:
+        try:
+            for event in self._events:
+                action = event.get("Action") or event.get("status")
+                if action == "oom":
+                    self.oom_killed = True
+                elif action == "die":
+                    self._exit_code = int(event.get("Actor", {}).get("Attributes", {}).get("exitCode", 137))
+                    self._died.set()
+                elif action == "destroy":
+                    break
+        except Exception:
+            pass  # the engine closed the stream; wait() will check on the box itself
+        finally:
+            self._died.set()
+            self._destroyed.set()
+
+    def _expire(self) -> None:
+        self.timed_out = True
+        self.kill()
+
+    # -- the subprocess-like surface ---------------------------------------------
+
+    def kill(self) -> None:
+        """SIGKILL everything in the box; the engine then removes it."""
+        if self.id and not self._died.is_set():
+            self._backend.kill(self.id)
+
+    terminate = kill
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._destroyed.is_set():
+            return self.wait()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the box to exit and be removed; return its exit status.
+
+        Any exception here (KeyboardInterrupt included) kills the box first,
+        so no box outlives the call that was waiting for it.
+        """
+        if self.returncode is not None:
+            return self.returncode
+        limit = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._died.wait(0.05 if limit is None else max(0.0, min(0.05, limit - time.monotonic()))):
+                if limit is not None and time.monotonic() >= limit:
+                    raise TimeoutError(f"box {self.session} still running after {timeout} s")
+            for thread in self._threads:
+                if thread.name.startswith("demux"):
+                    thread.join(REMOVAL_GRACE)
+            if not self._destroyed.wait(REMOVAL_GRACE):
+                self._backend.remove(self.id)
+        except TimeoutError:
+            raise
+        except BaseException:
+            self.kill()
+            self._destroyed.wait(REMOVAL_GRACE) or self._backend.remove(self.id)
+            self._close()
+            raise
+        self._close()
+        code = self._exit_code if self._exit_code is not None else 137
+        self.returncode = EXIT_TIMEOUT if self.timed_out else code
+        return self.returncode
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._deadline:
+            self._deadline.cancel()
+        os.write(self._stop_w, b"x")
+        for closer in (getattr(self, "_events", None), getattr(self, "_sock", None), self._lifeline):
+            if closer is not None:
+                try:
+                    closer.close()
+                except OSError:
+                    pass
+        for fd in self._pipe_ends:
+            os.close(fd)
+        self._pipe_ends = []
+
+    def __enter__(self) -> "Popen":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stdin:
+            self.stdin.close()
+        self.wait()
+
+
+def exec(
+    argv: Sequence[str],
+    *,
+    input: bytes | None = None,
+    grants: Iterable[str] = (),
+    policy: str | None = None,
+    timeout: float | str | None = None,
+    image: str | None = None,
+    workdir: str | None = None,
+) -> ExecResult:
+    """Run `argv` in a fresh box and collect its output, like `subprocess.run(capture_output=True)`.
+
+    `input` is the box's whole stdin (empty when None). A `timeout` that runs
+    out kills the box and gives returncode 124 rather than raising.
+    """
+    out: list[bytes] = []
+    err: list[bytes] = []
+    began = time.monotonic()
+    proc = Popen(
+        argv,
+        grants=grants,
+        policy=policy,
+        timeout=timeout,
+        image=image,
+        workdir=workdir,
+        stdin=input if input is not None else DEVNULL,
+        stdout=out.append,
+        stderr=err.append,
+    )
+    code = proc.wait()
+    return ExecResult(
+        argv=proc.args,
+        returncode=code,
+        stdout=b"".join(out),
+        stderr=b"".join(err),
+        timed_out=proc.timed_out,
+        oom_killed=proc.oom_killed,
+        session=proc.session,
+        duration_s=time.monotonic() - began,
+    )
+
+
+__all__ = ["exec", "Popen", "ExecResult", "PIPE", "DEVNULL", "QuineboxError", "sys"]

@@ -1,0 +1,1 @@
+"""Container engines that can run a policy's container configuration."""

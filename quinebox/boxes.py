@@ -1,0 +1,115 @@
+"""The boxes on the engine, seen through their labels: listing and garbage collection.
+
+There is no daemon: each quinebox process owns its boxes, and a box's owner
+label (`host:pid:start`) is enough to tell whether that process still lives.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from quinebox.backends.docker import DockerBackend
+from quinebox.policy import GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
+from quinebox.spec import process_start_ticks
+from quinebox.store import run_dir
+
+
+@dataclass(frozen=True)
+class BoxInfo:
+    session: str
+    container: str
+    command: str
+    state: str
+    owner: str
+    parent: str
+    age_s: float
+
+
+def owner_alive(owner: str, hostname: str | None = None) -> bool:
+    """Is the `host:pid:start` process still running? Owners on other hosts are assumed alive."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != (hostname or socket.gethostname()):
+        return True
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return process_start_ticks(int(pid)) == start
+
+
+def _info(container: dict) -> BoxInfo:
+    labels = container.get("Labels") or {}
+    command = container.get("Command", "")
+    prefix = " ".join(GUEST_PREFIX) + " "
+    created = labels.get(LABEL_CREATED, "")
+    try:
+        age = (datetime.now(timezone.utc) - datetime.fromisoformat(created)).total_seconds()
+    except ValueError:
+        age = time.time() - container.get("Created", time.time())
+    return BoxInfo(
+        session=labels.get(LABEL_SESSION, "?"),
+        container=container["Id"][:12],
+        command=command[len(prefix) :] if command.startswith(prefix) else command,
+        state=container.get("State", "?"),
+        owner=labels.get(LABEL_OWNER, "?"),
+        parent=labels.get(LABEL_PARENT, ""),
+        age_s=max(0.0, age),
+    )
+
+
+def live_boxes(backend: DockerBackend | None = None) -> list[BoxInfo]:
+    backend = backend or DockerBackend.connect()
+    return sorted((_info(c) for c in backend.boxes()), key=lambda b: -b.age_s)
+
+
+def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
+    """Remove boxes (and sockets) whose owner is gone; return their session ids."""
+    backend = backend or DockerBackend.connect()
+    removed = []
+    live_sessions = set()
+    for container in backend.boxes():
+        box = _info(container)
+        if owner_alive(box.owner):
+            live_sessions.add(box.session)
+            continue
+        backend.remove(container["Id"])
+        removed.append(box.session)
+    for sock in run_dir().glob("*.sock"):
+        if sock.stem not in live_sessions:
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(sock))
+            except OSError:
+                sock.unlink(missing_ok=True)
+            finally:
+                probe.close()
+    return removed
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def print_table(rows: list[BoxInfo]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for column in ("ID", "COMMAND", "AGE", "STATE", "OWNER"):
+        table.add_column(column, overflow="fold")
+    for box in rows:
+        host, _, rest = box.owner.partition(":")
+        table.add_row(box.session, box.command, _age(box.age_s), box.state, f"{host}:{rest.partition(':')[0]}")
+    Console(soft_wrap=True).print(table)

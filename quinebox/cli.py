@@ -1,0 +1,167 @@
+"""The `quinebox` command. Parsing and presentation only: the work is in the modules it calls.
+
+Heavy imports (docker, rich) happen inside the commands that need them, so
+`quinebox exec` starts quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import List, Optional
+
+import typer
+
+from quinebox import __version__
+from quinebox.errors import QuineboxError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Run LLM agents and untrusted programs as processes in hardened containers.",
+)
+image_app = typer.Typer(no_args_is_help=True, help="The agent image.")
+app.add_typer(image_app, name="image")
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
+def say(message: str) -> None:
+    print(f"quinebox: {message}", file=sys.stderr, flush=True)
+
+
+def fail(exc: QuineboxError) -> typer.Exit:
+    say(str(exc))
+    return typer.Exit(exc.exit_code)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        print(f"quinebox {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True, help="Print the version."),
+) -> None:
+    pass
+
+
+@app.command(
+    "exec",
+    context_settings={"allow_interspersed_args": False},
+    help="Run CMD as the main process of a fresh hardened box: stdin, stdout, stderr and the exit status pass through.",
+)
+def exec_command(
+    cmd: List[str] = typer.Argument(..., metavar="-- CMD [ARGS...]", help="The command to run in the box."),
+    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant: ro:PATH[=DEST], rw:…, net, cpus:N, mem:SIZE, pids:N, tmp:SIZE, time:DUR, env:NAME[=VALUE], syscall:NAME."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit (30, 30s, 5m); exit 124 when reached."),
+    memory: Optional[str] = typer.Option(None, "--memory", metavar="SIZE", help="Memory limit (128m, 2g); same as -g mem:SIZE."),
+    cpus: Optional[str] = typer.Option(None, "--cpus", metavar="N", help="CPU limit; same as -g cpus:N."),
+    pids: Optional[str] = typer.Option(None, "--pids", metavar="N", help="Process limit; same as -g pids:N."),
+    image: Optional[str] = typer.Option(None, "--image", help="Image to run (built FROM the agent image)."),
+    workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
+    env: List[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Pass one variable; same as -g env:…"),
+    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset (strict, dev)."),
+    json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
+) -> None:
+    grants = list(grant)
+    grants += [f"mem:{memory}"] if memory else []
+    grants += [f"cpus:{cpus}"] if cpus else []
+    grants += [f"pids:{pids}"] if pids else []
+    grants += [f"env:{e}" for e in env]
+    raise typer.Exit(run_box(cmd, grants=grants, timeout=timeout, image=image, workdir=workdir, policy=policy, json_summary=json_summary))
+
+
+def run_box(cmd: List[str], *, json_summary: bool, **options: object) -> int:
+    """Run one box wired to this process's stdio; map how it ended to our exit status."""
+    import time
+
+    received: list[int] = []
+    proc = None
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        if proc is not None:
+            proc.kill()
+
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, on_signal)
+    began = time.monotonic()
+    try:
+        from quinebox.api import Popen
+
+        proc = Popen(cmd, **options)  # type: ignore[arg-type]
+        if received:
+            proc.kill()
+        code = proc.wait()
+    except QuineboxError as exc:
+        raise fail(exc) from None
+    if proc.timed_out:
+        say(f"time limit of {proc.spec.grants.time:g} s reached; the box was killed")
+    if proc.oom_killed:
+        say(f"out of memory: the box hit its memory limit ({proc.spec.grants.mem or 'default'} bytes) and the kernel killed a process in it")
+    if received:
+        code = 128 + received[0]
+    elif proc.broken_pipe:
+        code = EXIT_BROKEN_PIPE
+    if json_summary:
+        summary = {
+            "exit_code": code,
+            "timed_out": proc.timed_out,
+            "oom_killed": proc.oom_killed,
+            "duration_s": round(time.monotonic() - began, 3),
+            "session": proc.session,
+        }
+        print(json.dumps(summary), file=sys.stderr, flush=True)
+    return code
+
+
+@app.command("ps", help="List live boxes: id, command, age, owner.")
+def ps_command() -> None:
+    from quinebox import boxes
+
+    try:
+        rows = boxes.live_boxes()
+    except QuineboxError as exc:
+        raise fail(exc) from None
+    boxes.print_table(rows)
+
+
+@app.command("gc", help="Remove boxes whose owning quinebox process is gone.")
+def gc_command() -> None:
+    from quinebox import boxes
+
+    try:
+        removed = boxes.collect_garbage()
+    except QuineboxError as exc:
+        raise fail(exc) from None
+    say(f"removed {len(removed)} orphaned box{'es' if len(removed) != 1 else ''}" + (": " + " ".join(removed) if removed else ""))
+
+
+@app.command("doctor", help="Check the engine, the image and kernel support, and say how to fix what is missing.")
+def doctor_command() -> None:
+    from quinebox import doctor
+
+    raise typer.Exit(doctor.run())
+
+
+@image_app.command("build", help="Build the agent image (bootstrapping the base offline when no registry is reachable).")
+def image_build_command(
+    base: Optional[str] = typer.Option(None, "--base", help="Base image to build on (default: debian:bookworm-slim, else a debootstrapped one)."),
+) -> None:
+    from quinebox.backends.docker import DockerBackend
+    from quinebox.image import build_image
+
+    try:
+        build_image(DockerBackend.connect(), base=base)
+    except QuineboxError as exc:
+        raise fail(exc) from None
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,258 @@
+"""The grant grammar: what a box may touch, as one string per capability.
+
+One grammar serves the CLI (`-g`), policy files, the Python API and, later,
+child requests from inside a box. Parsing is pure; `resolve` is the one step
+that looks at the host (paths, environment) and it refuses anything that
+would hand the box a way out before any container exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import PurePosixPath
+from typing import Iterable, Mapping
+
+from quinebox.errors import GrantError
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?$", re.IGNORECASE)
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|)$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SYSCALL_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def parse_size(text: str) -> int:
+    """`128m`, `2g`, `512k`, `1048576` → bytes (binary units, as Docker reads them)."""
+    match = _SIZE_RE.match(text.strip())
+    if not match:
+        raise GrantError(f"bad size {text!r}: use a number with an optional unit k, m, g or t (e.g. 128m, 2g)")
+    number, unit = match.groups()
+    value = int(float(number) * _SIZE_UNITS[unit.lower()])
+    if value <= 0:
+        raise GrantError(f"bad size {text!r}: it must be more than zero")
+    return value
+
+
+def format_size(value: int) -> str:
+    for unit in ("t", "g", "m", "k"):
+        if value % _SIZE_UNITS[unit] == 0:
+            return f"{value // _SIZE_UNITS[unit]}{unit}"
+    return str(value)
+
+
+def parse_duration(text: str) -> float:
+    """`30`, `30s`, `5m`, `1h`, `250ms` → seconds."""
+    match = _DURATION_RE.match(text.strip())
+    if not match:
+        raise GrantError(f"bad duration {text!r}: use seconds or a unit ms, s, m or h (e.g. 30, 30s, 5m)")
+    number, unit = match.groups()
+    value = float(number) * _DURATION_UNITS[unit]
+    if value <= 0:
+        raise GrantError(f"bad duration {text!r}: it must be more than zero")
+    return value
+
+
+def format_duration(value: float) -> str:
+    for unit in ("h", "m", "s"):
+        if value >= _DURATION_UNITS[unit] and value % _DURATION_UNITS[unit] == 0:
+            return f"{int(value // _DURATION_UNITS[unit])}{unit}"
+    return f"{int(round(value * 1000))}ms"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path the box may see. `source` is absolute; after `resolve` it is the real path."""
+
+    source: str
+    dest: str
+    writable: bool
+
+
+@dataclass(frozen=True)
+class Grants:
+    """Everything a box may do beyond the safe defaults. None means "the default"."""
+
+    mounts: tuple[Mount, ...] = ()
+    net: bool = False
+    cpus: float | None = None
+    mem: int | None = None
+    pids: int | None = None
+    tmp: int | None = None
+    time: float | None = None
+    env: tuple[tuple[str, str | None], ...] = ()
+    spawn: int | None = None
+    depth: int | None = None
+    tokens: int | None = None
+    syscalls: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def parse(cls, specs: Iterable[str], *, cwd: str | None = None) -> "Grants":
+        """Combine grant strings; a later limit overrides an earlier one, as flags do."""
+        grants = cls()
+        for spec in specs:
+            grants = grants.merge(parse_grant(spec, cwd=cwd))
+        return grants
+
+    def merge(self, other: "Grants") -> "Grants":
+        """`other` on top of `self`: scalars override, mounts/env/syscalls accumulate."""
+        changes: dict[str, object] = {}
+        for name in ("cpus", "mem", "pids", "tmp", "time", "spawn", "depth", "tokens"):
+            if getattr(other, name) is not None:
+                changes[name] = getattr(other, name)
+        mounts = list(self.mounts)
+        for mount in other.mounts:
+            if any(m.dest == mount.dest for m in mounts):
+                raise GrantError(f"two grants mount at {mount.dest}: give each mount its own destination (PATH=DEST)")
+            mounts.append(mount)
+        env = dict(self.env)
+        env.update(dict(other.env))
+        return replace(
+            self,
+            mounts=tuple(mounts),
+            net=self.net or other.net,
+            env=tuple(env.items()),
+            syscalls=self.syscalls | other.syscalls,
+            **changes,
+        )
+
+    def format(self) -> list[str]:
+        """The grant strings that parse back to these grants."""
+        out = [f"{'rw' if m.writable else 'ro'}:{m.source}" + (f"={m.dest}" if m.dest != m.source else "") for m in self.mounts]
+        if self.net:
+            out.append("net")
+        if self.cpus is not None:
+            out.append(f"cpus:{self.cpus:g}")
+        for name in ("mem", "tmp"):
+            if getattr(self, name) is not None:
+                out.append(f"{name}:{format_size(getattr(self, name))}")
+        for name in ("pids", "spawn", "depth", "tokens"):
+            if getattr(self, name) is not None:
+                out.append(f"{name}:{getattr(self, name)}")
+        if self.time is not None:
+            out.append(f"time:{format_duration(self.time)}")
+        out += [f"env:{k}" + (f"={v}" if v is not None else "") for k, v in self.env]
+        out += [f"syscall:{name}" for name in sorted(self.syscalls)]
+        return out
+
+
+def _positive_int(kind: str, text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise GrantError(f"bad grant '{kind}:{text}': {kind} takes a whole number above zero (e.g. {kind}:64)")
+    return int(text)
+
+
+def _mount(kind: str, value: str, cwd: str | None) -> Mount:
+    path, _, dest = value.partition("=")
+    if not path:
+        raise GrantError(f"bad grant '{kind}:{value}': give a path, as {kind}:PATH or {kind}:PATH=DEST")
+    source = os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(path)))
+    if dest:
+        if not dest.startswith("/"):
+            raise GrantError(f"bad grant '{kind}:{value}': the destination {dest!r} must be an absolute path inside the box")
+        if ".." in PurePosixPath(dest).parts:
+            raise GrantError(f"bad grant '{kind}:{value}': the destination may not contain '..'")
+        dest = os.path.normpath(dest)
+    else:
+        dest = source
+    return Mount(source=source, dest=dest, writable=kind == "rw")
+
+
+def parse_grant(spec: str, *, cwd: str | None = None) -> Grants:
+    """One grant string → a Grants holding just that grant. Pure except for `~` and relative paths."""
+    kind, sep, value = spec.partition(":")
+    kind = kind.strip()
+    if kind == "net":
+        if sep:
+            raise GrantError(f"bad grant {spec!r}: 'net' takes no value")
+        return Grants(net=True)
+    if not sep or not value:
+        raise GrantError(
+            f"bad grant {spec!r}: expected KIND:VALUE with KIND one of ro, rw, net, cpus, mem, pids, tmp, time, env, spawn, depth, tokens, syscall"
+        )
+    if kind in ("ro", "rw"):
+        return Grants(mounts=(_mount(kind, value, cwd),))
+    if kind == "cpus":
+        try:
+            cpus = float(value)
+        except ValueError:
+            cpus = 0.0
+        if not cpus > 0:
+            raise GrantError(f"bad grant {spec!r}: cpus takes a number above zero (e.g. cpus:1.5)")
+        return Grants(cpus=cpus)
+    if kind in ("mem", "tmp"):
+        try:
+            return Grants(**{kind: parse_size(value)})
+        except GrantError as exc:
+            raise GrantError(f"bad grant {spec!r}: {exc}") from None
+    if kind == "time":
+        try:
+            return Grants(time=parse_duration(value))
+        except GrantError as exc:
+            raise GrantError(f"bad grant {spec!r}: {exc}") from None
+    if kind in ("pids", "spawn", "depth", "tokens"):
+        return Grants(**{kind: _positive_int(kind, value)})
+    if kind == "env":
+        name, eq, env_value = value.partition("=")
+        if not _ENV_NAME_RE.match(name):
+            raise GrantError(f"bad grant {spec!r}: {name!r} is not an environment variable name")
+        return Grants(env=((name, env_value if eq else None),))
+    if kind == "syscall":
+        if not _SYSCALL_RE.match(value):
+            raise GrantError(f"bad grant {spec!r}: {value!r} is not a system call name")
+        return Grants(syscalls=frozenset({value}))
+    raise GrantError(
+        f"unknown grant {spec!r}: KIND must be one of ro, rw, net, cpus, mem, pids, tmp, time, env, spawn, depth, tokens, syscall"
+    )
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+_NEVER_WITHIN = ("/proc", "/sys", "/dev", "/etc", "/boot", "/var/lib/docker", "/var/lib/containerd")
+_BOX_RESERVED = ("/proc", "/sys", "/dev", "/run/quinebox")
+
+
+def check_mount(mount: Mount, *, protected: Iterable[str]) -> Mount:
+    """Resolve a mount's source and refuse it when it would expose the host.
+
+    `protected` are paths (the Docker socket, the state dir) that may be neither
+    granted nor contained in a grant. Symlinks are resolved first, so a link to
+    a forbidden place is as forbidden as the place.
+    """
+    label = f"{'rw' if mount.writable else 'ro'}:{mount.source}"
+    if not os.path.lexists(mount.source):
+        raise GrantError(f"cannot grant {label}: {mount.source} does not exist")
+    real = os.path.realpath(mount.source)
+    if not os.path.exists(real):
+        raise GrantError(f"cannot grant {label}: it is a symlink to {real}, which does not exist")
+    shown = mount.source if real == mount.source else f"{mount.source} (→ {real})"
+    if real == "/":
+        raise GrantError(f"cannot grant {label}: {shown} is the host's root; grant the directories the box needs")
+    for root in _NEVER_WITHIN:
+        if _within(real, os.path.realpath(root)):
+            raise GrantError(f"cannot grant {label}: {shown} is inside {root}, which is never granted")
+    for path in protected:
+        guarded = os.path.realpath(path)
+        if _within(real, guarded) or _within(guarded, real):
+            raise GrantError(f"cannot grant {label}: {shown} would expose {path}, which is never granted")
+    if mount.dest == "/" or any(_within(mount.dest, root) for root in _BOX_RESERVED):
+        raise GrantError(f"cannot grant {label}: the destination {mount.dest} is reserved inside the box")
+    return replace(mount, source=real)
+
+
+def resolve(grants: Grants, *, environ: Mapping[str, str], protected: Iterable[str]) -> Grants:
+    """Check every mount against the host and fill `env:NAME` from the caller's environment."""
+    protected = tuple(protected)
+    mounts = tuple(check_mount(m, protected=protected) for m in grants.mounts)
+    env = []
+    for name, value in grants.env:
+        if value is None:
+            if name not in environ:
+                raise GrantError(f"cannot grant env:{name}: {name} is not set here; give a value with env:{name}=VALUE")
+            value = environ[name]
+        env.append((name, value))
+    return replace(grants, mounts=mounts, env=tuple(env))
