@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from typing import IO, Any, Callable, Iterable, Sequence, Union
 
 from quinebox import streams
 from quinebox.backends.docker import DockerBackend
-from quinebox.errors import QuineboxError
 from quinebox.lifeline import LifelineServer
 from quinebox.policy import container_config, native_arch
 from quinebox.resources import resource_path
@@ -318,4 +316,4 @@ def exec(
     )
 
 
-__all__ = ["exec", "Popen", "ExecResult", "PIPE", "DEVNULL", "QuineboxError", "sys"]
+__all__ = ["exec", "Popen", "ExecResult", "PIPE", "DEVNULL"]

@@ -104,7 +104,11 @@ def run_box(cmd: List[str], *, json_summary: bool, **options: object) -> int:
     if proc.timed_out:
         say(f"time limit of {proc.spec.grants.time:g} s reached; the box was killed")
     if proc.oom_killed:
-        say(f"out of memory: the box hit its memory limit ({proc.spec.grants.mem or 'default'} bytes) and the kernel killed a process in it")
+        from quinebox.grants import format_size
+        from quinebox.policy import DEFAULT_MEM
+
+        limit = format_size(proc.spec.grants.mem or DEFAULT_MEM)
+        say(f"out of memory: the box hit its memory limit (mem:{limit}) and the kernel killed a process in it")
     if received:
         code = 128 + received[0]
     elif proc.broken_pipe:

@@ -224,9 +224,15 @@ def check_mount(mount: Mount, *, protected: Iterable[str]) -> Mount:
     a forbidden place is as forbidden as the place.
     """
     label = f"{'rw' if mount.writable else 'ro'}:{mount.source}"
+    for root in _NEVER_WITHIN:
+        if _within(mount.source, root):
+            raise GrantError(f"cannot grant {label}: {mount.source} is inside {root}, which is never granted")
     if not os.path.lexists(mount.source):
         raise GrantError(f"cannot grant {label}: {mount.source} does not exist")
-    real = os.path.realpath(mount.source)
+    try:
+        real = os.path.realpath(mount.source)
+    except OSError as exc:
+        raise GrantError(f"cannot grant {label}: cannot resolve it ({exc.strerror})") from None
     if not os.path.exists(real):
         raise GrantError(f"cannot grant {label}: it is a symlink to {real}, which does not exist")
     shown = mount.source if real == mount.source else f"{mount.source} (→ {real})"

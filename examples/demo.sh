@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# A tour of `quinebox exec`: the five channels, a grant, and refused escapes.
+# Needs only a Docker engine and the agent image (scripts/setup.sh makes both).
+set -uo pipefail
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+show() { printf '$ %s\n' "$*"; }
+
+step "1. argv, stdin, stdout, stderr and the exit status pass through"
+show "printf 'hello from the host\n' | quinebox exec -- sh -c 'tr a-z A-Z; echo diagnostics >&2; exit 3'"
+printf 'hello from the host\n' | quinebox exec -- sh -c 'tr a-z A-Z; echo "diagnostics on stderr" >&2; exit 3'
+echo "exit status: $?"
+
+step "2. Boxes compose like any filter"
+show "seq 1 5 | quinebox exec -- awk '{s+=\$1} END {print s}' | quinebox exec -- sed 's/^/sum: /'"
+seq 1 5 | quinebox exec -- awk '{s+=$1} END {print s}' | quinebox exec -- sed 's/^/sum: /'
+
+step "3. A grant: this directory, read-only"
+work=$(mktemp -d)
+echo "a file the box may read" > "$work/notes.txt"
+chmod 755 "$work"; chmod 644 "$work/notes.txt"
+show "quinebox exec -g ro:$work -- sh -c 'cat $work/notes.txt; echo new > $work/x'"
+quinebox exec -g "ro:$work" -- sh -c "cat $work/notes.txt; echo new > $work/x"
+echo "exit status: $? (the write was refused by a read-only bind mount)"
+rm -rf "$work"
+
+step "4. What the box cannot do"
+show "quinebox exec -- sh -c 'ls /sys/class/net; touch /usr/bin/x; id -u'"
+quinebox exec -- sh -c 'echo "network interfaces: $(ls /sys/class/net)"; touch /usr/bin/x; echo "uid: $(id -u)"'
+show "quinebox exec -- python3 -c 'unshare(0) via ctypes'"
+quinebox exec -- python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); r = libc.unshare(0); print("unshare:", "allowed" if r == 0 else os.strerror(ctypes.get_errno()))'
+show "quinebox exec --timeout 1 -- sleep 60"
+quinebox exec --timeout 1 -- sleep 60
+echo "exit status: $?"
+show "quinebox exec --memory 64m -- python3 -c 'bytearray(512 << 20)'"
+quinebox exec --memory 64m -- python3 -c 'bytearray(512 << 20)'
+echo "exit status: $?"
+
+step "5. Refused before anything starts"
+show "quinebox exec -g rw:/var/run/docker.sock -- true"
+quinebox exec -g rw:/var/run/docker.sock -- true
+echo "exit status: $?"
+show "quinebox exec -g ro:/ -- true"
+quinebox exec -g ro:/ -- true
+echo "exit status: $?"
+
+step "Nothing is left behind"
+show "quinebox ps"
+quinebox ps

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Everything quinebox needs on this machine, idempotently: a virtualenv with
+# quinebox installed, a reachable Docker engine (installed and started when
+# running as root on Debian/Ubuntu), and the agent image.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "setup: $*" >&2; }
+is_root() { [ "$(id -u)" = 0 ]; }
+have_apt() { command -v apt-get >/dev/null; }
+apt_updated=
+apt_install() {
+    [ -n "$apt_updated" ] || { apt-get update -qq; apt_updated=1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# 1. Python: a virtualenv with quinebox and its test dependencies.
+if [ ! -x .venv/bin/python ]; then
+    if ! python3 -m venv --help >/dev/null 2>&1 && is_root && have_apt; then
+        say "installing python3-venv"; apt_install python3-venv
+    fi
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+.venv/bin/python -c 'import quinebox.cli' || { say "installing quinebox into .venv failed"; exit 125; }
+
+engine_up() { .venv/bin/python -c 'import docker; docker.from_env(timeout=5).ping()' >/dev/null 2>&1; }
+
+# 2. A Docker engine.
+if ! engine_up; then
+    if is_root && have_apt; then
+        if ! command -v dockerd >/dev/null; then
+            say "installing the distribution's Docker engine (docker.io)"; apt_install docker.io
+        fi
+        if ! pgrep -x dockerd >/dev/null; then
+            say "starting dockerd (log: /var/log/quinebox-dockerd.log)"
+            nohup setsid dockerd >/var/log/quinebox-dockerd.log 2>&1 </dev/null &
+        fi
+        for _ in $(seq 1 60); do engine_up && break; sleep 1; done
+    fi
+    if ! engine_up; then
+        say "no Docker engine is reachable."
+        say "  Debian/Ubuntu: run this script as root, or: sudo apt-get install docker.io && sudo systemctl start docker"
+        say "  elsewhere: install Docker Engine, start it, and make its socket reachable (or set DOCKER_HOST)"
+        exit 125
+    fi
+fi
+
+# 3. The agent image; without a registry it is bootstrapped with debootstrap.
+if is_root && have_apt && ! command -v debootstrap >/dev/null && [ ! -x /usr/sbin/debootstrap ]; then
+    say "installing debootstrap (to build the base image without a registry)"; apt_install debootstrap
+fi
+.venv/bin/quinebox image build

@@ -1,0 +1,31 @@
+"""Shared by every test: each run gets its own state dir, so tests never touch the user's."""
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_state_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("quinebox-state"))
+    os.environ["QUINEBOX_STATE_DIR"] = path
+    return path
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The real Docker engine and the agent image. Missing either is a failure, never a skip."""
+    import docker
+
+    from quinebox.spec import DEFAULT_IMAGE
+
+    try:
+        client = docker.from_env(timeout=10)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure to connect means the same thing here
+        pytest.fail(f"no Docker engine reachable ({exc}); run scripts/setup.sh", pytrace=False)
+    try:
+        client.images.get(DEFAULT_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"image {DEFAULT_IMAGE} missing; run `quinebox image build`", pytrace=False)
+    return client

@@ -1,0 +1,95 @@
+"""Every denial the seccomp profile promises, probed with raw syscalls from inside a box.
+
+Where an unconfined process would get a different answer (success, EFAULT,
+EBADF), EPERM proves the filter did it; `syscall:` grants then show the same
+probes getting through, so the denials are the profile's and not the kernel's.
+"""
+
+import json
+import platform
+
+import pytest
+
+import quinebox
+
+if platform.machine() != "x86_64":
+    pytest.skip("the probe's syscall numbers are x86_64's", allow_module_level=True)
+
+# name: (number, args)
+PROBES = {
+    "io_uring_setup": (425, (1, 0)),
+    "io_uring_enter": (426, (-1, 0, 0, 0, 0, 0)),
+    "io_uring_register": (427, (-1, 0, 0, 0)),
+    "userfaultfd": (323, (1,)),  # UFFD_USER_MODE_ONLY: allowed unprivileged
+    "keyctl": (250, (0, -3, 0)),  # KEYCTL_GET_KEYRING_ID of the session keyring
+    "add_key": (248, (0, 0, 0, 0, 0)),
+    "request_key": (249, (0, 0, 0, 0)),
+    "bpf": (321, (0, 0, 0)),
+    "perf_event_open": (298, (0, 0, -1, -1, 0)),
+    "ptrace": (101, (0, 0, 0, 0)),  # PTRACE_TRACEME
+    "process_vm_readv": (310, ("self", 0, 0, 0, 0, 0)),
+    "process_vm_writev": (311, ("self", 0, 0, 0, 0, 0)),
+    "unshare": (272, (0,)),
+    "setns": (308, (-1, 0)),
+    "mount": (165, (0, 0, 0, 0, 0)),
+    "umount2": (166, (0, 0)),
+    "pivot_root": (155, (0, 0)),
+    "kexec_load": (246, (0, 0, 0, 0)),
+    "kexec_file_load": (320, (-1, -1, 0, 0, 0)),
+    "init_module": (175, (0, 0, 0)),
+    "finit_module": (313, (-1, 0, 0)),
+    "delete_module": (176, (0, 0)),
+    "open_by_handle_at": (304, (-1, 0, 0)),
+    "clock_settime": (227, (0, 0)),
+    "settimeofday": (164, (0, 0)),
+    "adjtimex": (159, (0,)),
+    "clock_adjtime": (305, (0, 0)),
+    "sethostname": (170, (0, 0)),
+    "setdomainname": (171, (0, 0)),
+    "socket_af_alg": (41, (38, 5, 0)),
+    "socket_af_vsock": (41, (40, 1, 0)),
+    "socket_af_packet": (41, (17, 3, 0)),
+    "clone3": (435, (0, 0)),
+}
+
+PROBE = """
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+out = {}
+for name, (nr, args) in json.loads(sys.argv[1]).items():
+    args = [os.getpid() if a == "self" else a for a in args]
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    out[name] = "ok" if r >= 0 else os.strerror(ctypes.get_errno())
+print(json.dumps(out))
+"""
+
+
+def probe(grants=()):
+    result = quinebox.exec(["python3", "-c", PROBE, json.dumps(PROBES)], grants=grants)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def answers():
+    return probe()
+
+
+@pytest.mark.parametrize("name", [n for n in PROBES if n != "clone3"])
+def test_denied_with_eperm(engine, answers, name):
+    assert answers[name] == "Operation not permitted"
+
+
+def test_clone3_answers_enosys(engine, answers):
+    assert answers["clone3"] == "Function not implemented"
+
+
+def test_syscall_grants_lift_exactly_those_denials(engine):
+    relaxed = probe(grants=["syscall:unshare", "syscall:keyctl", "syscall:ptrace", "syscall:clone3"])
+    assert relaxed["unshare"] == "ok"  # unshare(0) succeeds: the EPERM before was the filter's
+    assert relaxed["keyctl"] == "ok"
+    assert relaxed["ptrace"] == "ok"
+    assert relaxed["clone3"] == "Invalid argument"  # reached the kernel, which refused size 0
+    assert relaxed["mount"] == "Operation not permitted"  # still denied: not granted

@@ -1,0 +1,202 @@
+"""The grant grammar, as tables: what parses to what, and what is refused with which words."""
+
+import os
+
+import pytest
+
+from quinebox.errors import GrantError
+from quinebox.grants import Grants, Mount, check_mount, parse_duration, parse_grant, parse_size, resolve
+
+G = 1 << 30
+M = 1 << 20
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("1", 1), ("512", 512), ("1k", 1024), ("128m", 128 * M), ("128M", 128 * M), ("2g", 2 * G), ("2G", 2 * G),
+     ("1t", 1 << 40), ("64mb", 64 * M), ("64MiB", 64 * M), ("1.5g", int(1.5 * G)), ("0.5k", 512), (" 8m ", 8 * M)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "m", "-1m", "0", "0m", "12x", "1.2.3m", "1 0m", "ten", "1e3"])
+def test_parse_size_refuses(text):
+    with pytest.raises(GrantError, match="size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("30", 30.0), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("250ms", 0.25), ("1.5s", 1.5), ("0.5", 0.5)],
+)
+def test_parse_duration(text, expected):
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "s", "-1", "0", "0s", "5d", "5 minutes", "1m30s", "abc"])
+def test_parse_duration_refuses(text):
+    with pytest.raises(GrantError, match="duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("ro:/data", Grants(mounts=(Mount("/data", "/data", False),))),
+        ("rw:/data", Grants(mounts=(Mount("/data", "/data", True),))),
+        ("ro:/data=/in", Grants(mounts=(Mount("/data", "/in", False),))),
+        ("rw:/data/=/in/sub/", Grants(mounts=(Mount("/data", "/in/sub", True),))),
+        ("ro:/a/./b/../c", Grants(mounts=(Mount("/a/c", "/a/c", False),))),
+        ("ro:rel/dir", Grants(mounts=(Mount("/cwd/rel/dir", "/cwd/rel/dir", False),))),
+        ("ro:.", Grants(mounts=(Mount("/cwd", "/cwd", False),))),
+        ("net", Grants(net=True)),
+        ("cpus:2", Grants(cpus=2.0)),
+        ("cpus:0.5", Grants(cpus=0.5)),
+        ("mem:128m", Grants(mem=128 * M)),
+        ("tmp:1g", Grants(tmp=G)),
+        ("pids:64", Grants(pids=64)),
+        ("time:5m", Grants(time=300.0)),
+        ("time:30", Grants(time=30.0)),
+        ("env:FOO", Grants(env=(("FOO", None),))),
+        ("env:FOO=bar", Grants(env=(("FOO", "bar"),))),
+        ("env:FOO=", Grants(env=(("FOO", ""),))),
+        ("env:FOO=a=b", Grants(env=(("FOO", "a=b"),))),
+        ("spawn:10", Grants(spawn=10)),
+        ("depth:3", Grants(depth=3)),
+        ("tokens:100000", Grants(tokens=100000)),
+        ("syscall:unshare", Grants(syscalls=frozenset({"unshare"}))),
+    ],
+)
+def test_parse_grant(spec, expected):
+    assert parse_grant(spec, cwd="/cwd") == expected
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("", "expected KIND:VALUE"),
+        ("ro", "expected KIND:VALUE"),
+        ("ro:", "expected KIND:VALUE"),
+        ("rw:=/x", "give a path"),
+        ("ro:/data=relative", "must be an absolute path"),
+        ("ro:/data=/a/../b", "may not contain '..'"),
+        ("net:yes", "takes no value"),
+        ("cpus:0", "number above zero"),
+        ("cpus:-1", "number above zero"),
+        ("cpus:many", "number above zero"),
+        ("mem:lots", "bad size"),
+        ("mem:0", "more than zero"),
+        ("tmp:-5m", "bad size"),
+        ("time:forever", "bad duration"),
+        ("pids:0", "whole number above zero"),
+        ("pids:1.5", "whole number above zero"),
+        ("spawn:-1", "whole number above zero"),
+        ("tokens:lots", "whole number above zero"),
+        ("env:1BAD", "not an environment variable name"),
+        ("env:=x", "not an environment variable name"),
+        ("syscall:Mount!", "not a system call name"),
+        ("docker:sock", "unknown grant"),
+        ("RO:/data", "unknown grant"),
+        ("gpu:1", "unknown grant"),
+    ],
+)
+def test_parse_grant_refuses(spec, words):
+    with pytest.raises(GrantError) as info:
+        parse_grant(spec, cwd="/cwd")
+    assert words in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_later_limits_override_and_collections_accumulate():
+    grants = Grants.parse(["mem:1g", "ro:/a", "env:A=1", "mem:256m", "rw:/b", "env:A=2", "env:B=3", "syscall:x", "syscall:y", "net"], cwd="/")
+    assert grants.mem == 256 * M
+    assert grants.mounts == (Mount("/a", "/a", False), Mount("/b", "/b", True))
+    assert dict(grants.env) == {"A": "2", "B": "3"}
+    assert grants.syscalls == {"x", "y"}
+    assert grants.net is True
+
+
+def test_two_mounts_at_one_destination_are_refused():
+    with pytest.raises(GrantError, match="two grants mount at /in"):
+        Grants.parse(["ro:/a=/in", "rw:/b=/in"])
+
+
+@pytest.mark.parametrize(
+    "specs",
+    [
+        ["ro:/data", "rw:/src=/work", "net", "cpus:1.5", "mem:512m", "tmp:64m", "pids:32", "time:90s", "env:A=b", "env:C", "spawn:4", "depth:2", "tokens:1000", "syscall:ptrace"],
+        ["time:250ms", "time:1h"],
+        ["mem:1000"],
+    ],
+)
+def test_format_round_trips(specs):
+    grants = Grants.parse(specs, cwd="/")
+    assert Grants.parse(grants.format(), cwd="/") == grants
+
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "file").write_text("x")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "sock").write_text("")
+    for name, target in [("to_etc", "/etc"), ("to_root", "/"), ("to_proc_self", "/proc/self"), ("to_state", tmp_path / "state"),
+                         ("to_data", tmp_path / "data"), ("dangling", tmp_path / "nowhere"), ("to_sock", tmp_path / "sock")]:
+        os.symlink(target, tmp_path / name)
+    return tmp_path
+
+
+def protected(tree):
+    return [str(tree / "state"), str(tree / "sock")]
+
+
+@pytest.mark.parametrize(
+    "path, words",
+    [
+        ("/", "host's root"),
+        ("/etc", "inside /etc"),
+        ("/etc/passwd", "inside /etc"),
+        ("/proc", "inside /proc"),
+        ("/proc/1/root", "inside /proc"),
+        ("/sys", "inside /sys"),
+        ("/dev", "inside /dev"),
+        ("/dev/null", "inside /dev"),
+        ("/boot", "inside /boot"),
+        ("{tree}/to_etc", "is inside /etc"),
+        ("{tree}/to_root", "host's root"),
+        ("{tree}/to_proc_self", "inside /proc"),
+        ("{tree}/state", "never granted"),
+        ("{tree}/state/..", "never granted"),  # an ancestor of the state dir contains it
+        ("{tree}/to_state", "never granted"),
+        ("{tree}/sock", "never granted"),
+        ("{tree}/to_sock", "never granted"),
+        ("{tree}/missing", "does not exist"),
+        ("{tree}/dangling", "does not exist"),
+    ],
+)
+def test_check_mount_refuses(tree, path, words):
+    path = path.format(tree=tree)
+    if not os.path.exists("/boot") and path == "/boot":
+        pytest.skip("this machine has no /boot")
+    with pytest.raises(GrantError) as info:
+        check_mount(Mount(path, path, False), protected=protected(tree))
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("dest", ["/", "/proc", "/proc/x", "/sys/fs", "/dev", "/dev/shm", "/run/quinebox", "/run/quinebox/host.sock"])
+def test_check_mount_refuses_reserved_destinations(tree, dest):
+    with pytest.raises(GrantError, match="reserved inside the box"):
+        check_mount(Mount(str(tree / "data"), dest, False), protected=protected(tree))
+
+
+def test_check_mount_resolves_symlinks_to_their_target(tree):
+    mount = check_mount(Mount(str(tree / "to_data"), "/in", True), protected=protected(tree))
+    assert mount == Mount(str(tree / "data"), "/in", True)
+
+
+def test_resolve_fills_env_from_the_caller_and_refuses_missing_names(tree):
+    grants = Grants.parse(["env:HOME_DIR", "env:FIXED=1"])
+    assert dict(resolve(grants, environ={"HOME_DIR": "/h"}, protected=[]).env) == {"HOME_DIR": "/h", "FIXED": "1"}
+    with pytest.raises(GrantError, match="HOME_DIR is not set here"):
+        resolve(grants, environ={}, protected=[])
