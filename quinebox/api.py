@@ -156,7 +156,9 @@ class Popen:
             except BrokenPipeError:
                 broken = True
                 self.broken_pipe = True
-                self.kill()
+                # Not from this thread: the engine finishes a kill only after
+                # the box's output is drained, and this thread is the drain.
+                threading.Thread(target=self.kill, daemon=True).start()
 
         return write
 

@@ -1,0 +1,188 @@
+"""`quinebox` as a user runs it: a real process, real pipes, real signals."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quinebox.policy import LABEL_OWNER, LABEL_SESSION
+
+QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
+REPO = Path(__file__).resolve().parents[2]
+
+
+def qb(*args: str, input: bytes = b"", env: dict | None = None, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([QUINEBOX, *args], input=input, capture_output=True, timeout=timeout, env=env, **kw)
+
+
+def quinebox_boxes(engine):
+    return engine.containers.list(all=True, filters={"label": LABEL_SESSION})
+
+
+def creates_since(engine, since: float) -> list:
+    until = time.time() + 0.5
+    time.sleep(0.6)
+    return list(engine.api.events(since=since, until=until, decode=True, filters={"type": "container", "event": "create", "label": LABEL_SESSION}))
+
+
+def wait_for_box(engine, pred=lambda boxes: boxes, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        boxes = quinebox_boxes(engine)
+        if pred(boxes):
+            return boxes
+        time.sleep(0.05)
+    return quinebox_boxes(engine)
+
+
+def test_streams_and_exit_status_through_the_cli(engine):
+    done = qb("exec", "--", "sh", "-c", "tr a-z A-Z; echo diag >&2; exit 7", input=b"material\n")
+    assert (done.returncode, done.stdout, done.stderr) == (7, b"MATERIAL\n", b"diag\n")
+
+
+def test_50_mb_of_binary_stdin_round_trips(engine, tmp_path):
+    blob = tmp_path / "blob"
+    blob.write_bytes(os.urandom(50 << 20))
+    with blob.open("rb") as f:
+        done = subprocess.run([QUINEBOX, "exec", "--", "cat"], stdin=f, capture_output=True, timeout=120)
+    assert done.returncode == 0
+    assert hashlib.sha256(done.stdout).digest() == hashlib.sha256(blob.read_bytes()).digest()
+
+
+def test_cmd_options_after_the_command_belong_to_the_command(engine):
+    assert qb("exec", "sh", "-c", "echo $0 $1", "--json", "-g").stdout == b"--json -g\n"
+
+
+@pytest.mark.parametrize(
+    "args, code, stderr_words",
+    [
+        (["--", "sh", "-c", "exit 42"], 42, b""),
+        (["--", "no-such-cmd"], 127, b"no-such-cmd: command not found"),
+        (["--", "/etc/hostname"], 126, b"cannot execute"),
+        (["--timeout", "1", "--", "sleep", "30"], 124, b"time limit"),
+        (["--memory", "48m", "--", "python3", "-c", "bytearray(256 << 20)"], 137, b"out of memory"),
+        (["-g", "nonsense:1", "--", "true"], 125, b"unknown grant"),
+        (["-g", "nonsense", "--", "true"], 125, b"expected KIND:VALUE"),
+        (["-g", "ro:/etc", "--", "true"], 125, b"never granted"),
+        (["-g", "rw:/var/run/docker.sock", "--", "true"], 125, b"never granted"),
+        (["--memory", "lots", "--", "true"], 125, b"bad size"),
+        (["--timeout", "soon", "--", "true"], 125, b"bad duration"),
+        (["--policy", "nope", "--", "true"], 125, b"not found"),
+        (["-w", "relative", "--", "true"], 125, b"absolute path"),
+        (["--image", "quinebox/absent:0", "--", "true"], 125, b"not found: build it with `quinebox image build`"),
+        (["--no-such-option", "--", "true"], 2, b"No such option"),
+    ],
+)
+def test_exit_code_table(engine, args, code, stderr_words):
+    done = qb("exec", *args)
+    assert done.returncode == code, done.stderr
+    assert stderr_words in done.stderr
+
+
+def test_oom_with_surviving_pid_1_says_so_and_json_reports_it(engine):
+    done = qb("exec", "--json", "--memory", "48m", "--", "sh", "-c", "python3 -c 'bytearray(256 << 20)'; echo alive")
+    assert (done.returncode, done.stdout) == (0, b"alive\n")
+    lines = done.stderr.decode().strip().splitlines()
+    assert any("out of memory" in line for line in lines)
+    summary = json.loads(lines[-1])
+    assert summary["oom_killed"] is True and summary["exit_code"] == 0 and summary["timed_out"] is False
+    assert set(summary) == {"exit_code", "timed_out", "oom_killed", "duration_s", "session"}
+
+
+def test_refusals_are_one_line_and_create_nothing(engine):
+    since = time.time()
+    for grant in ("ro:/", "ro:/proc/self", "rw:/etc/shadow", "bad:grant", "ro:/no/such/path", f"ro:{os.environ['QUINEBOX_STATE_DIR']}"):
+        done = qb("exec", "-g", grant, "--", "true")
+        assert done.returncode == 125
+        assert done.stderr.count(b"\n") == 1 and done.stderr.startswith(b"quinebox: ")
+    assert creates_since(engine, since) == []
+
+
+def test_unreachable_engine_is_125_with_a_hint(engine):
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    done = qb("exec", "--", "true", env=env)
+    assert done.returncode == 125
+    assert done.stderr.startswith(b"quinebox: cannot reach the Docker engine") and b"doctor" in done.stderr
+    assert done.stderr.count(b"\n") == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_signal_to_quinebox_kills_and_removes_the_box_first(engine, signum):
+    proc = subprocess.Popen([QUINEBOX, "exec", "--", "sleep", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert wait_for_box(engine, lambda boxes: any(b.status == "running" for b in boxes))
+    proc.send_signal(signum)
+    assert proc.wait(timeout=15) == 128 + signum
+    assert quinebox_boxes(engine) == []
+
+
+def test_sigkill_of_quinebox_leaves_no_box_within_10_s(engine):
+    proc = subprocess.Popen([QUINEBOX, "exec", "--", "sh", "-c", "trap '' TERM HUP INT; sleep 300 & sleep 300"], stdin=subprocess.DEVNULL)
+    assert wait_for_box(engine, lambda boxes: any(b.status == "running" for b in boxes))
+    proc.kill()
+    proc.wait()
+    assert wait_for_box(engine, lambda boxes: boxes == [], timeout=10) == []
+
+
+def test_a_closed_reader_stops_the_box(engine):
+    done = subprocess.run(f"{QUINEBOX} exec -- yes | head -n 2", shell=True, capture_output=True, timeout=30)
+    assert done.stdout == b"y\ny\n"
+    assert wait_for_box(engine, lambda boxes: boxes == [], timeout=10) == []
+
+
+def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine):
+    import quinebox
+    from dataclasses import replace
+
+    from quinebox.api import _seccomp_base
+    from quinebox.backends.docker import DockerBackend
+    from quinebox.policy import container_config, native_arch
+    from quinebox.spec import build_spec
+
+    live = quinebox.Popen(["sleep", "60"], stdin=quinebox.DEVNULL)
+    # An orphan as a crash between create and start leaves one: created, never
+    # started, and owned by a process that no longer exists.
+    dead_owner = f"{os.uname().nodename}:{2**22 + 7}:0"
+    orphan = replace(build_spec(["sleep", "61"]), owner=dead_owner, lifeline=None)
+    DockerBackend.connect().create(container_config(orphan, seccomp=_seccomp_base(), arch=native_arch()))
+    try:
+        assert wait_for_box(engine, lambda boxes: len(boxes) == 2 and any(b.status == "running" for b in boxes))
+        listing = qb("ps").stdout.decode()
+        assert live.session in listing and "sleep 60" in listing
+        assert orphan.session in listing and "sleep 61" in listing
+        done = qb("gc")
+        assert done.returncode == 0 and orphan.session.encode() in done.stderr
+        assert live.session.encode() not in done.stderr
+        assert live.poll() is None
+        assert [b.labels[LABEL_SESSION] for b in quinebox_boxes(engine)] == [live.session]
+        assert quinebox_boxes(engine)[0].labels[LABEL_OWNER] != dead_owner
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_doctor_passes_here(engine):
+    done = qb("doctor")
+    assert done.returncode == 0, done.stderr
+    assert b"FAIL" not in done.stderr
+
+
+def test_doctor_says_what_to_do_without_an_engine():
+    done = qb("doctor", env={**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert done.returncode == 1
+    assert b"FAIL" in done.stderr and b"start the engine" in done.stderr
+
+
+def test_demo_runs_and_leaves_nothing(engine):
+    env = {**os.environ, "PATH": f"{Path(QUINEBOX).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(REPO / "examples" / "demo.sh")], capture_output=True, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode()
+    assert "HELLO FROM THE HOST" in out and "sum: 15" in out and "network interfaces: lo" in out
+    assert "exit status: 124" in out and "exit status: 137" in out and out.count("exit status: 125") == 2
+    assert quinebox_boxes(engine) == []
