@@ -95,7 +95,7 @@ class Popen:
         self._closed = False
 
         config = container_config(self.spec, seccomp=_seccomp_base(), arch=native_arch())
-        self._backend = backend or DockerBackend.connect()
+        self._backend = backend or DockerBackend.shared()
         self._lifeline = LifelineServer(self.spec.lifeline) if self.spec.lifeline else None
         try:
             self.id = self._backend.create(config)

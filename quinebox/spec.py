@@ -14,8 +14,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-import yaml
-
 from quinebox import __version__
 from quinebox.errors import GrantError
 from quinebox.grants import Grants, parse_duration, resolve
@@ -63,6 +61,8 @@ def owner_id() -> str:
 
 def load_policy(name_or_path: str) -> list[str]:
     """A YAML policy file (or a preset name from sandbox/policies) → its grant strings."""
+    import yaml  # only policies need it; kept off `quinebox exec`'s start-up
+
     path = Path(name_or_path)
     if not path.exists() and "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml")):
         preset = resource_path("sandbox", "policies", f"{name_or_path}.yaml")

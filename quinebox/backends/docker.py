@@ -19,6 +19,9 @@ from quinebox.policy import LABEL_SESSION, ContainerConfig
 ENGINE_HINT = "start the engine (`dockerd &` as root, or `systemctl start docker`), or set DOCKER_HOST; `quinebox doctor` checks"
 
 
+_shared: "DockerBackend | None" = None
+
+
 def _engine_error(exc: Exception) -> EngineError:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return EngineError(f"cannot reach the Docker engine: {text}; {ENGINE_HINT}")
@@ -29,9 +32,18 @@ class DockerBackend:
         self.api = api
 
     @classmethod
-    def connect(cls) -> "DockerBackend":
+    def shared(cls) -> "DockerBackend":
+        """One client per process: each connect costs a version round trip and a connection pool."""
+        global _shared
+        if _shared is None:
+            _shared = cls.connect()
+        return _shared
+
+    @classmethod
+    def connect(cls, timeout: float = 60) -> "DockerBackend":
+        """`timeout` bounds each request; streams (attach, events) never time out."""
         try:
-            return cls(docker.APIClient(version="auto", timeout=60, **kwargs_from_env()))
+            return cls(docker.APIClient(version="auto", timeout=timeout, **kwargs_from_env()))
         except docker.errors.DockerException as exc:
             raise _engine_error(exc) from None
 
@@ -54,7 +66,11 @@ class DockerBackend:
             raw = self.api.attach_socket(container, params=params)
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot attach to the box: {exc.explanation or exc}") from None
-        return getattr(raw, "_sock", raw)
+        sock = getattr(raw, "_sock", raw)
+        # The client's request timeout would otherwise end the stream after a
+        # quiet spell (a box that thinks for a minute before printing).
+        sock.settimeout(None)
+        return sock
 
     def events(self, container: str) -> Iterator[dict[str, Any]]:
         """This container's lifecycle events, from now on: oom, die (with exitCode), destroy."""

@@ -133,3 +133,13 @@ def test_concurrent_boxes_do_not_mix_their_streams(engine):
         t.join()
     for n, result in results.items():
         assert result.stdout == f"{n}\n".encode() * 200
+
+
+def test_a_quiet_spell_longer_than_the_request_timeout_loses_no_output(engine):
+    from quinebox.backends.docker import DockerBackend
+
+    impatient = DockerBackend.connect(timeout=1)
+    out = []
+    proc = quinebox.Popen(["sh", "-c", "sleep 2.5; echo late"], stdin=quinebox.DEVNULL, stdout=out.append, backend=impatient)
+    assert proc.wait() == 0
+    assert b"".join(out) == b"late\n"
