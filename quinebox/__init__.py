@@ -1,19 +1,20 @@
 """quinebox: run LLM agents and untrusted programs as processes in hardened containers.
 
 The Python API mirrors `subprocess`: `quinebox.exec` runs a command in a box
-and returns a completed result; `quinebox.Popen` streams.
+and returns a completed result, `quinebox.Popen` streams, and `quinebox.run`
+runs an agent on a mission.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "Popen", "ExecResult", "QuineboxError", "GrantError", "PIPE", "DEVNULL"]
+__all__ = ["__version__", "exec", "run", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "PIPE", "DEVNULL"]
 
 
 def __getattr__(name: str):
     # Imported lazily so `import quinebox` (and the CLI's start-up) stays cheap.
-    if name in ("exec", "Popen", "ExecResult", "PIPE", "DEVNULL"):
+    if name in ("exec", "run", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"):
         from quinebox import api
 
         return getattr(api, name)

@@ -18,7 +18,7 @@ from typing import IO, Any, Callable, Iterable, Sequence, Union
 
 from quinebox import streams
 from quinebox.backends.docker import DockerBackend
-from quinebox.lifeline import LifelineServer
+from quinebox.broker import Broker, Handler
 from quinebox.policy import container_config, native_arch
 from quinebox.resources import resource_path
 from quinebox.spec import BoxSpec, build_spec
@@ -74,6 +74,7 @@ class Popen:
         stderr: Stream = None,
         backend: DockerBackend | None = None,
         spec: BoxSpec | None = None,
+        handler: Handler | None = None,
     ):
         self.spec = spec or build_spec(argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir)
         self.args = self.spec.argv
@@ -96,7 +97,7 @@ class Popen:
 
         config = container_config(self.spec, seccomp=_seccomp_base(), arch=native_arch())
         self._backend = backend or DockerBackend.shared()
-        self._lifeline = LifelineServer(self.spec.lifeline) if self.spec.lifeline else None
+        self._broker = Broker(self.spec.lifeline, handler) if self.spec.lifeline else None
         try:
             self.id = self._backend.create(config)
             self._events = self._backend.events(self.id)
@@ -257,7 +258,7 @@ class Popen:
         if self._deadline:
             self._deadline.cancel()
         os.write(self._stop_w, b"x")
-        for closer in (getattr(self, "_events", None), getattr(self, "_sock", None), self._lifeline):
+        for closer in (getattr(self, "_events", None), getattr(self, "_sock", None), self._broker):
             if closer is not None:
                 try:
                     closer.close()
@@ -318,4 +319,74 @@ def exec(
     )
 
 
-__all__ = ["exec", "Popen", "ExecResult", "PIPE", "DEVNULL"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished mission: what `quinebox.run` returns."""
+
+    mission: str
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    session: str
+    termination: str
+    tokens: int
+    turns: int
+    timed_out: bool
+    oom_killed: bool
+    duration_s: float
+
+
+def run(
+    mission: str,
+    *,
+    input: bytes | None = None,
+    grants: Iterable[str] = (),
+    model: str | None = None,
+    timeout: float | str | None = None,
+    policy: str | None = None,
+    image: str | None = None,
+    max_turns: int | None = None,
+    max_tokens: int | None = None,
+) -> RunResult:
+    """Run an agent on `mission` with `input` as its material; collect the deliverable and diagnostics.
+
+    `model` is a model name at the configured OpenAI-compatible endpoint,
+    `script:FILE.yaml`, or `replay:SESSION` (default: QUINEBOX_MODEL).
+    """
+    from quinebox.agent import Agent
+
+    out: list[bytes] = []
+    err: list[bytes] = []
+    agent = Agent(
+        mission,
+        model=model,
+        grants=grants,
+        policy=policy,
+        timeout=timeout,
+        image=image,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        stdin=input if input is not None else DEVNULL,
+        stdout=out.append,
+        stderr=err.append,
+    )
+    code = agent.wait()
+    outcome = agent.outcome or {}
+    return RunResult(
+        mission=mission,
+        returncode=code,
+        stdout=b"".join(out),
+        stderr=b"".join(err),
+        session=agent.session.session,
+        termination=str(outcome.get("termination")),
+        tokens=int(outcome.get("tokens", 0)),
+        turns=int(outcome.get("turns", 0)),
+        timed_out=agent.proc.timed_out,
+        oom_killed=agent.proc.oom_killed,
+        duration_s=float(outcome.get("duration_s", 0.0)),
+    )
+
+
+__all__ = ["exec", "run", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -112,4 +113,4 @@ def print_table(rows: list[BoxInfo]) -> None:
     for box in rows:
         host, _, rest = box.owner.partition(":")
         table.add_row(box.session, box.command, _age(box.age_s), box.state, f"{host}:{rest.partition(':')[0]}")
-    Console(soft_wrap=True).print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 
@@ -78,29 +78,37 @@ def exec_command(
 
 
 def run_box(cmd: List[str], *, json_summary: bool, **options: object) -> int:
-    """Run one box wired to this process's stdio; map how it ended to our exit status."""
+    from quinebox.api import Popen
+
+    return supervise(lambda: Popen(cmd, **options), json_summary=json_summary)  # type: ignore[arg-type]
+
+
+def supervise(start: Callable[[], Any], *, json_summary: bool) -> int:
+    """Start one box wired to this process's stdio and map how it ended to our exit status.
+
+    Signals we receive kill the box; we exit 128+n only once it is removed.
+    """
     import time
 
     received: list[int] = []
-    proc = None
+    box = None
 
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
-        if proc is not None:
-            proc.kill()
+        if box is not None:
+            box.kill()
 
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, on_signal)
     began = time.monotonic()
     try:
-        from quinebox.api import Popen
-
-        proc = Popen(cmd, **options)  # type: ignore[arg-type]
+        box = start()
         if received:
-            proc.kill()
-        code = proc.wait()
+            box.kill()
+        code = box.wait()
     except QuineboxError as exc:
         raise fail(exc) from None
+    proc = getattr(box, "proc", box)
     if proc.timed_out:
         say(f"time limit of {proc.spec.grants.time:g} s reached; the box was killed")
     if proc.oom_killed:
@@ -114,15 +122,81 @@ def run_box(cmd: List[str], *, json_summary: bool, **options: object) -> int:
     elif proc.broken_pipe:
         code = EXIT_BROKEN_PIPE
     if json_summary:
-        summary = {
+        summary: dict[str, Any] = {
             "exit_code": code,
             "timed_out": proc.timed_out,
             "oom_killed": proc.oom_killed,
             "duration_s": round(time.monotonic() - began, 3),
             "session": proc.session,
         }
+        outcome = getattr(box, "outcome", None)
+        if outcome:
+            summary.update(termination=outcome["termination"], tokens=outcome["tokens"], turns=outcome["turns"])
         print(json.dumps(summary), file=sys.stderr, flush=True)
     return code
+
+
+@app.command(help="Run an agent: MISSION is its task, stdin its material, stdout its deliverable, stderr its diagnostics.")
+def run(
+    mission: str = typer.Argument(..., help="What the agent should do."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name, script:FILE.yaml or replay:SESSION (default: QUINEBOX_MODEL)."),
+    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant, as for exec (tokens:N caps the model budget)."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit; exit 124 when reached."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1, help="Model turns per conversation (default 40)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Token budget for the whole run."),
+    image: Optional[str] = typer.Option(None, "--image", help="Image to run (built FROM the agent image)."),
+    workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
+    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr (the agent's own diagnostics still pass)."),
+    json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
+) -> None:
+    from quinebox.agent import Agent
+    from quinebox.diagnostics import make_view
+
+    def start() -> Agent:
+        return Agent(
+            mission, model=model, grants=grant, timeout=timeout, max_turns=max_turns, max_tokens=max_tokens,
+            image=image, workdir=workdir, policy=policy, view=make_view(quiet=quiet),
+        )
+
+    raise typer.Exit(supervise(start, json_summary=json_summary))
+
+
+@app.command("ls", help="List recent sessions.")
+def ls_command(limit: int = typer.Option(30, "-n", help="How many.")) -> None:
+    from quinebox import tapes
+
+    tapes.print_sessions(limit)
+
+
+@app.command("show", help="Summarize one session: mission, turns, tool calls, outcome.")
+def show_command(session: str) -> None:
+    from quinebox import tapes
+
+    try:
+        tapes.print_show(session)
+    except QuineboxError as exc:
+        raise fail(exc) from None
+
+
+@app.command("logs", help="Print a session's tape; -f follows it while the agent runs.")
+def logs_command(session: str, follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the session ends.")) -> None:
+    from quinebox import tapes
+
+    try:
+        tapes.print_logs(session, follow=follow)
+    except QuineboxError as exc:
+        raise fail(exc) from None
+
+
+@app.command("replay", help="Re-run a session's mission against its recorded answers; exit 0 when tool calls and outcome match.")
+def replay_command(session: str, quiet: bool = typer.Option(False, "-q", "--quiet")) -> None:
+    from quinebox import tapes
+
+    try:
+        raise typer.Exit(tapes.replay(session, quiet=quiet))
+    except QuineboxError as exc:
+        raise fail(exc) from None
 
 
 @app.command("ps", help="List live boxes: id, command, age, owner.")

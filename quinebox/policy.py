@@ -25,6 +25,8 @@ DEFAULT_TMP = 256 << 20
 HOST_SOCKET = "/run/quinebox/host.sock"
 #: The guest's init runs first and execs nothing itself: it ties the box to the host and runs argv.
 GUEST_PREFIX = ("/usr/bin/python3", "-I", "-S", "/opt/quinebox/guest/lifeline.py", "--")
+#: What runs a mission: the guest's agent loop, with the mission as its last argument.
+AGENT_COMMAND = ("/usr/bin/python3", "-I", "-S", "/opt/quinebox/guest/agent.py", "--")
 BOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 LABEL_PREFIX = "io.quinebox."

@@ -1,0 +1,63 @@
+"""Running a mission: a box whose main process is the guest's agent loop, and its session on the host.
+
+`Agent` starts both and ties their ends together: when the box is gone, the
+session records the outcome on the tape and in the index.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from quinebox.api import Popen, Stream
+from quinebox.errors import QuineboxError
+from quinebox.policy import AGENT_COMMAND
+from quinebox.providers import provider_for, resolve_model
+from quinebox.session import DEFAULT_MAX_CYCLES, DEFAULT_MAX_TURNS, AgentSession, Budget, View
+from quinebox.spec import build_spec
+
+
+class Agent:
+    def __init__(
+        self,
+        mission: str,
+        *,
+        model: str | None = None,
+        grants: Iterable[str] = (),
+        policy: str | None = None,
+        timeout: float | str | None = None,
+        image: str | None = None,
+        workdir: str | None = None,
+        max_turns: int | None = None,
+        max_tokens: int | None = None,
+        max_cycles: int | None = None,
+        stdin: Stream | bytes = None,
+        stdout: Stream = None,
+        stderr: Stream = None,
+        view: View | None = None,
+    ):
+        if not mission.strip():
+            raise QuineboxError("the mission is empty: say what the agent should do, as in `quinebox run \"summarize this\"`")
+        spec = build_spec([*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir)
+        provider = provider_for(resolve_model(model))
+        budget = Budget(
+            max_turns=max_turns or DEFAULT_MAX_TURNS,
+            max_cycles=DEFAULT_MAX_CYCLES if max_cycles is None else max_cycles,
+            max_tokens=max_tokens or spec.grants.tokens,
+        )
+        meta: dict[str, Any] = {"grants": spec.grants.format(), "image": spec.image, "workdir": workdir}
+        self.session = AgentSession(spec.session, mission=mission, provider=provider, budget=budget, parent=spec.parent, meta=meta, view=view)
+        try:
+            self.proc = Popen(spec.argv, spec=spec, handler=self.session, stdin=stdin, stdout=stdout, stderr=stderr)
+        except QuineboxError as exc:
+            self.session.finish(exc.exit_code)
+            raise
+        self.outcome: dict[str, Any] | None = None
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    def wait(self) -> int:
+        code = self.proc.wait()
+        if self.outcome is None:
+            self.outcome = self.session.finish(code, timed_out=self.proc.timed_out, oom_killed=self.proc.oom_killed)
+        return code

@@ -1,0 +1,135 @@
+"""The host end of a box's socket: the box's lifeline and its only way to the model.
+
+Identity is the socket: whatever arrives here is from this box, whatever it
+claims. Each connection gets a thread that reads frames and answers them;
+nothing a guest sends — garbage, oversized frames, unknown kinds — can do more
+than earn an error frame and, when the stream cannot be trusted to continue,
+a closed connection.
+
+While this process lives, the box may live: the guest's init holds a
+connection and kills the box when it breaks. The kernel closes our end however
+we die, SIGKILL included.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any, Protocol
+
+from quinebox.guest import protocol
+
+ERROR_EXIT = 1
+
+
+class Handler(Protocol):
+    """What a box may ask of the host. `None` for a box that only needs a lifeline."""
+
+    def welcome(self, hello: dict[str, Any]) -> dict[str, Any]: ...
+    def chat(self, request: dict[str, Any]) -> dict[str, Any]: ...
+    def event(self, event: dict[str, Any]) -> None: ...
+
+
+def error_frame(code: str, message: str, exit_code: int = ERROR_EXIT) -> dict[str, Any]:
+    return {"kind": "error", "code": code, "message": message, "exit_code": exit_code}
+
+
+class Broker:
+    def __init__(self, path: str, handler: Handler | None = None):
+        self.path = path
+        self.handler = handler
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self._listener.bind(path)
+        # The box's uid may differ from ours; the run dir (0700) keeps everyone
+        # else out, and the box reaches the socket only through its bind mount.
+        os.chmod(path, 0o666)
+        self._listener.listen(16)
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, name=f"broker:{os.path.basename(path)}", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._connections.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        try:
+            while True:
+                try:
+                    message, _payload = protocol.read_frame(reader)
+                except EOFError:
+                    return
+                except protocol.ProtocolError as exc:
+                    self._send(conn, error_frame("protocol", str(exc)))
+                    return
+                reply = self._answer(message)
+                if reply is not None:
+                    self._send(conn, reply)
+        except OSError:
+            return
+        finally:
+            reader.close()
+            with self._lock:
+                self._connections.discard(conn)
+            conn.close()
+
+    def _answer(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        kind = message["kind"]
+        if kind == "hello" and message.get("role") == "lifeline":
+            return None
+        if self.handler is None:
+            return error_frame("unsupported", f"this box has no agent runtime; {kind!r} is not served")
+        try:
+            if kind == "hello":
+                return self.handler.welcome(message)
+            if kind == "chat":
+                return self.handler.chat(message)
+            if kind == "event":
+                self.handler.event(message)
+                return None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            return error_frame("invalid", f"malformed {kind} frame: {exc}")
+        return error_frame("unknown", f"unknown frame kind {kind!r}")
+
+    @staticmethod
+    def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+        try:
+            conn.sendall(protocol.encode(message))
+        except (OSError, protocol.ProtocolError):
+            pass
+
+    def close(self) -> None:
+        """Drop every connection (a box still attached will kill itself) and remove the socket."""
+        with self._lock:
+            self._closed = True
+            connections = list(self._connections)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

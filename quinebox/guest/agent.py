@@ -1,0 +1,293 @@
+"""The agent loop: a box's main process when the box runs a mission.
+
+argv is the mission. The model is reached only through the host socket; the
+host owns every decision about budgets and answers with the exit code to use
+when it refuses. The model's tools:
+
+  sh(command, timeout?)    fd 3 reads the material (the box's stdin), fd 4 writes the
+                           deliverable (stdout), fd 5 diagnostics (stderr); fd 0 is
+                           /dev/null; fd 1/2 are captured and shown to the model, capped.
+  exec(note)               start afresh in the same process (same PID, same stdin
+                           position) with the mission and the note.
+  exit(status, reason?)    success → exit 0; failure → exit 1, reason on stderr.
+
+Stdlib only: this file runs inside untrusted boxes.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import protocol  # noqa: E402  (the guest directory is not a package on sys.path)
+
+HOST_SOCKET = "/run/quinebox/host.sock"
+MATERIAL, DELIVERABLE, DIAGNOSTICS = 3, 4, 5
+OUTPUT_CAP = 16 << 10
+NOTE_CAP = 64 << 10
+SH_TIMEOUT = 120.0
+SH_TIMEOUT_MAX = 3600.0
+
+SYSTEM_PROMPT = """You are an agent: a POSIX process in a sandbox (Debian, no network, read-only root; /world and /tmp are writable).
+Your mission:
+
+{mission}
+
+Work only through tool calls. In `sh` commands, fd 3 reads the material you were given (your stdin), \
+fd 4 writes your deliverable (your stdout, exactly as you write it) and fd 5 writes diagnostics. \
+Plain stdout/stderr of a command come back to you, capped. \
+For example: `wc -l <&3`, `printf 'done\\n' >&4`. The material is a stream: what you read is consumed.
+Call exit with status "success" once the deliverable is written, or "failure" with a reason. \
+Call exec with a note to yourself to continue in a fresh conversation when this one grows long."""
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "sh",
+            "description": "Run a POSIX shell command in the box. fd 3 = material (stdin), fd 4 = deliverable (stdout), fd 5 = diagnostics.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The command, run by /bin/sh -c."},
+                    "timeout": {"type": "number", "description": "Seconds before the command is killed (default 120)."},
+                },
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "exec",
+            "description": "Continue in a fresh conversation: same box, same files, same read position in the material; you keep only the mission and this note.",
+            "parameters": {
+                "type": "object",
+                "properties": {"note": {"type": "string", "description": "What your next self needs to know."}},
+                "required": ["note"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "exit",
+            "description": "Finish: success exits 0; failure exits 1 with the reason on stderr.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "status": {"type": "string", "enum": ["success", "failure"]},
+                    "reason": {"type": "string"},
+                },
+                "required": ["status"],
+            },
+        },
+    },
+]
+FINAL_TOOLS = [t for t in TOOLS if t["function"]["name"] in ("exec", "exit")]
+
+
+class Refused(Exception):
+    """The host declined a request; it says which exit code ends the agent."""
+
+    def __init__(self, message):
+        super().__init__(message.get("message", "refused"))
+        self.code = message.get("code", "refused")
+        self.exit_code = int(message.get("exit_code", 1))
+
+
+class Host:
+    def __init__(self, cycle):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(HOST_SOCKET)
+        self.reader = self.sock.makefile("rb")
+        self.welcome = self.request({"kind": "hello", "role": "agent", "cycle": cycle})
+
+    def request(self, message):
+        self.sock.sendall(protocol.encode(message))
+        reply, _ = protocol.read_frame(self.reader)
+        if reply["kind"] == "error":
+            raise Refused(reply)
+        return reply
+
+    def event(self, **fields):
+        self.sock.sendall(protocol.encode({"kind": "event", **fields}))
+
+
+def say(text):
+    os.write(DIAGNOSTICS, f"{text}\n".encode(errors="replace"))
+
+
+def capped(stream, sink):
+    """Read a pipe to its end, keeping at most OUTPUT_CAP bytes and the total."""
+    kept = bytearray()
+    total = 0
+    while True:
+        chunk = stream.read(65536)
+        if not chunk:
+            break
+        total += len(chunk)
+        if len(kept) < OUTPUT_CAP:
+            kept += chunk[: OUTPUT_CAP - len(kept)]
+    sink.append((bytes(kept), total))
+
+
+def shown(name, kept, total):
+    text = kept.decode(errors="replace")
+    if total > len(kept):
+        text += f"\n[truncated: {total} bytes total]"
+    return f"{name}:\n{text}" if text else f"{name}: (empty)"
+
+
+def run_sh(command, timeout):
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(MATERIAL, DELIVERABLE, DIAGNOSTICS),
+        start_new_session=True,
+    )
+    out, err = [], []
+    readers = [threading.Thread(target=capped, args=(proc.stdout, out)), threading.Thread(target=capped, args=(proc.stderr, err))]
+    for reader in readers:
+        reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for reader in readers:
+        reader.join()
+    status = f"killed after {timeout:g} s (timeout)" if timed_out else f"exit code {proc.returncode}"
+    return proc.returncode, f"{status}\n{shown('stdout', *out[0])}\n{shown('stderr', *err[0])}"
+
+
+def parse_args(argv):
+    cycle, note = 0, ""
+    while argv and argv[0] != "--":
+        flag, value, argv = argv[0], argv[1], argv[2:]
+        if flag == "--cycle":
+            cycle = int(value)
+        elif flag == "--note":
+            note = value
+    return cycle, note, " ".join(argv[1:])
+
+
+def setup_fds():
+    """First cycle only: move the box's stdio to 3/4/5, so nothing printed by accident reaches the deliverable."""
+    for fd, target in ((0, MATERIAL), (1, DELIVERABLE), (2, DIAGNOSTICS)):
+        os.dup2(fd, target)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
+def tool_call(call):
+    """(name, args or None, error text or None) from one tool call, whatever the model sent."""
+    function = call.get("function") or {}
+    name = function.get("name")
+    try:
+        args = json.loads(function.get("arguments") or "{}")
+    except ValueError as exc:
+        return name, None, f"error: the arguments are not valid JSON ({exc}); call {name} again with a JSON object"
+    if not isinstance(args, dict):
+        return name, None, f"error: the arguments must be a JSON object; call {name} again"
+    return name, args, None
+
+
+def main(argv):
+    cycle, note, mission = parse_args(argv)
+    if cycle == 0:
+        setup_fds()
+    try:
+        host = Host(cycle)
+    except (OSError, protocol.ProtocolError, EOFError) as exc:
+        say(f"quinebox: cannot reach the host: {exc}")
+        return 125
+    except Refused as exc:
+        say(f"quinebox: {exc}")
+        return exc.exit_code
+    max_turns = int(host.welcome.get("max_turns", 40))
+    cycles_left = int(host.welcome.get("cycles_left", 0))
+    first = "Begin." if not note else f"You are continuing earlier work. Your note to yourself:\n\n{note}"
+    messages = [{"role": "system", "content": SYSTEM_PROMPT.format(mission=mission)}, {"role": "user", "content": first}]
+    turn = 0
+    while True:
+        turn += 1
+        final = turn > max_turns
+        if final:
+            messages.append({"role": "user", "content": "Your turn budget is spent. This final turn may only call exit or exec."})
+        try:
+            reply = host.request({"kind": "chat", "turn": turn, "cycle": cycle, "messages": messages, "tools": FINAL_TOOLS if final else TOOLS})
+        except Refused as exc:
+            say(f"quinebox: {exc}")
+            return exc.exit_code
+        except (OSError, protocol.ProtocolError, EOFError) as exc:
+            say(f"quinebox: lost the host: {exc}")
+            return 125
+        message = reply.get("message") or {}
+        messages.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls")})
+        calls = message.get("tool_calls") or []
+        if not calls:
+            if final:
+                break
+            messages.append({"role": "user", "content": "error: reply with a tool call (sh, exec or exit); plain text does nothing here."})
+            continue
+        context = (reply.get("usage") or {}).get("prompt_tokens", 0)
+        hint = f"\n[turns left: {max(0, max_turns - turn)}; context used: {context} tokens]"
+        for call in calls:
+            name, args, error = tool_call(call)
+            if error is None and final and name not in ("exec", "exit"):
+                error = f"error: {name} is not allowed on the final turn"
+            if error is None and name == "sh":
+                command = args.get("command")
+                try:
+                    timeout = min(float(args.get("timeout") or SH_TIMEOUT), SH_TIMEOUT_MAX)
+                except (TypeError, ValueError):
+                    timeout = SH_TIMEOUT
+                if not isinstance(command, str):
+                    error = "error: sh needs a string 'command'"
+                else:
+                    code, result = run_sh(command, timeout)
+                    host.event(event="tool", turn=turn, name="sh", args={"command": command}, exit_code=code, result=result)
+            elif error is None and name == "exit":
+                status, reason = args.get("status"), str(args.get("reason") or "")
+                if status not in ("success", "failure"):
+                    error = "error: exit needs status 'success' or 'failure'"
+                else:
+                    host.event(event="exit", turn=turn, status=status, reason=reason)
+                    if status == "failure":
+                        say(reason or "the agent reported failure")
+                        return 1
+                    return 0
+            elif error is None and name == "exec":
+                if cycles_left <= 0:
+                    error = "error: no exec cycles left; finish with exit"
+                else:
+                    note = str(args.get("note") or "")[:NOTE_CAP]
+                    host.event(event="exec", turn=turn, cycle=cycle + 1, note=note)
+                    script = os.path.abspath(__file__)
+                    os.execv(sys.executable, [sys.executable, "-I", "-S", script, "--cycle", str(cycle + 1), "--note", note, "--", mission])
+            elif error is None:
+                error = f"error: unknown tool {name!r}; the tools are sh, exec and exit"
+            if error is not None:
+                host.event(event="tool_error", turn=turn, name=str(name), error=error)
+                result = error
+            messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result + hint})
+        if final:
+            break
+    host.event(event="terminated", turn=turn, termination="turn_exhaustion")
+    say("quinebox: the agent spent its turn budget without calling exit")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

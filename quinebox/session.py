@@ -1,0 +1,164 @@
+"""One agent's session on the host: its budgets, its model calls, and its tape.
+
+The broker hands every frame from the box to an `AgentSession`; the session
+validates it, enforces the budgets (turns per conversation, exec cycles,
+tokens), calls the provider, and records everything before answering. The
+guest only asks: every limit here holds even against a guest that lies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from quinebox.broker import error_frame
+from quinebox.providers import Provider, ProviderError
+from quinebox.providers.replay import digest
+from quinebox.store import Index, Tape
+
+DEFAULT_MAX_TURNS = 40
+DEFAULT_MAX_CYCLES = 10
+ROLES = {"system", "user", "assistant", "tool"}
+
+View = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Budget:
+    max_turns: int = DEFAULT_MAX_TURNS
+    max_cycles: int = DEFAULT_MAX_CYCLES
+    max_tokens: int | None = None
+
+
+def check_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The schema of a chat frame; raises ValueError with what is wrong."""
+    messages, tools = request.get("messages"), request.get("tools")
+    if not isinstance(messages, list) or not messages or not isinstance(tools, list):
+        raise ValueError("chat needs a non-empty 'messages' list and a 'tools' list")
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise ValueError("each message must be an object with a role of system, user, assistant or tool")
+        if not isinstance(message.get("content"), (str, type(None))):
+            raise ValueError("message content must be a string or null")
+    for tool in tools:
+        if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict) or not isinstance(tool["function"].get("name"), str):
+            raise ValueError("each tool must be an object with a function and its name")
+    return messages, tools
+
+
+class AgentSession:
+    def __init__(
+        self,
+        session: str,
+        *,
+        mission: str,
+        provider: Provider,
+        budget: Budget,
+        parent: str | None = None,
+        meta: dict[str, Any] | None = None,
+        view: View | None = None,
+    ):
+        self.session = session
+        self.mission = mission
+        self.provider = provider
+        self.budget = budget
+        self._view = view
+        self.tape = Tape(session)
+        self.index = Index()
+        self.index.start(session, parent=parent, mission=mission, model=provider.name)
+        self.tape.append("meta", session=session, parent=parent, mission=mission, model=provider.name, **(meta or {}))
+        self.tokens = 0
+        self.turns = 0
+        self.cycles = -1
+        self.turns_this_cycle = 0
+        self.termination: str | None = None
+        self.reason = ""
+        self._seen = 0
+        self._lock = threading.Lock()
+        self.began = time.monotonic()
+
+    def view(self, event: dict[str, Any]) -> None:
+        if self._view is not None:
+            self._view({"session": self.session, **event})
+
+    # -- frames from the box ------------------------------------------------------
+
+    def welcome(self, hello: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.cycles += 1
+            self.turns_this_cycle = 0
+            self._seen = 0
+            if self.cycles > self.budget.max_cycles:
+                self.termination = "cycle_exhaustion"
+                return error_frame("budget", f"no exec cycles left ({self.budget.max_cycles} used)")
+            if self.cycles:
+                self.tape.append("exec", cycle=self.cycles)
+            return {"kind": "welcome", "session": self.session, "max_turns": self.budget.max_turns, "cycles_left": self.budget.max_cycles - self.cycles}
+
+    def chat(self, request: dict[str, Any]) -> dict[str, Any]:
+        messages, tools = check_chat(request)
+        with self._lock:
+            if self.turns_this_cycle > self.budget.max_turns:
+                self.termination = "turn_exhaustion"
+                return error_frame("budget", f"turn budget of {self.budget.max_turns} spent")
+            if self.budget.max_tokens is not None and self.tokens >= self.budget.max_tokens:
+                self.termination = "token_budget"
+                return error_frame("budget", f"token budget of {self.budget.max_tokens} spent ({self.tokens} used)")
+            self.turns_this_cycle += 1
+            self.turns += 1
+            turn = self.turns
+            new = messages[self._seen :] if len(messages) >= self._seen else messages
+            self._seen = len(messages) + 1  # the answer is appended by the guest
+            self.tape.append("request", turn=turn, cycle=self.cycles, digest=digest(messages), messages=new)
+        self.view({"event": "thinking", "turn": turn})
+        began = time.monotonic()
+        try:
+            completion = self.provider.complete(messages, tools)
+        except ProviderError as exc:
+            self.termination = exc.termination
+            self.reason = str(exc)
+            self.tape.append("provider_error", turn=turn, termination=exc.termination, message=str(exc))
+            return error_frame(exc.termination, str(exc), exc.exit_code)
+        latency = time.monotonic() - began
+        with self._lock:
+            self.tokens += int(completion.usage.get("total_tokens") or 0)
+            self.tape.append("response", turn=turn, message=completion.message, usage=completion.usage, finish_reason=completion.finish_reason, latency_s=round(latency, 4))
+        self.view({"event": "response", "turn": turn, "message": completion.message, "usage": completion.usage})
+        return {"kind": "chat_result", "turn": turn, "message": completion.message, "usage": completion.usage, "tokens_used": self.tokens}
+
+    def event(self, event: dict[str, Any]) -> None:
+        name = event.get("event")
+        if not isinstance(name, str):
+            raise ValueError("an event needs a string 'event'")
+        fields = {k: v for k, v in event.items() if k not in ("kind", "event")}
+        if name == "exit":
+            self.termination = f"exit_{event.get('status')}"
+            self.reason = str(event.get("reason") or "")
+        elif name == "terminated":
+            self.termination = str(event.get("termination"))
+        self.tape.append(name, **fields)
+        self.view({"event": name, **fields})
+
+    # -- the end ----------------------------------------------------------------
+
+    def finish(self, exit_code: int, *, timed_out: bool = False, oom_killed: bool = False) -> dict[str, Any]:
+        if timed_out:
+            self.termination = "timeout"
+        elif oom_killed and exit_code == 137:
+            self.termination = "oom"
+        elif self.termination is None:
+            self.termination = "killed" if exit_code >= 128 else "crashed" if exit_code else "exit_success"
+        outcome = {
+            "exit_code": exit_code,
+            "termination": self.termination,
+            "duration_s": round(time.monotonic() - self.began, 3),
+            "tokens": self.tokens,
+            "turns": self.turns,
+        }
+        self.tape.append("outcome", **outcome)
+        self.index.finish(self.session, exit_code=exit_code, termination=self.termination, tokens=self.tokens, turns=self.turns)
+        self.tape.close()
+        self.index.close()
+        return outcome

@@ -1,0 +1,141 @@
+"""Reading sessions back: `ls`, `show`, `logs` and `replay`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+from quinebox.errors import QuineboxError
+from quinebox.store import Index, SessionRow, follow_tape, read_tape
+
+#: Tape records that say what the agent did, compared by `replay`.
+ACTIONS = ("tool", "tool_error", "exec", "exit", "terminated")
+
+
+def find(session: str) -> SessionRow:
+    index = Index()
+    try:
+        row = index.get(session)
+    finally:
+        index.close()
+    if row is None:
+        raise QuineboxError(f"no session {session!r} (or more than one starts so): `quinebox ls` lists them")
+    return row
+
+
+def print_sessions(limit: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    index = Index()
+    rows = index.recent(limit)
+    index.close()
+    table = Table(box=None, pad_edge=False)
+    for column in ("ID", "STARTED", "EXIT", "TERMINATION", "TURNS", "TOKENS", "MISSION"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        started = datetime.fromtimestamp(row.started).strftime("%Y-%m-%d %H:%M:%S")
+        exit_code = "running" if row.ended is None else str(row.exit_code)
+        table.add_row(row.id, started, exit_code, row.termination or "", str(row.turns), str(row.tokens), " ".join(row.mission.split())[:60])
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def render(record: dict[str, Any]) -> str:
+    """One tape record as one readable line."""
+    kind = record["kind"]
+    stamp = time.strftime("%H:%M:%S", time.localtime(record.get("t", 0)))
+    fields = {k: v for k, v in record.items() if k not in ("t", "kind")}
+    if kind == "request":
+        fields["messages"] = f"{len(fields.get('messages', []))} new"
+    if kind == "response":
+        message = fields.pop("message", {})
+        calls = [f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in message.get("tool_calls") or []]
+        fields["calls"] = calls or None
+        if message.get("content"):
+            fields["content"] = message["content"]
+    if kind == "tool":
+        fields["result"] = " ".join(str(fields.get("result", "")).split())[:160]
+    text = json.dumps(fields, ensure_ascii=False, default=str)
+    return f"{stamp} {kind:<15} {text}"
+
+
+def print_logs(session: str, *, follow: bool) -> None:
+    row = find(session)
+    records = follow_tape(row.id) if follow and row.ended is None else read_tape(row.id)
+    for record in records:
+        print(render(record), flush=True)
+
+
+def print_show(session: str) -> None:
+    row = find(session)
+    tape = read_tape(row.id)
+    print(f"session   {row.id}" + (f"  (child of {row.parent})" if row.parent else ""))
+    print(f"mission   {row.mission}")
+    print(f"model     {row.model}")
+    meta = tape[0] if tape and tape[0]["kind"] == "meta" else {}
+    if meta.get("grants"):
+        print(f"grants    {' '.join(meta['grants'])}")
+    for record in tape:
+        kind = record["kind"]
+        if kind == "response":
+            for call in record["message"].get("tool_calls") or []:
+                print(f"turn {record['turn']:>3}  {call['function']['name']} {call['function'].get('arguments', '')}")
+            if not record["message"].get("tool_calls"):
+                print(f"turn {record['turn']:>3}  (no tool call) {record['message'].get('content') or ''}")
+        elif kind == "tool":
+            print(f"          → exit {record.get('exit_code')}")
+        elif kind in ("tool_error", "provider_error"):
+            print(f"          → {record.get('error') or record.get('message')}")
+        elif kind == "exec":
+            print(f"          exec → cycle {record.get('cycle')}")
+    outcome = next((r for r in reversed(tape) if r["kind"] == "outcome"), None)
+    if outcome:
+        print(f"outcome   exit {outcome['exit_code']} ({outcome['termination']}), {outcome['turns']} turns, {outcome['tokens']} tokens, {outcome['duration_s']} s")
+    else:
+        print("outcome   (still running)")
+
+
+def actions(tape: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    out = []
+    for record in tape:
+        if record["kind"] in ACTIONS:
+            out.append((record["kind"], record.get("name"), json.dumps(record.get("args"), sort_keys=True), record.get("exit_code"), record.get("status")))
+    return out
+
+
+def replay(session: str, *, quiet: bool) -> int:
+    """Re-run a recorded mission (same grants, this process's stdin as material) against its tape."""
+    from quinebox.agent import Agent
+    from quinebox.diagnostics import make_view
+
+    row = find(session)
+    recorded = read_tape(row.id)
+    meta = recorded[0] if recorded and recorded[0]["kind"] == "meta" else {}
+    agent = Agent(
+        row.mission,
+        model=f"replay:{row.id}",
+        grants=meta.get("grants", []),
+        image=meta.get("image"),
+        workdir=meta.get("workdir"),
+        view=make_view(quiet=quiet),
+    )
+    agent.wait()
+    replayed = read_tape(agent.session.session)
+    before, after = actions(recorded), actions(replayed)
+    for i, (old, new) in enumerate(zip(before, after)):
+        if old != new:
+            print(f"quinebox: replay diverged at action {i + 1}: recorded {old[:3]}, replayed {new[:3]}", file=sys.stderr)
+            return 1
+    if len(before) != len(after):
+        print(f"quinebox: replay diverged: {len(before)} actions recorded, {len(after)} replayed", file=sys.stderr)
+        return 1
+    old_out = next((r for r in reversed(recorded) if r["kind"] == "outcome"), {})
+    new_out = agent.outcome or {}
+    if (old_out.get("exit_code"), old_out.get("termination")) != (new_out.get("exit_code"), new_out.get("termination")):
+        print(f"quinebox: replay diverged in its outcome: recorded exit {old_out.get('exit_code')} ({old_out.get('termination')}), replayed exit {new_out.get('exit_code')} ({new_out.get('termination')})", file=sys.stderr)
+        return 1
+    print(f"quinebox: replay of {row.id} as {agent.session.session} matches: {len(after)} actions, exit {new_out.get('exit_code')} ({new_out.get('termination')})", file=sys.stderr)
+    return 0
