@@ -29,3 +29,17 @@ def engine():
     except docker.errors.ImageNotFound:
         pytest.fail(f"image {DEFAULT_IMAGE} missing; run `quinebox image build`", pytrace=False)
     return client
+
+
+@pytest.fixture
+def fake_openai(monkeypatch):
+    """A real OpenAI-compatible HTTP server on loopback, with quinebox configured to use it."""
+    from openai_server import FakeOpenAI
+
+    server = FakeOpenAI()
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-" + os.urandom(6).hex())
+    monkeypatch.setenv("QUINEBOX_MODEL", "test-model")
+    monkeypatch.setenv("QUINEBOX_MAX_RETRIES", "2")
+    yield server
+    server.close()
