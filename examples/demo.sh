@@ -44,6 +44,26 @@ show "quinebox exec -g ro:/ -- true"
 quinebox exec -g ro:/ -- true
 echo "exit status: $?"
 
+step "6. Agents: argv is the mission, stdin the material, stdout the deliverable"
+here=$(cd "$(dirname "$0")" && pwd)
+if [ -n "${OPENAI_API_KEY:-}" ]; then
+    echo "(OPENAI_API_KEY is set: using the real model, ${QUINEBOX_MODEL:-the default})"
+    count=(); errors=(); tally=()
+else
+    echo "(no OPENAI_API_KEY: using scripted models from examples/missions)"
+    count=(-m "script:$here/missions/count-lines.yaml")
+    errors=(-m "script:$here/missions/errors.yaml")
+    tally=(-m "script:$here/missions/tally.yaml")
+fi
+show "seq 1 42 | quinebox run 'Count the lines of the material'"
+seq 1 42 | quinebox run "${count[@]}" "Count the lines of the material"
+echo "exit status: $?"
+log=$'INFO start\nERROR disk full\nINFO retry\nERROR timeout\nERROR disk full\nINFO done'
+show "printf '<a log>' | quinebox run -q 'Keep only the ERROR lines' | quinebox run -q 'Count each kind of line'"
+printf '%s\n' "$log" | quinebox run -q "${errors[@]}" "Keep only the ERROR lines" | quinebox run -q "${tally[@]}" "Count each kind of line, most frequent first"
+show "quinebox ls -n 3"
+quinebox ls -n 3
+
 step "Nothing is left behind"
 show "quinebox ps"
 quinebox ps

@@ -179,10 +179,12 @@ def test_doctor_says_what_to_do_without_an_engine():
 
 
 def test_demo_runs_and_leaves_nothing(engine):
-    env = {**os.environ, "PATH": f"{Path(QUINEBOX).parent}:{os.environ['PATH']}"}
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    env["PATH"] = f"{Path(QUINEBOX).parent}:{os.environ['PATH']}"
     done = subprocess.run(["bash", str(REPO / "examples" / "demo.sh")], capture_output=True, env=env, timeout=180)
     assert done.returncode == 0, done.stderr
     out = done.stdout.decode()
     assert "HELLO FROM THE HOST" in out and "sum: 15" in out and "network interfaces: lo" in out
     assert "exit status: 124" in out and "exit status: 137" in out and out.count("exit status: 125") == 2
+    assert "The material has 42 lines." in out and "      2 ERROR disk full\n      1 ERROR timeout\n" in out
     assert quinebox_boxes(engine) == []
