@@ -241,5 +241,21 @@ def image_build_command(
         raise fail(exc) from None
 
 
+def ensure_std_fds() -> None:
+    """Give closed stdin/stdout/stderr /dev/null, before anything else can be opened as fd 0-2.
+
+    Otherwise the first socket we open becomes "stdin" and we would pump our
+    own engine connection into the box.
+    """
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+
+
 def main() -> None:
+    ensure_std_fds()
     app()

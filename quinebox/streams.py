@@ -47,19 +47,28 @@ def demux(reader: BinaryIO, stdout: Sink, stderr: Sink) -> None:
 
 
 def pump_fd(fd: int, sock: socket.socket, stop_fd: int) -> None:
-    """Copy `fd` into the box's stdin until EOF (then close the box's stdin) or until told to stop."""
-    try:
-        while True:
+    """Copy `fd` into the box's stdin until EOF (then close the box's stdin) or until told to stop.
+
+    A source that cannot be read (closed, not open at all) counts as EOF.
+    """
+    while True:
+        try:
             ready, _, _ = select.select([fd, stop_fd], [], [])
             if stop_fd in ready:
                 return
             data = os.read(fd, CHUNK)
-            if not data:
-                break
+        except OSError:
+            data = b""
+        if not data:
+            break
+        try:
             sock.sendall(data)
+        except OSError:
+            return  # the box is gone or stopped reading: nothing more to deliver
+    try:
         sock.shutdown(socket.SHUT_WR)
     except OSError:
-        pass  # the box is gone or stopped reading: nothing more to deliver
+        pass
 
 
 def pump_bytes(data: bytes, sock: socket.socket) -> None:

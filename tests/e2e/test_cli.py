@@ -188,3 +188,8 @@ def test_demo_runs_and_leaves_nothing(engine):
     assert "exit status: 124" in out and "exit status: 137" in out and out.count("exit status: 125") == 2
     assert "The material has 42 lines." in out and "      2 ERROR disk full\n      1 ERROR timeout\n" in out
     assert quinebox_boxes(engine) == []
+
+
+def test_a_closed_stdin_is_an_empty_material_not_our_own_sockets(engine):
+    done = subprocess.run(f"{QUINEBOX} exec -- sh -c 'cat; echo eof-seen' <&-", shell=True, capture_output=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, b"eof-seen\n")
