@@ -277,6 +277,15 @@ class Popen:
         self.wait()
 
 
+def _captured(start: Callable[..., Any], input: bytes | None) -> tuple[Any, int, bytes, bytes]:
+    """Start a box with `input` as its whole stdin and its outputs collected; wait for it."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    box = start(stdin=input if input is not None else DEVNULL, stdout=out.append, stderr=err.append)
+    code = box.wait()
+    return box, code, b"".join(out), b"".join(err)
+
+
 def exec(
     argv: Sequence[str],
     *,
@@ -292,26 +301,15 @@ def exec(
     `input` is the box's whole stdin (empty when None). A `timeout` that runs
     out kills the box and gives returncode 124 rather than raising.
     """
-    out: list[bytes] = []
-    err: list[bytes] = []
     began = time.monotonic()
-    proc = Popen(
-        argv,
-        grants=grants,
-        policy=policy,
-        timeout=timeout,
-        image=image,
-        workdir=workdir,
-        stdin=input if input is not None else DEVNULL,
-        stdout=out.append,
-        stderr=err.append,
+    proc, code, out, err = _captured(
+        lambda **streams: Popen(argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, **streams), input
     )
-    code = proc.wait()
     return ExecResult(
         argv=proc.args,
         returncode=code,
-        stdout=b"".join(out),
-        stderr=b"".join(err),
+        stdout=out,
+        stderr=err,
         timed_out=proc.timed_out,
         oom_killed=proc.oom_killed,
         session=proc.session,
@@ -319,23 +317,14 @@ def exec(
     )
 
 
-
-
 @dataclass(frozen=True)
-class RunResult:
-    """A finished mission: what `quinebox.run` returns."""
+class RunResult(ExecResult):
+    """A finished mission: what `quinebox.run` returns. `argv` is the box's, `mission` the agent's."""
 
-    mission: str
-    returncode: int
-    stdout: bytes
-    stderr: bytes
-    session: str
-    termination: str
-    tokens: int
-    turns: int
-    timed_out: bool
-    oom_killed: bool
-    duration_s: float
+    mission: str = ""
+    termination: str = ""
+    tokens: int = 0
+    turns: int = 0
 
 
 def run(
@@ -347,6 +336,7 @@ def run(
     timeout: float | str | None = None,
     policy: str | None = None,
     image: str | None = None,
+    workdir: str | None = None,
     max_turns: int | None = None,
     max_tokens: int | None = None,
 ) -> RunResult:
@@ -357,35 +347,27 @@ def run(
     """
     from quinebox.agent import Agent
 
-    out: list[bytes] = []
-    err: list[bytes] = []
-    agent = Agent(
-        mission,
-        model=model,
-        grants=grants,
-        policy=policy,
-        timeout=timeout,
-        image=image,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        stdin=input if input is not None else DEVNULL,
-        stdout=out.append,
-        stderr=err.append,
+    agent, code, out, err = _captured(
+        lambda **streams: Agent(
+            mission, model=model, grants=grants, policy=policy, timeout=timeout, image=image,
+            workdir=workdir, max_turns=max_turns, max_tokens=max_tokens, **streams,
+        ),
+        input,
     )
-    code = agent.wait()
     outcome = agent.outcome or {}
     return RunResult(
-        mission=mission,
+        argv=agent.proc.args,
         returncode=code,
-        stdout=b"".join(out),
-        stderr=b"".join(err),
+        stdout=out,
+        stderr=err,
+        timed_out=agent.proc.timed_out,
+        oom_killed=agent.proc.oom_killed,
         session=agent.session.session,
+        duration_s=float(outcome.get("duration_s", 0.0)),
+        mission=mission,
         termination=str(outcome.get("termination")),
         tokens=int(outcome.get("tokens", 0)),
         turns=int(outcome.get("turns", 0)),
-        timed_out=agent.proc.timed_out,
-        oom_killed=agent.proc.oom_killed,
-        duration_s=float(outcome.get("duration_s", 0.0)),
     )
 
 
