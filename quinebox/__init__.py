@@ -9,12 +9,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "run", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "PIPE", "DEVNULL"]
+__all__ = ["__version__", "exec", "run", "Box", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "PIPE", "DEVNULL"]
 
 
 def __getattr__(name: str):
     # Imported lazily so `import quinebox` (and the CLI's start-up) stays cheap.
-    if name in ("exec", "run", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"):
+    if name in ("exec", "run", "Box", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"):
         from quinebox import api
 
         return getattr(api, name)

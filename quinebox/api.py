@@ -13,8 +13,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import IO, Any, Callable, Iterable, Sequence, Union
+import functools
+from typing import IO, Any, AsyncIterator, Callable, Iterable, Sequence, Union
 
 from quinebox import streams
 from quinebox.backends.docker import DockerBackend
@@ -32,7 +32,7 @@ REMOVAL_GRACE = 10.0
 Stream = Union[None, int, IO[Any], Callable[[bytes], None]]
 
 
-@lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def _seccomp_base() -> dict[str, Any]:
     return json.loads(resource_path("sandbox", "seccomp", "quinebox.json").read_text())
 
@@ -371,4 +371,71 @@ def run(
     )
 
 
-__all__ = ["exec", "run", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"]
+
+
+class Box:
+    """Defaults for many boxes (image, grants, model, limits); run them one by one or concurrently.
+
+        box = quinebox.Box(model="script:review.yaml", grants=["mem:512m"], timeout="5m")
+        result = box.run("review this diff", input=diff)
+        async for index, result in box.map("summarize", documents, parallel=8):
+            ...
+    """
+
+    def __init__(
+        self,
+        *,
+        image: str | None = None,
+        grants: Iterable[str] = (),
+        model: str | None = None,
+        timeout: float | str | None = None,
+        policy: str | None = None,
+        max_turns: int | None = None,
+        max_tokens: int | None = None,
+    ):
+        self.defaults: dict[str, Any] = {
+            "image": image, "grants": tuple(grants), "model": model, "timeout": timeout,
+            "policy": policy, "max_turns": max_turns, "max_tokens": max_tokens,
+        }
+
+    def _options(self, overrides: dict[str, Any], *names: str) -> dict[str, Any]:
+        merged = {**self.defaults, **overrides}
+        if "grants" in overrides:
+            merged["grants"] = (*self.defaults["grants"], *overrides["grants"])
+        return {name: merged[name] for name in names if name in merged}
+
+    def run(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
+        options = self._options(overrides, "image", "grants", "model", "timeout", "policy", "max_turns", "max_tokens", "workdir")
+        return run(mission, input=input, **options)
+
+    def exec(self, argv: Sequence[str], *, input: bytes | None = None, **overrides: Any) -> ExecResult:
+        return exec(argv, input=input, **self._options(overrides, "image", "grants", "timeout", "policy", "workdir"))
+
+    async def spawn(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
+        """`run` without blocking the event loop."""
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(self.run, mission, input=input, **overrides))
+
+    async def map(self, mission: str, inputs: Iterable[bytes], *, parallel: int = 4, **overrides: Any) -> AsyncIterator[tuple[int, RunResult]]:
+        """One agent per input, `parallel` at a time; yields (input index, result) as each finishes."""
+        import asyncio
+        from concurrent.futures import ThreadPoolExecutor
+
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="quinebox-map") as pool:
+
+            async def one(index: int, data: bytes) -> tuple[int, RunResult]:
+                result = await loop.run_in_executor(pool, functools.partial(self.run, mission, input=data, **overrides))
+                return index, result
+
+            tasks = [asyncio.ensure_future(one(i, data)) for i, data in enumerate(inputs)]
+            try:
+                for finished in asyncio.as_completed(tasks):
+                    yield await finished
+            finally:
+                for task in tasks:
+                    task.cancel()
+
+
+__all__ = ["exec", "run", "Box", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"]
