@@ -37,7 +37,7 @@ class Agent:
     ):
         if not mission.strip():
             raise QuineboxError("the mission is empty: say what the agent should do, as in `quinebox run \"summarize this\"`")
-        spec = build_spec([*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir)
+        spec = build_spec([*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True)
         provider = provider_for(resolve_model(model))
         budget = Budget(
             max_turns=max_turns or DEFAULT_MAX_TURNS,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from quinebox.backends.docker import DockerBackend
-from quinebox.policy import GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
+from quinebox.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
 from quinebox.spec import process_start_ticks
 from quinebox.store import run_dir
 
@@ -50,7 +50,9 @@ def owner_alive(owner: str, hostname: str | None = None) -> bool:
 def _info(container: dict) -> BoxInfo:
     labels = container.get("Labels") or {}
     command = container.get("Command", "")
-    prefix = " ".join(GUEST_PREFIX) + " "
+    for prefix, shown in ((" ".join(GUEST_PREFIX) + " ", ""), (" ".join(AGENT_COMMAND) + " ", "run: ")):
+        if command.startswith(prefix):
+            command = shown + command[len(prefix) :]
     created = labels.get(LABEL_CREATED, "")
     try:
         age = (datetime.now(timezone.utc) - datetime.fromisoformat(created)).total_seconds()
@@ -59,7 +61,7 @@ def _info(container: dict) -> BoxInfo:
     return BoxInfo(
         session=labels.get(LABEL_SESSION, "?"),
         container=container["Id"][:12],
-        command=command[len(prefix) :] if command.startswith(prefix) else command,
+        command=command,
         state=container.get("State", "?"),
         owner=labels.get(LABEL_OWNER, "?"),
         parent=labels.get(LABEL_PARENT, ""),

@@ -138,7 +138,7 @@ def container_config(spec: BoxSpec, *, seccomp: dict[str, Any], arch: str) -> Co
         host["nano_cpus"] = int(grants.cpus * 1e9)
     create: dict[str, Any] = {
         "image": spec.image,
-        "command": [*GUEST_PREFIX, *spec.argv],
+        "command": list(spec.argv) if spec.agent else [*GUEST_PREFIX, *spec.argv],
         "name": f"quinebox-{spec.session}",
         "hostname": "box",
         "user": f"{spec.uid}:{spec.gid}",

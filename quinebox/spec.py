@@ -38,6 +38,8 @@ class BoxSpec:
     workdir: str | None = None
     parent: str | None = None
     lifeline: str | None = None
+    #: argv is quinebox's agent loop, which holds its own lifeline (no guest init in front of it).
+    agent: bool = False
 
 
 def new_session_id() -> str:
@@ -107,6 +109,7 @@ def build_spec(
     parent: str | None = None,
     environ: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    agent: bool = False,
 ) -> BoxSpec:
     """Parse and check everything about a box before anything is started."""
     from quinebox.store import run_dir, state_dir
@@ -139,4 +142,5 @@ def build_spec(
         workdir=workdir,
         parent=parent,
         lifeline=str(run_dir() / f"{session}.sock"),
+        agent=agent,
     )

@@ -18,12 +18,12 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import protocol  # noqa: E402  (the guest directory is not a package on sys.path)
+import lifeline  # noqa: E402  (the guest directory is not a package on sys.path)
+import protocol  # noqa: E402
 
 HOST_SOCKET = "/run/quinebox/host.sock"
 MATERIAL, DELIVERABLE, DIAGNOSTICS = 3, 4, 5
@@ -144,6 +144,8 @@ def shown(name, kept, total):
 
 
 def run_sh(command, timeout):
+    import subprocess  # not needed by missions that never call sh
+
     proc = subprocess.Popen(
         ["/bin/sh", "-c", command],
         stdin=subprocess.DEVNULL,
@@ -170,14 +172,32 @@ def run_sh(command, timeout):
 
 
 def parse_args(argv):
-    cycle, note = 0, ""
+    cycle, note, held = 0, "", None
     while argv and argv[0] != "--":
         flag, value, argv = argv[0], argv[1], argv[2:]
         if flag == "--cycle":
             cycle = int(value)
         elif flag == "--note":
             note = value
-    return cycle, note, " ".join(argv[1:])
+        elif flag == "--lifeline":
+            held = int(value)
+        else:
+            raise SystemExit(f"quinebox agent: unknown option {flag}")
+    return cycle, note, held, " ".join(argv[1:])
+
+
+def hold_lifeline(held):
+    """Connect the lifeline (first cycle) or keep the one inherited across exec, and watch it."""
+    if held is None:
+        line = lifeline.connect()
+        if line is None:
+            say("quinebox: the host is gone; not starting")
+            raise SystemExit(137)
+    else:
+        line = socket.socket(fileno=held)
+    line.set_inheritable(True)  # survives exec; sh children never see it (close_fds)
+    threading.Thread(target=lifeline.watch, args=(line,), daemon=True).start()
+    return line.fileno()
 
 
 def setup_fds():
@@ -204,9 +224,10 @@ def tool_call(call):
 
 
 def main(argv):
-    cycle, note, mission = parse_args(argv)
+    cycle, note, held, mission = parse_args(argv)
     if cycle == 0:
         setup_fds()
+    held = hold_lifeline(held)
     try:
         host = Host(cycle)
     except (OSError, protocol.ProtocolError, EOFError) as exc:
@@ -275,7 +296,7 @@ def main(argv):
                     note = str(args.get("note") or "")[:NOTE_CAP]
                     host.event(event="exec", turn=turn, cycle=cycle + 1, note=note)
                     script = os.path.abspath(__file__)
-                    os.execv(sys.executable, [sys.executable, "-I", "-S", script, "--cycle", str(cycle + 1), "--note", note, "--", mission])
+                    os.execv(sys.executable, [sys.executable, "-I", "-S", script, "--cycle", str(cycle + 1), "--lifeline", str(held), "--note", note, "--", mission])
             elif error is None:
                 error = f"error: unknown tool {name!r}; the tools are sh, exec and exit"
             if error is not None:

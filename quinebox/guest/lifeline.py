@@ -6,6 +6,9 @@ even by SIGKILL — it kills every process in the box and exits, so the box
 stops and the engine removes it. Otherwise it exits with the command's status,
 mapped as a shell would (126 not executable, 127 not found, 128+n signal n).
 
+The agent loop holds its lifeline itself (`connect` and `watch` below), so an
+agent box runs one interpreter, not two.
+
 Runs inside untrusted boxes: stdlib only, small, no state.
 """
 
@@ -32,6 +35,30 @@ def kill_everything():
     os._exit(137)
 
 
+def connect():
+    """The lifeline, or None when the host is already gone."""
+    lifeline = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lifeline.connect(HOST_SOCKET)
+    except OSError:
+        lifeline.close()
+        return None
+    return lifeline
+
+
+def watch(lifeline):
+    """Block until the host goes away, then end the box. Run it on a thread of its own."""
+    while True:
+        try:
+            data = lifeline.recv(65536)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            kill_everything()
+
+
 def spawn(argv):
     try:
         # Python ignores SIGPIPE and SIGXFSZ; the command must get the defaults back.
@@ -50,10 +77,8 @@ def main(argv):
     if not argv:
         say("lifeline: no command given")
         return 125
-    lifeline = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        lifeline.connect(HOST_SOCKET)
-    except OSError:
+    lifeline = connect()
+    if lifeline is None:
         say("the host is gone; not starting")
         return 137
     child = spawn(argv)

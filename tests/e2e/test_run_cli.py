@@ -84,3 +84,26 @@ def test_time_limit_applies_to_agents_too(engine, tmp_path):
     done = qb("run", "-q", "-m", f"script:{slow}", "--timeout", "1", "--json", "be slow")
     assert done.returncode == 124
     assert json.loads(done.stderr.decode().splitlines()[-1])["termination"] == "timeout"
+
+
+def test_sigkill_of_quinebox_run_leaves_no_box_even_mid_tool_call(engine, tmp_path):
+    import time
+
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("turns:\n  - exec: start over\n  - sh: sleep 300\n  - exit: success\n")
+    proc = subprocess.Popen([QUINEBOX, "run", "-q", "-m", f"script:{slow}", "wait"], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    label = {"label": "io.quinebox.session"}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # until the sleep runs in the second cycle, after an exec
+        boxes = engine.containers.list(filters=label)
+        if boxes and b"sleep 300" in boxes[0].top()["Processes"].__repr__().encode():
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the agent never reached its sh call")
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while engine.containers.list(all=True, filters=label) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert engine.containers.list(all=True, filters=label) == []

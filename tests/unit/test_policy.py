@@ -166,3 +166,14 @@ def test_seccomp_profile_leaves_the_base_untouched():
     before = json.dumps(base, sort_keys=True)
     seccomp_profile(base, Grants(syscalls=frozenset({"ptrace"})), ARCH)
     assert json.dumps(base, sort_keys=True) == before
+
+
+def test_an_agent_box_runs_the_agent_loop_directly_it_holds_its_own_lifeline():
+    from dataclasses import replace
+
+    from quinebox.policy import AGENT_COMMAND
+
+    agent = replace(spec(), argv=(*AGENT_COMMAND, "the mission"), agent=True)
+    cfg = container_config(agent, seccomp=_seccomp_base(), arch=ARCH)
+    assert cfg.create["command"] == [*AGENT_COMMAND, "the mission"]
+    assert cfg.host["mounts"][-1]["Target"] == HOST_SOCKET

@@ -1,0 +1,75 @@
+"""Throughput of a fan-out: quinebox map vs xargs + docker run, side by side in one run.
+
+    .venv/bin/python bench/fanout.py [--missions 200] [--parallel 16] [--rounds 1]
+
+quinebox: `quinebox map` of a one-turn mission (scripted model: exit at once)
+over N materials at --parallel P. Docker: `xargs -P P docker run --rm
+--network none IMAGE true`, N times. target: quinebox's throughput ≥ 0.85 of Docker's.
+Also reports the root process's peak RSS during the map.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from quinebox.spec import DEFAULT_IMAGE
+
+QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
+DOCKER = shutil.which("docker") or "docker"
+
+
+def timed(argv: list[str], stdin: bytes | None = None) -> tuple[float, int]:
+    """(seconds, peak RSS in KiB) of one command."""
+    began = time.perf_counter()
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if stdin is not None:
+        proc.stdin.write(stdin)
+    proc.stdin.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"{argv[:3]} failed"
+    return time.perf_counter() - began, usage.ru_maxrss
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--missions", type=int, default=200)
+    parser.add_argument("--parallel", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--image", default=DEFAULT_IMAGE)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="quinebox-fanout-"))
+    script = work / "one-turn.yaml"
+    script.write_text(json.dumps({"turns": [{"exit": "success"}]}))
+    materials = work / "materials.jsonl"
+    materials.write_text("".join(json.dumps(f"material {i}") + "\n" for i in range(args.missions)))
+    ours, theirs, rss = [], [], []
+    for round_ in range(args.rounds):
+        out = work / f"out{round_}"
+        seconds, peak = timed([QUINEBOX, "map", "-m", f"script:{script}", "finish at once", "--jsonl", str(materials), "-P", str(args.parallel), "-o", str(out)])
+        ours.append(seconds)
+        rss.append(peak)
+        seconds, _ = timed(["xargs", "-P", str(args.parallel), "-I{}", DOCKER, "run", "--rm", "--network", "none", args.image, "true"], stdin="\n".join(map(str, range(args.missions))).encode() + b"\n")
+        theirs.append(seconds)
+    shutil.rmtree(work)
+    ours_rate = args.missions / statistics.median(ours)
+    theirs_rate = args.missions / statistics.median(theirs)
+    ratio = ours_rate / theirs_rate
+    print(f"{args.missions} missions at --parallel {args.parallel}, {args.rounds} round(s), medians\n")
+    print(f"quinebox map (one-turn missions)        {statistics.median(ours):6.1f} s   {ours_rate:5.2f} missions/s")
+    print(f"xargs -P{args.parallel} docker run --rm ... true    {statistics.median(theirs):6.1f} s   {theirs_rate:5.2f} boxes/s")
+    print(f"throughput ratio                        {ratio:.2f}  (target ≥ 0.85)")
+    print(f"quinebox peak RSS                       {max(rss) / 1024:.0f} MB")
+    return 0 if ratio >= 0.85 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
