@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import yaml
-
+from quinebox.documents import read_yaml
 from quinebox.errors import EngineError, QuineboxError
 from quinebox.providers import EXIT_UNAVAILABLE
 
@@ -110,12 +109,7 @@ def map_jobs(mission: str, inputs: Iterable[str], jsonl: str | None, **common: A
 
 def batch_jobs(path: str) -> list[Job]:
     """A jobs.yaml: `defaults:` (mission, grants, image, model, timeout) and `jobs:` (each may override, with material or input)."""
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise QuineboxError(f"batch file {path} not found") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise QuineboxError(f"cannot read batch file {path}: {str(exc).splitlines()[0]}") from None
+    doc = read_yaml(path, "batch file")
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list) or not doc["jobs"]:
         raise QuineboxError(f"bad batch file {path}: expected a mapping with a non-empty 'jobs:' list")
     defaults = doc.get("defaults") or {}

@@ -63,19 +63,14 @@ def owner_id() -> str:
 
 def load_policy(name_or_path: str) -> list[str]:
     """A YAML policy file (or a preset name from sandbox/policies) → its grant strings."""
-    import yaml  # only policies need it; kept off `quinebox exec`'s start-up
+    from quinebox.documents import read_yaml
 
     path = Path(name_or_path)
-    if not path.exists() and "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml")):
-        preset = resource_path("sandbox", "policies", f"{name_or_path}.yaml")
-        if preset.exists():
-            path = preset
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise GrantError(f"policy {name_or_path!r} not found: give a YAML file or a preset ({', '.join(policy_presets())})") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise GrantError(f"cannot read policy {name_or_path}: {exc}".splitlines()[0]) from None
+    if not path.exists() and "/" not in name_or_path and not path.suffix:
+        path = resource_path("sandbox", "policies", f"{name_or_path}.yaml")
+        if not path.exists():
+            raise GrantError(f"policy {name_or_path!r} not found: give a YAML file or a preset ({', '.join(policy_presets())})")
+    doc = read_yaml(path, "policy", GrantError)
     if doc is None:
         return []
     grants = doc.get("grants", []) if isinstance(doc, dict) else None

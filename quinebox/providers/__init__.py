@@ -57,13 +57,9 @@ def load_config() -> dict[str, Any]:
     path = os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "quinebox", "config.yaml")
     if not os.path.exists(path):
         return {}
-    import yaml
+    from quinebox.documents import read_yaml
 
-    try:
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise QuineboxError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
+    doc = read_yaml(path, "config file") or {}
     if not isinstance(doc, dict):
         raise QuineboxError(f"{path} must be a YAML mapping (model:, base_url:, max_retries:)")
     return doc

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 from typing import Any
 
+from quinebox.documents import read_yaml
 from quinebox.errors import QuineboxError
 from quinebox.providers import Completion, ProviderError
 
@@ -46,14 +46,7 @@ def turn_message(index: int, turn: dict[str, Any]) -> dict[str, Any]:
 class ScriptProvider:
     def __init__(self, path: str):
         self.name = f"script:{path}"
-        import yaml
-
-        try:
-            doc = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError:
-            raise QuineboxError(f"model script {path} not found") from None
-        except (OSError, yaml.YAMLError) as exc:
-            raise QuineboxError(f"cannot read model script {path}: {str(exc).splitlines()[0]}") from None
+        doc = read_yaml(path, "model script")
         turns = doc.get("turns") if isinstance(doc, dict) else None
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
             raise QuineboxError(f"bad model script {path}: expected 'turns:' as a list of mappings")
