@@ -16,7 +16,10 @@ RUN if ! command -v python3 >/dev/null; then \
 
 COPY quinebox/guest/ /opt/quinebox/guest/
 # The root filesystem is read-only in a box, so compile the guest now.
-RUN python3 -m compileall -q /opt/quinebox/guest
+# `quinebox` inside a box is the guest's relay to the host.
+RUN python3 -m compileall -q /opt/quinebox/guest \
+    && chmod 755 /opt/quinebox/guest/cli.py \
+    && ln -sf /opt/quinebox/guest/cli.py /usr/local/bin/quinebox
 
 LABEL io.quinebox.image="agent"
 USER 1000:1000

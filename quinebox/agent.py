@@ -6,14 +6,18 @@ session records the outcome on the tape and in the index.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import threading
+from typing import TYPE_CHECKING, Any, Iterable
 
 from quinebox.api import Popen, Stream
 from quinebox.errors import QuineboxError
 from quinebox.policy import AGENT_COMMAND
 from quinebox.providers import provider_for, resolve_model
 from quinebox.session import DEFAULT_MAX_CYCLES, DEFAULT_MAX_TURNS, AgentSession, Budget, View
-from quinebox.spec import build_spec
+from quinebox.spec import BoxSpec, build_spec
+
+if TYPE_CHECKING:
+    from quinebox.supervisor import Node
 
 
 class Agent:
@@ -34,20 +38,34 @@ class Agent:
         stdout: Stream = None,
         stderr: Stream = None,
         view: View | None = None,
+        spec: BoxSpec | None = None,
+        node: "Node | None" = None,
     ):
+        """A root agent from options; or, given `spec` and `node`, a child its parent's node has checked."""
+        from quinebox.supervisor import Node
+
         if not mission.strip():
             raise QuineboxError("the mission is empty: say what the agent should do, as in `quinebox run \"summarize this\"`")
-        spec = build_spec([*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True)
-        provider = provider_for(resolve_model(model))
+        if spec is None:
+            spec = build_spec([*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True)
+        model = resolve_model(model)
+        provider = provider_for(model)
+        node = node or Node.root(spec, model=model)
+        node.model = model
         budget = Budget(
             max_turns=max_turns or DEFAULT_MAX_TURNS,
             max_cycles=DEFAULT_MAX_CYCLES if max_cycles is None else max_cycles,
             max_tokens=max_tokens or spec.grants.tokens,
         )
-        meta: dict[str, Any] = {"grants": spec.grants.format(), "image": spec.image, "workdir": workdir}
-        self.session = AgentSession(spec.session, mission=mission, provider=provider, budget=budget, parent=spec.parent, meta=meta, view=view)
+        meta: dict[str, Any] = {"grants": spec.grants.format(), "image": spec.image, "workdir": spec.workdir, "depth": node.depth}
+        self.session = AgentSession(
+            spec.session, mission=mission, provider=provider, budget=budget, parent=spec.parent, meta=meta, view=view, calls=node.tree.calls
+        )
+        node.session = self.session
+        node.box = self
+        self._finishing = threading.Lock()
         try:
-            self.proc = Popen(spec.argv, spec=spec, handler=self.session, stdin=stdin, stdout=stdout, stderr=stderr)
+            self.proc = Popen(spec.argv, spec=spec, handler=self.session, spawner=node, stdin=stdin, stdout=stdout, stderr=stderr)
         except QuineboxError as exc:
             self.session.finish(exc.exit_code)
             raise
@@ -58,6 +76,7 @@ class Agent:
 
     def wait(self) -> int:
         code = self.proc.wait()
-        if self.outcome is None:
-            self.outcome = self.session.finish(code, timed_out=self.proc.timed_out, oom_killed=self.proc.oom_killed)
+        with self._finishing:
+            if self.outcome is None:
+                self.outcome = self.session.finish(code, timed_out=self.proc.timed_out, oom_killed=self.proc.oom_killed)
         return code

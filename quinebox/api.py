@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 import functools
-from typing import IO, Any, AsyncIterator, Callable, Iterable, Sequence, Union
+from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Sequence, Union
 
 from quinebox import streams
 from quinebox.backends.docker import DockerBackend
@@ -22,6 +22,9 @@ from quinebox.broker import Broker, Handler
 from quinebox.policy import container_config, native_arch
 from quinebox.resources import resource_path
 from quinebox.spec import BoxSpec, build_spec
+
+if TYPE_CHECKING:
+    from quinebox.supervisor import Node
 
 PIPE = -1
 DEVNULL = -3
@@ -75,6 +78,7 @@ class Popen:
         backend: DockerBackend | None = None,
         spec: BoxSpec | None = None,
         handler: Handler | None = None,
+        spawner: "Node | None" = None,
     ):
         self.spec = spec or build_spec(argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir)
         self.args = self.spec.argv
@@ -94,10 +98,17 @@ class Popen:
         self._stop_r, self._stop_w = os.pipe()
         self._deadline: threading.Timer | None = None
         self._closed = False
+        self._finishing = threading.Lock()
+
+        from quinebox.supervisor import Node
 
         config = container_config(self.spec, seccomp=_seccomp_base(), arch=native_arch())
         self._backend = backend or DockerBackend.shared()
-        self._broker = Broker(self.spec.lifeline, handler) if self.spec.lifeline else None
+        #: This box's place in its process tree; a box started here is a root.
+        self.node = spawner or Node.root(self.spec)
+        if self.node.box is None:
+            self.node.box = self
+        self._broker = Broker(self.spec.lifeline, handler, self.node) if self.spec.lifeline else None
         try:
             self.id = self._backend.create(config)
             self._events = self._backend.events(self.id)
@@ -246,9 +257,13 @@ class Popen:
             self._destroyed.wait(REMOVAL_GRACE) or self._backend.remove(self.id)
             self._close()
             raise
-        self._close()
-        code = self._exit_code if self._exit_code is not None else 137
-        self.returncode = EXIT_TIMEOUT if self.timed_out else code
+        with self._finishing:  # a parent's node and the tree's end may wait on one box at once
+            if self.returncode is None:
+                self._close()
+                if self.node.parent is None:
+                    self.node.end_tree()
+                code = self._exit_code if self._exit_code is not None else 137
+                self.returncode = EXIT_TIMEOUT if self.timed_out else code
         return self.returncode
 
     def _close(self) -> None:

@@ -18,17 +18,49 @@ import socket
 import threading
 from typing import Any, Protocol
 
+from quinebox.errors import QuineboxError
 from quinebox.guest import protocol
 
 ERROR_EXIT = 1
 
 
 class Handler(Protocol):
-    """What a box may ask of the host. `None` for a box that only needs a lifeline."""
+    """What an agent's box may ask of the host. `None` for a box that runs no agent."""
 
     def welcome(self, hello: dict[str, Any]) -> dict[str, Any]: ...
     def chat(self, request: dict[str, Any]) -> dict[str, Any]: ...
     def event(self, event: dict[str, Any]) -> None: ...
+
+
+class Relay(Protocol):
+    """A child box started over this connection; the connection then carries its streams."""
+
+    def stdin(self, payload: bytes, eof: bool) -> None: ...
+    def kill(self) -> None: ...
+    def disconnected(self) -> None: ...
+
+
+class Spawner(Protocol):
+    """Starts child boxes for this box (its place in the tree). `None`: this box may not."""
+
+    def spawn(self, request: dict[str, Any], channel: "Channel") -> Relay: ...
+
+
+class Channel:
+    """One connection's sending side, shared by the thread that reads it and the child's stream threads."""
+
+    def __init__(self, conn: socket.socket):
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: dict[str, Any], payload: bytes = b"") -> bool:
+        try:
+            frame = protocol.encode(message, payload)
+            with self._lock:
+                self._conn.sendall(frame)
+            return True
+        except (OSError, protocol.ProtocolError):
+            return False
 
 
 def error_frame(code: str, message: str, exit_code: int = ERROR_EXIT) -> dict[str, Any]:
@@ -36,9 +68,10 @@ def error_frame(code: str, message: str, exit_code: int = ERROR_EXIT) -> dict[st
 
 
 class Broker:
-    def __init__(self, path: str, handler: Handler | None = None):
+    def __init__(self, path: str, handler: Handler | None = None, spawner: Spawner | None = None):
         self.path = path
         self.handler = handler
+        self.spawner = spawner
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             os.unlink(path)
@@ -69,25 +102,57 @@ class Broker:
 
     def _serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("rb")
+        channel = Channel(conn)
+        relay: Relay | None = None
         try:
             while True:
                 try:
-                    message, _payload = protocol.read_frame(reader)
+                    message, payload = protocol.read_frame(reader)
                 except EOFError:
                     return
                 except protocol.ProtocolError as exc:
-                    self._send(conn, error_frame("protocol", str(exc)))
+                    channel.send(error_frame("protocol", str(exc)))
                     return
+                if relay is not None:
+                    self._relay(relay, message, payload, channel)
+                    continue
+                if message["kind"] == "spawn":
+                    relay = self._spawn(message, channel)
+                    continue
                 reply = self._answer(message)
                 if reply is not None:
-                    self._send(conn, reply)
+                    channel.send(reply)
         except OSError:
             return
         finally:
+            if relay is not None:
+                relay.disconnected()
             reader.close()
             with self._lock:
                 self._connections.discard(conn)
             conn.close()
+
+    def _spawn(self, message: dict[str, Any], channel: Channel) -> Relay | None:
+        if self.spawner is None:
+            channel.send(error_frame("refused", "this box may not start boxes", 125))
+            return None
+        try:
+            return self.spawner.spawn(message, channel)
+        except QuineboxError as exc:
+            channel.send(error_frame("refused", str(exc), exc.exit_code))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            channel.send(error_frame("invalid", f"malformed spawn frame: {exc}", 125))
+        return None
+
+    @staticmethod
+    def _relay(relay: Relay, message: dict[str, Any], payload: bytes, channel: Channel) -> None:
+        kind = message["kind"]
+        if kind == "stdin":
+            relay.stdin(payload, bool(message.get("eof")))
+        elif kind == "kill":
+            relay.kill()
+        else:
+            channel.send(error_frame("unknown", f"{kind!r} is not a frame for a running child"))
 
     def _answer(self, message: dict[str, Any]) -> dict[str, Any] | None:
         kind = message["kind"]
@@ -106,13 +171,6 @@ class Broker:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             return error_frame("invalid", f"malformed {kind} frame: {exc}")
         return error_frame("unknown", f"unknown frame kind {kind!r}")
-
-    @staticmethod
-    def _send(conn: socket.socket, message: dict[str, Any]) -> None:
-        try:
-            conn.sendall(protocol.encode(message))
-        except (OSError, protocol.ProtocolError):
-            pass
 
     def close(self) -> None:
         """Drop every connection (a box still attached will kill itself) and remove the socket."""

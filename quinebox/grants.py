@@ -262,3 +262,70 @@ def resolve(grants: Grants, *, environ: Mapping[str, str], protected: Iterable[s
             value = environ[name]
         env.append((name, value))
     return replace(grants, mounts=mounts, env=tuple(env))
+
+
+def _refuse(what: str, why: str) -> GrantError:
+    return GrantError(f"refused {what}: {why}")
+
+
+def attenuate(parent: Grants, child: Grants) -> Grants:
+    """The grants a child gets: what it asked for, checked to be within what its parent holds now.
+
+    `parent` carries the parent's effective limits and what it has left of its
+    budgets (spawn, depth, time, tokens); `child` is the request as parsed, its
+    mount sources being paths inside the parent's box. Unstated limits are the
+    parent's; unstated budgets are none (spawn, depth) or all that is left
+    (time, tokens). Anything wider than the parent is refused, never narrowed
+    silently: an agent asking for more should hear no.
+    """
+    if not parent.spawn or not parent.depth:
+        raise _refuse("a child box", "this box may not start boxes (its parent granted no spawn:N and depth:N)")
+    mounts = []
+    for mount in child.mounts:
+        label = f"{'rw' if mount.writable else 'ro'}:{mount.source}"
+        holders = [m for m in parent.mounts if _within(mount.source, m.dest)]
+        if not holders:
+            raise _refuse(label, f"{mount.source} is not within anything this box was granted from the host")
+        held = max(holders, key=lambda m: len(m.dest))
+        if mount.writable and not held.writable:
+            raise _refuse(label, f"{held.dest} is read-only here; rw may narrow to ro, never the reverse")
+        rel = os.path.relpath(mount.source, held.dest)
+        source = held.source if rel == "." else os.path.join(held.source, rel)
+        mounts.append(Mount(source=source, dest=mount.dest, writable=mount.writable))
+    if child.net and not parent.net:
+        raise _refuse("net", "this box has no network to pass on")
+    limits: dict[str, object] = {}
+    for name in ("cpus", "mem", "pids", "tmp", "time"):
+        mine, asked = getattr(parent, name), getattr(child, name)
+        if asked is not None and mine is not None and asked > mine:
+            shown = Grants(**{name: asked}).format()[0]
+            have = Grants(**{name: mine}).format()[0]
+            raise _refuse(shown, f"more than this box's {have}")
+        limits[name] = asked if asked is not None else mine
+    held_env = dict(parent.env)
+    env = []
+    for name, value in child.env:
+        if name not in held_env:
+            raise _refuse(f"env:{name}", f"this box holds no {name} to pass on")
+        env.append((name, held_env[name] if value is None else value))
+    extra = child.syscalls - parent.syscalls
+    if extra:
+        raise _refuse(f"syscall:{sorted(extra)[0]}", "this box may not make that call either")
+    spawn = child.spawn or 0
+    if spawn + 1 > parent.spawn:
+        raise _refuse(f"spawn:{spawn}", f"this box may start {parent.spawn} more box(es), and the child counts as one")
+    depth = child.depth if child.depth is not None else parent.depth - 1
+    if depth > parent.depth - 1:
+        raise _refuse(f"depth:{depth}", f"children of this box may be at most {parent.depth - 1} level(s) deep")
+    if child.tokens is not None and parent.tokens is not None and child.tokens > parent.tokens:
+        raise _refuse(f"tokens:{child.tokens}", f"this box has {parent.tokens} tokens left")
+    tokens = child.tokens if child.tokens is not None else parent.tokens
+    return replace(
+        child,
+        mounts=tuple(mounts),
+        env=tuple(env),
+        spawn=spawn or None,
+        depth=depth or None,
+        tokens=tokens,
+        **limits,
+    )

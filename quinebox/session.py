@@ -59,12 +59,15 @@ class AgentSession:
         parent: str | None = None,
         meta: dict[str, Any] | None = None,
         view: View | None = None,
+        calls: threading.BoundedSemaphore | None = None,
     ):
         self.session = session
         self.mission = mission
         self.provider = provider
         self.budget = budget
         self._view = view
+        #: The tree's cap on model calls in flight at once.
+        self._calls = calls or threading.BoundedSemaphore(1 << 16)
         self.tape = Tape(session)
         self.index = Index()
         self.index.start(session, parent=parent, mission=mission, model=provider.name)
@@ -115,7 +118,8 @@ class AgentSession:
         self.view({"event": "thinking", "turn": turn})
         began = time.monotonic()
         try:
-            completion = self.provider.complete(messages, tools)
+            with self._calls:
+                completion = self.provider.complete(messages, tools)
         except ProviderError as exc:
             self.termination = exc.termination
             self.reason = str(exc)

@@ -9,6 +9,9 @@ when it refuses. The model's tools:
                            /dev/null; fd 1/2 are captured and shown to the model, capped.
   exec(note)               start afresh in the same process (same PID, same stdin
                            position) with the mission and the note.
+  fork(children, mode)     child agents in boxes of their own (at most this box's grants):
+                           wait for all, race (first success wins, the rest are killed),
+                           or forget (detached, still bounded by the tree).
   exit(status, reason?)    success → exit 0; failure → exit 1, reason on stderr.
 
 Stdlib only: this file runs inside untrusted boxes.
@@ -22,7 +25,8 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import lifeline  # noqa: E402  (the guest directory is not a package on sys.path)
+import cli  # noqa: E402  (the guest directory is not a package on sys.path)
+import lifeline  # noqa: E402
 import protocol  # noqa: E402
 
 HOST_SOCKET = "/run/quinebox/host.sock"
@@ -41,6 +45,7 @@ Work only through tool calls. In `sh` commands, fd 3 reads the material you were
 fd 4 writes your deliverable (your stdout, exactly as you write it) and fd 5 writes diagnostics. \
 Plain stdout/stderr of a command come back to you, capped. \
 For example: `wc -l <&3`, `printf 'done\\n' >&4`. The material is a stream: what you read is consumed.
+Call fork to hand parts of the work to child agents, each in its own box with at most your grants. \
 Call exit with status "success" once the deliverable is written, or "failure" with a reason. \
 Call exec with a note to yourself to continue in a fresh conversation when this one grows long."""
 
@@ -57,6 +62,34 @@ TOOLS = [
                     "timeout": {"type": "number", "description": "Seconds before the command is killed (default 120)."},
                 },
                 "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "fork",
+            "description": "Start child agents, each in its own box with at most your grants. "
+            "mode wait: all results; race: the first success wins and the others are killed; forget: start them and go on.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "children": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "mission": {"type": "string"},
+                                "material": {"type": "string", "description": "The child's stdin."},
+                                "grants": {"type": "array", "items": {"type": "string"}},
+                                "model": {"type": "string"},
+                            },
+                            "required": ["mission"],
+                        },
+                    },
+                    "mode": {"type": "string", "enum": ["wait", "race", "forget"]},
+                },
+                "required": ["children", "mode"],
             },
         },
     },
@@ -171,6 +204,78 @@ def run_sh(command, timeout):
     return proc.returncode, f"{status}\n{shown('stdout', *out[0])}\n{shown('stderr', *err[0])}"
 
 
+class Collected:
+    """A child's output as the model sees it: the first OUTPUT_CAP bytes and the total."""
+
+    def __init__(self):
+        self.kept = bytearray()
+        self.total = 0
+
+    def __call__(self, data):
+        self.total += len(data)
+        if len(self.kept) < OUTPUT_CAP:
+            self.kept += data[: OUTPUT_CAP - len(self.kept)]
+
+    def text(self):
+        text = self.kept.decode(errors="replace")
+        return text + (f"\n[truncated: {self.total} bytes total]" if self.total > len(self.kept) else "")
+
+
+def fork(children, mode):
+    """Start the children over the host socket; their results as the model reads them."""
+    if mode not in ("wait", "race", "forget") or not isinstance(children, list) or not children:
+        return "error: fork needs a non-empty list of children and a mode of wait, race or forget"
+    started, results = [], [None] * len(children)
+    for index, spec in enumerate(children):
+        if not isinstance(spec, dict) or not isinstance(spec.get("mission"), str):
+            results[index] = {"error": "each child needs a string mission"}
+            continue
+        request = {"kind": "spawn", "what": "run", "mission": spec["mission"], "grants": spec.get("grants") or [],
+                   "model": spec.get("model"), "cwd": os.getcwd(), "detach": mode == "forget"}
+        try:
+            child = cli.Child(request)
+            material = str(spec.get("material") or "").encode()
+            for start in range(0, len(material), cli.CHUNK):
+                child.send({"kind": "stdin"}, material[start : start + cli.CHUNK])
+            child.send({"kind": "stdin", "eof": True})
+        except OSError as exc:
+            results[index] = {"error": f"cannot reach the host: {exc}"}
+            continue
+        started.append((index, child))
+    winner = []
+
+    def follow(index, child):
+        out, err = Collected(), Collected()
+        try:
+            code = child.relay(out, err, until_spawned=mode == "forget")
+        except (OSError, EOFError, protocol.ProtocolError) as exc:
+            code, err = 125, Collected()
+            err(f"lost the host: {exc}".encode())
+        result = {"mission": children[index]["mission"], "session": child.session}
+        if mode != "forget":
+            result.update(exit_code=code, stdout=out.text(), stderr=err.text())
+        results[index] = result
+        if mode == "race" and code == 0 and not winner:
+            winner.append(index)
+            for other_index, other in started:
+                if other_index != index:
+                    try:
+                        other.send({"kind": "kill"})
+                    except OSError:
+                        pass
+        child.sock.close()
+
+    threads = [threading.Thread(target=follow, args=pair) for pair in started]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    outcome = {"mode": mode, "children": results}
+    if mode == "race":
+        outcome["winner"] = winner[0] if winner else None
+    return json.dumps(outcome, indent=1)
+
+
 def parse_args(argv):
     cycle, note, held = 0, "", None
     while argv and argv[0] != "--":
@@ -260,7 +365,7 @@ def main(argv):
         if not calls:
             if final:
                 break
-            messages.append({"role": "user", "content": "error: reply with a tool call (sh, exec or exit); plain text does nothing here."})
+            messages.append({"role": "user", "content": "error: reply with a tool call (sh, fork, exec or exit); plain text does nothing here."})
             continue
         context = (reply.get("usage") or {}).get("prompt_tokens", 0)
         hint = f"\n[turns left: {max(0, max_turns - turn)}; context used: {context} tokens]"
@@ -289,6 +394,9 @@ def main(argv):
                         say(reason or "the agent reported failure")
                         return 1
                     return 0
+            elif error is None and name == "fork":
+                result = fork(args.get("children"), args.get("mode"))
+                host.event(event="tool", turn=turn, name="fork", args={"mode": args.get("mode"), "children": len(args.get("children") or [])}, exit_code=0, result=result)
             elif error is None and name == "exec":
                 if cycles_left <= 0:
                     error = "error: no exec cycles left; finish with exit"
@@ -298,7 +406,7 @@ def main(argv):
                     script = os.path.abspath(__file__)
                     os.execv(sys.executable, [sys.executable, "-I", "-S", script, "--cycle", str(cycle + 1), "--lifeline", str(held), "--note", note, "--", mission])
             elif error is None:
-                error = f"error: unknown tool {name!r}; the tools are sh, exec and exit"
+                error = f"error: unknown tool {name!r}; the tools are sh, fork, exec and exit"
             if error is not None:
                 host.event(event="tool_error", turn=turn, name=str(name), error=error)
                 result = error

@@ -6,6 +6,7 @@
       - tool: sh                          # the long form, any tool and arguments
         args: {command: "ls", timeout: 5}
       - exec: "note to my next self"
+      - fork: {mode: wait, children: [{mission: "…", material: "…", model: "script:child.yaml"}]}
       - exit: success                     # or {status: failure, reason: "..."}
 
 Each model call takes the next turn, across exec cycles. Usage is estimated
@@ -37,6 +38,8 @@ def turn_message(index: int, turn: dict[str, Any]) -> dict[str, Any]:
     for name, field in SHORTHANDS.items():
         if name in turn:
             message["tool_calls"] = [_call(index, name, {field: turn[name]})]
+    if "fork" in turn:
+        message["tool_calls"] = [_call(index, "fork", turn["fork"])]
     if "exit" in turn:
         value = turn["exit"]
         message["tool_calls"] = [_call(index, "exit", value if isinstance(value, dict) else {"status": value})]

@@ -1,0 +1,222 @@
+"""The process tree of one root quinebox process: who may start whom, with what, and until when.
+
+Every box has a `Node`. A box asks for a child over its socket (the in-box
+`quinebox` command, or the agent's fork tool); its node attenuates the request
+against what the box holds now — grants, spawn and depth budgets, time and
+tokens left — and starts the child with a node of its own. A child's streams
+travel over the connection that asked for it, and when that connection breaks
+the child is killed (unless it was started detached: then the tree's end
+bounds it). Killing a node kills its subtree. Every box in the tree shares the
+tree's cap on concurrent model calls.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+from quinebox.broker import Channel
+from quinebox.errors import GrantError
+from quinebox.grants import Grants, _within, attenuate, check_mount, parse_duration
+from quinebox.guest.protocol import MAX_PAYLOAD
+from quinebox.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
+from quinebox.spec import BoxSpec, new_session_id, protected_paths
+
+DEFAULT_CONCURRENT_CALLS = int(os.environ.get("QUINEBOX_MAX_CONCURRENT_CALLS", "8"))
+
+
+class Tree:
+    def __init__(self, max_concurrent_calls: int = DEFAULT_CONCURRENT_CALLS):
+        self.calls = threading.BoundedSemaphore(max_concurrent_calls)
+        self.lock = threading.Lock()
+        self.nodes: list[Node] = []
+
+
+def child_model(parent: str | None, requested: str | None) -> str | None:
+    """A child uses its parent's model, another model at the same endpoint, or a script beside the parent's."""
+    if requested is None or requested == parent:
+        return parent
+    if parent and parent.startswith("script:"):
+        name = requested[len("script:") :] if requested.startswith("script:") else ""
+        if not name or "/" in name or name.startswith("."):
+            raise GrantError(f"refused model {requested!r}: a scripted parent's children use scripts beside its own, as script:NAME.yaml")
+        return "script:" + os.path.join(os.path.dirname(parent[len("script:") :]), name)
+    if requested.startswith(("script:", "replay:")):
+        raise GrantError(f"refused model {requested!r}: children use a model at their parent's endpoint")
+    return requested
+
+
+class Node:
+    def __init__(self, tree: Tree, spec: BoxSpec, parent: "Node | None" = None, model: str | None = None):
+        self.tree = tree
+        self.spec = spec
+        self.parent = parent
+        self.model = model
+        g = spec.grants
+        self.grants = replace(g, mem=g.mem or DEFAULT_MEM, pids=g.pids or DEFAULT_PIDS, tmp=g.tmp or DEFAULT_TMP)
+        self.spawn_left = g.spawn or 0
+        self.tokens_left = g.tokens
+        self.started = time.monotonic()
+        self.box: Any = None
+        self.session: Any = None  # the AgentSession, for an agent's box
+        self.children: list[Node] = []
+        self._lock = threading.Lock()
+        with tree.lock:
+            tree.nodes.append(self)
+
+    @classmethod
+    def root(cls, spec: BoxSpec, model: str | None = None) -> "Node":
+        return cls(Tree(), spec, model=model)
+
+    @property
+    def depth(self) -> int:
+        return 0 if self.parent is None else self.parent.depth + 1
+
+    def left(self) -> Grants:
+        """What this box holds right now: its grants, with its budgets as they stand."""
+        time_left = None if self.grants.time is None else max(0.001, self.grants.time - (time.monotonic() - self.started))
+        return replace(self.grants, spawn=self.spawn_left, time=time_left, tokens=self.tokens_left)
+
+    def record(self, kind: str, **fields: Any) -> None:
+        if self.session is not None:
+            self.session.tape.append(kind, **fields)
+
+    # -- starting a child -----------------------------------------------------------
+
+    def spawn(self, request: dict[str, Any], channel: Channel) -> "ChildRelay":
+        what = request["what"]
+        if what not in ("run", "exec"):
+            raise GrantError(f"cannot start {what!r}: a child is `run` (an agent) or `exec` (a command)")
+        cwd = str(request.get("cwd") or "/world")
+        asked = Grants.parse([str(g) for g in request.get("grants") or []], cwd=cwd)
+        if request.get("timeout") is not None:
+            asked = asked.merge(Grants(time=parse_duration(str(request["timeout"]))))
+        with self._lock:
+            try:
+                grants = self._checked(attenuate(self.left(), asked))
+                model = child_model(self.model, request.get("model")) if what == "run" else None
+            except GrantError as exc:
+                self.record("escalation_refused", request={k: v for k, v in request.items() if k != "kind"}, reason=str(exc))
+                raise
+            self.spawn_left -= 1 + (grants.spawn or 0)
+            if self.tokens_left is not None and grants.tokens is not None:
+                self.tokens_left -= grants.tokens
+        argv = (*AGENT_COMMAND, str(request["mission"])) if what == "run" else tuple(str(a) for a in request["argv"])
+        if not argv or (what == "run" and not str(request["mission"]).strip()):
+            raise GrantError("nothing to run: give a mission or a command")
+        session = new_session_id()
+        spec = replace(
+            self.spec,
+            argv=argv,
+            grants=grants,
+            session=session,
+            parent=self.spec.session,
+            cwd=self._host_path(cwd),
+            workdir=request.get("workdir") or None,
+            lifeline=os.path.join(os.path.dirname(self.spec.lifeline or "/"), f"{session}.sock"),
+            agent=what == "run",
+        )
+        node = Node(self.tree, spec, parent=self, model=model)
+        relay = ChildRelay(channel, detached=bool(request.get("detach")))
+        node.box = relay.box = node.start(what, request, relay)
+        with self._lock:
+            self.children.append(node)
+        self.record("spawn", child=session, what=what, grants=grants.format(), detached=relay.detached)
+        channel.send({"kind": "spawned", "session": session})
+        threading.Thread(target=self._await, args=(node, relay), daemon=True).start()
+        return relay
+
+    def _checked(self, grants: Grants) -> Grants:
+        """Host-side checks attenuation cannot make: symlinks inside a grant may point out of it."""
+        from quinebox.store import state_dir
+
+        held = [os.path.realpath(m.source) for m in self.grants.mounts]
+        mounts = []
+        for mount in grants.mounts:
+            checked = check_mount(mount, protected=protected_paths(os.environ, state_dir()))
+            if not any(_within(checked.source, root) for root in held):
+                raise GrantError(f"refused {mount.dest}: it resolves to {checked.source}, outside what this box was granted")
+            mounts.append(checked)
+        return replace(grants, mounts=tuple(mounts))
+
+    def _host_path(self, box_path: str) -> str:
+        for mount in self.grants.mounts:
+            if _within(box_path, mount.dest):
+                return os.path.normpath(os.path.join(mount.source, os.path.relpath(box_path, mount.dest)))
+        return "/nonexistent"
+
+    def start(self, what: str, request: dict[str, Any], relay: "ChildRelay") -> Any:
+        from quinebox.api import PIPE, Popen
+
+        streams = {"stdin": PIPE, "stdout": relay.out, "stderr": relay.err}
+        if what == "exec":
+            return Popen(self.spec.argv, spec=self.spec, spawner=self, **streams)
+        from quinebox.agent import Agent
+
+        max_turns = request.get("max_turns")
+        return Agent(self.spec.argv[-1], spec=self.spec, node=self, model=self.model, max_turns=int(max_turns) if max_turns else None, **streams)
+
+    def _await(self, node: "Node", relay: "ChildRelay") -> None:
+        code = node.box.wait()
+        outcome = getattr(node.box, "outcome", None) or {}
+        with self._lock:
+            if self.tokens_left is not None and node.grants.tokens is not None:
+                self.tokens_left += max(0, node.grants.tokens - int(outcome.get("tokens", 0)))
+        relay.channel.send({"kind": "exit", "code": code, "session": node.spec.session, **{k: outcome[k] for k in ("termination", "tokens", "turns") if k in outcome}})
+
+    # -- ending ----------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """This box and every box below it."""
+        for child in list(self.children):
+            child.kill()
+        if self.box is not None:
+            self.box.kill()
+
+    def end_tree(self) -> None:
+        """The root's box has ended: nothing in its tree may outlive it, detached children included."""
+        for child in list(self.children):
+            child.kill()
+        for node in list(self.tree.nodes):
+            if node is not self and node.box is not None:
+                node.box.wait()
+
+
+class ChildRelay:
+    """The streams of a child box, carried over the connection that asked for it."""
+
+    def __init__(self, channel: Channel, detached: bool):
+        self.channel = channel
+        self.detached = detached
+        self.box: Any = None
+
+    def out(self, data: bytes) -> None:
+        self._send("stdout", data)
+
+    def err(self, data: bytes) -> None:
+        self._send("stderr", data)
+
+    def _send(self, kind: str, data: bytes) -> None:
+        for start in range(0, len(data), MAX_PAYLOAD):
+            if not self.channel.send({"kind": kind}, data[start : start + MAX_PAYLOAD]):
+                return  # the asker is gone; a detached child's output has nowhere to go
+
+    def stdin(self, payload: bytes, eof: bool) -> None:
+        proc = getattr(self.box, "proc", self.box)
+        try:
+            if payload:
+                proc.stdin.write(payload)
+            if eof:
+                proc.stdin.close()
+        except OSError:
+            pass  # the child stopped reading
+
+    def kill(self) -> None:
+        self.box.kill()
+
+    def disconnected(self) -> None:
+        if not self.detached:
+            self.box.kill()

@@ -1,0 +1,114 @@
+"""Attenuation as a table: a child gets a subset of its parent's grants, or a clear refusal."""
+
+import pytest
+
+from quinebox.errors import GrantError
+from quinebox.grants import Grants, Mount, attenuate
+
+M = 1 << 20
+PARENT = Grants(
+    mounts=(Mount("/host/src", "/src", True), Mount("/host/docs", "/docs", False), Mount("/host/src/vendor", "/src/vendor", False)),
+    net=True,
+    cpus=2.0,
+    mem=512 * M,
+    pids=100,
+    tmp=256 * M,
+    time=60.0,
+    env=(("LANG", "C"), ("TOKEN", "t")),
+    spawn=5,
+    depth=2,
+    tokens=1000,
+    syscalls=frozenset({"ptrace"}),
+)
+
+
+def child(*specs: str) -> Grants:
+    return Grants.parse(specs, cwd="/")
+
+
+@pytest.mark.parametrize(
+    "specs, field, expected",
+    [
+        ([], "mounts", ()),
+        (["ro:/src"], "mounts", (Mount("/host/src", "/src", False),)),
+        (["rw:/src"], "mounts", (Mount("/host/src", "/src", True),)),
+        (["rw:/src/lib=/lib2"], "mounts", (Mount("/host/src/lib", "/lib2", True),)),
+        (["ro:/docs/a/b"], "mounts", (Mount("/host/docs/a/b", "/docs/a/b", False),)),
+        (["ro:/src/vendor/x"], "mounts", (Mount("/host/src/vendor/x", "/src/vendor/x", False),)),  # the deepest grant holds it
+        ([], "net", False),
+        (["net"], "net", True),
+        ([], "mem", 512 * M),
+        (["mem:128m"], "mem", 128 * M),
+        (["mem:512m"], "mem", 512 * M),
+        ([], "cpus", 2.0),
+        (["cpus:0.5"], "cpus", 0.5),
+        ([], "pids", 100),
+        (["pids:10"], "pids", 10),
+        ([], "tmp", 256 * M),
+        ([], "time", 60.0),
+        (["time:10s"], "time", 10.0),
+        (["env:LANG"], "env", (("LANG", "C"),)),
+        (["env:LANG=fr"], "env", (("LANG", "fr"),)),
+        ([], "env", ()),
+        (["syscall:ptrace"], "syscalls", frozenset({"ptrace"})),
+        ([], "spawn", None),
+        (["spawn:4"], "spawn", 4),
+        ([], "depth", 1),
+        (["depth:1"], "depth", 1),
+        ([], "tokens", 1000),
+        (["tokens:10"], "tokens", 10),
+    ],
+)
+def test_what_a_child_gets(specs, field, expected):
+    assert getattr(attenuate(PARENT, child(*specs)), field) == expected
+
+
+@pytest.mark.parametrize(
+    "specs, words",
+    [
+        (["ro:/etc"], "not within anything this box was granted"),
+        (["ro:/world"], "not within anything this box was granted"),
+        (["ro:/srcx"], "not within anything this box was granted"),
+        (["ro:/"], "not within anything this box was granted"),
+        (["rw:/docs"], "/docs is read-only here; rw may narrow to ro, never the reverse"),
+        (["rw:/src/vendor/x"], "/src/vendor is read-only here"),
+        (["mem:1g"], "mem:1g: more than this box's mem:512m"),
+        (["cpus:4"], "more than this box's cpus:2"),
+        (["pids:101"], "more than this box's pids:100"),
+        (["tmp:1g"], "more than this box's tmp:256m"),
+        (["time:2m"], "more than this box's time:1m"),
+        (["env:HOME"], "this box holds no HOME"),
+        (["syscall:unshare"], "may not make that call either"),
+        (["spawn:5"], "may start 5 more box(es), and the child counts as one"),
+        (["depth:2"], "at most 1 level(s) deep"),
+        (["tokens:1001"], "this box has 1000 tokens left"),
+    ],
+)
+def test_escalations_are_refused_with_one_line(specs, words):
+    with pytest.raises(GrantError) as info:
+        attenuate(PARENT, child(*specs))
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "parent, words",
+    [
+        (Grants(spawn=None, depth=2), "may not start boxes"),
+        (Grants(spawn=3, depth=None), "may not start boxes"),
+        (Grants(spawn=0, depth=0), "may not start boxes"),
+    ],
+)
+def test_no_children_without_spawn_and_depth(parent, words):
+    with pytest.raises(GrantError, match=words):
+        attenuate(parent, Grants())
+
+
+def test_net_only_if_the_parent_has_it():
+    with pytest.raises(GrantError, match="no network to pass on"):
+        attenuate(Grants(spawn=1, depth=1), child("net"))
+
+
+def test_unlimited_parent_limits_pass_any_request_and_stay_unlimited_when_unasked():
+    parent = Grants(spawn=1, depth=1)
+    assert attenuate(parent, child("cpus:8")).cpus == 8.0
+    assert attenuate(parent, Grants()).cpus is None and attenuate(parent, Grants()).time is None
