@@ -1,12 +1,16 @@
-# The agent image: slim Debian, python3, a POSIX shell and coreutils, and the
-# stdlib-only guest code. Nothing is pip-installed, so the build needs no
+# The agent image: slim Debian, python3, patch, a POSIX shell and coreutils, and
+# the stdlib-only guest code. Nothing is pip-installed, so the build needs no
 # network beyond the base (`quinebox image build` bootstraps the base offline
-# with debootstrap when no registry is reachable; that base already has python3).
+# with debootstrap when no registry is reachable; that base already has python3
+# and patch).
 ARG BASE=debian:bookworm-slim
 FROM ${BASE}
 
-RUN if ! command -v python3 >/dev/null; then \
-        apt-get update && apt-get install -y --no-install-recommends python3 \
+RUN missing=""; \
+    command -v python3 >/dev/null || missing="python3"; \
+    command -v patch >/dev/null || missing="$missing patch"; \
+    if [ -n "$missing" ]; then \
+        apt-get update && apt-get install -y --no-install-recommends $missing \
         && rm -rf /var/lib/apt/lists/*; \
     fi \
     && (grep -q '^agent:' /etc/passwd || echo 'agent:x:1000:1000:quinebox agent:/tmp:/usr/sbin/nologin' >> /etc/passwd) \

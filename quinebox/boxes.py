@@ -105,6 +105,46 @@ def _age(seconds: float) -> str:
     return f"{int(seconds)}s"
 
 
+def as_tree(rows: list[BoxInfo]) -> list[tuple[int, BoxInfo]]:
+    """Boxes in tree order (each after its parent), with their depth; orphans of gone parents are roots."""
+    sessions = {box.session for box in rows}
+    children: dict[str, list[BoxInfo]] = {}
+    for box in rows:
+        children.setdefault(box.parent if box.parent in sessions else "", []).append(box)
+    ordered: list[tuple[int, BoxInfo]] = []
+    stack = [(0, box) for box in reversed(children.get("", []))]
+    while stack:
+        depth, box = stack.pop()
+        ordered.append((depth, box))
+        stack += [(depth + 1, child) for child in reversed(children.get(box.session, []))]
+    return ordered
+
+
+def subtree(rows: list[BoxInfo], session: str) -> list[BoxInfo]:
+    """The box whose session starts with `session`, and every box below it."""
+    matches = [box for box in rows if box.session.startswith(session)]
+    if len(matches) != 1:
+        return []
+    found, frontier = [matches[0]], [matches[0].session]
+    while frontier:
+        parent = frontier.pop()
+        for box in rows:
+            if box.parent == parent:
+                found.append(box)
+                frontier.append(box.session)
+    return found
+
+
+def kill_subtree(session: str, backend: DockerBackend | None = None) -> list[str]:
+    """Kill a box and its descendants, whoever owns them; their owners see them die."""
+    backend = backend or DockerBackend.connect()
+    rows = [_info(c) for c in backend.boxes()]
+    doomed = subtree(rows, session)
+    for box in reversed(doomed):
+        backend.kill(box.container)
+    return [box.session for box in doomed]
+
+
 def print_table(rows: list[BoxInfo]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -112,7 +152,7 @@ def print_table(rows: list[BoxInfo]) -> None:
     table = Table(box=None, pad_edge=False)
     for column in ("ID", "COMMAND", "AGE", "STATE", "OWNER"):
         table.add_column(column, overflow="fold")
-    for box in rows:
+    for depth, box in as_tree(rows):
         host, _, rest = box.owner.partition(":")
-        table.add_row(box.session, box.command, _age(box.age_s), box.state, f"{host}:{rest.partition(':')[0]}")
+        table.add_row("  " * depth + box.session, box.command, _age(box.age_s), box.state, f"{host}:{rest.partition(':')[0]}")
     Console(width=None if sys.stdout.isatty() else 200).print(table)

@@ -288,6 +288,30 @@ def ps_command() -> None:
     boxes.print_table(rows)
 
 
+@app.command("kill", help="Kill a box and every box below it in its tree.")
+def kill_command(session: str = typer.Argument(..., help="The box's session id (or a unique prefix).")) -> None:
+    from quinebox import boxes
+
+    try:
+        killed = boxes.kill_subtree(session)
+    except QuineboxError as exc:
+        raise fail(exc) from None
+    if not killed:
+        say(f"no live box {session!r} (or more than one starts so): `quinebox ps` lists them")
+        raise typer.Exit(125)
+    say(f"killed {len(killed)} box{'es' if len(killed) != 1 else ''}: {' '.join(killed)}")
+
+
+@app.command("tree", help="A session and every session it started: mission, status, exit code, duration, tokens, depth.")
+def tree_command(session: str) -> None:
+    from quinebox import tapes
+
+    try:
+        tapes.print_tree(session)
+    except QuineboxError as exc:
+        raise fail(exc) from None
+
+
 @app.command("gc", help="Remove boxes whose owning quinebox process is gone.")
 def gc_command() -> None:
     from quinebox import boxes

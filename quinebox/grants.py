@@ -278,8 +278,10 @@ def attenuate(parent: Grants, child: Grants) -> Grants:
     (time, tokens). Anything wider than the parent is refused, never narrowed
     silently: an agent asking for more should hear no.
     """
-    if not parent.spawn or not parent.depth:
+    if parent.spawn is None or not parent.depth:
         raise _refuse("a child box", "this box may not start boxes (its parent granted no spawn:N and depth:N)")
+    if parent.spawn < 1:
+        raise _refuse("a child box", "this box has started all the boxes its spawn budget allowed")
     mounts = []
     for mount in child.mounts:
         label = f"{'rw' if mount.writable else 'ro'}:{mount.source}"

@@ -148,6 +148,9 @@ class Index:
         rows = self._select("WHERE id = ? OR id LIKE ?", (session, f"{session}%"))
         return rows[0] if len(rows) == 1 else None
 
+    def children(self, session: str) -> list[SessionRow]:
+        return self._select("WHERE parent = ? ORDER BY started", (session,))
+
     def recent(self, limit: int = 50) -> list[SessionRow]:
         return self._select("ORDER BY started DESC LIMIT ?", (limit,))
 

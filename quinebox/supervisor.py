@@ -57,7 +57,7 @@ class Node:
         self.model = model
         g = spec.grants
         self.grants = replace(g, mem=g.mem or DEFAULT_MEM, pids=g.pids or DEFAULT_PIDS, tmp=g.tmp or DEFAULT_TMP)
-        self.spawn_left = g.spawn or 0
+        self.spawn_left = g.spawn
         self.tokens_left = g.tokens
         self.started = time.monotonic()
         self.box: Any = None
@@ -101,7 +101,7 @@ class Node:
             except GrantError as exc:
                 self.record("escalation_refused", request={k: v for k, v in request.items() if k != "kind"}, reason=str(exc))
                 raise
-            self.spawn_left -= 1 + (grants.spawn or 0)
+            self.spawn_left = (self.spawn_left or 0) - 1 - (grants.spawn or 0)
             if self.tokens_left is not None and grants.tokens is not None:
                 self.tokens_left -= grants.tokens
         argv = (*AGENT_COMMAND, str(request["mission"])) if what == "run" else tuple(str(a) for a in request["argv"])

@@ -43,6 +43,37 @@ def print_sessions(limit: int) -> None:
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
+def _label(row: SessionRow, depth: int) -> str:
+    if row.ended is None:
+        status = "running"
+        duration = time.time() - row.started
+    else:
+        status = f"exit {row.exit_code} ({row.termination})"
+        duration = row.ended - row.started
+    mission = " ".join(row.mission.split())[:70]
+    return f"{row.id}  {status}  {duration:.1f} s  {row.turns} turns  {row.tokens} tokens  depth {depth}  {mission}"
+
+
+def print_tree(session: str) -> None:
+    """A session and every session it started, live or finished."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    root = find(session)
+    index = Index()
+    try:
+        tree = Tree(escape(_label(root, 0)))
+        pending = [(root, tree, 0)]
+        while pending:
+            row, branch, depth = pending.pop(0)
+            for child in index.children(row.id):
+                pending.append((child, branch.add(escape(_label(child, depth + 1))), depth + 1))
+    finally:
+        index.close()
+    Console(width=None if sys.stdout.isatty() else 200, highlight=False).print(tree)
+
+
 def render(record: dict[str, Any]) -> str:
     """One tape record as one readable line."""
     kind = record["kind"]

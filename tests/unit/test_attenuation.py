@@ -96,6 +96,7 @@ def test_escalations_are_refused_with_one_line(specs, words):
         (Grants(spawn=None, depth=2), "may not start boxes"),
         (Grants(spawn=3, depth=None), "may not start boxes"),
         (Grants(spawn=0, depth=0), "may not start boxes"),
+        (Grants(spawn=0, depth=2), "started all the boxes its spawn budget allowed"),
     ],
 )
 def test_no_children_without_spawn_and_depth(parent, words):
