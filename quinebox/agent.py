@@ -50,12 +50,13 @@ class Agent:
             spec = build_spec([*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True)
         model = resolve_model(model)
         provider = provider_for(model)
-        node = node or Node.root(spec, model=model)
+        if node is None:
+            node = Node.root(spec, model=model, tokens=max_tokens or spec.grants.tokens)
         node.model = model
         budget = Budget(
             max_turns=max_turns or DEFAULT_MAX_TURNS,
             max_cycles=DEFAULT_MAX_CYCLES if max_cycles is None else max_cycles,
-            max_tokens=max_tokens or spec.grants.tokens,
+            tokens=node.tokens,
         )
         meta: dict[str, Any] = {"grants": spec.grants.format(), "image": spec.image, "workdir": spec.workdir, "depth": node.depth}
         self.session = AgentSession(

@@ -22,6 +22,8 @@ from quinebox.errors import QuineboxError
 from quinebox.guest import protocol
 
 ERROR_EXIT = 1
+#: Connections one box may hold open at once; more are closed on arrival.
+MAX_CONNECTIONS = 64
 
 
 class Handler(Protocol):
@@ -97,6 +99,9 @@ class Broker:
                 if self._closed:
                     conn.close()
                     return
+                if len(self._connections) >= MAX_CONNECTIONS:
+                    conn.close()  # a box cannot make the host spend a thread per connection without bound
+                    continue
                 self._connections.add(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from quinebox.broker import error_frame
@@ -25,11 +25,37 @@ ROLES = {"system", "user", "assistant", "tool"}
 View = Callable[[dict[str, Any]], None]
 
 
+class TokenPool:
+    """Tokens a box may still spend, on its own model calls or by handing them to children.
+
+    A child's `tokens:N` is reserved from its parent's pool when it starts and
+    what it did not use comes back when it ends, so a subtree never spends more
+    than its root was granted.
+    """
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self.left = limit
+        self._lock = threading.Lock()
+
+    def spend(self, tokens: int) -> None:
+        with self._lock:
+            if self.left is not None:
+                self.left -= tokens
+
+    def refund(self, tokens: int) -> None:
+        self.spend(-tokens)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.left is not None and self.left <= 0
+
+
 @dataclass
 class Budget:
     max_turns: int = DEFAULT_MAX_TURNS
     max_cycles: int = DEFAULT_MAX_CYCLES
-    max_tokens: int | None = None
+    tokens: TokenPool = field(default_factory=lambda: TokenPool(None))
 
 
 def check_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -106,9 +132,9 @@ class AgentSession:
             if self.turns_this_cycle > self.budget.max_turns:
                 self.termination = "turn_exhaustion"
                 return error_frame("budget", f"turn budget of {self.budget.max_turns} spent")
-            if self.budget.max_tokens is not None and self.tokens >= self.budget.max_tokens:
+            if self.budget.tokens.exhausted:
                 self.termination = "token_budget"
-                return error_frame("budget", f"token budget of {self.budget.max_tokens} spent ({self.tokens} used)")
+                return error_frame("budget", f"token budget of {self.budget.tokens.limit} spent ({self.tokens} used here)")
             self.turns_this_cycle += 1
             self.turns += 1
             turn = self.turns
@@ -127,7 +153,9 @@ class AgentSession:
             return error_frame(exc.termination, str(exc), exc.exit_code)
         latency = time.monotonic() - began
         with self._lock:
-            self.tokens += int(completion.usage.get("total_tokens") or 0)
+            used = int(completion.usage.get("total_tokens") or 0)
+            self.tokens += used
+            self.budget.tokens.spend(used)
             self.tape.append("response", turn=turn, message=completion.message, usage=completion.usage, finish_reason=completion.finish_reason, latency_s=round(latency, 4))
         self.view({"event": "response", "turn": turn, "message": completion.message, "usage": completion.usage})
         return {"kind": "chat_result", "turn": turn, "message": completion.message, "usage": completion.usage, "tokens_used": self.tokens}

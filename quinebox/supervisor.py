@@ -23,6 +23,7 @@ from quinebox.errors import GrantError
 from quinebox.grants import Grants, _within, attenuate, check_mount, parse_duration
 from quinebox.guest.protocol import MAX_PAYLOAD
 from quinebox.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
+from quinebox.session import TokenPool
 from quinebox.spec import BoxSpec, new_session_id, protected_paths
 
 DEFAULT_CONCURRENT_CALLS = int(os.environ.get("QUINEBOX_MAX_CONCURRENT_CALLS", "8"))
@@ -50,7 +51,7 @@ def child_model(parent: str | None, requested: str | None) -> str | None:
 
 
 class Node:
-    def __init__(self, tree: Tree, spec: BoxSpec, parent: "Node | None" = None, model: str | None = None):
+    def __init__(self, tree: Tree, spec: BoxSpec, parent: "Node | None" = None, model: str | None = None, tokens: int | None = None):
         self.tree = tree
         self.spec = spec
         self.parent = parent
@@ -58,7 +59,8 @@ class Node:
         g = spec.grants
         self.grants = replace(g, mem=g.mem or DEFAULT_MEM, pids=g.pids or DEFAULT_PIDS, tmp=g.tmp or DEFAULT_TMP)
         self.spawn_left = g.spawn
-        self.tokens_left = g.tokens
+        #: Shared by this box's own model calls and the budgets it hands its children.
+        self.tokens = TokenPool(tokens if tokens is not None else g.tokens)
         self.started = time.monotonic()
         self.box: Any = None
         self.session: Any = None  # the AgentSession, for an agent's box
@@ -68,8 +70,8 @@ class Node:
             tree.nodes.append(self)
 
     @classmethod
-    def root(cls, spec: BoxSpec, model: str | None = None) -> "Node":
-        return cls(Tree(), spec, model=model)
+    def root(cls, spec: BoxSpec, model: str | None = None, tokens: int | None = None) -> "Node":
+        return cls(Tree(), spec, model=model, tokens=tokens)
 
     @property
     def depth(self) -> int:
@@ -78,7 +80,7 @@ class Node:
     def left(self) -> Grants:
         """What this box holds right now: its grants, with its budgets as they stand."""
         time_left = None if self.grants.time is None else max(0.001, self.grants.time - (time.monotonic() - self.started))
-        return replace(self.grants, spawn=self.spawn_left, time=time_left, tokens=self.tokens_left)
+        return replace(self.grants, spawn=self.spawn_left, time=time_left, tokens=self.tokens.left)
 
     def record(self, kind: str, **fields: Any) -> None:
         if self.session is not None:
@@ -102,11 +104,14 @@ class Node:
                 self.record("escalation_refused", request={k: v for k, v in request.items() if k != "kind"}, reason=str(exc))
                 raise
             self.spawn_left = (self.spawn_left or 0) - 1 - (grants.spawn or 0)
-            if self.tokens_left is not None and grants.tokens is not None:
-                self.tokens_left -= grants.tokens
+            if grants.tokens is not None:
+                self.tokens.spend(grants.tokens)  # reserved; what the child leaves comes back
         argv = (*AGENT_COMMAND, str(request["mission"])) if what == "run" else tuple(str(a) for a in request["argv"])
         if not argv or (what == "run" and not str(request["mission"]).strip()):
             raise GrantError("nothing to run: give a mission or a command")
+        workdir = request.get("workdir")
+        if workdir is not None and not str(workdir).startswith("/"):
+            raise GrantError(f"bad workdir {workdir!r}: it must be an absolute path inside the box")
         session = new_session_id()
         spec = replace(
             self.spec,
@@ -162,9 +167,8 @@ class Node:
     def _await(self, node: "Node", relay: "ChildRelay") -> None:
         code = node.box.wait()
         outcome = getattr(node.box, "outcome", None) or {}
-        with self._lock:
-            if self.tokens_left is not None and node.grants.tokens is not None:
-                self.tokens_left += max(0, node.grants.tokens - int(outcome.get("tokens", 0)))
+        if node.grants.tokens is not None:
+            self.tokens.refund(max(0, node.tokens.left or 0))
         relay.channel.send({"kind": "exit", "code": code, "session": node.spec.session, **{k: outcome[k] for k in ("termination", "tokens", "turns") if k in outcome}})
 
     # -- ending ----------------------------------------------------------------------

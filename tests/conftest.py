@@ -43,3 +43,4 @@ def fake_openai(monkeypatch):
     monkeypatch.setenv("QUINEBOX_MAX_RETRIES", "2")
     yield server
     server.close()
+

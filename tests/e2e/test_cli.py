@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from live_boxes import live_boxes
 
 from quinebox.policy import LABEL_OWNER, LABEL_SESSION
 
@@ -22,7 +23,7 @@ def qb(*args: str, input: bytes = b"", env: dict | None = None, timeout: float =
 
 
 def quinebox_boxes(engine):
-    return engine.containers.list(all=True, filters={"label": LABEL_SESSION})
+    return live_boxes(engine)
 
 
 def creates_since(engine, since: float) -> list:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import quinebox
+from live_boxes import live_boxes
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def test_an_interrupted_map_resumes_without_redoing_finished_inputs(engine, tmp_
     assert proc.wait(timeout=30) == 130
     first = results(tmp_path / "out")
     assert 2 <= len(first) < 6
-    assert engine.containers.list(all=True, filters={"label": "io.quinebox.session"}) == []
+    assert live_boxes(engine) == []
     done = qb(*args, "--resume")
     assert done.returncode == 0, done.stderr
     second = results(tmp_path / "out")

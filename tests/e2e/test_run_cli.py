@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from live_boxes import live_boxes
 
 from quinebox.store import read_tape
 
@@ -104,6 +105,6 @@ def test_sigkill_of_quinebox_run_leaves_no_box_even_mid_tool_call(engine, tmp_pa
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10
-    while engine.containers.list(all=True, filters=label) and time.monotonic() < deadline:
+    while live_boxes(engine) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert engine.containers.list(all=True, filters=label) == []
+    assert live_boxes(engine) == []

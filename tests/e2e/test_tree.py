@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from live_boxes import live_boxes
 
 from quinebox.policy import LABEL_PARENT, LABEL_SESSION
 from quinebox.store import read_tape
@@ -23,7 +24,7 @@ def qb(*args: str, input: bytes = b"", cwd=None, env=None, timeout=120) -> subpr
 
 
 def boxes(engine) -> list:
-    return engine.containers.list(all=True, filters={"label": LABEL_SESSION})
+    return live_boxes(engine)
 
 
 def wait_until(predicate, timeout=20.0):
@@ -225,3 +226,17 @@ def test_pipeline_examples(engine, tmp_path):
     patched = subprocess.run(["bash", str(EXAMPLES / "pipelines" / "patch-then-test.sh"), str(project), str(tmp_path / "fix.patch")], capture_output=True, env=env, timeout=120)
     assert (patched.returncode, patched.stdout) == (0, b"applied\ntests ok\n"), patched.stderr
     assert "a + b" in (project / "calc.py").read_text()
+
+
+def test_a_subtree_shares_one_token_budget(engine, tmp_path):
+    scripts(
+        tmp_path,
+        spender=[{"fork": {"mode": "wait", "children": [{"mission": "spend", "model": "script:child.yaml", "grants": ["tokens:400"]}]}}, {"sh": "true"}, {"exit": "success"}],
+        child=[{"sh": "true"}, {"sh": "true"}, {"sh": "true"}, {"exit": "success"}],
+    )
+    done = qb("run", "-q", "--json", "-m", f"script:{tmp_path / 'spender.yaml'}", "-g", "spawn:1", "-g", "depth:1", "-g", "tokens:700", "share")
+    summary = json.loads(done.stderr.decode().splitlines()[-1])
+    tree = qb("tree", summary["session"]).stdout.decode()
+    # The child stops at its own 400; the parent, having reserved them, runs out of its 700 before it can exit.
+    assert "depth 1  spend" in tree and tree.count("(token_budget)") == 2
+    assert (done.returncode, summary["termination"]) == (1, "token_budget")

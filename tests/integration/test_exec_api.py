@@ -5,13 +5,14 @@ import threading
 import time
 
 import pytest
+from live_boxes import live_boxes
 
 import quinebox
 from quinebox.policy import LABEL_SESSION
 
 
 def boxes_of(engine, session):
-    return engine.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session}"})
+    return live_boxes(engine, f"{LABEL_SESSION}={session}")
 
 
 def test_binary_round_trip_of_50_mb_is_byte_exact(engine):
