@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -46,6 +47,10 @@ class Seen:
 class FakeOpenAI:
     steps: list[dict[str, Any]] = field(default_factory=list)
     requests: list[Seen] = field(default_factory=list)
+    #: Seconds each answer takes, so overlapping calls can be seen.
+    delay: float = 0.0
+    in_flight: int = 0
+    max_in_flight: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -65,6 +70,11 @@ class FakeOpenAI:
                     fake.requests.append(Seen({k.lower(): v for k, v in self.headers.items()}, body))
                     index = min(len(fake.requests) - 1, len(fake.steps) - 1)
                     step = fake.steps[index] if fake.steps else text("no script")
+                    fake.in_flight += 1
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                time.sleep(fake.delay)
+                with fake._lock:
+                    fake.in_flight -= 1
                 self._answer(step, body)
 
             def _answer(self, step: dict[str, Any], body: dict[str, Any]) -> None:

@@ -240,3 +240,24 @@ def test_a_subtree_shares_one_token_budget(engine, tmp_path):
     # The child stops at its own 400; the parent, having reserved them, runs out of its 700 before it can exit.
     assert "depth 1  spend" in tree and tree.count("(token_budget)") == 2
     assert (done.returncode, summary["termination"]) == (1, "token_budget")
+
+
+def test_a_child_never_outlives_its_parents_deadline(engine):
+    began = time.monotonic()
+    done = qb("exec", "--timeout", "3", "-g", "spawn:1", "-g", "depth:1", "--", "sh", "-c", "quinebox exec -- sleep 60; echo child=$?")
+    assert done.returncode in (0, 124)
+    assert time.monotonic() - began < 12
+    assert done.stdout in (b"child=124\n", b"")  # the child's own deadline (the parent's time left) came first
+    assert wait_until(lambda: boxes(engine) == [], timeout=10)
+
+
+def test_the_tree_caps_model_calls_in_flight(engine, fake_openai):
+    from openai_server import exit_, sh
+
+    fake_openai.steps = [sh("true"), exit_()] * 10
+    fake_openai.delay = 0.3
+    env = {**os.environ, "QUINEBOX_MAX_CONCURRENT_CALLS": "1"}
+    three = "for i in 1 2 3; do quinebox run 'one of three' & done; wait"
+    done = qb("exec", "-g", "spawn:3", "-g", "depth:1", "--", "sh", "-c", three, env=env)
+    assert done.returncode == 0, done.stderr
+    assert len(fake_openai.requests) >= 3 and fake_openai.max_in_flight == 1
