@@ -8,12 +8,12 @@ The engine's events, not the box, are the authority on exit code and OOM.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
 import time
 from dataclasses import dataclass
-import functools
 from typing import IO, TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Sequence, Union
 
 from quinebox import streams
@@ -182,6 +182,7 @@ class Popen:
         except OSError:
             pass
         finally:
+            reader.close()
             for fd in self._pipe_ends:
                 os.close(fd)
             self._pipe_ends = []
@@ -273,6 +274,11 @@ class Popen:
         if self._deadline:
             self._deadline.cancel()
         os.write(self._stop_w, b"x")
+        for thread in self._threads:
+            if thread.name.startswith("stdin"):
+                thread.join(1.0)  # it leaves as soon as it sees the stop
+        os.close(self._stop_w)
+        os.close(self._stop_r)
         for closer in (getattr(self, "_events", None), getattr(self, "_sock", None), self._broker):
             if closer is not None:
                 try:
