@@ -150,9 +150,6 @@ def run(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr (the agent's own diagnostics still pass)."),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
 ) -> None:
-    from quinebox.providers import warm_up
-
-    warm_up(model)
     from quinebox.agent import Agent
     from quinebox.diagnostics import make_view
 

@@ -7,9 +7,7 @@ ends the agent. Providers run on the host only.
 
 from __future__ import annotations
 
-import importlib
 import os
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,17 +73,6 @@ def resolve_model(model: str | None) -> str:
     if os.environ.get("OPENAI_API_KEY"):
         return "gpt-4o-mini"
     raise QuineboxError("no model configured: set OPENAI_API_KEY (and QUINEBOX_MODEL), or use --model script:FILE.yaml")
-
-
-def warm_up(model: str | None) -> None:
-    """Start importing the openai client now, on a thread, if the model will need it.
-
-    The import takes about 0.3 s of CPU; begun before the engine work, it is
-    done by the time the box asks its first question.
-    """
-    chosen = model or os.environ.get("QUINEBOX_MODEL") or ""
-    if not chosen.startswith(("script:", "replay:")):
-        threading.Thread(target=importlib.import_module, args=("openai",), daemon=True).start()
 
 
 def provider_for(model: str) -> Provider:
