@@ -208,7 +208,7 @@ def parse_grant(spec: str, *, cwd: str | None = None) -> Grants:
     )
 
 
-def _within(path: str, root: str) -> bool:
+def within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
@@ -225,7 +225,7 @@ def check_mount(mount: Mount, *, protected: Iterable[str]) -> Mount:
     """
     label = f"{'rw' if mount.writable else 'ro'}:{mount.source}"
     for root in _NEVER_WITHIN:
-        if _within(mount.source, root):
+        if within(mount.source, root):
             raise GrantError(f"cannot grant {label}: {mount.source} is inside {root}, which is never granted")
     if not os.path.lexists(mount.source):
         raise GrantError(f"cannot grant {label}: {mount.source} does not exist")
@@ -239,13 +239,13 @@ def check_mount(mount: Mount, *, protected: Iterable[str]) -> Mount:
     if real == "/":
         raise GrantError(f"cannot grant {label}: {shown} is the host's root; grant the directories the box needs")
     for root in _NEVER_WITHIN:
-        if _within(real, os.path.realpath(root)):
+        if within(real, os.path.realpath(root)):
             raise GrantError(f"cannot grant {label}: {shown} is inside {root}, which is never granted")
     for path in protected:
         guarded = os.path.realpath(path)
-        if _within(real, guarded) or _within(guarded, real):
+        if within(real, guarded) or within(guarded, real):
             raise GrantError(f"cannot grant {label}: {shown} would expose {path}, which is never granted")
-    if mount.dest == "/" or any(_within(mount.dest, root) for root in _BOX_RESERVED):
+    if mount.dest == "/" or any(within(mount.dest, root) for root in _BOX_RESERVED):
         raise GrantError(f"cannot grant {label}: the destination {mount.dest} is reserved inside the box")
     return replace(mount, source=real)
 
@@ -285,7 +285,7 @@ def attenuate(parent: Grants, child: Grants) -> Grants:
     mounts = []
     for mount in child.mounts:
         label = f"{'rw' if mount.writable else 'ro'}:{mount.source}"
-        holders = [m for m in parent.mounts if _within(mount.source, m.dest)]
+        holders = [m for m in parent.mounts if within(mount.source, m.dest)]
         if not holders:
             raise _refuse(label, f"{mount.source} is not within anything this box was granted from the host")
         held = max(holders, key=lambda m: len(m.dest))

@@ -17,38 +17,13 @@ from quinebox.broker import error_frame
 from quinebox.providers import Provider, ProviderError
 from quinebox.providers.replay import digest
 from quinebox.store import Index, Tape
+from quinebox.supervisor import TokenPool
 
 DEFAULT_MAX_TURNS = 40
 DEFAULT_MAX_CYCLES = 10
 ROLES = {"system", "user", "assistant", "tool"}
 
 View = Callable[[dict[str, Any]], None]
-
-
-class TokenPool:
-    """Tokens a box may still spend, on its own model calls or by handing them to children.
-
-    A child's `tokens:N` is reserved from its parent's pool when it starts and
-    what it did not use comes back when it ends, so a subtree never spends more
-    than its root was granted.
-    """
-
-    def __init__(self, limit: int | None):
-        self.limit = limit
-        self.left = limit
-        self._lock = threading.Lock()
-
-    def spend(self, tokens: int) -> None:
-        with self._lock:
-            if self.left is not None:
-                self.left -= tokens
-
-    def refund(self, tokens: int) -> None:
-        self.spend(-tokens)
-
-    @property
-    def exhausted(self) -> bool:
-        return self.left is not None and self.left <= 0
 
 
 @dataclass

@@ -20,13 +20,38 @@ from typing import Any
 
 from quinebox.broker import Channel
 from quinebox.errors import GrantError
-from quinebox.grants import Grants, _within, attenuate, check_mount, parse_duration
+from quinebox.grants import Grants, within, attenuate, check_mount, parse_duration
 from quinebox.guest.protocol import MAX_PAYLOAD
 from quinebox.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
-from quinebox.session import TokenPool
 from quinebox.spec import BoxSpec, new_session_id, protected_paths
 
 DEFAULT_CONCURRENT_CALLS = int(os.environ.get("QUINEBOX_MAX_CONCURRENT_CALLS", "8"))
+
+
+class TokenPool:
+    """Tokens a box may still spend, on its own model calls or by handing them to children.
+
+    A child's `tokens:N` is reserved from its parent's pool when it starts and
+    what it did not use comes back when it ends, so a subtree never spends more
+    than its root was granted.
+    """
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self.left = limit
+        self._lock = threading.Lock()
+
+    def spend(self, tokens: int) -> None:
+        with self._lock:
+            if self.left is not None:
+                self.left -= tokens
+
+    def refund(self, tokens: int) -> None:
+        self.spend(-tokens)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.left is not None and self.left <= 0
 
 
 class Tree:
@@ -142,14 +167,14 @@ class Node:
         mounts = []
         for mount in grants.mounts:
             checked = check_mount(mount, protected=protected_paths(os.environ, state_dir()))
-            if not any(_within(checked.source, root) for root in held):
+            if not any(within(checked.source, root) for root in held):
                 raise GrantError(f"refused {mount.dest}: it resolves to {checked.source}, outside what this box was granted")
             mounts.append(checked)
         return replace(grants, mounts=tuple(mounts))
 
     def _host_path(self, box_path: str) -> str:
         for mount in self.grants.mounts:
-            if _within(box_path, mount.dest):
+            if within(box_path, mount.dest):
                 return os.path.normpath(os.path.join(mount.source, os.path.relpath(box_path, mount.dest)))
         return "/nonexistent"
 
