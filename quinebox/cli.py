@@ -6,10 +6,11 @@ Heavy imports (docker, rich) happen inside the commands that need them, so
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import typer
 
@@ -36,6 +37,15 @@ def say(message: str) -> None:
 def fail(exc: QuineboxError) -> typer.Exit:
     say(str(exc))
     return typer.Exit(exc.exit_code)
+
+
+@contextlib.contextmanager
+def reported() -> Iterator[None]:
+    """quinebox's own failures become one line on stderr and their exit code."""
+    try:
+        yield
+    except QuineboxError as exc:
+        raise fail(exc) from None
 
 
 def version_callback(value: bool) -> None:
@@ -101,13 +111,11 @@ def supervise(start: Callable[[], Any], *, json_summary: bool) -> int:
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, on_signal)
     began = time.monotonic()
-    try:
+    with reported():
         box = start()
         if received:
             box.kill()
         code = box.wait()
-    except QuineboxError as exc:
-        raise fail(exc) from None
     proc = getattr(box, "proc", box)
     if proc.timed_out:
         say(f"time limit of {proc.spec.grants.time:g} s reached; the box was killed")
@@ -167,10 +175,8 @@ def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summar
     from quinebox.fanout import Runner
     from quinebox.progress import make_progress
 
-    try:
+    with reported():
         jobs = jobs_from()
-    except QuineboxError as exc:
-        raise fail(exc) from None
     received: list[int] = []
     with make_progress(len(jobs)) as progress:
         runner = Runner(jobs, out, options, progress)
@@ -251,40 +257,32 @@ def ls_command(limit: int = typer.Option(30, "-n", help="How many.")) -> None:
 def show_command(session: str) -> None:
     from quinebox import tapes
 
-    try:
+    with reported():
         tapes.print_show(session)
-    except QuineboxError as exc:
-        raise fail(exc) from None
 
 
 @app.command("logs", help="Print a session's tape; -f follows it while the agent runs.")
 def logs_command(session: str, follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the session ends.")) -> None:
     from quinebox import tapes
 
-    try:
+    with reported():
         tapes.print_logs(session, follow=follow)
-    except QuineboxError as exc:
-        raise fail(exc) from None
 
 
 @app.command("replay", help="Re-run a session's mission against its recorded answers; exit 0 when tool calls and outcome match.")
 def replay_command(session: str, quiet: bool = typer.Option(False, "-q", "--quiet")) -> None:
     from quinebox import tapes
 
-    try:
+    with reported():
         raise typer.Exit(tapes.replay(session, quiet=quiet))
-    except QuineboxError as exc:
-        raise fail(exc) from None
 
 
 @app.command("ps", help="List live boxes: id, command, age, owner.")
 def ps_command() -> None:
     from quinebox import boxes
 
-    try:
+    with reported():
         rows = boxes.live_boxes()
-    except QuineboxError as exc:
-        raise fail(exc) from None
     boxes.print_table(rows)
 
 
@@ -292,10 +290,8 @@ def ps_command() -> None:
 def kill_command(session: str = typer.Argument(..., help="The box's session id (or a unique prefix).")) -> None:
     from quinebox import boxes
 
-    try:
+    with reported():
         killed = boxes.kill_subtree(session)
-    except QuineboxError as exc:
-        raise fail(exc) from None
     if not killed:
         say(f"no live box {session!r} (or more than one starts so): `quinebox ps` lists them")
         raise typer.Exit(125)
@@ -306,20 +302,16 @@ def kill_command(session: str = typer.Argument(..., help="The box's session id (
 def tree_command(session: str) -> None:
     from quinebox import tapes
 
-    try:
+    with reported():
         tapes.print_tree(session)
-    except QuineboxError as exc:
-        raise fail(exc) from None
 
 
 @app.command("gc", help="Remove boxes whose owning quinebox process is gone.")
 def gc_command() -> None:
     from quinebox import boxes
 
-    try:
+    with reported():
         removed = boxes.collect_garbage()
-    except QuineboxError as exc:
-        raise fail(exc) from None
     say(f"removed {len(removed)} orphaned box{'es' if len(removed) != 1 else ''}" + (": " + " ".join(removed) if removed else ""))
 
 
@@ -337,10 +329,8 @@ def image_build_command(
     from quinebox.backends.docker import DockerBackend
     from quinebox.image import build_image
 
-    try:
+    with reported():
         build_image(DockerBackend.connect(), base=base)
-    except QuineboxError as exc:
-        raise fail(exc) from None
 
 
 def ensure_std_fds() -> None:
