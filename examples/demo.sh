@@ -64,6 +64,11 @@ printf '%s\n' "$log" | quinebox run -q "${errors[@]}" "Keep only the ERROR lines
 show "quinebox ls -n 3"
 quinebox ls -n 3
 
+step "7. Agents start agents, each child in its own box with at most its parent's grants"
+show "quinebox run -g spawn:35 -g depth:2 'Survey the ten regions'    # a tree of 36 sessions"
+bash "$here/tree/run.sh" | head -8
+echo "…"
+
 step "Nothing is left behind"
 show "quinebox ps"
 quinebox ps
