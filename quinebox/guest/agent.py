@@ -25,8 +25,7 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cli  # noqa: E402  (the guest directory is not a package on sys.path)
-import lifeline  # noqa: E402
+import lifeline  # noqa: E402  (the guest directory is not a package on sys.path)
 import protocol  # noqa: E402
 
 HOST_SOCKET = "/run/quinebox/host.sock"
@@ -223,6 +222,7 @@ class Collected:
 
 def fork(children, mode):
     """Start the children over the host socket; their results as the model reads them."""
+    import cli  # the in-box command's client; argparse and all, so only when forking
     if mode not in ("wait", "race", "forget") or not isinstance(children, list) or not children:
         return "error: fork needs a non-empty list of children and a mode of wait, race or forget"
     started, results = [], [None] * len(children)
