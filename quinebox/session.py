@@ -116,7 +116,6 @@ class AgentSession:
             new = messages[self._seen :] if len(messages) >= self._seen else messages
             self._seen = len(messages) + 1  # the answer is appended by the guest
             self.tape.append("request", turn=turn, cycle=self.cycles, digest=digest(messages), messages=new)
-        self.view({"event": "thinking", "turn": turn})
         began = time.monotonic()
         try:
             with self._calls:
