@@ -17,7 +17,6 @@ import argparse
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ import openai
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from measure import run_child  # noqa: E402
 from openai_server import FakeOpenAI, exit_  # noqa: E402
 
 from quinebox.broker import Broker  # noqa: E402
@@ -79,15 +79,10 @@ def bench_calls(server: FakeOpenAI, calls: int) -> float:
 
 def bench_mission(server: FakeOpenAI, runs: int) -> float:
     env = {**os.environ, "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "sk-bench", "QUINEBOX_MODEL": "bench"}
-    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
     mission, box = [], []
     for _ in range(runs):
-        began = time.perf_counter()
-        assert subprocess.run([QUINEBOX, "run", "-q", "finish at once"], **quiet).returncode == 0
-        mission.append(time.perf_counter() - began)
-        began = time.perf_counter()
-        assert subprocess.run([QUINEBOX, "exec", "--", "true"], **quiet).returncode == 0
-        box.append(time.perf_counter() - began)
+        mission.append(run_child([QUINEBOX, "run", "-q", "finish at once"], env=env).seconds)
+        box.append(run_child([QUINEBOX, "exec", "--", "true"], env=env).seconds)
     more = (statistics.median(mission) - statistics.median(box)) * 1000
     print(f"{'one-turn mission vs quinebox exec -- true':<48} run {statistics.median(mission) * 1000:7.1f} ms   exec {statistics.median(box) * 1000:7.1f} ms   more {more:6.1f} ms  (target ≤ 300 ms)")
     return more

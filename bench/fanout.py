@@ -12,31 +12,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from measure import run_child
 
 from quinebox.spec import DEFAULT_IMAGE
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 DOCKER = shutil.which("docker") or "docker"
-
-
-def timed(argv: list[str], stdin: bytes | None = None) -> tuple[float, int]:
-    """(seconds, peak RSS in KiB) of one command."""
-    began = time.perf_counter()
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if stdin is not None:
-        proc.stdin.write(stdin)
-    proc.stdin.close()
-    _, status, usage = os.wait4(proc.pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, f"{argv[:3]} failed"
-    return time.perf_counter() - began, usage.ru_maxrss
 
 
 def main() -> int:
@@ -54,11 +41,11 @@ def main() -> int:
     ours, theirs, rss = [], [], []
     for round_ in range(args.rounds):
         out = work / f"out{round_}"
-        seconds, peak = timed([QUINEBOX, "map", "-m", f"script:{script}", "finish at once", "--jsonl", str(materials), "-P", str(args.parallel), "-o", str(out)])
-        ours.append(seconds)
-        rss.append(peak)
-        seconds, _ = timed(["xargs", "-P", str(args.parallel), "-I{}", DOCKER, "run", "--rm", "--network", "none", args.image, "true"], stdin="\n".join(map(str, range(args.missions))).encode() + b"\n")
-        theirs.append(seconds)
+        mapped = run_child([QUINEBOX, "map", "-m", f"script:{script}", "finish at once", "--jsonl", str(materials), "-P", str(args.parallel), "-o", str(out)])
+        ours.append(mapped.seconds)
+        rss.append(mapped.peak_kib)
+        count = "".join(f"{i}\n" for i in range(args.missions)).encode()
+        theirs.append(run_child(["xargs", "-P", str(args.parallel), "-I{}", DOCKER, "run", "--rm", "--network", "none", args.image, "true"], stdin=count).seconds)
     shutil.rmtree(work)
     ours_rate = args.missions / statistics.median(ours)
     theirs_rate = args.missions / statistics.median(theirs)

@@ -18,7 +18,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import docker
 
 import quinebox
+from measure import run_child
 from quinebox.spec import DEFAULT_IMAGE
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
@@ -37,15 +37,6 @@ def timed(fn) -> float:
     began = time.perf_counter()
     fn()
     return time.perf_counter() - began
-
-
-def run_child(argv: list[str], stdin=subprocess.DEVNULL, env=None) -> tuple[float, int, int]:
-    """(seconds, exit status, peak RSS in KiB) of one child process."""
-    began = time.perf_counter()
-    proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return time.perf_counter() - began, proc.returncode, usage.ru_maxrss
 
 
 def median_ms(values: list[float]) -> float:
@@ -70,10 +61,10 @@ def bench_cli(image: str, runs: int) -> tuple[float, float]:
     ours, theirs, startup = [], [], []
     unreachable = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/quinebox-bench.sock"}
     for _ in range(runs):
-        ours.append(run_child([QUINEBOX, "exec", "--image", image, "--", "true"])[0])
-        theirs.append(run_child([DOCKER, "run", "--rm", "--network", "none", image, "true"])[0])
-        # Everything but the engine: interpreter, imports, parsing, grants, policy.
-        startup.append(run_child([QUINEBOX, "exec", "--image", image, "--", "true"], env=unreachable)[0])
+        ours.append(run_child([QUINEBOX, "exec", "--image", image, "--", "true"]).seconds)
+        theirs.append(run_child([DOCKER, "run", "--rm", "--network", "none", image, "true"]).seconds)
+        # Everything but the engine: interpreter, imports, parsing, grants, policy; then exit 125.
+        startup.append(run_child([QUINEBOX, "exec", "--image", image, "--", "true"], env=unreachable, check=False).seconds)
     ratio = report("CLI: quinebox exec -- true vs docker run --rm", ours, theirs, "≤ 1.6")
     print(f"{'CLI start-up (interpreter + imports + parse)':<44} {median_ms(startup):7.1f} ms  (target < 150 ms)")
     return ratio, median_ms(startup)
@@ -96,11 +87,10 @@ def bench_stream(image: str, mib: int, runs: int, with_quiet_baseline: bool) -> 
         for _ in range(runs):
             for name, argv in sides.items():
                 with open(blob.name, "rb") as f:
-                    seconds, code, peak = run_child(argv, stdin=f)
-                assert code == 0, f"{name} exited {code}"
-                times[name].append(seconds)
+                    measured = run_child(argv, stdin=f)
+                times[name].append(measured.seconds)
                 if name == "quinebox":
-                    rss.append(peak)
+                    rss.append(measured.peak_kib)
     rate = {name: mib / statistics.median(values) for name, values in times.items()}
     ratio = rate["quinebox"] / rate["docker"]
     print(f"{'stream ' + str(mib) + ' MiB through cat':<44} quinebox {rate['quinebox']:7.1f} MiB/s   docker {rate['docker']:7.1f} MiB/s   ratio {ratio:.2f}  (target ≥ 0.8)")

@@ -14,33 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from measure import run_child
 
 from quinebox.spec import DEFAULT_IMAGE
 
 ROOT = Path(__file__).resolve().parents[1]
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 DOCKER = shutil.which("docker") or "docker"
-
-
-def run(argv: list[str], stdin: bytes = b"") -> tuple[float, int]:
-    """(seconds, peak RSS in KiB) of one command, which must succeed."""
-    began = time.perf_counter()
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    proc.stdin.write(stdin)
-    proc.stdin.close()
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - began
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(argv[:4])} failed: {proc.stderr.read().decode()[-500:]}")
-    return seconds, usage.ru_maxrss
 
 
 def script(work: Path, name: str, *turns: dict) -> str:
@@ -60,8 +46,8 @@ def main() -> int:
 
     trees, leaves = [], []
     for _ in range(args.runs):
-        leaves.append(run([QUINEBOX, "run", "-q", "-m", leaf, "Survey district a"], b"a\n")[0])
-        trees.append(run([QUINEBOX, "run", "-q", "-m", tree_root, "-g", "spawn:35", "-g", "depth:2", "Survey the ten regions"])[0])
+        leaves.append(run_child([QUINEBOX, "run", "-q", "-m", leaf, "Survey district a"], stdin=b"a\n").seconds)
+        trees.append(run_child([QUINEBOX, "run", "-q", "-m", tree_root, "-g", "spawn:35", "-g", "depth:2", "Survey the ten regions"]).seconds)
     critical = 3 * statistics.median(leaves)
     tree_ratio = statistics.median(trees) / critical
 
@@ -71,9 +57,9 @@ def main() -> int:
     parent = script(work, "parent", {"sh": inside}, {"exit": "success"})
     fans, dockers = [], []
     for _ in range(args.runs):
-        fans.append(run([QUINEBOX, "run", "-q", "-m", parent, "-g", f"spawn:{args.fanout}", "-g", "depth:1", "fan out"])[0])
+        fans.append(run_child([QUINEBOX, "run", "-q", "-m", parent, "-g", f"spawn:{args.fanout}", "-g", "depth:1", "fan out"]).seconds)
         count = "".join(f"{i}\n" for i in range(args.fanout)).encode()
-        dockers.append(run(["xargs", f"-P{args.parallel}", "-I{}", DOCKER, "run", "--rm", "--network", "none", DEFAULT_IMAGE, "true"], count)[0])
+        dockers.append(run_child(["xargs", f"-P{args.parallel}", "-I{}", DOCKER, "run", "--rm", "--network", "none", DEFAULT_IMAGE, "true"], stdin=count).seconds)
     fan_ratio = statistics.median(fans) / statistics.median(dockers)
     # On a small machine the engine, not the tree, is the limit: 36 boxes take at
     # least as long as the engine needs to run 36 boxes at full parallelism.
@@ -86,8 +72,9 @@ def main() -> int:
     hold_name = Path(hold[len("script:") :]).name
     children = [{"mission": f"hold {i}", "model": f"script:{hold_name}"} for i in range(args.fanout)]
     holder = script(work, "holder", {"fork": {"mode": "wait", "children": children}}, {"exit": "success"})
-    seconds, peak = run([QUINEBOX, "run", "-q", "-m", holder, "-g", f"spawn:{args.fanout}", "-g", "depth:1", "hold them all"])
-    print(f"{f'root RSS with {args.fanout} live agents':<46} {peak / 1024:6.1f} MB  (target < 150 MB; all alive at once for 8 s, {seconds:.1f} s in all)")
+    held = run_child([QUINEBOX, "run", "-q", "-m", holder, "-g", f"spawn:{args.fanout}", "-g", "depth:1", "hold them all"])
+    peak = held.peak_kib
+    print(f"{f'root RSS with {args.fanout} live agents':<46} {peak / 1024:6.1f} MB  (target < 150 MB; all alive at once for 8 s, {held.seconds:.1f} s in all)")
     shutil.rmtree(work)
     met = tree_ratio <= 1.3 and fan_ratio <= 1.3 and peak / 1024 < 150
     print("\nall targets met" if met else "\nSOME TARGETS MISSED")

@@ -4,10 +4,7 @@ import base64
 import json
 import os
 import textwrap
-import time
-from pathlib import Path
 
-import pytest
 
 import quinebox
 from openai_server import error, exit_, sh, text, tool

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from quinebox.api import _seccomp_base
-from quinebox.grants import Grants, Mount
+from quinebox.grants import Grants
 from quinebox.policy import (
     DEFAULT_MEM,
     DEFAULT_PIDS,
