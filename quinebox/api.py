@@ -392,8 +392,6 @@ def run(
     )
 
 
-
-
 class Box:
     """Defaults for many boxes (image, grants, model, limits); run them one by one or concurrently.
 

@@ -57,10 +57,13 @@ class Options:
 class Tally:
     total: int
     done: int = 0
-    failed: int = 0
     running: int = 0
     skipped: int = 0
     failures: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
 
 
 Progress = Callable[[Tally, dict[str, Any] | None], None]
@@ -230,7 +233,6 @@ class Runner:
             self.tally.running -= 1
             self.tally.done += 1
             if code != 0:
-                self.tally.failed += 1
                 self.tally.failures.append(job.source)
             self._results.write(json.dumps(record) + "\n")
             self._results.flush()

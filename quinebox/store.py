@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -123,6 +122,8 @@ class Index:
     """The sessions index. One short transaction per write; readers never block writers for long."""
 
     def __init__(self) -> None:
+        import sqlite3  # `exec` needs the state dir's paths but never the index: keep it off that path
+
         path = state_dir() / "sessions.db"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)

@@ -154,25 +154,30 @@ def say(text):
     os.write(DIAGNOSTICS, f"{text}\n".encode(errors="replace"))
 
 
-def capped(stream, sink):
-    """Read a pipe to its end, keeping at most OUTPUT_CAP bytes and the total."""
-    kept = bytearray()
-    total = 0
-    while True:
-        chunk = stream.read(65536)
-        if not chunk:
-            break
-        total += len(chunk)
-        if len(kept) < OUTPUT_CAP:
-            kept += chunk[: OUTPUT_CAP - len(kept)]
-    sink.append((bytes(kept), total))
+class Collected:
+    """Output as the model sees it: the first OUTPUT_CAP bytes, and how many there were in all."""
 
+    def __init__(self):
+        self.kept = bytearray()
+        self.total = 0
 
-def shown(name, kept, total):
-    text = kept.decode(errors="replace")
-    if total > len(kept):
-        text += f"\n[truncated: {total} bytes total]"
-    return f"{name}:\n{text}" if text else f"{name}: (empty)"
+    def __call__(self, data):
+        self.total += len(data)
+        if len(self.kept) < OUTPUT_CAP:
+            self.kept += data[: OUTPUT_CAP - len(self.kept)]
+
+    def drain(self, stream):
+        """Read a pipe to its end."""
+        for chunk in iter(lambda: stream.read(65536), b""):
+            self(chunk)
+
+    def text(self):
+        text = self.kept.decode(errors="replace")
+        return text + (f"\n[truncated: {self.total} bytes total]" if self.total > len(self.kept) else "")
+
+    def shown(self, name):
+        text = self.text()
+        return f"{name}:\n{text}" if text else f"{name}: (empty)"
 
 
 def run_sh(command, timeout):
@@ -186,8 +191,8 @@ def run_sh(command, timeout):
         pass_fds=(MATERIAL, DELIVERABLE, DIAGNOSTICS),
         start_new_session=True,
     )
-    out, err = [], []
-    readers = [threading.Thread(target=capped, args=(proc.stdout, out)), threading.Thread(target=capped, args=(proc.stderr, err))]
+    out, err = Collected(), Collected()
+    readers = [threading.Thread(target=out.drain, args=(proc.stdout,)), threading.Thread(target=err.drain, args=(proc.stderr,))]
     for reader in readers:
         reader.start()
     timed_out = False
@@ -200,29 +205,13 @@ def run_sh(command, timeout):
     for reader in readers:
         reader.join()
     status = f"killed after {timeout:g} s (timeout)" if timed_out else f"exit code {proc.returncode}"
-    return proc.returncode, f"{status}\n{shown('stdout', *out[0])}\n{shown('stderr', *err[0])}"
-
-
-class Collected:
-    """A child's output as the model sees it: the first OUTPUT_CAP bytes and the total."""
-
-    def __init__(self):
-        self.kept = bytearray()
-        self.total = 0
-
-    def __call__(self, data):
-        self.total += len(data)
-        if len(self.kept) < OUTPUT_CAP:
-            self.kept += data[: OUTPUT_CAP - len(self.kept)]
-
-    def text(self):
-        text = self.kept.decode(errors="replace")
-        return text + (f"\n[truncated: {self.total} bytes total]" if self.total > len(self.kept) else "")
+    return proc.returncode, f"{status}\n{out.shown('stdout')}\n{err.shown('stderr')}"
 
 
 def fork(children, mode):
     """Start the children over the host socket; their results as the model reads them."""
     import cli  # the in-box command's client; argparse and all, so only when forking
+
     if mode not in ("wait", "race", "forget") or not isinstance(children, list) or not children:
         return "error: fork needs a non-empty list of children and a mode of wait, race or forget"
     started, results = [], [None] * len(children)

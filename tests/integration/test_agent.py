@@ -198,3 +198,10 @@ def test_a_guest_that_sends_garbage_does_not_harm_the_host(engine, fake_openai):
     for words in ("over the limit", "malformed chat", "unknown frame kind"):
         assert words in answers
     assert len(fake_openai.requests) == 2
+
+
+def test_command_output_reaches_the_model_capped_with_a_truncation_note(engine, fake_openai):
+    fake_openai.steps = [sh("head -c 20000 /dev/zero | tr '\\0' x; head -c 30000 /dev/zero | tr '\\0' y >&2"), exit_()]
+    quinebox.run("be loud")
+    [seen] = tool_results(fake_openai.requests[1])
+    assert "stdout:\n" + "x" * 16384 + "\n[truncated: 20000 bytes total]\nstderr:\n" + "y" * 16384 + "\n[truncated: 30000 bytes total]" in seen
