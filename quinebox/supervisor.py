@@ -24,6 +24,7 @@ from quinebox.grants import Grants, within, attenuate, check_mount, parse_durati
 from quinebox.guest.protocol import MAX_PAYLOAD
 from quinebox.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
 from quinebox.spec import BoxSpec, new_session_id, protected_paths
+from quinebox.store import run_dir, state_dir
 
 DEFAULT_CONCURRENT_CALLS = int(os.environ.get("QUINEBOX_MAX_CONCURRENT_CALLS", "8"))
 
@@ -121,7 +122,13 @@ class Node:
         asked = Grants.parse([str(g) for g in request.get("grants") or []], cwd=cwd)
         if request.get("timeout") is not None:
             asked = asked.merge(Grants(time=parse_duration(str(request["timeout"]))))
-        with self._lock:
+        argv = (*AGENT_COMMAND, str(request["mission"])) if what == "run" else tuple(str(a) for a in request["argv"])
+        if not argv or (what == "run" and not str(request["mission"]).strip()):
+            raise GrantError("nothing to run: give a mission or a command")
+        workdir = request.get("workdir") or None
+        if workdir is not None and not str(workdir).startswith("/"):
+            raise GrantError(f"bad workdir {workdir!r}: it must be an absolute path inside the box")
+        with self._lock:  # checked and charged in one step, only for a request that can start
             try:
                 grants = self._checked(attenuate(self.left(), asked))
                 model = child_model(self.model, request.get("model")) if what == "run" else None
@@ -131,12 +138,6 @@ class Node:
             self.spawn_left = (self.spawn_left or 0) - 1 - (grants.spawn or 0)
             if grants.tokens is not None:
                 self.tokens.spend(grants.tokens)  # reserved; what the child leaves comes back
-        argv = (*AGENT_COMMAND, str(request["mission"])) if what == "run" else tuple(str(a) for a in request["argv"])
-        if not argv or (what == "run" and not str(request["mission"]).strip()):
-            raise GrantError("nothing to run: give a mission or a command")
-        workdir = request.get("workdir")
-        if workdir is not None and not str(workdir).startswith("/"):
-            raise GrantError(f"bad workdir {workdir!r}: it must be an absolute path inside the box")
         session = new_session_id()
         spec = replace(
             self.spec,
@@ -145,8 +146,8 @@ class Node:
             session=session,
             parent=self.spec.session,
             cwd=self._host_path(cwd),
-            workdir=request.get("workdir") or None,
-            lifeline=os.path.join(os.path.dirname(self.spec.lifeline or "/"), f"{session}.sock"),
+            workdir=workdir,
+            lifeline=str(run_dir() / f"{session}.sock"),
             agent=what == "run",
         )
         node = Node(self.tree, spec, parent=self, model=model)
@@ -161,8 +162,6 @@ class Node:
 
     def _checked(self, grants: Grants) -> Grants:
         """Host-side checks attenuation cannot make: symlinks inside a grant may point out of it."""
-        from quinebox.store import state_dir
-
         held = [os.path.realpath(m.source) for m in self.grants.mounts]
         mounts = []
         for mount in grants.mounts:

@@ -261,3 +261,8 @@ def test_the_tree_caps_model_calls_in_flight(engine, fake_openai):
     done = qb("exec", "-g", "spawn:3", "-g", "depth:1", "--", "sh", "-c", three, env=env)
     assert done.returncode == 0, done.stderr
     assert len(fake_openai.requests) >= 3 and fake_openai.max_in_flight == 1
+
+
+def test_a_malformed_request_costs_no_spawn_budget(engine):
+    done = qb("exec", "-g", "spawn:1", "-g", "depth:1", "--", "sh", "-c", "quinebox exec -w relative -- true; echo $?; quinebox exec -- echo started")
+    assert done.stdout == b"125\nstarted\n" and b"bad workdir 'relative'" in done.stderr
