@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from quinebox.broker import Channel
-from quinebox.errors import GrantError
+from quinebox.errors import GrantError, QuineboxError
 from quinebox.grants import Grants, within, attenuate, check_mount, parse_duration
 from quinebox.guest.protocol import MAX_PAYLOAD
 from quinebox.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
@@ -152,7 +152,14 @@ class Node:
         )
         node = Node(self.tree, spec, parent=self, model=model)
         relay = ChildRelay(channel, detached=bool(request.get("detach")))
-        node.box = relay.box = node.start(what, request, relay)
+        try:
+            node.box = relay.box = node.start(what, request, relay)
+        except QuineboxError:
+            with self._lock:  # nothing started: the budgets it was charged come back
+                self.spawn_left = (self.spawn_left or 0) + 1 + (grants.spawn or 0)
+            if grants.tokens is not None:
+                self.tokens.refund(grants.tokens)
+            raise
         with self._lock:
             self.children.append(node)
         self.record("spawn", child=session, what=what, grants=grants.format(), detached=relay.detached)
