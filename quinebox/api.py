@@ -94,7 +94,8 @@ class Popen:
         self._died = threading.Event()
         self._destroyed = threading.Event()
         self._pipe_ends: list[int] = []
-        self._threads: list[threading.Thread] = []
+        self._demux: threading.Thread | None = None
+        self._pump: threading.Thread | None = None
         self._stop_r, self._stop_w = os.pipe()
         self._deadline: threading.Timer | None = None
         self._closed = False
@@ -130,10 +131,10 @@ class Popen:
 
     # -- wiring -----------------------------------------------------------------
 
-    def _spawn(self, target: Callable[..., None], name: str, *args: Any) -> None:
+    def _spawn(self, target: Callable[..., None], name: str, *args: Any) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, name=f"{name}:{self.session}", daemon=True)
         thread.start()
-        self._threads.append(thread)
+        return thread
 
     def _sink(self, target: Stream, fd: int, attr: str) -> streams.Sink:
         if target is None:
@@ -153,7 +154,7 @@ class Popen:
         out = self._guard(self._sink(stdout, 1, "stdout"))
         err = self._guard(self._sink(stderr, 2, "stderr"))
         reader = self._sock.makefile("rb", buffering=streams.CHUNK)
-        self._spawn(self._relay, "demux", reader, out, err)
+        self._demux = self._spawn(self._relay, "demux", reader, out, err)
 
     def _guard(self, sink: streams.Sink) -> streams.Sink:
         """A reader that went away stops the box, as SIGPIPE would stop a process."""
@@ -193,10 +194,10 @@ class Popen:
         elif stdin == DEVNULL:
             streams.StdinWriter(self._sock).close()
         elif isinstance(stdin, (bytes, bytearray, memoryview)):
-            self._spawn(streams.pump_bytes, "stdin", bytes(stdin), self._sock)
+            self._pump = self._spawn(streams.pump_bytes, "stdin", bytes(stdin), self._sock)
         else:
             fd = 0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno()
-            self._spawn(streams.pump_fd, "stdin", fd, self._sock, self._stop_r)
+            self._pump = self._spawn(streams.pump_fd, "stdin", fd, self._sock, self._stop_r)
 
     def _follow_events(self) -> None:
         try:
@@ -246,9 +247,8 @@ class Popen:
             while not self._died.wait(0.05 if limit is None else max(0.0, min(0.05, limit - time.monotonic()))):
                 if limit is not None and time.monotonic() >= limit:
                     raise TimeoutError(f"box {self.session} still running after {timeout} s")
-            for thread in self._threads:
-                if thread.name.startswith("demux"):
-                    thread.join(REMOVAL_GRACE)
+            if self._demux is not None:
+                self._demux.join(REMOVAL_GRACE)
             if not self._destroyed.wait(REMOVAL_GRACE):
                 self._backend.remove(self.id)
         except TimeoutError:
@@ -274,9 +274,8 @@ class Popen:
         if self._deadline:
             self._deadline.cancel()
         os.write(self._stop_w, b"x")
-        for thread in self._threads:
-            if thread.name.startswith("stdin"):
-                thread.join(1.0)  # it leaves as soon as it sees the stop
+        if self._pump is not None:
+            self._pump.join(1.0)  # it leaves as soon as it sees the stop
         os.close(self._stop_w)
         os.close(self._stop_r)
         for closer in (getattr(self, "_events", None), getattr(self, "_sock", None), self._broker):
