@@ -7,7 +7,7 @@ session records the outcome on the tape and in the index.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from quinebox.api import Popen, Stream
 from quinebox.errors import QuineboxError
@@ -34,6 +34,12 @@ class Agent:
         max_turns: int | None = None,
         max_tokens: int | None = None,
         max_cycles: int | None = None,
+        world: str | None = None,
+        world_from: str | Sequence[str] | None = None,
+        world_tar: str | None = None,
+        world_at: tuple[str, int] | None = None,
+        history: list[dict[str, Any]] | None = None,
+        forked_from: dict[str, Any] | None = None,
         stdin: Stream | bytes = None,
         stdout: Stream = None,
         stderr: Stream = None,
@@ -47,7 +53,10 @@ class Agent:
         if not mission.strip():
             raise QuineboxError("the mission is empty: say what the agent should do, as in `quinebox run \"summarize this\"`")
         if spec is None:
-            spec = build_spec([*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True)
+            spec = build_spec(
+                [*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True,
+                world=world, world_from=world_from, world_tar=world_tar, world_at=world_at,
+            )
         model = resolve_model(model)
         provider = provider_for(model)
         if node is None:
@@ -59,8 +68,11 @@ class Agent:
             tokens=node.tokens,
         )
         meta: dict[str, Any] = {"grants": spec.grants.format(), "image": spec.image, "workdir": spec.workdir, "depth": node.depth}
+        if forked_from:
+            meta["forked_from"] = forked_from
         self.session = AgentSession(
-            spec.session, mission=mission, provider=provider, budget=budget, parent=spec.parent, meta=meta, view=view, calls=node.tree.calls
+            spec.session, mission=mission, provider=provider, budget=budget, parent=spec.parent, meta=meta, view=view, calls=node.tree.calls,
+            history=history,
         )
         node.session = self.session
         node.box = self

@@ -72,6 +72,9 @@ class Popen:
         timeout: float | str | None = None,
         image: str | None = None,
         workdir: str | None = None,
+        world: str | None = None,
+        world_from: str | Sequence[str] | None = None,
+        world_tar: str | None = None,
         stdin: Stream | bytes = None,
         stdout: Stream = None,
         stderr: Stream = None,
@@ -80,7 +83,9 @@ class Popen:
         handler: Handler | None = None,
         spawner: "Node | None" = None,
     ):
-        self.spec = spec or build_spec(argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir)
+        self.spec = spec or build_spec(
+            argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, world=world, world_from=world_from, world_tar=world_tar
+        )
         self.args = self.spec.argv
         self.session = self.spec.session
         self.returncode: int | None = None
@@ -100,6 +105,8 @@ class Popen:
         self._deadline: threading.Timer | None = None
         self._closed = False
         self._finishing = threading.Lock()
+        #: Why the host killed the box for its world (it grew past its world:SIZE grant), if it did.
+        self.world_full: str | None = None
 
         from quinebox.supervisor import Node
 
@@ -111,6 +118,12 @@ class Popen:
             self.node.box = self
         self._broker = Broker(self.spec.lifeline, handler, self.node) if self.spec.lifeline else None
         try:
+            if self.spec.world is not None:
+                from quinebox.worlds import open_world
+
+                self.node.world = open_world(self.spec, on_full=self._world_full)
+                if self.node.session is not None:  # an agent's session revises the world after its tools
+                    self.node.session.world = self.node.world
             self.id = self._backend.create(config)
             self._events = self._backend.events(self.id)
             self._spawn(self._follow_events, "events")
@@ -127,6 +140,7 @@ class Popen:
             if self.id:
                 self._backend.remove(self.id)
             self._close()
+            self._end_world(started=False)
             raise
 
     # -- wiring -----------------------------------------------------------------
@@ -220,6 +234,23 @@ class Popen:
         self.timed_out = True
         self.kill()
 
+    def _world_full(self, message: str) -> None:
+        self.world_full = message
+        self.kill()
+
+    def _end_world(self, *, started: bool = True) -> None:
+        """The world's last revision; a box that never started leaves no world, a command's unused world is removed."""
+        world, self.node.world = self.node.world, None
+        if world is None:
+            return
+        from quinebox.worlds import discard, end_world
+
+        if started:
+            end_world(world, keep_unused=self.spec.agent)
+        else:
+            world.close()
+            discard(self.session)
+
     # -- the subprocess-like surface ---------------------------------------------
 
     def kill(self) -> None:
@@ -261,6 +292,7 @@ class Popen:
         with self._finishing:  # a parent's node and the tree's end may wait on one box at once
             if self.returncode is None:
                 self._close()
+                self._end_world()
                 if self.node.parent is None:
                     self.node.end_tree()
                 code = self._exit_code if self._exit_code is not None else 137
@@ -315,15 +347,21 @@ def exec(
     timeout: float | str | None = None,
     image: str | None = None,
     workdir: str | None = None,
+    world: str | None = None,
+    world_from: str | Sequence[str] | None = None,
+    world_tar: str | None = None,
 ) -> ExecResult:
     """Run `argv` in a fresh box and collect its output, like `subprocess.run(capture_output=True)`.
 
     `input` is the box's whole stdin (empty when None). A `timeout` that runs
-    out kills the box and gives returncode 124 rather than raising.
+    out kills the box and gives returncode 124 rather than raising. The box's
+    /world is `world` (a host directory, read-write), copies of the host paths
+    in `world_from`, the contents of the archive `world_tar`, or empty.
     """
     began = time.monotonic()
+    options = {"world": world, "world_from": world_from, "world_tar": world_tar}
     proc, code, out, err = _captured(
-        lambda **streams: Popen(argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, **streams), input
+        lambda **streams: Popen(argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, **options, **streams), input
     )
     return ExecResult(
         argv=proc.args,
@@ -359,6 +397,9 @@ def run(
     workdir: str | None = None,
     max_turns: int | None = None,
     max_tokens: int | None = None,
+    world: str | None = None,
+    world_from: str | Sequence[str] | None = None,
+    world_tar: str | None = None,
 ) -> RunResult:
     """Run an agent on `mission` with `input` as its material; collect the deliverable and diagnostics.
 
@@ -370,7 +411,7 @@ def run(
     agent, code, out, err = _captured(
         lambda **streams: Agent(
             mission, model=model, grants=grants, policy=policy, timeout=timeout, image=image,
-            workdir=workdir, max_turns=max_turns, max_tokens=max_tokens, **streams,
+            workdir=workdir, max_turns=max_turns, max_tokens=max_tokens, world=world, world_from=world_from, world_tar=world_tar, **streams,
         ),
         input,
     )
@@ -389,6 +430,9 @@ def run(
         tokens=int(outcome.get("tokens", 0)),
         turns=int(outcome.get("turns", 0)),
     )
+
+
+WORLD_OPTIONS = ("world", "world_from", "world_tar")
 
 
 class Box:
@@ -423,11 +467,11 @@ class Box:
         return {name: merged[name] for name in names if name in merged}
 
     def run(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
-        options = self._options(overrides, "image", "grants", "model", "timeout", "policy", "max_turns", "max_tokens", "workdir")
+        options = self._options(overrides, "image", "grants", "model", "timeout", "policy", "max_turns", "max_tokens", "workdir", *WORLD_OPTIONS)
         return run(mission, input=input, **options)
 
     def exec(self, argv: Sequence[str], *, input: bytes | None = None, **overrides: Any) -> ExecResult:
-        return exec(argv, input=input, **self._options(overrides, "image", "grants", "timeout", "policy", "workdir"))
+        return exec(argv, input=input, **self._options(overrides, "image", "grants", "timeout", "policy", "workdir", *WORLD_OPTIONS))
 
     async def spawn(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
         """`run` without blocking the event loop."""

@@ -74,6 +74,12 @@ def live_boxes(backend: DockerBackend | None = None) -> list[BoxInfo]:
     return sorted((_info(c) for c in backend.boxes()), key=lambda b: -b.age_s)
 
 
+def is_running(session: str, backend: DockerBackend | None = None) -> bool:
+    """Whether the box of `session` is still there (its world may still change)."""
+    backend = backend or DockerBackend.connect()
+    return any(_info(c).session == session for c in backend.boxes())
+
+
 def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
     """Remove boxes (and sockets) whose owner is gone; return their session ids."""
     backend = backend or DockerBackend.connect()

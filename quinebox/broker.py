@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from quinebox.errors import QuineboxError
 from quinebox.guest import protocol
@@ -32,6 +32,8 @@ class Handler(Protocol):
     def welcome(self, hello: dict[str, Any]) -> dict[str, Any]: ...
     def chat(self, request: dict[str, Any]) -> dict[str, Any]: ...
     def event(self, event: dict[str, Any]) -> None: ...
+    def revise(self, request: dict[str, Any]) -> dict[str, Any]: ...
+    def restore_world(self, request: dict[str, Any]) -> Iterator[tuple[dict[str, Any], bytes]]: ...
 
 
 class Relay(Protocol):
@@ -124,6 +126,11 @@ class Broker:
                 if message["kind"] == "spawn":
                     relay = self._spawn(message, channel)
                     continue
+                if message["kind"] == "restore_world" and self.handler is not None:
+                    for frame, data in self.handler.restore_world(message):
+                        if not channel.send(frame, data):
+                            return
+                    continue
                 reply = self._answer(message)
                 if reply is not None:
                     channel.send(reply)
@@ -173,6 +180,8 @@ class Broker:
             if kind == "event":
                 self.handler.event(message)
                 return None
+            if kind == "revise":
+                return self.handler.revise(message)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             return error_frame("invalid", f"malformed {kind} frame: {exc}")
         return error_frame("unknown", f"unknown frame kind {kind!r}")

@@ -25,6 +25,8 @@ app = typer.Typer(
 )
 image_app = typer.Typer(no_args_is_help=True, help="The agent image.")
 app.add_typer(image_app, name="image")
+world_app = typer.Typer(no_args_is_help=True, help="A session's world: its revisions, their differences, an archive of one, adopting a child's changes.")
+app.add_typer(world_app, name="world")
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
@@ -61,6 +63,11 @@ def main_options(
     pass
 
 
+WORLD_HELP = "Bind this host directory as the box's /world, read-write."
+WORLD_FROM_HELP = "Build /world from copies of these host paths (repeat the flag), or 'empty' (the default)."
+WORLD_TAR_HELP = "Build /world from this tar archive (unsafe members refuse the whole archive)."
+
+
 @app.command(
     "exec",
     context_settings={"allow_interspersed_args": False},
@@ -77,6 +84,9 @@ def exec_command(
     workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
     env: List[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Pass one variable; same as -g env:…"),
     policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset (strict, dev)."),
+    world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
+    world_from: List[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
+    world_tar: Optional[str] = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
 ) -> None:
     grants = list(grant)
@@ -84,7 +94,8 @@ def exec_command(
     grants += [f"cpus:{cpus}"] if cpus else []
     grants += [f"pids:{pids}"] if pids else []
     grants += [f"env:{e}" for e in env]
-    raise typer.Exit(run_box(cmd, grants=grants, timeout=timeout, image=image, workdir=workdir, policy=policy, json_summary=json_summary))
+    worlds = {"world": world, "world_from": world_from or None, "world_tar": world_tar}
+    raise typer.Exit(run_box(cmd, grants=grants, timeout=timeout, image=image, workdir=workdir, policy=policy, json_summary=json_summary, **worlds))
 
 
 def run_box(cmd: List[str], *, json_summary: bool, **options: object) -> int:
@@ -119,6 +130,8 @@ def supervise(start: Callable[[], Any], *, json_summary: bool) -> int:
     proc = getattr(box, "proc", box)
     if proc.timed_out:
         say(f"time limit of {proc.spec.grants.time:g} s reached; the box was killed")
+    if proc.world_full:
+        say(f"{proc.world_full}; the box was killed")
     if proc.oom_killed:
         from quinebox.grants import format_size
         from quinebox.policy import DEFAULT_MEM
@@ -155,6 +168,9 @@ def run(
     image: Optional[str] = typer.Option(None, "--image", help="Image to run (built FROM the agent image)."),
     workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
     policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
+    world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
+    world_from: List[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
+    world_tar: Optional[str] = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr (the agent's own diagnostics still pass)."),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
 ) -> None:
@@ -165,6 +181,41 @@ def run(
         return Agent(
             mission, model=model, grants=grant, timeout=timeout, max_turns=max_turns, max_tokens=max_tokens,
             image=image, workdir=workdir, policy=policy, view=make_view(quiet=quiet),
+            world=world, world_from=world_from or None, world_tar=world_tar,
+        )
+
+    raise typer.Exit(supervise(start, json_summary=json_summary))
+
+
+@app.command(help="Start a new session from a recorded one at TURN: its conversation up to that turn, its world as it was then, live from there.")
+def fork(
+    session: str = typer.Argument(..., help="The recorded session (or a unique prefix)."),
+    at: int = typer.Option(..., "--at", min=1, help="The turn to go on from: the model answers it afresh."),
+    mission: Optional[str] = typer.Option(None, "--mission", help="New instructions, given to the model after the recorded conversation."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model for the new session (default: QUINEBOX_MODEL)."),
+    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="Grants (default: the recorded session's)."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION"),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1),
+    quiet: bool = typer.Option(False, "-q", "--quiet"),
+    json_summary: bool = typer.Option(False, "--json"),
+) -> None:
+    from quinebox.agent import Agent
+    from quinebox.diagnostics import make_view
+    from quinebox.tapes import find
+    from quinebox.timeline import moment
+
+    with reported():
+        row = find(session)
+        then = moment(row.id, at)
+    history = list(then.messages)
+    if mission:
+        history.append({"role": "user", "content": f"New instructions from here on:\n\n{mission}"})
+
+    def start() -> Agent:
+        return Agent(
+            mission or row.mission, model=model, grants=grant or then.meta.get("grants") or [], timeout=timeout, max_turns=max_turns,
+            image=then.meta.get("image"), workdir=then.meta.get("workdir"), view=make_view(quiet=quiet),
+            world_at=(row.id, then.revision), history=history, forked_from={"session": row.id, "turn": at, "revision": then.revision},
         )
 
     raise typer.Exit(supervise(start, json_summary=json_summary))
@@ -320,6 +371,75 @@ def doctor_command() -> None:
     from quinebox import doctor
 
     raise typer.Exit(doctor.run())
+
+
+@world_app.command("log", help="A world's revisions: the turn and command that made each, paths changed, bytes.")
+def world_log_command(session: str) -> None:
+    from quinebox import worldlog
+
+    with reported():
+        worldlog.print_log(worldlog.resolve(session))
+
+
+@world_app.command("diff", help="What revision REV (default: the newest) changed since --against (default: the one before it).")
+def world_diff_command(
+    session: str,
+    rev: Optional[int] = typer.Argument(None, min=0),
+    against: Optional[int] = typer.Option(None, "--against", min=0, metavar="REV"),
+) -> None:
+    from quinebox import worldlog
+
+    with reported():
+        worldlog.print_diff(worldlog.resolve(session), rev, against)
+
+
+@world_app.command("export", help="Write a revision of a world (default: the newest) as a tar archive to stdout.")
+def world_export_command(session: str, rev: Optional[int] = typer.Argument(None, min=0)) -> None:
+    import os
+
+    from quinebox import worldlog, worlds
+
+    if os.isatty(1):
+        say("stdout is a terminal: redirect it, as in `quinebox world export ID > world.tar`")
+        raise typer.Exit(2)
+    with reported():
+        skipped = worlds.export(worldlog.resolve(session), rev, sys.stdout.buffer)
+    if skipped:
+        say(f"left out {len(skipped)} file(s) too large to keep: {' '.join(skipped[:10])}")
+
+
+@world_app.command("adopt", help="Merge what CHILD changed in its inherited world into its parent's world.")
+def world_adopt_command(
+    child: str,
+    force: bool = typer.Option(False, "--force", help="On a conflict (the parent changed the same path), take the child's version."),
+) -> None:
+    from quinebox import boxes, worldlog, worlds
+
+    with reported():
+        session = worldlog.resolve(child)
+        spec, _ = worlds.load_spec(session)
+        running = spec.base is not None and boxes.is_running(spec.base[0])
+        parent, adopted = worlds.adopt(session, force=force, parent_running=running)
+    for code, path in adopted:
+        print(f"{code} {path}")
+    say(f"adopted {len(adopted)} change(s) from {session} into {parent}'s world")
+
+
+@world_app.command("commit", help="Take a revision of an ended session's world now (an agent's world gets one after each sh call).")
+def world_commit_command(session: str) -> None:
+    from quinebox import boxes, worldlog, worlds
+
+    with reported():
+        session = worldlog.resolve(session)
+        if boxes.is_running(session):
+            say(f"{session} is still running: its world is revised after each sh call; commit once it ends")
+            raise typer.Exit(2)
+        world = worlds.World.offline(session)
+        try:
+            record = world.revise("commit", always=False)
+        finally:
+            world.close()
+    print(f"revision {record['rev']}: {record['files']} path(s) changed" if record else "no change since the newest revision")
 
 
 @image_app.command("build", help="Build the agent image (bootstrapping the base offline when no registry is reachable).")

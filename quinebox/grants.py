@@ -81,6 +81,8 @@ class Grants:
     mem: int | None = None
     pids: int | None = None
     tmp: int | None = None
+    #: Bytes the box may add to its world (host disk, so it needs its own cap).
+    world: int | None = None
     time: float | None = None
     env: tuple[tuple[str, str | None], ...] = ()
     spawn: int | None = None
@@ -99,7 +101,7 @@ class Grants:
     def merge(self, other: "Grants") -> "Grants":
         """`other` on top of `self`: scalars override, mounts/env/syscalls accumulate."""
         changes: dict[str, object] = {}
-        for name in ("cpus", "mem", "pids", "tmp", "time", "spawn", "depth", "tokens"):
+        for name in ("cpus", "mem", "pids", "tmp", "world", "time", "spawn", "depth", "tokens"):
             if getattr(other, name) is not None:
                 changes[name] = getattr(other, name)
         mounts = list(self.mounts)
@@ -125,7 +127,7 @@ class Grants:
             out.append("net")
         if self.cpus is not None:
             out.append(f"cpus:{self.cpus:g}")
-        for name in ("mem", "tmp"):
+        for name in ("mem", "tmp", "world"):
             if getattr(self, name) is not None:
                 out.append(f"{name}:{format_size(getattr(self, name))}")
         for name in ("pids", "spawn", "depth", "tokens"):
@@ -170,7 +172,7 @@ def parse_grant(spec: str, *, cwd: str | None = None) -> Grants:
         return Grants(net=True)
     if not sep or not value:
         raise GrantError(
-            f"bad grant {spec!r}: expected KIND:VALUE with KIND one of ro, rw, net, cpus, mem, pids, tmp, time, env, spawn, depth, tokens, syscall"
+            f"bad grant {spec!r}: expected KIND:VALUE with KIND one of ro, rw, net, cpus, mem, pids, tmp, world, time, env, spawn, depth, tokens, syscall"
         )
     if kind in ("ro", "rw"):
         return Grants(mounts=(_mount(kind, value, cwd),))
@@ -182,7 +184,7 @@ def parse_grant(spec: str, *, cwd: str | None = None) -> Grants:
         if not cpus > 0:
             raise GrantError(f"bad grant {spec!r}: cpus takes a number above zero (e.g. cpus:1.5)")
         return Grants(cpus=cpus)
-    if kind in ("mem", "tmp"):
+    if kind in ("mem", "tmp", "world"):
         try:
             return Grants(**{kind: parse_size(value)})
         except GrantError as exc:
@@ -204,7 +206,7 @@ def parse_grant(spec: str, *, cwd: str | None = None) -> Grants:
             raise GrantError(f"bad grant {spec!r}: {value!r} is not a system call name")
         return Grants(syscalls=frozenset({value}))
     raise GrantError(
-        f"unknown grant {spec!r}: KIND must be one of ro, rw, net, cpus, mem, pids, tmp, time, env, spawn, depth, tokens, syscall"
+        f"unknown grant {spec!r}: KIND must be one of ro, rw, net, cpus, mem, pids, tmp, world, time, env, spawn, depth, tokens, syscall"
     )
 
 
@@ -297,7 +299,7 @@ def attenuate(parent: Grants, child: Grants) -> Grants:
     if child.net and not parent.net:
         raise _refuse("net", "this box has no network to pass on")
     limits: dict[str, object] = {}
-    for name in ("cpus", "mem", "pids", "tmp", "time"):
+    for name in ("cpus", "mem", "pids", "tmp", "world", "time"):
         mine, asked = getattr(parent, name), getattr(child, name)
         if asked is not None and mine is not None and asked > mine:
             shown = Grants(**{name: asked}).format()[0]

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from quinebox.grants import Grants, format_size
-from quinebox.spec import BoxSpec
+from quinebox.spec import BoxSpec, WorldSpec
 
 DEFAULT_MEM = 1 << 30
 DEFAULT_PIDS = 256
 DEFAULT_TMP = 256 << 20
+DEFAULT_WORLD = 1 << 30
 
 #: Where the box's end of its host socket appears.
 HOST_SOCKET = "/run/quinebox/host.sock"
@@ -87,6 +88,26 @@ def workdir_for(spec: BoxSpec) -> str:
     return "/world"
 
 
+def world_mount(world: WorldSpec, session: str) -> dict[str, Any]:
+    """/world: a bind mount of the world's directory, or an overlay the engine mounts over its parent's.
+
+    The overlay is an anonymous volume of the local driver, so the engine (not
+    quinebox) needs the privilege to mount it and removes it with the box.
+    `userxattr` keeps overlay's own markers readable by the world's owner.
+    """
+    if world.kind in ("dir", "bind"):
+        return {"Type": "bind", "Source": world.layer, "Target": "/world", "ReadOnly": False, "BindOptions": {"Propagation": "rprivate"}}
+    options = f"lowerdir={':'.join(world.lowers)},upperdir={world.layer},workdir={world.work},userxattr"
+    return {
+        "Type": "volume",
+        "Target": "/world",
+        "VolumeOptions": {
+            "DriverConfig": {"Name": "local", "Options": {"type": "overlay", "device": "overlay", "o": options}},
+            "Labels": {LABEL_SESSION: session},
+        },
+    }
+
+
 def container_config(spec: BoxSpec, *, seccomp: dict[str, Any], arch: str) -> ContainerConfig:
     grants = spec.grants
     mem = grants.mem or DEFAULT_MEM
@@ -103,6 +124,8 @@ def container_config(spec: BoxSpec, *, seccomp: dict[str, Any], arch: str) -> Co
         }
         for m in grants.mounts
     ]
+    if spec.world is not None:
+        mounts.append(world_mount(spec.world, spec.session))
     if spec.lifeline:
         mounts.append({"Type": "bind", "Source": spec.lifeline, "Target": HOST_SOCKET, "ReadOnly": True})
     labels = {
@@ -126,14 +149,13 @@ def container_config(spec: BoxSpec, *, seccomp: dict[str, Any], arch: str) -> Co
         "mem_limit": mem,
         "memswap_limit": mem,
         "oom_score_adj": 500,
-        "tmpfs": {
-            "/tmp": f"rw,exec,nosuid,nodev,size={format_size(tmp)},mode=1777",
-            "/world": f"rw,exec,nosuid,nodev,size={format_size(tmp)},mode=0755,uid={spec.uid},gid={spec.gid}",
-        },
+        "tmpfs": {"/tmp": f"rw,exec,nosuid,nodev,size={format_size(tmp)},mode=1777"},
         "mounts": mounts,
         "ulimits": [{"name": "core", "soft": 0, "hard": 0}],
         "log_config": {"type": "none"},
     }
+    if spec.world is None:  # a scratch world that keeps nothing
+        host["tmpfs"]["/world"] = f"rw,exec,nosuid,nodev,size={format_size(tmp)},mode=0755,uid={spec.uid},gid={spec.gid}"
     if grants.cpus is not None:
         host["nano_cpus"] = int(grants.cpus * 1e9)
     create: dict[str, Any] = {

@@ -8,10 +8,11 @@ guest only asks: every limit here holds even against a guest that lies.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from quinebox.broker import error_frame
 from quinebox.providers import Provider, ProviderError
@@ -61,8 +62,11 @@ class AgentSession:
         meta: dict[str, Any] | None = None,
         view: View | None = None,
         calls: threading.BoundedSemaphore | None = None,
+        history: list[dict[str, Any]] | None = None,
     ):
         self.session = session
+        #: A forked session's conversation so far, handed to the guest in its first welcome.
+        self.history = history
         self.mission = mission
         self.provider = provider
         self.budget = budget
@@ -82,6 +86,7 @@ class AgentSession:
         self._seen = 0
         self._lock = threading.Lock()
         self.began = time.monotonic()
+        self.world: Any = None  # the box's World, once the box exists
 
     def view(self, event: dict[str, Any]) -> None:
         if self._view is not None:
@@ -99,7 +104,10 @@ class AgentSession:
                 return error_frame("budget", f"no exec cycles left ({self.budget.max_cycles} used)")
             if self.cycles:
                 self.tape.append("exec", cycle=self.cycles)
-            return {"kind": "welcome", "session": self.session, "max_turns": self.budget.max_turns, "cycles_left": self.budget.max_cycles - self.cycles}
+            welcome = {"kind": "welcome", "session": self.session, "max_turns": self.budget.max_turns, "cycles_left": self.budget.max_cycles - self.cycles}
+            if self.history and not self.cycles:
+                welcome["history"] = self.history
+            return welcome
 
     def chat(self, request: dict[str, Any]) -> dict[str, Any]:
         messages, tools = check_chat(request)
@@ -146,6 +154,49 @@ class AgentSession:
             self.termination = str(event.get("termination"))
         self.tape.append(name, **fields)
         self.view({"event": name, **fields})
+
+    def revise(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A revision of the world after a tool changed it: the guest asks after each sh and restore_world."""
+        from quinebox.revisions import WorldError
+
+        if self.world is None:
+            return error_frame("unsupported", "this box's world keeps no revisions")
+        turn, command = request.get("turn"), request.get("command")
+        what = str(request.get("what") or "sh")[:64]
+        try:
+            record = self.world.revise(what, turn=int(turn) if turn is not None else None, command=str(command) if command is not None else None, always=True)
+        except WorldError as exc:
+            self.tape.append("world_error", turn=turn, message=str(exc))
+            return error_frame("world", str(exc))
+        new = record.get("what") == what and record.get("turn") == turn and record["rev"] > 0
+        if new:
+            self.tape.append("revision", rev=record["rev"], turn=turn, what=what, command=record.get("command"), files=record["files"], bytes=record["bytes"])
+        return {"kind": "revised", "rev": record["rev"], "new": new, "paths": record["files"] if new else 0}
+
+    def restore_world(self, request: dict[str, Any]) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """The plan that rolls the world back to a revision, then the bytes of the files it rewrites."""
+        from quinebox.guest.protocol import MAX_JSON
+        from quinebox.revisions import WorldError
+
+        rev = request.get("revision")
+        if self.world is None:
+            yield error_frame("unsupported", "this box's world keeps no revisions"), b""
+            return
+        if not isinstance(rev, int) or isinstance(rev, bool):
+            yield error_frame("invalid", "restore_world needs an integer revision"), b""
+            return
+        try:
+            plan, data = self.world.restore_plan(rev)
+        except WorldError as exc:
+            yield error_frame("world", str(exc)), b""
+            return
+        if len(json.dumps(plan)) > MAX_JSON // 2:
+            yield error_frame("world", f"too much to restore in one step ({len(plan['files'])} files); restore in a shell instead"), b""
+            return
+        self.tape.append("restore_world", revision=rev, before=plan["before"], undone=plan["undone"][:200])
+        yield plan, b""
+        for chunk in data:
+            yield {"kind": "world_data"}, chunk
 
     # -- the end ----------------------------------------------------------------
 

@@ -25,6 +25,27 @@ AGENT_UID = 1000
 
 
 @dataclass(frozen=True)
+class WorldSpec:
+    """Where a box's /world comes from; `layer` is the host directory the box writes to.
+
+    kind "dir": a directory of its own under the state dir, seeded from `base`
+    (all of it, or only `paths`), from host `sources`, from an `archive`, or
+    empty. "bind": the caller's own directory, read-write. "overlay": a
+    copy-on-write view of `lowers` (a parent's world), writes going to `layer`.
+    """
+
+    kind: str
+    layer: str
+    lowers: tuple[str, ...] = ()
+    work: str | None = None
+    #: (session, revision) the world starts from: an overlay's parent, or the revision a dir is filled from.
+    base: tuple[str, int] | None = None
+    paths: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    archive: str | None = None
+
+
+@dataclass(frozen=True)
 class BoxSpec:
     argv: tuple[str, ...]
     grants: Grants
@@ -40,6 +61,7 @@ class BoxSpec:
     lifeline: str | None = None
     #: argv is quinebox's agent loop, which holds its own lifeline (no guest init in front of it).
     agent: bool = False
+    world: WorldSpec | None = None
 
 
 def new_session_id() -> str:
@@ -105,6 +127,10 @@ def build_spec(
     environ: Mapping[str, str] | None = None,
     cwd: str | None = None,
     agent: bool = False,
+    world: str | None = None,
+    world_from: str | Sequence[str] | None = None,
+    world_tar: str | None = None,
+    world_at: tuple[str, int] | None = None,
 ) -> BoxSpec:
     """Parse and check everything about a box before anything is started."""
     from quinebox.store import run_dir, state_dir
@@ -124,6 +150,11 @@ def build_spec(
     if uid == 0:
         uid = gid = AGENT_UID
     session = new_session_id()
+    from quinebox.worlds import root_world
+
+    world_spec = root_world(
+        session, world=world, world_from=world_from, world_tar=world_tar, world_at=world_at, cwd=cwd, protected=protected_paths(environ, state_dir())
+    )
     return BoxSpec(
         argv=tuple(argv),
         grants=resolved,
@@ -138,4 +169,5 @@ def build_spec(
         parent=parent,
         lifeline=str(run_dir() / f"{session}.sock"),
         agent=agent,
+        world=world_spec,
     )

@@ -25,6 +25,7 @@ from quinebox.guest.protocol import MAX_PAYLOAD
 from quinebox.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
 from quinebox.spec import BoxSpec, new_session_id, protected_paths
 from quinebox.store import run_dir, state_dir
+from quinebox.worlds import child_world
 
 DEFAULT_CONCURRENT_CALLS = int(os.environ.get("QUINEBOX_MAX_CONCURRENT_CALLS", "8"))
 
@@ -91,6 +92,7 @@ class Node:
         self.box: Any = None
         self.session: Any = None  # the AgentSession, for an agent's box
         self.children: list[Node] = []
+        self.world: Any = None  # the box's World while it runs
         self._lock = threading.Lock()
         with tree.lock:
             tree.nodes.append(self)
@@ -139,20 +141,21 @@ class Node:
             if grants.tokens is not None:
                 self.tokens.spend(grants.tokens)  # reserved; what the child leaves comes back
         session = new_session_id()
-        spec = replace(
-            self.spec,
-            argv=argv,
-            grants=grants,
-            session=session,
-            parent=self.spec.session,
-            cwd=self._host_path(cwd),
-            workdir=workdir,
-            lifeline=str(run_dir() / f"{session}.sock"),
-            agent=what == "run",
-        )
-        node = Node(self.tree, spec, parent=self, model=model)
         relay = ChildRelay(channel, detached=bool(request.get("detach")))
         try:
+            spec = replace(
+                self.spec,
+                argv=argv,
+                grants=grants,
+                session=session,
+                parent=self.spec.session,
+                cwd=self._host_path(cwd),
+                workdir=workdir,
+                lifeline=str(run_dir() / f"{session}.sock"),
+                agent=what == "run",
+                world=child_world(self.world, session, request.get("world")),
+            )
+            node = Node(self.tree, spec, parent=self, model=model)
             node.box = relay.box = node.start(what, request, relay)
         except QuineboxError:
             with self._lock:  # nothing started: the budgets it was charged come back

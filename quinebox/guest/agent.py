@@ -12,6 +12,8 @@ when it refuses. The model's tools:
   fork(children, mode)     child agents in boxes of their own (at most this box's grants):
                            wait for all, race (first success wins, the rest are killed),
                            or forget (detached, still bounded by the tree).
+  restore_world(revision)  roll /world back to a revision (one is taken after each sh call
+                           that changed files); the conversation keeps everything.
   exit(status, reason?)    success → exit 0; failure → exit 1, reason on stderr.
 
 Stdlib only: this file runs inside untrusted boxes.
@@ -44,7 +46,10 @@ Work only through tool calls. In `sh` commands, fd 3 reads the material you were
 fd 4 writes your deliverable (your stdout, exactly as you write it) and fd 5 writes diagnostics. \
 Plain stdout/stderr of a command come back to you, capped. \
 For example: `wc -l <&3`, `printf 'done\\n' >&4`. The material is a stream: what you read is consumed.
-Call fork to hand parts of the work to child agents, each in its own box with at most your grants. \
+Your files live in /world. After each sh call that changes them the host keeps a revision of /world, \
+shown as [world revision N]; restore_world rolls the files back to one while you keep this conversation. \
+Call fork to hand parts of the work to child agents, each in its own box with at most your grants \
+and, by default, a copy-on-write view of your /world (their changes stay in their own world). \
 Call exit with status "success" once the deliverable is written, or "failure" with a reason. \
 Call exec with a note to yourself to continue in a fresh conversation when this one grows long."""
 
@@ -82,6 +87,10 @@ TOOLS = [
                                 "material": {"type": "string", "description": "The child's stdin."},
                                 "grants": {"type": "array", "items": {"type": "string"}},
                                 "model": {"type": "string"},
+                                "world": {
+                                    "description": 'The child\'s /world: "inherit" (default; copy-on-write view of yours), "empty", or a list of paths in yours to copy.',
+                                    "oneOf": [{"type": "string", "enum": ["inherit", "empty"]}, {"type": "array", "items": {"type": "string"}}],
+                                },
                             },
                             "required": ["mission"],
                         },
@@ -101,6 +110,18 @@ TOOLS = [
                 "type": "object",
                 "properties": {"note": {"type": "string", "description": "What your next self needs to know."}},
                 "required": ["note"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "restore_world",
+            "description": "Roll the files in /world back to a revision; you keep this conversation, and the state before the restore is kept as a revision too.",
+            "parameters": {
+                "type": "object",
+                "properties": {"revision": {"type": "integer", "description": "A revision number shown as [world revision N]; 0 is the world you started with."}},
+                "required": ["revision"],
             },
         },
     },
@@ -148,6 +169,92 @@ class Host:
 
     def event(self, **fields):
         self.sock.sendall(protocol.encode({"kind": "event", **fields}))
+
+    def revise(self, turn, what, command=None):
+        """Ask the host to keep a revision of /world; the note the model sees, if one was made."""
+        try:
+            reply = self.request({"kind": "revise", "turn": turn, "what": what, "command": command})
+        except Refused as exc:
+            return f"\n[world: no revision: {exc}]"
+        return f"\n[world revision {reply['rev']}: {reply['paths']} path(s) changed]" if reply.get("new") else ""
+
+
+WORLD = "/world"
+
+
+def clear(path):
+    """Remove whatever is at path (a directory with its contents); never follows a symlink."""
+    import shutil
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def restore_world(host, revision):
+    """Carry out the host's plan for /world at `revision`; the tool result, saying what was undone."""
+    if not isinstance(revision, int) or isinstance(revision, bool):
+        return "error: restore_world needs an integer revision"
+    host.sock.sendall(protocol.encode({"kind": "restore_world", "revision": revision}))
+    plan, _ = protocol.read_frame(host.reader)
+    if plan["kind"] == "error":
+        return f"error: {plan.get('message')}"
+    failed = []
+    pending = bytearray()
+
+    def take(size):
+        while len(pending) < size:
+            frame, payload = protocol.read_frame(host.reader)
+            if frame["kind"] != "world_data":
+                raise protocol.ProtocolError(f"expected world data, got {frame['kind']!r}")
+            pending.extend(payload)
+        data = bytes(pending[:size])
+        del pending[:size]
+        return data
+
+    def attempt(action, rel, *args):
+        try:
+            action(os.path.join(WORLD, rel), *args)
+        except OSError as exc:
+            failed.append(f"{rel}: {exc.strerror or exc}")
+
+    def make_dir(path, mode):
+        if os.path.lexists(path) and not (os.path.isdir(path) and not os.path.islink(path)):
+            clear(path)
+        os.makedirs(path, exist_ok=True)
+        os.chmod(path, 0o700 | mode)
+
+    def make_link(path, target):
+        clear(path)
+        os.symlink(target, path)
+
+    def write(path, mode, data, mtime):
+        clear(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            os.fchmod(out.fileno(), mode)
+        if mtime:
+            os.utime(path, ns=(mtime, mtime), follow_symlinks=False)
+
+    for rel in plan["remove"]:
+        attempt(clear, rel)
+    for rel, mode in plan["dirs"]:
+        attempt(make_dir, rel, mode)
+    for rel, target in plan["links"]:
+        attempt(make_link, rel, target)
+    for rel, mode, size, mtime in plan["files"]:
+        attempt(write, rel, mode, take(size), mtime)  # read even when the write fails: the stream goes on
+    for rel, mode in reversed(plan["dirs"]):
+        attempt(os.chmod, rel, mode)
+    undone = plan.get("undone") or []
+    lines = [f"/world is back at revision {revision}; your conversation is unchanged."]
+    lines.append("Undone: " + "; ".join(undone[:50]) + (f"; and {len(undone) - 50} more" if len(undone) > 50 else "") if undone else "Nothing had changed since then.")
+    lines.append(f"The world as it was just before this restore is revision {plan['before']}.")
+    if failed:
+        lines.append("Could not restore: " + "; ".join(failed[:20]))
+    return "\n".join(lines)
 
 
 def say(text):
@@ -220,7 +327,7 @@ def fork(children, mode):
             results[index] = {"error": "each child needs a string mission"}
             continue
         request = {"kind": "spawn", "what": "run", "mission": spec["mission"], "grants": spec.get("grants") or [],
-                   "model": spec.get("model"), "cwd": os.getcwd(), "detach": mode == "forget"}
+                   "model": spec.get("model"), "world": spec.get("world"), "cwd": os.getcwd(), "detach": mode == "forget"}
         try:
             child = cli.Child(request)
             material = str(spec.get("material") or "").encode()
@@ -334,6 +441,9 @@ def main(argv):
     cycles_left = int(host.welcome.get("cycles_left", 0))
     first = "Begin." if not note else f"You are continuing earlier work. Your note to yourself:\n\n{note}"
     messages = [{"role": "system", "content": SYSTEM_PROMPT.format(mission=mission)}, {"role": "user", "content": first}]
+    history = host.welcome.get("history")
+    if cycle == 0 and isinstance(history, list) and history and all(isinstance(m, dict) for m in history):
+        messages = history  # a session forked from a recorded one goes on from its conversation
     turn = 0
     while True:
         turn += 1
@@ -373,6 +483,7 @@ def main(argv):
                 else:
                     code, result = run_sh(command, timeout)
                     host.event(event="tool", turn=turn, name="sh", args={"command": command}, exit_code=code, result=result)
+                    result += host.revise(turn, "sh", command)
             elif error is None and name == "exit":
                 status, reason = args.get("status"), str(args.get("reason") or "")
                 if status not in ("success", "failure"):
@@ -386,6 +497,14 @@ def main(argv):
             elif error is None and name == "fork":
                 result = fork(args.get("children"), args.get("mode"))
                 host.event(event="tool", turn=turn, name="fork", args={"mode": args.get("mode"), "children": len(args.get("children") or [])}, exit_code=0, result=result)
+            elif error is None and name == "restore_world":
+                try:
+                    result = restore_world(host, args.get("revision"))
+                except (OSError, EOFError, protocol.ProtocolError) as exc:
+                    say(f"quinebox: lost the host: {exc}")
+                    return 125
+                host.event(event="tool", turn=turn, name="restore_world", args={"revision": args.get("revision")}, exit_code=0, result=result)
+                result += host.revise(turn, "restore_world", f"restore_world {args.get('revision')}")
             elif error is None and name == "exec":
                 if cycles_left <= 0:
                     error = "error: no exec cycles left; finish with exit"
@@ -395,7 +514,7 @@ def main(argv):
                     script = os.path.abspath(__file__)
                     os.execv(sys.executable, [sys.executable, "-I", "-S", script, "--cycle", str(cycle + 1), "--lifeline", str(held), "--note", note, "--", mission])
             elif error is None:
-                error = f"error: unknown tool {name!r}; the tools are sh, fork, exec and exit"
+                error = f"error: unknown tool {name!r}; the tools are sh, fork, restore_world, exec and exit"
             if error is not None:
                 host.event(event="tool_error", turn=turn, name=str(name), error=error)
                 result = error

@@ -40,12 +40,18 @@ def parse(argv):
         command.add_argument("--pids")
         command.add_argument("-e", "--env", action="append", default=[])
         command.add_argument("-w", "--workdir")
+        command.add_argument("--world-from", nargs="+", metavar="inherit|empty|PATH", help="the child's /world (default: inherit)")
     args = parser.parse_args(argv)
     grants = list(args.grant) + [f"env:{e}" for e in args.env]
     for kind, value in (("mem", args.memory), ("cpus", args.cpus), ("pids", args.pids)):
         if value:
             grants.append(f"{kind}:{value}")
-    request = {"kind": "spawn", "what": args.what, "grants": grants, "timeout": args.timeout, "workdir": args.workdir, "cwd": os.getcwd()}
+    world = args.world_from
+    if world in (["inherit"], ["empty"]):
+        world = world[0]
+    elif world:
+        world = [os.path.abspath(p) for p in world]  # the host reads them as paths in this box's /world
+    request = {"kind": "spawn", "what": args.what, "grants": grants, "timeout": args.timeout, "workdir": args.workdir, "cwd": os.getcwd(), "world": world}
     if args.what == "run":
         request.update(mission=args.mission, model=args.model, max_turns=args.max_turns)
     else:
