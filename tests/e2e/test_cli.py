@@ -149,7 +149,7 @@ def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine):
     # An orphan as a crash between create and start leaves one: created, never
     # started, and owned by a process that no longer exists.
     dead_owner = f"{os.uname().nodename}:{2**22 + 7}:0"
-    orphan = replace(build_spec(["sleep", "61"]), owner=dead_owner, lifeline=None)
+    orphan = replace(build_spec(["sleep", "61"]), owner=dead_owner, lifeline=None, world=None)
     DockerBackend.connect().create(container_config(orphan, seccomp=_seccomp_base(), arch=native_arch()))
     try:
         assert wait_for_box(engine, lambda boxes: len(boxes) == 2 and any(b.status == "running" for b in boxes))

@@ -234,10 +234,10 @@ def test_a_subtree_shares_one_token_budget(engine, tmp_path):
         spender=[{"fork": {"mode": "wait", "children": [{"mission": "spend", "model": "script:child.yaml", "grants": ["tokens:400"]}]}}, {"sh": "true"}, {"exit": "success"}],
         child=[{"sh": "true"}, {"sh": "true"}, {"sh": "true"}, {"exit": "success"}],
     )
-    done = qb("run", "-q", "--json", "-m", f"script:{tmp_path / 'spender.yaml'}", "-g", "spawn:1", "-g", "depth:1", "-g", "tokens:700", "share")
+    done = qb("run", "-q", "--json", "-m", f"script:{tmp_path / 'spender.yaml'}", "-g", "spawn:1", "-g", "depth:1", "-g", "tokens:1000", "share")
     summary = json.loads(done.stderr.decode().splitlines()[-1])
     tree = qb("tree", summary["session"]).stdout.decode()
-    # The child stops at its own 400; the parent, having reserved them, runs out of its 700 before it can exit.
+    # The child stops at its own 400; the parent, having reserved them, runs out of its 1000 before it can exit.
     assert "depth 1  spend" in tree and tree.count("(token_budget)") == 2
     assert (done.returncode, summary["termination"]) == (1, "token_budget")
 

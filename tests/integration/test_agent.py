@@ -23,7 +23,7 @@ def test_tool_calls_run_in_the_box_and_usage_is_counted(engine, fake_openai):
     first, second = fake_openai.requests
     assert first.headers["authorization"] == f"Bearer {os.environ['OPENAI_API_KEY']}"
     assert first.body["model"] == "test-model"
-    assert [t["function"]["name"] for t in first.body["tools"]] == ["sh", "fork", "exec", "exit"]
+    assert [t["function"]["name"] for t in first.body["tools"]] == ["sh", "fork", "exec", "restore_world", "exit"]
     assert "write the deliverable" in first.body["messages"][0]["content"]
     [result_text] = tool_results(second)
     assert result_text.startswith("exit code 0\nstdout:\nto-the-model\n")

@@ -7,7 +7,7 @@ from pathlib import Path
 from quinebox.image import build_context
 from quinebox.resources import guest_dir
 
-STDLIB_ONLY = {"argparse", "os", "select", "signal", "socket", "sys", "json", "struct", "subprocess", "threading", "protocol", "lifeline", "cli"}
+STDLIB_ONLY = {"argparse", "os", "select", "signal", "socket", "sys", "json", "struct", "subprocess", "threading", "shutil", "protocol", "lifeline", "cli"}
 
 
 def test_context_holds_the_dockerfile_and_every_guest_module():
