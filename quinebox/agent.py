@@ -75,6 +75,7 @@ class Agent:
             history=history,
         )
         node.session = self.session
+        self.session.node = node
         node.box = self
         self._finishing = threading.Lock()
         try:

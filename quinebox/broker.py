@@ -34,6 +34,7 @@ class Handler(Protocol):
     def event(self, event: dict[str, Any]) -> None: ...
     def revise(self, request: dict[str, Any]) -> dict[str, Any]: ...
     def restore_world(self, request: dict[str, Any]) -> Iterator[tuple[dict[str, Any], bytes]]: ...
+    def adopt(self, request: dict[str, Any]) -> Iterator[tuple[dict[str, Any], bytes]]: ...
 
 
 class Relay(Protocol):
@@ -126,8 +127,9 @@ class Broker:
                 if message["kind"] == "spawn":
                     relay = self._spawn(message, channel)
                     continue
-                if message["kind"] == "restore_world" and self.handler is not None:
-                    for frame, data in self.handler.restore_world(message):
+                if message["kind"] in ("restore_world", "adopt") and self.handler is not None:
+                    stream = self.handler.restore_world if message["kind"] == "restore_world" else self.handler.adopt
+                    for frame, data in stream(message):
                         if not channel.send(frame, data):
                             return
                     continue

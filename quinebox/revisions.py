@@ -108,11 +108,11 @@ class ObjectStore:
 class Scanner:
     """Reads a directory tree (a world, or one overlay layer of it) into manifest entries, beneath its root."""
 
-    def __init__(self, store: ObjectStore, previous: Manifest, *, layer: bool = False, limit: int = MAX_ENTRIES):
+    def __init__(self, store: ObjectStore, previous: Manifest, *, layer: bool = False, limit: int | None = None):
         self.store = store
         self.previous = previous
         self.layer = layer
-        self.limit = limit
+        self.limit = MAX_ENTRIES if limit is None else limit
         self.count = 0
 
     def entry(self, dir_fd: int, name: str, rel: str, st: os.stat_result, *, fresh: bool) -> Entry | None:

@@ -87,6 +87,7 @@ class AgentSession:
         self._lock = threading.Lock()
         self.began = time.monotonic()
         self.world: Any = None  # the box's World, once the box exists
+        self.node: Any = None  # its place in the tree, for what concerns its children
 
     def view(self, event: dict[str, Any]) -> None:
         if self._view is not None:
@@ -175,25 +176,36 @@ class AgentSession:
 
     def restore_world(self, request: dict[str, Any]) -> Iterator[tuple[dict[str, Any], bytes]]:
         """The plan that rolls the world back to a revision, then the bytes of the files it rewrites."""
+        rev = request.get("revision")
+        if not isinstance(rev, int) or isinstance(rev, bool):
+            return iter([(error_frame("invalid", "restore_world needs an integer revision"), b"")])
+        return self._streamed("restore_world", lambda: self.world.restore_plan(rev))
+
+    def adopt(self, request: dict[str, Any]) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """The plan that brings a finished child's changes into this box's world (a race's winner, say)."""
+        child = request.get("session")
+        mine = [c.spec.session for c in self.node.children] if self.node is not None else []
+        if not isinstance(child, str) or child not in mine:
+            return iter([(error_frame("invalid", f"{child!r} is not a child of this box"), b"")])
+        return self._streamed("adopt", lambda: self.world.adopt_plan(child, force=bool(request.get("force"))))
+
+    def _streamed(self, what: str, make: Callable[[], tuple[dict[str, Any], Iterator[bytes]]]) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """A world plan as frames: the plan, then its files' bytes; or one error frame."""
         from quinebox.guest.protocol import MAX_JSON
         from quinebox.revisions import WorldError
 
-        rev = request.get("revision")
         if self.world is None:
             yield error_frame("unsupported", "this box's world keeps no revisions"), b""
             return
-        if not isinstance(rev, int) or isinstance(rev, bool):
-            yield error_frame("invalid", "restore_world needs an integer revision"), b""
-            return
         try:
-            plan, data = self.world.restore_plan(rev)
+            plan, data = make()
         except WorldError as exc:
             yield error_frame("world", str(exc)), b""
             return
         if len(json.dumps(plan)) > MAX_JSON // 2:
-            yield error_frame("world", f"too much to restore in one step ({len(plan['files'])} files); restore in a shell instead"), b""
+            yield error_frame("world", f"too much to change in one step ({len(plan['files'])} files); do it in a shell instead"), b""
             return
-        self.tape.append("restore_world", revision=rev, before=plan["before"], undone=plan["undone"][:200])
+        self.tape.append(what, **{k: v[:200] if isinstance(v, list) else v for k, v in plan.items() if k in ("revision", "before", "undone", "adopted")})
         yield plan, b""
         for chunk in data:
             yield {"kind": "world_data"}, chunk

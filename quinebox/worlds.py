@@ -37,6 +37,7 @@ from quinebox.revisions import (
     RevisionLog,
     Scanner,
     WorldError,
+    apply,
     below,
     changes,
     describe,
@@ -223,6 +224,8 @@ def import_archive(archive: str, into: str) -> None:
                     raise WorldError(f"refused archive {archive}: more than {MAX_ARCHIVE_MEMBERS} members")
                 if total > MAX_ARCHIVE_BYTES:
                     raise WorldError(f"refused archive {archive}: more than {MAX_ARCHIVE_BYTES} bytes")
+                if member.name.startswith("/"):
+                    raise WorldError(f"refused archive {archive}: {member.name} is an absolute name")
                 if member.ischr() or member.isblk() or member.isfifo():
                     raise WorldError(f"refused archive {archive}: {member.name} is a device file or FIFO")
                 try:
@@ -371,27 +374,38 @@ class World:
         """What makes the world as it was at `rev`: the plan for the guest to carry out, and the files' bytes in order."""
         target = self.log.manifest(rev)
         before = self.revise("before restore")
+        plan, data = self.plan(target)
+        undone = []
+        for path in sorted(set(self.manifest) | set(target)):
+            now, then = self.manifest.get(path), target.get(path)
+            if not _differs(now, then):
+                continue
+            undone.append(f"removed {path} (made after revision {rev})" if then is None else f"brought back {path}" if now is None else f"restored {path}")
+        return {**plan, "revision": rev, "before": before["rev"], "undone": undone}, data
+
+    def adopt_plan(self, child: str, *, force: bool = False) -> tuple[dict[str, Any], Iterator[bytes]]:
+        """What carries a finished child's changes into this (running) world, for the guest to carry out."""
+        delta, base = child_changes(child, self.session)
+        self.revise("before adopt")
+        _refuse_conflicts(child, delta, changes(base, self.manifest), force)
+        plan, data = self.plan(apply(self.manifest, delta))
+        return {**plan, "adopted": [f"{code} {path}" for code, path in describe(base, delta)]}, data
+
+    def plan(self, target: Manifest) -> tuple[dict[str, Any], Iterator[bytes]]:
+        """The steps from this world's newest revision to `target`; the guest takes them inside the box,
+        where the kernel (and overlay) see every write. Files whose bytes were not kept are left as they are."""
         current = self.manifest
         remove = [p for p, e in current.items() if p not in target or target[p]["type"] != e["type"] or (e["type"] == "l" and target[p] != e)]
         remove = [p for p in sorted(remove) if not any(p.startswith(r + "/") for r in remove if r != p)]
         dirs = [[p, e["mode"]] for p, e in sorted(target.items()) if e["type"] == "d" and current.get(p) != e]
         links = [[p, e["target"]] for p, e in sorted(target.items()) if e["type"] == "l" and current.get(p) != e]
         files = [(p, e) for p, e in sorted(target.items()) if e["type"] == "f" and e.get("sha") and not _same_file(current.get(p), e)]
-        undone = []
-        for path in sorted(set(current) | set(target)):
-            now, then = current.get(path), target.get(path)
-            if now == then or (now and then and now["type"] == then["type"] and (now["type"] == "d" or _same_file(now, then))):
-                continue
-            undone.append(f"removed {path} (made after revision {rev})" if then is None else f"brought back {path}" if now is None else f"restored {path}")
         plan = {
             "kind": "world_plan",
-            "revision": rev,
-            "before": before["rev"],
             "remove": remove,
             "dirs": dirs,
             "links": links,
             "files": [[p, e["mode"], e["size"], e.get("mtime", 0)] for p, e in files],
-            "undone": undone,
         }
 
         def data() -> Iterator[bytes]:
@@ -413,6 +427,15 @@ class World:
 
 def _same_file(current: dict[str, Any] | None, target: dict[str, Any]) -> bool:
     return bool(current) and current["type"] == "f" and current.get("sha") == target["sha"] and current["mode"] == target["mode"]
+
+
+def _differs(now: dict[str, Any] | None, then: dict[str, Any] | None) -> bool:
+    """Whether restoring would change this path (a directory's mode or a file's mtime alone do not count)."""
+    if now is None or then is None:
+        return now is not then
+    if now["type"] != then["type"]:
+        return True
+    return (then["type"] == "f" and not _same_file(now, then)) or (then["type"] == "l" and now != then)
 
 
 def open_world(spec: BoxSpec, on_full: Callable[[str], None]) -> World:
@@ -444,34 +467,48 @@ def end_world(world: World, *, keep_unused: bool) -> None:
 # -- adopting a child's changes ------------------------------------------------------------
 
 
+def child_changes(child: str, parent: str | None = None) -> tuple[Changes, Manifest]:
+    """(what `child` changed in its inherited world, the parent's revision it started from)."""
+    spec, _ = load_spec(child)
+    if spec.kind != "overlay" or not spec.base or (parent is not None and spec.base[0] != parent):
+        raise WorldError(f"session {child} did not inherit this world, so there is nothing to adopt from it")
+    base = RevisionLog(spec.base[0]).manifest(spec.base[1])
+    return changes(base, RevisionLog(child).manifest()), base
+
+
+def _refuse_conflicts(child: str, delta: Changes, ours: Changes, force: bool) -> None:
+    conflicts = sorted(p for p in delta if p in ours and ours[p] != delta[p])
+    if conflicts and not force:
+        shown = ", ".join(conflicts[:10]) + (f" and {len(conflicts) - 10} more" if len(conflicts) > 10 else "")
+        raise WorldError(f"refused to adopt {child}: its parent changed {shown} too since the fork; --force takes the child's")
+
+
 def adopt(child: str, *, force: bool = False, parent_running: bool = False) -> tuple[str, list[tuple[str, str]]]:
-    """Merge what `child` changed in its inherited world into its parent's; (parent, [(A|M|D, path)]).
+    """Merge what an ended `child` changed in its inherited world into its parent's; (parent, [(A|M|D, path)]).
 
     A path the parent changed too since the fork is a conflict: refused unless `force`, when the child's wins.
     """
     spec, _ = load_spec(child)
     if spec.kind != "overlay" or not spec.base:
         raise WorldError(f"session {child} did not inherit its world, so there is nothing to adopt: export it instead")
-    parent, rev = spec.base
+    parent = spec.base[0]
     parent_spec, parent_meta = load_spec(parent)
     if parent_running and parent_spec.kind == "overlay":
         raise WorldError(f"the parent {parent} is still running in a copy-on-write world: adopt after it ends")
-    base = RevisionLog(parent).manifest(rev)
     mine = World.offline(child)
-    theirs = World.offline(parent)
     try:
         mine.revise("adopt")
+    finally:
+        mine.close()
+    delta, base = child_changes(child)
+    theirs = World.offline(parent)
+    try:
         theirs.revise("before adopt")
-        delta = changes(base, mine.manifest)
-        ours = changes(base, theirs.manifest)
-        conflicts = sorted(p for p in delta if p in ours and ours[p] != delta[p])
-        if conflicts and not force:
-            raise WorldError(f"refused to adopt {child}: its parent changed {', '.join(conflicts[:10])} too since the fork; --force takes the child's")
+        _refuse_conflicts(child, delta, changes(base, theirs.manifest), force)
         _apply(theirs, delta, uid=parent_meta["uid"], gid=parent_meta["gid"])
         theirs.revise(f"adopt {child}")
         return parent, describe(base, delta)
     finally:
-        mine.close()
         theirs.close()
 
 

@@ -9,9 +9,11 @@ when it refuses. The model's tools:
                            /dev/null; fd 1/2 are captured and shown to the model, capped.
   exec(note)               start afresh in the same process (same PID, same stdin
                            position) with the mission and the note.
-  fork(children, mode)     child agents in boxes of their own (at most this box's grants):
-                           wait for all, race (first success wins, the rest are killed),
-                           or forget (detached, still bounded by the tree).
+  fork(children, mode)     child agents in boxes of their own (at most this box's grants),
+                           each with a world built from this one (copy-on-write by default):
+                           wait for all, race (first success wins, the rest are killed;
+                           adopt: its world's changes come into this one), or forget
+                           (detached, still bounded by the tree).
   restore_world(revision)  roll /world back to a revision (one is taken after each sh call
                            that changed files); the conversation keeps everything.
   exit(status, reason?)    success → exit 0; failure → exit 1, reason on stderr.
@@ -96,6 +98,7 @@ TOOLS = [
                         },
                     },
                     "mode": {"type": "string", "enum": ["wait", "race", "forget"]},
+                    "adopt": {"type": "boolean", "description": "race only: bring the winner's changes to its world into yours."},
                 },
                 "required": ["children", "mode"],
             },
@@ -192,14 +195,12 @@ def clear(path):
         os.unlink(path)
 
 
-def restore_world(host, revision):
-    """Carry out the host's plan for /world at `revision`; the tool result, saying what was undone."""
-    if not isinstance(revision, int) or isinstance(revision, bool):
-        return "error: restore_world needs an integer revision"
-    host.sock.sendall(protocol.encode({"kind": "restore_world", "revision": revision}))
+def apply_plan(host, request):
+    """Ask the host for a plan for /world and carry it out; (the plan or an error text, what failed)."""
+    host.sock.sendall(protocol.encode(request))
     plan, _ = protocol.read_frame(host.reader)
     if plan["kind"] == "error":
-        return f"error: {plan.get('message')}"
+        return f"error: {plan.get('message')}", []
     failed = []
     pending = bytearray()
 
@@ -248,13 +249,36 @@ def restore_world(host, revision):
         attempt(write, rel, mode, take(size), mtime)  # read even when the write fails: the stream goes on
     for rel, mode in reversed(plan["dirs"]):
         attempt(os.chmod, rel, mode)
+    return plan, failed
+
+
+def listed(label, items, limit=50):
+    return f"{label}: " + "; ".join(items[:limit]) + (f"; and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def restore_world(host, revision):
+    """Roll /world back; the tool result, saying what was undone."""
+    if not isinstance(revision, int) or isinstance(revision, bool):
+        return "error: restore_world needs an integer revision"
+    plan, failed = apply_plan(host, {"kind": "restore_world", "revision": revision})
+    if isinstance(plan, str):
+        return plan
     undone = plan.get("undone") or []
     lines = [f"/world is back at revision {revision}; your conversation is unchanged."]
-    lines.append("Undone: " + "; ".join(undone[:50]) + (f"; and {len(undone) - 50} more" if len(undone) > 50 else "") if undone else "Nothing had changed since then.")
+    lines.append(listed("Undone", undone) if undone else "Nothing had changed since then.")
     lines.append(f"The world as it was just before this restore is revision {plan['before']}.")
     if failed:
-        lines.append("Could not restore: " + "; ".join(failed[:20]))
+        lines.append(listed("Could not restore", failed, 20))
     return "\n".join(lines)
+
+
+def adopt_world(host, session):
+    """Bring a finished child's changes into /world; a line for the fork's result."""
+    plan, failed = apply_plan(host, {"kind": "adopt", "session": session})
+    if isinstance(plan, str):
+        return plan
+    text = listed(f"adopted {session}'s world", plan.get("adopted") or []) if plan.get("adopted") else f"{session} changed nothing in its world"
+    return text + (("; " + listed("could not write", failed, 20)) if failed else "")
 
 
 def say(text):
@@ -315,7 +339,7 @@ def run_sh(command, timeout):
     return proc.returncode, f"{status}\n{out.shown('stdout')}\n{err.shown('stderr')}"
 
 
-def fork(children, mode):
+def fork(children, mode, adopt=False, host=None):
     """Start the children over the host socket; their results as the model reads them."""
     import cli  # the in-box command's client; argparse and all, so only when forking
 
@@ -369,6 +393,8 @@ def fork(children, mode):
     outcome = {"mode": mode, "children": results}
     if mode == "race":
         outcome["winner"] = winner[0] if winner else None
+        if adopt and winner:
+            outcome["adopted"] = adopt_world(host, results[winner[0]]["session"])
     return json.dumps(outcome, indent=1)
 
 
@@ -495,8 +521,10 @@ def main(argv):
                         return 1
                     return 0
             elif error is None and name == "fork":
-                result = fork(args.get("children"), args.get("mode"))
+                result = fork(args.get("children"), args.get("mode"), bool(args.get("adopt")), host)
                 host.event(event="tool", turn=turn, name="fork", args={"mode": args.get("mode"), "children": len(args.get("children") or [])}, exit_code=0, result=result)
+                if args.get("adopt"):
+                    result += host.revise(turn, "adopt", "fork: adopted the winner's world")
             elif error is None and name == "restore_world":
                 try:
                     result = restore_world(host, args.get("revision"))

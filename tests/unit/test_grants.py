@@ -55,6 +55,8 @@ def test_parse_duration_refuses(text):
         ("cpus:0.5", Grants(cpus=0.5)),
         ("mem:128m", Grants(mem=128 * M)),
         ("tmp:1g", Grants(tmp=G)),
+        ("world:2g", Grants(world=2 * G)),
+        ("world:512m", Grants(world=512 * M)),
         ("pids:64", Grants(pids=64)),
         ("time:5m", Grants(time=300.0)),
         ("time:30", Grants(time=30.0)),
@@ -88,6 +90,8 @@ def test_parse_grant(spec, expected):
         ("mem:lots", "bad size"),
         ("mem:0", "more than zero"),
         ("tmp:-5m", "bad size"),
+        ("world:0", "more than zero"),
+        ("world:big", "bad size"),
         ("time:forever", "bad duration"),
         ("pids:0", "whole number above zero"),
         ("pids:1.5", "whole number above zero"),
@@ -125,7 +129,7 @@ def test_two_mounts_at_one_destination_are_refused():
 @pytest.mark.parametrize(
     "specs",
     [
-        ["ro:/data", "rw:/src=/work", "net", "cpus:1.5", "mem:512m", "tmp:64m", "pids:32", "time:90s", "env:A=b", "env:C", "spawn:4", "depth:2", "tokens:1000", "syscall:ptrace"],
+        ["ro:/data", "rw:/src=/work", "net", "cpus:1.5", "mem:512m", "tmp:64m", "world:3g", "pids:32", "time:90s", "env:A=b", "env:C", "spawn:4", "depth:2", "tokens:1000", "syscall:ptrace"],
         ["time:250ms", "time:1h"],
         ["mem:1000"],
     ],

@@ -18,7 +18,7 @@ from quinebox.policy import (
     seccomp_profile,
     workdir_for,
 )
-from quinebox.spec import BoxSpec
+from quinebox.spec import BoxSpec, WorldSpec
 
 ARCH = "SCMP_ARCH_X86_64"
 
@@ -177,3 +177,27 @@ def test_an_agent_box_runs_the_agent_loop_directly_it_holds_its_own_lifeline():
     cfg = container_config(agent, seccomp=_seccomp_base(), arch=ARCH)
     assert cfg.create["command"] == [*AGENT_COMMAND, "the mission"]
     assert cfg.host["mounts"][-1]["Target"] == HOST_SOCKET
+
+
+def test_without_a_world_the_box_gets_a_scratch_tmpfs_that_keeps_nothing():
+    assert config().host["tmpfs"]["/world"].startswith("rw,exec,nosuid,nodev,size=256m")
+
+
+@pytest.mark.parametrize("kind", ["dir", "bind"])
+def test_a_dir_or_bind_world_is_a_read_write_bind_mount_at_world(kind):
+    cfg = config(world=WorldSpec(kind=kind, layer="/state/sessions/s1/world/tree"))
+    assert "/world" not in cfg.host["tmpfs"]
+    assert cfg.host["mounts"][0] == {
+        "Type": "bind", "Source": "/state/sessions/s1/world/tree", "Target": "/world", "ReadOnly": False, "BindOptions": {"Propagation": "rprivate"},
+    }
+
+
+def test_an_inherited_world_is_an_overlay_the_engine_mounts_as_an_anonymous_volume():
+    world = WorldSpec(kind="overlay", layer="/s/c/upper", work="/s/c/work", lowers=("/s/p/upper", "/s/g/tree"), base=("p", 3))
+    mount = config(world=world).host["mounts"][0]
+    assert mount["Type"] == "volume" and mount["Target"] == "/world" and "Source" not in mount
+    assert mount["VolumeOptions"]["DriverConfig"] == {
+        "Name": "local",
+        "Options": {"type": "overlay", "device": "overlay", "o": "lowerdir=/s/p/upper:/s/g/tree,upperdir=/s/c/upper,workdir=/s/c/work,userxattr"},
+    }
+    assert mount["VolumeOptions"]["Labels"] == {LABEL_SESSION: "s1"}
