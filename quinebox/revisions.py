@@ -42,7 +42,13 @@ CHUNK = 1 << 20
 
 
 class WorldError(QuineboxError):
-    """A world operation that cannot be done as asked: too large, unknown revision, conflict."""
+    """A world operation that cannot be done as asked: too large, unknown revision, unsafe archive."""
+
+
+class ConflictError(WorldError):
+    """A child's changes meet the parent's own since the fork; the caller decides (`--force`)."""
+
+    exit_code = 1
 
 
 def mode_bits(st: os.stat_result) -> int:

@@ -16,7 +16,7 @@ import select
 import threading
 from typing import Callable
 
-from inotify_simple import INotify, flags
+from inotify_simple import Event, INotify, flags
 
 from quinebox import beneath
 
@@ -33,12 +33,14 @@ class Tracker:
         self.root = root
         self.limit = limit
         self.on_full = on_full
-        self._inotify = INotify()
+        self._inotify = INotify(nonblocking=True)
         self._paths: dict[int, str] = {}
         self._dirty: set[str] = set()
         self._unmeasured: set[str] = set()
         self._sizes: dict[str, int] = {}
         self._lock = threading.Lock()
+        #: One reader of the inotify fd at a time: `take` (the revising thread) and our own thread both read it.
+        self._reading = threading.Lock()
         self.lost = False  # events were lost: the next reader must look at everything
         self._root_fd = os.open(root, beneath.DIR_FLAGS)
         self._stop_r, self._stop_w = os.pipe()
@@ -113,30 +115,38 @@ class Tracker:
                     self.lost = True
 
     def _drain(self, timeout: int) -> None:
-        for event in self._inotify.read(timeout=timeout):
-            if event.mask & flags.Q_OVERFLOW:
-                with self._lock:
-                    self.lost = True
-                continue
-            if event.mask & flags.IGNORED:
-                self._paths.pop(event.wd, None)
-                continue
-            parent = self._paths.get(event.wd)
-            if parent is None or not event.name:
-                continue
-            path = f"{parent}/{event.name}" if parent else event.name
-            is_dir = bool(event.mask & flags.ISDIR)
+        with self._reading:
+            try:
+                events = self._inotify.read(timeout=timeout)
+            except BlockingIOError:
+                return
+            for event in events:
+                self._handle(event)
+
+    def _handle(self, event: Event) -> None:
+        if event.mask & flags.Q_OVERFLOW:
             with self._lock:
-                self._dirty.add(path)
-                self._unmeasured.add(path)
-                if is_dir and event.mask & (flags.MOVED_FROM | flags.MOVED_TO):
-                    self.lost = True  # the watches below it now have stale names
-                if is_dir and event.mask & flags.MOVED_FROM:
-                    prefix = path + "/"
-                    for sub in [p for p in self._sizes if p.startswith(prefix)]:
-                        del self._sizes[sub]
-            if is_dir and event.mask & (flags.CREATE | flags.MOVED_TO):
-                self._watch_tree(path)
+                self.lost = True
+            return
+        if event.mask & flags.IGNORED:
+            self._paths.pop(event.wd, None)
+            return
+        parent = self._paths.get(event.wd)
+        if parent is None or not event.name:
+            return
+        path = f"{parent}/{event.name}" if parent else event.name
+        is_dir = bool(event.mask & flags.ISDIR)
+        with self._lock:
+            self._dirty.add(path)
+            self._unmeasured.add(path)
+            if is_dir and event.mask & (flags.MOVED_FROM | flags.MOVED_TO):
+                self.lost = True  # the watches below it now have stale names
+            if is_dir and event.mask & flags.MOVED_FROM:
+                prefix = path + "/"
+                for sub in [p for p in self._sizes if p.startswith(prefix)]:
+                    del self._sizes[sub]
+        if is_dir and event.mask & (flags.CREATE | flags.MOVED_TO):
+            self._watch_tree(path)
 
     def _measure(self) -> None:
         with self._lock:
@@ -150,4 +160,6 @@ class Tracker:
                     self._sizes[path] = st.st_blocks * 512
         if self.limit is not None and not self._full_reported and self.used > self.limit and self.on_full:
             self._full_reported = True
-            self.on_full(f"the box added {self.used} bytes to its world, over its world:{self.limit} grant")
+            from quinebox.grants import format_size
+
+            self.on_full(f"the box added {self.used} bytes to its world, over its world:{format_size(self.limit)} grant")

@@ -32,6 +32,7 @@ from quinebox.grants import Mount, check_mount
 from quinebox.revisions import (
     CHUNK,
     Changes,
+    ConflictError,
     Manifest,
     ObjectStore,
     RevisionLog,
@@ -480,7 +481,7 @@ def _refuse_conflicts(child: str, delta: Changes, ours: Changes, force: bool) ->
     conflicts = sorted(p for p in delta if p in ours and ours[p] != delta[p])
     if conflicts and not force:
         shown = ", ".join(conflicts[:10]) + (f" and {len(conflicts) - 10} more" if len(conflicts) > 10 else "")
-        raise WorldError(f"refused to adopt {child}: its parent changed {shown} too since the fork; --force takes the child's")
+        raise ConflictError(f"refused to adopt {child}: its parent changed {shown} too since the fork; --force takes the child's")
 
 
 def adopt(child: str, *, force: bool = False, parent_running: bool = False) -> tuple[str, list[tuple[str, str]]]:

@@ -158,7 +158,7 @@ def test_a_world_that_grows_past_its_grant_is_reported_once(tmp_path):
         with open(f"{spec.layer}/fat", "wb") as f:
             f.write(os.urandom(2 << 20))
         assert full.wait(5)
-        assert len(reasons) == 1 and "over its world:1048576 grant" in reasons[0]
+        assert len(reasons) == 1 and "over its world:1m grant" in reasons[0]
     finally:
         world.close()
 
