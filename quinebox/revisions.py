@@ -204,7 +204,8 @@ def merge(base: Manifest, layer: Manifest) -> Manifest:
     for path in sorted(layer, key=lambda p: p.count("/")):
         entry = layer[path]
         old = merged.get(path)
-        if entry["type"] == "w" or entry["type"] != "d" or entry.get("opaque") or (old and old["type"] != "d"):
+        # Only a directory below has anything under it; a whiteout, a non-directory or an opaque directory hides it.
+        if old and old["type"] == "d" and (entry["type"] != "d" or entry.get("opaque")):
             for sub in below(merged, path):
                 if sub not in layer:
                     del merged[sub]
