@@ -69,6 +69,9 @@ show "quinebox run -g spawn:35 -g depth:2 'Survey the ten regions'    # a tree o
 bash "$here/tree/run.sh" | head -8
 echo "…"
 
+step "8. Worlds: files built for the task, revisions, rollback without amnesia"
+bash "$here/worlds/run.sh"
+
 step "Nothing is left behind"
 show "quinebox ps"
 quinebox ps

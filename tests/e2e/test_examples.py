@@ -1,6 +1,7 @@
 """The examples run as documented, and the terminal view is a terminal view."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -22,6 +23,16 @@ def test_python_api_example(engine):
         "map: document 1: The material has 1 lines.",
         "map: document 2: The material has 2 lines.",
     ]
+
+
+def test_worlds_example_rolls_back_forks_and_adopts(engine):
+    done = subprocess.run(["bash", str(REPO / "examples" / "worlds" / "run.sh")], capture_output=True, timeout=120, env={**os.environ, "PATH": f"{Path(QUINEBOX).parent}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode()
+    assert out.startswith('$ quinebox run "Write calc.py, try an edit, undo it"\nadd(2, 3) = 5\n')
+    assert "restore_world 1" in out and "-    return a + b\n+    return a - b\n" in out
+    assert "# the world as turn 2 found it\ndef add(a, b):\n    return a + b\n" in out
+    assert out.endswith("# two children race; the winner is adopted\npolished draft\n")
 
 
 def test_logs_follow_a_running_session_to_its_end(engine, tmp_path):
