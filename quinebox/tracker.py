@@ -65,11 +65,9 @@ class Tracker:
         return dirty, lost
 
     def close(self) -> None:
+        """Stop watching. The thread releases the inotify instance as it leaves: the kernel takes
+        milliseconds to tear down watches, which a box's caller should not wait for."""
         os.write(self._stop_w, b"x")
-        self._thread.join(5)
-        for fd in (self._stop_r, self._stop_w, self._root_fd):
-            os.close(fd)
-        self._inotify.close()
 
     # -- events --------------------------------------------------------------------
 
@@ -106,6 +104,10 @@ class Tracker:
         while True:
             ready, _, _ = select.select([self._inotify.fileno(), self._stop_r], [], [], USAGE_INTERVAL)
             if self._stop_r in ready:
+                with self._reading:
+                    self._inotify.close()
+                for fd in (self._stop_r, self._stop_w, self._root_fd):
+                    os.close(fd)
                 return
             try:
                 self._drain(0)
