@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from quinebox import beneath
 from quinebox.errors import QuineboxError
@@ -321,17 +321,48 @@ def exported(manifest: Manifest, store: ObjectStore, out, *, uid: int | None = N
     return skipped
 
 
-def write_tree(manifest: Manifest, store: ObjectStore, root_fd: int, *, uid: int | None = None, gid: int | None = None) -> list[str]:
-    """Make the files of `manifest` beneath `root_fd` (an empty directory); the paths whose bytes were not kept."""
+def carry_out(
+    delta: Changes,
+    store: ObjectStore,
+    root_fd: int,
+    *,
+    uid: int | None = None,
+    gid: int | None = None,
+    hide: Callable[[int, str, str], None] | None = None,
+) -> list[str]:
+    """Make `delta` true beneath `root_fd`: deletions deepest first, then parents before children,
+    directory modes last (so a read-only directory can still be filled). `hide(dir_fd, name, path)`
+    runs after each deletion (an overlay layer must hide what lies below it). Returns the paths
+    whose bytes were not kept, left as they were.
+    """
+    for path in sorted((p for p, e in delta.items() if e is None), key=lambda p: -p.count("/")):
+        try:
+            parent, name = beneath.open_parent(root_fd, path)
+        except FileNotFoundError:
+            continue
+        try:
+            beneath.remove(parent, name)
+            if hide is not None:
+                hide(parent, name, path)
+        finally:
+            os.close(parent)
     skipped = []
-    chown = uid is not None and os.getuid() == 0
-    for path in sorted(manifest, key=lambda p: (p.count("/"), p)):
-        entry = manifest[path]
+    chown = uid is not None and gid is not None and os.getuid() == 0
+    made = {p: e for p, e in delta.items() if e is not None}
+    for path in sorted(made, key=lambda p: (p.count("/"), p)):
+        entry = made[path]
         parent, name = beneath.open_parent(root_fd, path, create=True)
         try:
             if entry["type"] == "d":
-                os.mkdir(name, 0o700, dir_fd=parent)
+                try:
+                    is_dir = stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+                except FileNotFoundError:
+                    is_dir = False
+                if not is_dir:
+                    beneath.remove(parent, name)
+                    os.mkdir(name, 0o700, dir_fd=parent)
             elif entry["type"] == "l":
+                beneath.remove(parent, name)
                 os.symlink(entry["target"], name, dir_fd=parent)
             elif entry.get("sha") is None:
                 skipped.append(path)
@@ -342,10 +373,10 @@ def write_tree(manifest: Manifest, store: ObjectStore, root_fd: int, *, uid: int
                 os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
         finally:
             os.close(parent)
-    for path in sorted((p for p, e in manifest.items() if e["type"] == "d"), key=lambda p: -p.count("/")):
+    for path in sorted((p for p, e in made.items() if e["type"] == "d"), key=lambda p: -p.count("/")):
         parent, name = beneath.open_parent(root_fd, path)
         try:
-            os.chmod(name, manifest[path]["mode"], dir_fd=parent, follow_symlinks=False)
+            os.chmod(name, made[path]["mode"], dir_fd=parent, follow_symlinks=False)
         finally:
             os.close(parent)
     return skipped

@@ -40,12 +40,11 @@ from quinebox.revisions import (
     WorldError,
     apply,
     below,
+    carry_out,
     changes,
     describe,
     merge,
     new_bytes,
-    write_file,
-    write_tree,
 )
 from quinebox.spec import BoxSpec, WorldSpec
 from quinebox.store import session_dir
@@ -189,7 +188,7 @@ def _fill(spec: WorldSpec, uid: int, gid: int) -> None:
             manifest = RevisionLog(spec.base[0]).manifest(spec.base[1])
             if spec.paths:
                 manifest = {p: e for p, e in manifest.items() if any(p == k or p.startswith(k + "/") or k.startswith(p + "/") for k in spec.paths)}
-            write_tree(manifest, ObjectStore(), fd, uid=uid, gid=gid)
+            carry_out(manifest, ObjectStore(), fd, uid=uid, gid=gid)
         for source in spec.sources:
             target = os.path.join(spec.layer, os.path.basename(source))
             if os.path.isdir(source) and not os.path.islink(source):
@@ -514,49 +513,16 @@ def adopt(child: str, *, force: bool = False, parent_running: bool = False) -> t
 
 
 def _apply(world: World, delta: Changes, *, uid: int, gid: int) -> None:
-    """Carry `delta` out in `world`'s own layer, beneath its root; parents before children, deletions deepest first."""
-    fd = world._root_fd
-    for path in sorted((p for p, e in delta.items() if e is None), key=lambda p: -p.count("/")):
-        try:
-            parent, name = beneath.open_parent(fd, path)
-        except FileNotFoundError:
-            continue
-        try:
-            beneath.remove(parent, name)
-            if world.spec.kind == "overlay" and path in world.base:
-                try:
-                    os.mknod(name, stat.S_IFCHR, os.makedev(0, 0), dir_fd=parent)  # overlay's whiteout
-                except PermissionError:
-                    raise WorldError(f"cannot delete {path} from a copy-on-write world without CAP_MKNOD (run the adopt as root)") from None
-        finally:
-            os.close(parent)
-    chown = os.getuid() == 0
-    for path in sorted((p for p, e in delta.items() if e is not None), key=lambda p: (p.count("/"), p)):
-        entry = delta[path]
-        parent, name = beneath.open_parent(fd, path, create=True)
-        try:
-            existing = _lstat_at(parent, name)
-            if entry["type"] == "d":
-                if existing is None or not stat.S_ISDIR(existing.st_mode):
-                    beneath.remove(parent, name)
-                    os.mkdir(name, 0o700, dir_fd=parent)
-                os.chmod(name, entry["mode"], dir_fd=parent, follow_symlinks=False)
-            elif entry["type"] == "l":
-                beneath.remove(parent, name)
-                os.symlink(entry["target"], name, dir_fd=parent)
-            elif entry.get("sha"):
-                write_file(parent, name, world.store, entry)
-            if chown:
-                os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
-        finally:
-            os.close(parent)
+    """Carry `delta` out in `world`'s own layer (its box has ended), beneath its root."""
 
+    def whiteout(dir_fd: int, name: str, path: str) -> None:
+        if world.spec.kind == "overlay" and path in world.base:  # still there below: overlay must hide it
+            try:
+                os.mknod(name, stat.S_IFCHR, os.makedev(0, 0), dir_fd=dir_fd)
+            except PermissionError:
+                raise WorldError(f"cannot delete {path} from a copy-on-write world without CAP_MKNOD (run the adopt as root)") from None
 
-def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
+    carry_out(delta, world.store, world._root_fd, uid=uid, gid=gid, hide=whiteout)
 
 
 def export(session: str, rev: int | None, out) -> list[str]:

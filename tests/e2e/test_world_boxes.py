@@ -7,7 +7,6 @@ import os
 import tarfile
 import textwrap
 
-import pytest
 from commands import qb, scripts
 from openai_server import exit_, sh, tool
 

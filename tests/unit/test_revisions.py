@@ -8,7 +8,7 @@ import tarfile
 import pytest
 
 from quinebox import beneath, revisions
-from quinebox.revisions import ObjectStore, RevisionLog, WorldError, apply, changes, describe, exported, merge, scan, write_tree
+from quinebox.revisions import ObjectStore, RevisionLog, WorldError, apply, carry_out, changes, describe, exported, merge, scan
 
 F = {"type": "f", "mode": 0o644, "size": 1, "sha": "a" * 64, "mtime": 1}
 G = {**F, "sha": "b" * 64}
@@ -147,7 +147,7 @@ def test_writing_a_tree_never_writes_through_a_planted_symlink(tmp_path):
     fd = os.open(target, beneath.DIR_FLAGS)
     try:
         with pytest.raises(beneath.Escape):
-            write_tree({"a/x": {"type": "f", "mode": 0o644, "size": 7, "sha": sha, "mtime": 0}}, store, fd)
+            carry_out({"a/x": {"type": "f", "mode": 0o644, "size": 7, "sha": sha, "mtime": 0}}, store, fd)
     finally:
         os.close(fd)
     assert list(outside.iterdir()) == []
