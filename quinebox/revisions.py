@@ -130,8 +130,13 @@ class Scanner:
             old = self.previous.get(rel)
             if not fresh and old and old["type"] == "f" and old["size"] == st.st_size and old.get("mtime") == st.st_mtime_ns:
                 sha = old["sha"]
+            elif st.st_size > MAX_FILE:
+                sha = None
             else:
-                sha = None if st.st_size > MAX_FILE else self.store.put(dir_fd, name)
+                try:
+                    sha = self.store.put(dir_fd, name)
+                except PermissionError:
+                    sha = None  # the box made it unreadable: listed, its bytes not kept
             return {"type": "f", "mode": mode_bits(st), "size": st.st_size, "sha": sha, "mtime": st.st_mtime_ns}
         if stat.S_ISDIR(st.st_mode):
             entry: Entry = {"type": "d", "mode": mode_bits(st)}
@@ -164,8 +169,8 @@ class Scanner:
             rel_dir = pending.pop()
             try:
                 fd = beneath.open_dir(root_fd, beneath.parts(rel_dir)) if rel_dir else os.dup(root_fd)
-            except (FileNotFoundError, beneath.Escape, NotADirectoryError):
-                continue  # gone (or replaced) since it was listed
+            except OSError:
+                continue  # gone, replaced or made unreadable since it was listed
             try:
                 with os.scandir(fd) as listing:
                     for item in listing:
@@ -255,11 +260,12 @@ class RevisionLog:
         self._lock = threading.Lock()
 
     def records(self) -> list[dict[str, Any]]:
+        """Every complete record; a line still being appended (no newline yet) is not one."""
         try:
-            lines = self.path.read_text().splitlines()
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in lines if line.strip()]
+        return [json.loads(line) for line in data.split(b"\n")[:-1] if line.strip()]
 
     def append(self, record: dict[str, Any]) -> dict[str, Any]:
         record = {"t": round(time.time(), 3), **record}

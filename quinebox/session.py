@@ -166,7 +166,7 @@ class AgentSession:
         what = str(request.get("what") or "sh")[:64]
         try:
             record = self.world.revise(what, turn=int(turn) if turn is not None else None, command=str(command) if command is not None else None, always=True)
-        except WorldError as exc:
+        except WorldError as exc:  # whatever the box did to its world, the host carries on
             self.tape.append("world_error", turn=turn, message=str(exc))
             return error_frame("world", str(exc))
         new = record.get("what") == what and record.get("turn") == turn and record["rev"] > 0
@@ -199,7 +199,7 @@ class AgentSession:
             return
         try:
             plan, data = make()
-        except WorldError as exc:
+        except (WorldError, OSError) as exc:
             yield error_frame("world", str(exc)), b""
             return
         if len(json.dumps(plan)) > MAX_JSON // 2:

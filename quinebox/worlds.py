@@ -313,6 +313,12 @@ class World:
 
     def revise(self, what: str, *, turn: int | None = None, command: str | None = None, always: bool = True) -> dict[str, Any]:
         """A new revision if the world changed (or `always`); the newest revision's record either way."""
+        try:
+            return self._revise(what, turn, command, always)
+        except OSError as exc:  # the box may have made its world odd in ways we cannot read
+            raise WorldError(f"cannot read the world of {self.session}: {exc}") from None
+
+    def _revise(self, what: str, turn: int | None, command: str | None, always: bool) -> dict[str, Any]:
         with self._lock:
             old = self.manifest
             dirty, lost = self.tracker.take() if self.tracker else (set(), True)
