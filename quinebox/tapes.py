@@ -109,6 +109,9 @@ def print_show(session: str) -> None:
     meta = tape[0] if tape and tape[0]["kind"] == "meta" else {}
     if meta.get("grants"):
         print(f"grants    {' '.join(meta['grants'])}")
+    origin = meta.get("forked_from")
+    if origin:
+        print(f"forked    from {origin['session']} at turn {origin['turn']} (world revision {origin['revision']})")
     for record in tape:
         kind = record["kind"]
         if kind == "response":
@@ -122,6 +125,8 @@ def print_show(session: str) -> None:
             print(f"          → {record.get('error') or record.get('message')}")
         elif kind == "exec":
             print(f"          exec → cycle {record.get('cycle')}")
+        elif kind == "revision":
+            print(f"          world revision {record['rev']}: {record['files']} path(s), {record['bytes']} bytes")
     outcome = next((r for r in reversed(tape) if r["kind"] == "outcome"), None)
     if outcome:
         print(f"outcome   exit {outcome['exit_code']} ({outcome['termination']}), {outcome['turns']} turns, {outcome['tokens']} tokens, {outcome['duration_s']} s")

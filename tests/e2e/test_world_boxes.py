@@ -122,6 +122,7 @@ def test_fork_at_a_turn_starts_from_that_turns_world_and_conversation(tmp_path, 
     forked = json.loads(done.stderr.decode().splitlines()[-1])["session"]
     meta = read_tape(forked)[0]
     assert meta["forked_from"] == {"session": original, "turn": 3, "revision": 2}
+    assert f"forked    from {original} at turn 3 (world revision 2)" in qb("show", forked).stdout.decode()
     first = fake_openai.requests[0].body["messages"]
     assert [c["function"]["arguments"] for m in first for c in m.get("tool_calls") or []] == ['{"command": "echo 1 > n"}', '{"command": "echo 2 >> n"}']
     assert first[-1] == {"role": "user", "content": "New instructions from here on:\n\nprint n"}
