@@ -92,8 +92,9 @@ class DockerBackend:
             pass  # already stopped, or already removed: either way it is not running
 
     def remove(self, container: str) -> None:
+        """Remove a box and its anonymous volumes (an inherited world's overlay is one)."""
         try:
-            self.api.remove_container(container, force=True)
+            self.api.remove_container(container, force=True, v=True)
         except docker.errors.APIError:
             pass  # gone already, or its removal is under way
 

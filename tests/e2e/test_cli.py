@@ -136,20 +136,25 @@ def test_a_closed_reader_stops_the_box(engine):
     assert wait_for_box(engine, lambda boxes: boxes == [], timeout=10) == []
 
 
-def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine):
+def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine, tmp_path):
     import quinebox
     from dataclasses import replace
 
     from quinebox.api import _seccomp_base
     from quinebox.backends.docker import DockerBackend
     from quinebox.policy import container_config, native_arch
-    from quinebox.spec import build_spec
+    from quinebox.spec import WorldSpec, build_spec
 
     live = quinebox.Popen(["sleep", "60"], stdin=quinebox.DEVNULL)
     # An orphan as a crash between create and start leaves one: created, never
     # started, and owned by a process that no longer exists.
     dead_owner = f"{os.uname().nodename}:{2**22 + 7}:0"
-    orphan = replace(build_spec(["sleep", "61"]), owner=dead_owner, lifeline=None, world=None)
+    # Its world an overlay, as an inheriting child's is: the engine makes the volume at create.
+    layers = {name: str(tmp_path / name) for name in ("lower", "upper", "work")}
+    for path in layers.values():
+        os.mkdir(path)
+    world = WorldSpec(kind="overlay", layer=layers["upper"], work=layers["work"], lowers=(layers["lower"],))
+    orphan = replace(build_spec(["sleep", "61"]), owner=dead_owner, lifeline=None, world=world)
     DockerBackend.connect().create(container_config(orphan, seccomp=_seccomp_base(), arch=native_arch()))
     try:
         assert wait_for_box(engine, lambda boxes: len(boxes) == 2 and any(b.status == "running" for b in boxes))
@@ -162,6 +167,7 @@ def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine):
         assert live.poll() is None
         assert [b.labels[LABEL_SESSION] for b in quinebox_boxes(engine)] == [live.session]
         assert quinebox_boxes(engine)[0].labels[LABEL_OWNER] != dead_owner
+        assert [v.attrs["Labels"][LABEL_SESSION] for v in engine.volumes.list(filters={"label": LABEL_SESSION})] == []  # the orphan's went with it
     finally:
         live.kill()
         live.wait()
