@@ -436,7 +436,7 @@ def world_commit_command(session: str) -> None:
             raise typer.Exit(2)
         world = worlds.World.offline(session)
         try:
-            record = world.revise("commit", always=False)
+            record = world.revise("commit")
         finally:
             world.close()
     print(f"revision {record['rev']}: {record['files']} path(s) changed" if record else "no change since the newest revision")

@@ -165,14 +165,14 @@ class AgentSession:
         turn, command = request.get("turn"), request.get("command")
         what = str(request.get("what") or "sh")[:64]
         try:
-            record = self.world.revise(what, turn=int(turn) if turn is not None else None, command=str(command) if command is not None else None, always=True)
+            record = self.world.revise(what, turn=int(turn) if turn is not None else None, command=str(command) if command is not None else None)
         except WorldError as exc:  # whatever the box did to its world, the host carries on
             self.tape.append("world_error", turn=turn, message=str(exc))
             return error_frame("world", str(exc))
-        new = record.get("what") == what and record.get("turn") == turn and record["rev"] > 0
-        if new:
-            self.tape.append("revision", rev=record["rev"], turn=turn, what=what, command=record.get("command"), files=record["files"], bytes=record["bytes"])
-        return {"kind": "revised", "rev": record["rev"], "new": new, "paths": record["files"] if new else 0}
+        if record is None:
+            return {"kind": "revised", "rev": self.world.rev, "new": False, "paths": 0}
+        self.tape.append("revision", rev=record["rev"], turn=turn, what=what, command=record.get("command"), files=record["files"], bytes=record["bytes"])
+        return {"kind": "revised", "rev": record["rev"], "new": True, "paths": record["files"]}
 
     def restore_world(self, request: dict[str, Any]) -> Iterator[tuple[dict[str, Any], bytes]]:
         """The plan that rolls the world back to a revision, then the bytes of the files it rewrites."""

@@ -122,23 +122,22 @@ def child_world(parent: "World | None", session: str, choice: Any) -> WorldSpec:
         return WorldSpec(kind="dir", layer=str(here / "tree"))
     if choice == "inherit":
         assert parent is not None
-        record = parent.revise("fork")
+        parent.revise("fork")
         spec = parent.spec
         lowers = (spec.layer, *spec.lowers) if spec.kind == "overlay" else (spec.layer,)
         for path in (*lowers, str(here)):
             if _OVERLAY_UNSAFE & set(path):
                 raise WorldError(f"cannot build a copy-on-write world on {path}: overlay cannot mount paths with , : or \\ in them (set QUINEBOX_STATE_DIR elsewhere)")
-        return WorldSpec(kind="overlay", layer=str(here / "upper"), work=str(here / "work"), lowers=lowers, base=(parent.session, record["rev"]))
+        return WorldSpec(kind="overlay", layer=str(here / "upper"), work=str(here / "work"), lowers=lowers, base=(parent.session, parent.rev))
     if not isinstance(choice, list) or not choice or not all(isinstance(p, str) for p in choice):
         raise GrantError('a child\'s world is "inherit", "empty", or a list of paths in its parent\'s world')
     assert parent is not None
     paths = tuple(_world_path(p) for p in choice)
-    record = parent.revise("fork")
-    manifest = parent.log.manifest(record["rev"])
-    missing = [p for p in paths if p not in manifest]
+    parent.revise("fork")
+    missing = [p for p in paths if p not in parent.manifest]
     if missing:
         raise GrantError(f"refused world paths: {', '.join(missing)} not in this box's world")
-    return WorldSpec(kind="dir", layer=str(here / "tree"), base=(parent.session, record["rev"]), paths=paths)
+    return WorldSpec(kind="dir", layer=str(here / "tree"), base=(parent.session, parent.rev), paths=paths)
 
 
 def _world_path(path: str) -> str:
@@ -278,11 +277,11 @@ class World:
 
             self.tracker = Tracker(spec.layer, limit=limit, on_full=on_full)
         records = self.log.records()
-        if records:  # offline: start from what was recorded
-            self.last = records[-1]
-            self.rev = self.last["rev"]
+        if records:  # offline: start from what was recorded; the first revise rereads the layer (no tracker)
+            self.rev = records[-1]["rev"]
             self.manifest = self.log.manifest()
-            self.layer = self._scan(previous=self.manifest)
+            #: Until then a stand-in, only so that unchanged files are not rehashed: same paths, sizes and mtimes.
+            self.layer = dict(self.manifest)
         else:
             self.rev = -1
             self.layer = self._scan(previous={})
@@ -308,17 +307,16 @@ class World:
         self.rev = record["rev"]
         self.manifest = manifest
         delta = record["changes"]
-        self.last = self.log.append({**record, "files": sum(1 for e in delta.values() if not e or e["type"] != "d"), "bytes": new_bytes(delta)})
-        return self.last
+        return self.log.append({**record, "files": sum(1 for e in delta.values() if not e or e["type"] != "d"), "bytes": new_bytes(delta)})
 
-    def revise(self, what: str, *, turn: int | None = None, command: str | None = None, always: bool = True) -> dict[str, Any]:
-        """A new revision if the world changed (or `always`); the newest revision's record either way."""
+    def revise(self, what: str, *, turn: int | None = None, command: str | None = None) -> dict[str, Any] | None:
+        """A new revision if the world changed since the newest (its record), else None; `rev` is the newest either way."""
         try:
-            return self._revise(what, turn, command, always)
+            return self._revise(what, turn, command)
         except OSError as exc:  # the box may have made its world odd in ways we cannot read
             raise WorldError(f"cannot read the world of {self.session}: {exc}") from None
 
-    def _revise(self, what: str, turn: int | None, command: str | None, always: bool) -> dict[str, Any]:
+    def _revise(self, what: str, turn: int | None, command: str | None) -> dict[str, Any] | None:
         with self._lock:
             old = self.manifest
             dirty, lost = self.tracker.take() if self.tracker else (set(), True)
@@ -333,7 +331,7 @@ class World:
             else:
                 delta = {p: new.get(p) for p in touched if old.get(p) != new.get(p)}
             if not delta:
-                return self.last if always else {}
+                return None
             record = {"rev": self.rev + 1, "what": what, "changes": delta}
             if turn is not None:
                 record["turn"] = turn
@@ -379,7 +377,7 @@ class World:
     def restore_plan(self, rev: int) -> tuple[dict[str, Any], Iterator[bytes]]:
         """What makes the world as it was at `rev`: the plan for the guest to carry out, and the files' bytes in order."""
         target = self.log.manifest(rev)
-        before = self.revise("before restore")
+        self.revise("before restore")
         plan, data = self.plan(target)
         undone = []
         for path in sorted(set(self.manifest) | set(target)):
@@ -387,7 +385,7 @@ class World:
             if not _differs(now, then):
                 continue
             undone.append(f"removed {path} (made after revision {rev})" if then is None else f"brought back {path}" if now is None else f"restored {path}")
-        return {**plan, "revision": rev, "before": before["rev"], "undone": undone}, data
+        return {**plan, "revision": rev, "before": self.rev, "undone": undone}, data
 
     def adopt_plan(self, child: str, *, force: bool = False) -> tuple[dict[str, Any], Iterator[bytes]]:
         """What carries a finished child's changes into this (running) world, for the guest to carry out."""
@@ -461,8 +459,8 @@ def open_world(spec: BoxSpec, on_full: Callable[[str], None]) -> World:
 def end_world(world: World, *, keep_unused: bool) -> None:
     """Take the last revision; unless `keep_unused`, remove a world that never changed and holds nothing."""
     try:
-        world.revise("end", always=False)
-    except (WorldError, OSError):
+        world.revise("end")
+    except WorldError:
         pass  # the revisions taken so far stand
     finally:
         world.close()

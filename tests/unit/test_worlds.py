@@ -108,7 +108,7 @@ def test_a_revision_holds_only_what_changed(parent):
     small = parent.revise("sh", turn=2, command="edit one")
     assert small["changes"].keys() == {"src/f7"} and small["bytes"] == len("changed")
     assert len(set(ObjectStore().root.glob("??/*")) - objects_before) == 1
-    assert parent.revise("sh", turn=3, always=False) == {}  # nothing changed: no revision
+    assert parent.revise("sh", turn=3) is None  # nothing changed: no revision
 
 
 def test_moves_and_deletions_of_whole_directories_are_revised_correctly(parent):
@@ -128,7 +128,8 @@ def test_moves_and_deletions_of_whole_directories_are_revised_correctly(parent):
 
 def test_a_restore_plan_says_what_it_undoes_and_carries_the_old_bytes(parent):
     root = parent.spec.layer
-    first = parent.revise("sh")["rev"]
+    parent.revise("sh")
+    first = parent.rev
     open(f"{root}/README", "w").write("rewritten\n")
     os.unlink(f"{root}/src/a.py")
     open(f"{root}/new", "w").write("new\n")
