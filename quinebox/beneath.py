@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import Iterator
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: O_NONBLOCK: a file swapped for a FIFO after we looked must not hang the host.
@@ -100,3 +101,30 @@ def remove(dir_fd: int, name: str) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dir_fd)
+
+
+def walk(root_fd: int, top: str = "") -> Iterator[tuple[str, int, Iterator[tuple[str, os.DirEntry]]]]:
+    """Each directory at or below `top`, depth first, as (its path, an fd for it, its entries as
+    (path, DirEntry)). Entries are read as they are consumed, so a huge directory costs no memory;
+    the directories among them are visited next, never through a symlink. A directory that is gone
+    or unreadable by the time it is reached is skipped."""
+    pending = [top]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            fd = open_dir(root_fd, parts(rel_dir)) if rel_dir else os.dup(root_fd)
+        except OSError:
+            continue
+        try:
+            with os.scandir(fd) as listing:
+
+                def entries() -> Iterator[tuple[str, os.DirEntry]]:
+                    for item in listing:
+                        rel = f"{rel_dir}/{item.name}" if rel_dir else item.name
+                        if item.is_dir(follow_symlinks=False):
+                            pending.append(rel)
+                        yield rel, item
+
+                yield rel_dir, fd, entries()
+        finally:
+            os.close(fd)

@@ -164,29 +164,14 @@ class Scanner:
 
     def walk(self, root_fd: int, top: str = "", *, fresh: bool = False) -> Iterator[tuple[str, Entry]]:
         """Every entry below `top` (not `top` itself), depth first, never through a symlink."""
-        pending = [top]
-        while pending:
-            rel_dir = pending.pop()
-            try:
-                fd = beneath.open_dir(root_fd, beneath.parts(rel_dir)) if rel_dir else os.dup(root_fd)
-            except OSError:
-                continue  # gone, replaced or made unreadable since it was listed
-            try:
-                with os.scandir(fd) as listing:
-                    for item in listing:
-                        rel = f"{rel_dir}/{item.name}" if rel_dir else item.name
-                        try:
-                            st = item.stat(follow_symlinks=False)
-                            entry = self.entry(fd, item.name, rel, st, fresh=fresh)
-                        except (FileNotFoundError, beneath.Escape):
-                            continue
-                        if entry is None:
-                            continue
-                        yield rel, entry
-                        if entry["type"] == "d":
-                            pending.append(rel)
-            finally:
-                os.close(fd)
+        for _, fd, entries in beneath.walk(root_fd, top):
+            for rel, item in entries:
+                try:
+                    entry = self.entry(fd, item.name, rel, item.stat(follow_symlinks=False), fresh=fresh)
+                except (FileNotFoundError, beneath.Escape):
+                    continue
+                if entry is not None:
+                    yield rel, entry
 
 
 def scan(root: str, store: ObjectStore, previous: Manifest | None = None, *, layer: bool = False) -> Manifest:

@@ -38,6 +38,7 @@ class Tracker:
         self._dirty: set[str] = set()
         self._unmeasured: set[str] = set()
         self._sizes: dict[str, int] = {}
+        self._total = 0  # the sum of _sizes, kept as it changes: usage is checked several times a second
         self._lock = threading.Lock()
         #: One reader of the inotify fd at a time: `take` (the revising thread) and our own thread both read it.
         self._reading = threading.Lock()
@@ -45,7 +46,7 @@ class Tracker:
         self._root_fd = os.open(root, beneath.DIR_FLAGS)
         self._stop_r, self._stop_w = os.pipe()
         self._watch_tree("")
-        self.initial = sum(self._sizes.values())
+        self.initial = self._total
         self._full_reported = False
         self._thread = threading.Thread(target=self._run, name=f"world:{os.path.basename(root)}", daemon=True)
         self._thread.start()
@@ -54,7 +55,7 @@ class Tracker:
     def used(self) -> int:
         """Bytes the box has added to the world since it started (allocated blocks, so sparse files count as what they take)."""
         with self._lock:
-            return sum(self._sizes.values()) - self.initial
+            return self._total - self.initial
 
     def take(self) -> tuple[set[str], bool]:
         """(paths changed since the last take, whether everything must be reread instead)."""
@@ -73,32 +74,23 @@ class Tracker:
 
     def _watch_tree(self, top: str) -> None:
         """Watch `top` and every directory below it, and measure what it holds."""
-        pending = [top]
-        while pending:
-            rel = pending.pop()
+        for rel_dir, fd, entries in beneath.walk(self._root_fd, top):
             try:
-                fd = beneath.open_dir(self._root_fd, beneath.parts(rel)) if rel else os.dup(self._root_fd)
-            except (OSError, beneath.Escape):
-                continue
-            try:
+                self._paths[self._inotify.add_watch(f"/proc/self/fd/{fd}", _MASK)] = rel_dir
+            except OSError:
+                self.lost = True  # out of watches: revisions fall back to reading everything
+            for rel, item in entries:
                 try:
-                    wd = self._inotify.add_watch(f"/proc/self/fd/{fd}", _MASK)
-                    self._paths[wd] = rel
+                    self._size(rel, item.stat(follow_symlinks=False).st_blocks * 512)
                 except OSError:
-                    self.lost = True  # out of watches: revisions fall back to reading everything
-                with os.scandir(fd) as listing:
-                    for item in listing:
-                        sub = f"{rel}/{item.name}" if rel else item.name
-                        try:
-                            st = item.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        with self._lock:
-                            self._sizes[sub] = st.st_blocks * 512
-                        if item.is_dir(follow_symlinks=False):
-                            pending.append(sub)
-            finally:
-                os.close(fd)
+                    continue
+
+    def _size(self, path: str, size: int | None) -> None:
+        """Record what `path` takes now (None: gone), keeping the running total."""
+        with self._lock:
+            self._total += (size or 0) - self._sizes.pop(path, 0)
+            if size is not None:
+                self._sizes[path] = size
 
     def _run(self) -> None:
         while True:
@@ -146,7 +138,7 @@ class Tracker:
             if is_dir and event.mask & flags.MOVED_FROM:
                 prefix = path + "/"
                 for sub in [p for p in self._sizes if p.startswith(prefix)]:
-                    del self._sizes[sub]
+                    self._total -= self._sizes.pop(sub)
         if is_dir and event.mask & (flags.CREATE | flags.MOVED_TO):
             self._watch_tree(path)
 
@@ -154,12 +146,8 @@ class Tracker:
         with self._lock:
             paths, self._unmeasured = self._unmeasured, set()
         for path in paths:
-            st = beneath.lstat(self._root_fd, path)
-            with self._lock:
-                if st is None:
-                    self._sizes.pop(path, None)  # what was below it was reported name by name
-                else:
-                    self._sizes[path] = st.st_blocks * 512
+            st = beneath.lstat(self._root_fd, path)  # gone: what was below it was reported name by name
+            self._size(path, None if st is None else st.st_blocks * 512)
         if self.limit is not None and not self._full_reported and self.used > self.limit and self.on_full:
             self._full_reported = True
             from quinebox.grants import format_size
