@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from quinebox import beneath
 from quinebox.errors import QuineboxError
@@ -93,19 +93,6 @@ class ObjectStore:
         finally:
             if os.path.exists(out.name):
                 os.unlink(out.name)
-
-    def put_bytes(self, data: bytes) -> str:
-        sha = hashlib.sha256(data).hexdigest()
-        final = self.path(sha)
-        if not final.exists():
-            final.parent.mkdir(parents=True, exist_ok=True)
-            tmp_dir = self.root / "tmp"
-            tmp_dir.mkdir(exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=tmp_dir, delete=False) as out:
-                out.write(data)
-            os.chmod(out.name, 0o444)
-            os.replace(out.name, final)
-        return sha
 
     def open(self, sha: str):  # -> BinaryIO
         return open(self.path(sha), "rb")
@@ -284,13 +271,12 @@ def new_bytes(delta: Changes) -> int:
     return sum(e.get("size", 0) for e in delta.values() if e and e["type"] == "f")
 
 
-def exported(manifest: Manifest, store: ObjectStore, out, *, uid: int | None = None, gid: int | None = None) -> list[str]:
-    """Write `manifest` as a tar stream to `out` (a binary file); the paths whose bytes were not kept."""
+def exported(manifest: Manifest, store: ObjectStore, out) -> list[str]:
+    """Write `manifest` as a tar stream to `out` (a binary file), owned by the caller; the paths whose bytes were not kept."""
     import tarfile
 
     skipped = []
-    uid = os.getuid() if uid is None else uid
-    gid = os.getgid() if gid is None else gid
+    uid, gid = os.getuid(), os.getgid()
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(manifest):
             entry = manifest[path]
@@ -385,8 +371,3 @@ def write_file(dir_fd: int, name: str, store: ObjectStore, entry: Entry) -> None
     if mtime:
         os.utime(name, ns=(mtime, mtime), dir_fd=dir_fd, follow_symlinks=False)
 
-
-def paths_of(delta: Iterable[str]) -> str:
-    names = sorted(delta)
-    shown = ", ".join(names[:20])
-    return shown + (f" and {len(names) - 20} more" if len(names) > 20 else "")

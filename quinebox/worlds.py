@@ -389,7 +389,7 @@ class World:
 
     def adopt_plan(self, child: str, *, force: bool = False) -> tuple[dict[str, Any], Iterator[bytes]]:
         """What carries a finished child's changes into this (running) world, for the guest to carry out."""
-        delta, base = child_changes(child, self.session)
+        delta, base = child_changes(child, inherited(child, self.session))
         self.revise("before adopt")
         _refuse_conflicts(child, delta, changes(base, self.manifest), force)
         plan, data = self.plan(apply(self.manifest, delta))
@@ -471,11 +471,17 @@ def end_world(world: World, *, keep_unused: bool) -> None:
 # -- adopting a child's changes ------------------------------------------------------------
 
 
-def child_changes(child: str, parent: str | None = None) -> tuple[Changes, Manifest]:
-    """(what `child` changed in its inherited world, the parent's revision it started from)."""
+def inherited(child: str, parent: str | None = None) -> WorldSpec:
+    """`child`'s world spec, if it inherited (from `parent`, when given): only then is there anything to adopt."""
     spec, _ = load_spec(child)
     if spec.kind != "overlay" or not spec.base or (parent is not None and spec.base[0] != parent):
-        raise WorldError(f"session {child} did not inherit this world, so there is nothing to adopt from it")
+        raise WorldError(f"session {child} did not inherit {'this' if parent else 'its'} world, so there is nothing to adopt from it")
+    return spec
+
+
+def child_changes(child: str, spec: WorldSpec) -> tuple[Changes, Manifest]:
+    """(what `child` changed in its inherited world, the parent's revision it started from)."""
+    assert spec.base is not None
     base = RevisionLog(spec.base[0]).manifest(spec.base[1])
     return changes(base, RevisionLog(child).manifest()), base
 
@@ -492,9 +498,8 @@ def adopt(child: str, *, force: bool = False, parent_running: bool = False) -> t
 
     A path the parent changed too since the fork is a conflict: refused unless `force`, when the child's wins.
     """
-    spec, _ = load_spec(child)
-    if spec.kind != "overlay" or not spec.base:
-        raise WorldError(f"session {child} did not inherit its world, so there is nothing to adopt: export it instead")
+    spec = inherited(child)
+    assert spec.base is not None
     parent = spec.base[0]
     parent_spec, parent_meta = load_spec(parent)
     if parent_running and parent_spec.kind == "overlay":
@@ -504,7 +509,7 @@ def adopt(child: str, *, force: bool = False, parent_running: bool = False) -> t
         mine.revise("adopt")
     finally:
         mine.close()
-    delta, base = child_changes(child)
+    delta, base = child_changes(child, spec)
     theirs = World.offline(parent)
     try:
         theirs.revise("before adopt")

@@ -51,6 +51,17 @@ def test_describe_names_added_modified_and_deleted_paths_not_directory_modes():
     assert describe(old, changes(old, new)) == [("M", "a"), ("D", "b"), ("A", "c")]
 
 
+def stored(store, tmp_path, data: bytes) -> str:
+    """`data` in the store, the way a world's file gets there."""
+    (tmp_path / "src").mkdir(exist_ok=True)
+    (tmp_path / "src" / "f").write_bytes(data)
+    fd = os.open(tmp_path / "src", beneath.DIR_FLAGS)
+    try:
+        return store.put(fd, "f")
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture
 def world(tmp_path):
     root = tmp_path / "world"
@@ -143,7 +154,7 @@ def test_writing_a_tree_never_writes_through_a_planted_symlink(tmp_path):
     target.mkdir()
     os.symlink(outside, target / "a")
     store = ObjectStore(tmp_path / "objects")
-    sha = store.put_bytes(b"payload")
+    sha = stored(store, tmp_path, b"payload")
     fd = os.open(target, beneath.DIR_FLAGS)
     try:
         with pytest.raises(beneath.Escape):
@@ -158,7 +169,7 @@ def test_export_writes_exact_bytes_links_as_links_and_the_callers_ownership(tmp_
     data = os.urandom(70000)
     manifest = {
         "d": {"type": "d", "mode": 0o750},
-        "d/blob": {"type": "f", "mode": 0o600, "size": len(data), "sha": store.put_bytes(data), "mtime": 10**18},
+        "d/blob": {"type": "f", "mode": 0o600, "size": len(data), "sha": stored(store, tmp_path, data), "mtime": 10**18},
         "link": {"type": "l", "target": "/etc/passwd"},
         "huge": {"type": "f", "mode": 0o644, "size": 1 << 40, "sha": None, "mtime": 0},
     }
