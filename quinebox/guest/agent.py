@@ -195,6 +195,29 @@ def clear(path):
         os.unlink(path)
 
 
+class Incoming:
+    """The files' bytes that follow a world plan, one file after another, as they arrive:
+    a file is written chunk by chunk, never held whole."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.pending = bytearray()
+        self.left = 0  # bytes of the current file not yet taken
+
+    def chunks(self):
+        while self.left:
+            if not self.pending:
+                frame, payload = protocol.read_frame(self.reader)
+                if frame["kind"] != "world_data":
+                    raise protocol.ProtocolError(f"expected world data, got {frame['kind']!r}")
+                self.pending.extend(payload)
+            size = min(self.left, len(self.pending))
+            chunk = bytes(self.pending[:size])
+            del self.pending[:size]
+            self.left -= size
+            yield chunk
+
+
 def apply_plan(host, request):
     """Ask the host for a plan for /world and carry it out; (the plan or an error text, what failed)."""
     host.sock.sendall(protocol.encode(request))
@@ -202,17 +225,7 @@ def apply_plan(host, request):
     if plan["kind"] == "error":
         return f"error: {plan.get('message')}", []
     failed = []
-    pending = bytearray()
-
-    def take(size):
-        while len(pending) < size:
-            frame, payload = protocol.read_frame(host.reader)
-            if frame["kind"] != "world_data":
-                raise protocol.ProtocolError(f"expected world data, got {frame['kind']!r}")
-            pending.extend(payload)
-        data = bytes(pending[:size])
-        del pending[:size]
-        return data
+    incoming = Incoming(host.reader)
 
     def attempt(action, rel, *args):
         try:
@@ -230,11 +243,12 @@ def apply_plan(host, request):
         clear(path)
         os.symlink(target, path)
 
-    def write(path, mode, data, mtime):
+    def write(path, mode, mtime):
         clear(path)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out:
-            out.write(data)
+            for chunk in incoming.chunks():
+                out.write(chunk)
             os.fchmod(out.fileno(), mode)
         if mtime:
             os.utime(path, ns=(mtime, mtime), follow_symlinks=False)
@@ -246,7 +260,10 @@ def apply_plan(host, request):
     for rel, target in plan["links"]:
         attempt(make_link, rel, target)
     for rel, mode, size, mtime in plan["files"]:
-        attempt(write, rel, mode, take(size), mtime)  # read even when the write fails: the stream goes on
+        incoming.left = size
+        attempt(write, rel, mode, mtime)
+        for _ in incoming.chunks():  # what a failed write did not take: the stream goes on
+            pass
     for rel, mode in reversed(plan["dirs"]):
         attempt(os.chmod, rel, mode)
     return plan, failed
@@ -257,9 +274,7 @@ def listed(label, items, limit=50):
 
 
 def restore_world(host, revision):
-    """Roll /world back; the tool result, saying what was undone."""
-    if not isinstance(revision, int) or isinstance(revision, bool):
-        return "error: restore_world needs an integer revision"
+    """Roll /world back; the tool result, saying what was undone (the host checks the revision)."""
     plan, failed = apply_plan(host, {"kind": "restore_world", "revision": revision})
     if isinstance(plan, str):
         return plan

@@ -114,6 +114,18 @@ def test_restore_world_rolls_files_back_and_the_model_keeps_its_conversation(fak
     assert [r.get("command") for r in log[-1:]] == ["restore_world 1"]
 
 
+def test_restore_world_streams_files_larger_than_a_frame_byte_for_byte(fake_openai):
+    fake_openai.steps = [
+        sh("head -c 3500000 /dev/urandom > big; head -c 1500000 /dev/urandom > big2; sha256sum big big2 > /tmp/sums"),
+        sh("rm big; echo small > big2"),
+        tool("restore_world", {"revision": 1}),
+        sh("sha256sum -c /tmp/sums >&4"),
+        exit_(),
+    ]
+    result = quinebox.run("lose big files, then get them back")
+    assert (result.returncode, result.stdout) == (0, b"big: OK\nbig2: OK\n"), result.stderr
+
+
 def test_fork_at_a_turn_starts_from_that_turns_world_and_conversation(tmp_path, fake_openai):
     _, original = run_script(tmp_path, [{"sh": "echo 1 > n"}, {"sh": "echo 2 >> n"}, {"sh": "echo 3 >> n"}, {"exit": "success"}])
     fake_openai.steps = [sh("cat n >&4"), exit_()]
