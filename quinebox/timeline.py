@@ -41,7 +41,7 @@ def moment(session: str, turn: int) -> Moment:
         elif record["kind"] == "request":
             if record.get("cycle") != cycle:  # exec started a fresh conversation
                 cycle, conversation = record.get("cycle"), []
-            conversation = conversation + list(record.get("messages") or [])
+            conversation.extend(record.get("messages") or [])
             if record["turn"] == turn:
                 return Moment(session, turn, conversation, _revision_at(session, record["t"]), meta)
     turns = sum(1 for r in tape if r["kind"] == "request")

@@ -345,20 +345,7 @@ class World:
         scanner = Scanner(self.store, self.layer, layer=self.spec.kind == "overlay")
         for path in sorted(dirty, key=lambda p: p.count("/")):
             old = self.layer.get(path)
-            st = beneath.lstat(self._root_fd, path)
-            entry = None
-            if st is not None:
-                try:
-                    parent, name = beneath.open_parent(self._root_fd, path)
-                except (OSError, beneath.Escape):
-                    parent = None
-                if parent is not None:
-                    try:
-                        entry = scanner.entry(parent, name, path, st, fresh=True)
-                    except (FileNotFoundError, beneath.Escape):
-                        entry = None
-                    finally:
-                        os.close(parent)
+            entry = self._reread(scanner, path)
             if entry is None or (old and old["type"] == "d" and (entry["type"] != "d" or entry.get("opaque") != old.get("opaque"))):
                 for sub in below(self.layer, path) if old and old["type"] == "d" else []:
                     touched.add(sub)
@@ -373,6 +360,19 @@ class World:
                     self.layer[sub] = sub_entry
                     touched.add(sub)
         return touched
+
+    def _reread(self, scanner: Scanner, path: str) -> dict[str, Any] | None:
+        """`path`'s entry now; None when it is gone (or was swapped for something we do not follow)."""
+        try:
+            parent, name = beneath.open_parent(self._root_fd, path)
+        except (OSError, beneath.Escape):
+            return None
+        try:
+            return scanner.entry(parent, name, path, os.stat(name, dir_fd=parent, follow_symlinks=False), fresh=True)
+        except (FileNotFoundError, beneath.Escape):
+            return None
+        finally:
+            os.close(parent)
 
     def restore_plan(self, rev: int) -> tuple[dict[str, Any], Iterator[bytes]]:
         """What makes the world as it was at `rev`: the plan for the guest to carry out, and the files' bytes in order."""
