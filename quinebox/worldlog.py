@@ -43,12 +43,12 @@ def print_diff(session: str, rev: int | None, against: int | None) -> None:
     rev = rev if rev is not None else log.records()[-1]["rev"]
     against = against if against is not None else max(0, rev - 1)
     old = log.manifest(against) if against != rev else new
-    delta = changes(old, new)
+    listed = describe(old, changes(old, new))
     store = ObjectStore()
     out = sys.stdout
-    for code, path in describe(old, delta):
+    for code, path in listed:
         out.write(f"{code} {path}\n")
-    for code, path in describe(old, delta):
+    for code, path in listed:
         a, b = _text(store, old.get(path)), _text(store, new.get(path))
         if a is None or b is None:
             continue
