@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from measure import run_child  # noqa: E402
 from openai_server import FakeOpenAI, exit_  # noqa: E402
 
-from quinebox.broker import Broker  # noqa: E402
+from quinebox.agent.budgets import Budget  # noqa: E402
+from quinebox.agent.providers.openai import OpenAIProvider  # noqa: E402
+from quinebox.agent.session import AgentSession  # noqa: E402
+from quinebox.box.broker import Broker  # noqa: E402
 from quinebox.guest import protocol  # noqa: E402
-from quinebox.providers.openai import OpenAIProvider  # noqa: E402
-from quinebox.session import AgentSession, Budget  # noqa: E402
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 MESSAGES = [{"role": "system", "content": "You are a benchmark."}, {"role": "user", "content": "Begin."}]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from measure import run_child
 
-from quinebox.spec import DEFAULT_IMAGE
+from quinebox.box.spec import DEFAULT_IMAGE
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 DOCKER = shutil.which("docker") or "docker"

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import docker
+from measure import run_child
 
 import quinebox
-from measure import run_child
-from quinebox.spec import DEFAULT_IMAGE
+from quinebox.box.spec import DEFAULT_IMAGE
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 DOCKER = shutil.which("docker") or "docker"

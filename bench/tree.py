@@ -22,7 +22,7 @@ from pathlib import Path
 
 from measure import run_child
 
-from quinebox.spec import DEFAULT_IMAGE
+from quinebox.box.spec import DEFAULT_IMAGE
 
 ROOT = Path(__file__).resolve().parents[1]
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))

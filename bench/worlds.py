@@ -95,18 +95,19 @@ def main() -> int:
         state = scratch / "state"
         os.environ["QUINEBOX_STATE_DIR"] = str(state)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from quinebox import worlds
-        from quinebox.spec import WorldSpec
+        from quinebox.worlds.build import create
+        from quinebox.worlds.spec import WorldSpec, child_world, world_dir
+        from quinebox.worlds.world import World
 
-        spec = WorldSpec(kind="dir", layer=str(worlds.world_dir("bench-own") / "tree"))
-        worlds.create("bench-own", spec, os.getuid(), os.getgid())
+        spec = WorldSpec(kind="dir", layer=str(world_dir("bench-own") / "tree"))
+        create("bench-own", spec, os.getuid(), os.getgid())
         paths = fill(Path(spec.layer), args.files, args.size)
         print(f"a world of {args.files} files of {args.size} bytes; each run changes one file\n")
-        own = worlds.World("bench-own", spec)
+        own = World("bench-own", spec)
         ok = measure("1. a world of its own", own, paths, Path(spec.layer), scratch, state, args.runs)
 
-        child = worlds.child_world(own, "bench-child", "inherit")
-        worlds.create("bench-child", child, os.getuid(), os.getgid())
+        child = child_world(own, "bench-child", "inherit")
+        create("bench-child", child, os.getuid(), os.getgid())
         upper = Path(child.layer)
         # What overlay does on a write through the child's view: copy the file up into the child's layer.
         copied = []
@@ -115,7 +116,7 @@ def main() -> int:
             (upper / rel.parent).mkdir(parents=True, exist_ok=True)
             copied.append(upper / rel)
             shutil.copy2(p, upper / rel)
-        inherited = worlds.World("bench-child", child)
+        inherited = World("bench-child", child)
         ok &= measure("\n2. an inherited (copy-on-write) world", inherited, copied, Path(spec.layer), scratch, state, args.runs)
         inherited.close()
         own.close()

@@ -17,7 +17,7 @@ def engine():
     """The real Docker engine and the agent image. Missing either is a failure, never a skip."""
     import docker
 
-    from quinebox.spec import DEFAULT_IMAGE
+    from quinebox.box.spec import DEFAULT_IMAGE
 
     try:
         client = docker.from_env(timeout=10)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from live_boxes import live_boxes
 
-from quinebox.policy import LABEL_OWNER, LABEL_SESSION
+from quinebox.box.policy import LABEL_OWNER, LABEL_SESSION
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 REPO = Path(__file__).resolve().parents[2]
@@ -137,13 +137,13 @@ def test_a_closed_reader_stops_the_box(engine):
 
 
 def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine, tmp_path):
-    import quinebox
     from dataclasses import replace
 
-    from quinebox.api import _seccomp_base
-    from quinebox.backends.docker import DockerBackend
-    from quinebox.policy import container_config, native_arch
-    from quinebox.spec import WorldSpec, build_spec
+    import quinebox
+    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.policy import container_config, native_arch
+    from quinebox.box.spec import build_spec, seccomp_base
+    from quinebox.worlds.spec import WorldSpec
 
     live = quinebox.Popen(["sleep", "60"], stdin=quinebox.DEVNULL)
     # An orphan as a crash between create and start leaves one: created, never
@@ -155,7 +155,7 @@ def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine, tmp_path):
         os.mkdir(path)
     world = WorldSpec(kind="overlay", layer=layers["upper"], work=layers["work"], lowers=(layers["lower"],))
     orphan = replace(build_spec(["sleep", "61"]), owner=dead_owner, lifeline=None, world=world)
-    DockerBackend.connect().create(container_config(orphan, seccomp=_seccomp_base(), arch=native_arch()))
+    DockerBackend.connect().create(container_config(orphan, seccomp=seccomp_base(), arch=native_arch()))
     try:
         assert wait_for_box(engine, lambda boxes: len(boxes) == 2 and any(b.status == "running" for b in boxes))
         listing = qb("ps").stdout.decode()

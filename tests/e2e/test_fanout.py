@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-import quinebox
 from live_boxes import live_boxes
+
+import quinebox
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 REPO = Path(__file__).resolve().parents[2]

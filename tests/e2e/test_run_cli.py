@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from live_boxes import live_boxes
 
-from quinebox.store import read_tape
+from quinebox.agent.store import read_tape
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 MISSIONS = Path(__file__).resolve().parents[2] / "examples" / "missions"

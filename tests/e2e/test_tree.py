@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from live_boxes import live_boxes
 
-from quinebox.policy import LABEL_PARENT, LABEL_SESSION
-from quinebox.store import read_tape
+from quinebox.agent.store import read_tape
+from quinebox.box.policy import LABEL_PARENT, LABEL_SESSION
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 REPO = Path(__file__).resolve().parents[2]

@@ -11,10 +11,11 @@ from commands import qb, scripts
 from openai_server import exit_, sh, tool
 
 import quinebox
-from quinebox.policy import LABEL_SESSION
-from quinebox.revisions import RevisionLog
-from quinebox.spec import AGENT_UID
-from quinebox.store import read_tape, session_dir
+from quinebox.agent.store import read_tape
+from quinebox.box.policy import LABEL_SESSION
+from quinebox.box.spec import AGENT_UID
+from quinebox.state import session_dir
+from quinebox.worlds.revisions import RevisionLog
 
 TREE = ["-g", "spawn:4", "-g", "depth:1"]
 

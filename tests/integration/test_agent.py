@@ -5,10 +5,10 @@ import json
 import os
 import textwrap
 
+from openai_server import error, exit_, sh, text, tool
 
 import quinebox
-from openai_server import error, exit_, sh, text, tool
-from quinebox.store import read_tape
+from quinebox.agent.store import read_tape
 
 
 def tool_results(request) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 from live_boxes import live_boxes
 
 import quinebox
-from quinebox.policy import LABEL_SESSION
+from quinebox.box.policy import LABEL_SESSION
 
 
 def boxes_of(engine, session):
@@ -137,7 +137,7 @@ def test_concurrent_boxes_do_not_mix_their_streams(engine):
 
 
 def test_a_quiet_spell_longer_than_the_request_timeout_loses_no_output(engine):
-    from quinebox.backends.docker import DockerBackend
+    from quinebox.box.backends.docker import DockerBackend
 
     impatient = DockerBackend.connect(timeout=1)
     out = []

@@ -1,0 +1,62 @@
+"""Where model answers come from: an OpenAI-compatible endpoint, a script, or a recorded tape.
+
+Every provider answers `complete(messages, tools)` with a `Completion` in the
+chat-completions shape, or raises a `ProviderError` that says which exit code
+ends the agent. Providers run on the host only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from quinebox.agent.providers.base import EXIT_UNAVAILABLE, Completion, ContextOverflow, Provider, ProviderError, Rejected, Unavailable
+from quinebox.errors import QuineboxError
+
+__all__ = [
+    "EXIT_UNAVAILABLE", "Completion", "ContextOverflow", "Provider", "ProviderError", "Rejected", "Unavailable",
+    "load_config", "provider_for", "resolve_model",
+]
+
+def load_config() -> dict[str, Any]:
+    """~/.config/quinebox/config.yaml (model, base_url, max_retries); the environment wins over it."""
+    path = os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "quinebox", "config.yaml")
+    if not os.path.exists(path):
+        return {}
+    from quinebox.documents import read_yaml
+
+    doc = read_yaml(path, "config file") or {}
+    if not isinstance(doc, dict):
+        raise QuineboxError(f"{path} must be a YAML mapping (model:, base_url:, max_retries:)")
+    return doc
+
+
+def resolve_model(model: str | None) -> str:
+    config = load_config()
+    chosen = model or os.environ.get("QUINEBOX_MODEL") or config.get("model")
+    if chosen:
+        return str(chosen)
+    if os.environ.get("OPENAI_API_KEY"):
+        return "gpt-4o-mini"
+    raise QuineboxError("no model configured: set OPENAI_API_KEY (and QUINEBOX_MODEL), or use --model script:FILE.yaml")
+
+
+def provider_for(model: str) -> Provider:
+    """`script:FILE.yaml`, `replay:SESSION`, or a model name at an OpenAI-compatible endpoint."""
+    if model.startswith("script:"):
+        from quinebox.agent.providers.script import ScriptProvider
+
+        return ScriptProvider(model[len("script:") :])
+    if model.startswith("replay:"):
+        from quinebox.agent.providers.replay import ReplayProvider
+
+        return ReplayProvider(model[len("replay:") :])
+    from quinebox.agent.providers.openai import OpenAIProvider
+
+    config = load_config()
+    return OpenAIProvider(
+        model,
+        api_key=os.environ.get("OPENAI_API_KEY") or config.get("api_key"),
+        base_url=os.environ.get("OPENAI_BASE_URL") or config.get("base_url"),
+        max_retries=int(os.environ.get("QUINEBOX_MAX_RETRIES") or config.get("max_retries") or 4),
+    )

@@ -1,0 +1,223 @@
+"""One agent's session on the host: its budgets, its model calls, and its tape.
+
+The broker hands every frame from the box to an `AgentSession`; the session
+validates it, enforces the budgets (turns per conversation, exec cycles,
+tokens), calls the provider, and records everything before answering. The
+guest only asks: every limit here holds even against a guest that lies.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from quinebox.agent.budgets import Budget
+from quinebox.agent.providers import Provider, ProviderError
+from quinebox.agent.providers.replay import digest
+from quinebox.agent.store import Index, Tape
+from quinebox.box.broker import error_frame
+
+ROLES = {"system", "user", "assistant", "tool"}
+
+View = Callable[[dict[str, Any]], None]
+
+
+def check_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The schema of a chat frame; raises ValueError with what is wrong."""
+    messages, tools = request.get("messages"), request.get("tools")
+    if not isinstance(messages, list) or not messages or not isinstance(tools, list):
+        raise ValueError("chat needs a non-empty 'messages' list and a 'tools' list")
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise ValueError("each message must be an object with a role of system, user, assistant or tool")
+        if not isinstance(message.get("content"), (str, type(None))):
+            raise ValueError("message content must be a string or null")
+    for tool in tools:
+        if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict) or not isinstance(tool["function"].get("name"), str):
+            raise ValueError("each tool must be an object with a function and its name")
+    return messages, tools
+
+
+class AgentSession:
+    def __init__(
+        self,
+        session: str,
+        *,
+        mission: str,
+        provider: Provider,
+        budget: Budget,
+        parent: str | None = None,
+        meta: dict[str, Any] | None = None,
+        view: View | None = None,
+        calls: threading.BoundedSemaphore | None = None,
+        history: list[dict[str, Any]] | None = None,
+    ):
+        self.session = session
+        #: A forked session's conversation so far, handed to the guest in its first welcome.
+        self.history = history
+        self.mission = mission
+        self.provider = provider
+        self.budget = budget
+        self._view = view
+        #: The tree's cap on model calls in flight at once.
+        self._calls = calls or threading.BoundedSemaphore(1 << 16)
+        self.tape = Tape(session)
+        self.index = Index()
+        self.index.start(session, parent=parent, mission=mission, model=provider.name)
+        self.tape.append("meta", session=session, parent=parent, mission=mission, model=provider.name, **(meta or {}))
+        self.tokens = 0
+        self.turns = 0
+        self.cycles = -1
+        self.turns_this_cycle = 0
+        self.termination: str | None = None
+        self.reason = ""
+        self._seen = 0
+        self._lock = threading.Lock()
+        self.began = time.monotonic()
+        self.world: Any = None  # the box's World, once the box exists
+        #: Sessions this box started (its tree node adds them): the only ones it may adopt from.
+        self.children: set[str] = set()
+
+    def view(self, event: dict[str, Any]) -> None:
+        if self._view is not None:
+            self._view({"session": self.session, **event})
+
+    # -- frames from the box ------------------------------------------------------
+
+    def welcome(self, hello: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.cycles += 1
+            self.turns_this_cycle = 0
+            self._seen = 0
+            if self.cycles > self.budget.max_cycles:
+                self.termination = "cycle_exhaustion"
+                return error_frame("budget", f"no exec cycles left ({self.budget.max_cycles} used)")
+            if self.cycles:
+                self.tape.append("exec", cycle=self.cycles)
+            welcome = {"kind": "welcome", "session": self.session, "max_turns": self.budget.max_turns, "cycles_left": self.budget.max_cycles - self.cycles}
+            if self.history and not self.cycles:
+                welcome["history"] = self.history
+            return welcome
+
+    def chat(self, request: dict[str, Any]) -> dict[str, Any]:
+        messages, tools = check_chat(request)
+        with self._lock:
+            if self.turns_this_cycle > self.budget.max_turns:
+                self.termination = "turn_exhaustion"
+                return error_frame("budget", f"turn budget of {self.budget.max_turns} spent")
+            if self.budget.tokens.exhausted:
+                self.termination = "token_budget"
+                return error_frame("budget", f"token budget of {self.budget.tokens.limit} spent ({self.tokens} used here)")
+            self.turns_this_cycle += 1
+            self.turns += 1
+            turn = self.turns
+            new = messages[self._seen :] if len(messages) >= self._seen else messages
+            self._seen = len(messages) + 1  # the answer is appended by the guest
+            self.tape.append("request", turn=turn, cycle=self.cycles, digest=digest(messages), messages=new)
+        began = time.monotonic()
+        try:
+            with self._calls:
+                completion = self.provider.complete(messages, tools)
+        except ProviderError as exc:
+            self.termination = exc.termination
+            self.reason = str(exc)
+            self.tape.append("provider_error", turn=turn, termination=exc.termination, message=str(exc))
+            return error_frame(exc.termination, str(exc), exc.exit_code)
+        latency = time.monotonic() - began
+        with self._lock:
+            used = int(completion.usage.get("total_tokens") or 0)
+            self.tokens += used
+            self.budget.tokens.spend(used)
+            self.tape.append("response", turn=turn, message=completion.message, usage=completion.usage, finish_reason=completion.finish_reason, latency_s=round(latency, 4))
+        self.view({"event": "response", "turn": turn, "message": completion.message, "usage": completion.usage})
+        return {"kind": "chat_result", "turn": turn, "message": completion.message, "usage": completion.usage, "tokens_used": self.tokens}
+
+    def event(self, event: dict[str, Any]) -> None:
+        name = event.get("event")
+        if not isinstance(name, str):
+            raise ValueError("an event needs a string 'event'")
+        fields = {k: v for k, v in event.items() if k not in ("kind", "event")}
+        if name == "exit":
+            self.termination = f"exit_{event.get('status')}"
+            self.reason = str(event.get("reason") or "")
+        elif name == "terminated":
+            self.termination = str(event.get("termination"))
+        self.tape.append(name, **fields)
+        self.view({"event": name, **fields})
+
+    def revise(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A revision of the world after a tool changed it: the guest asks after each sh and restore_world."""
+        from quinebox.worlds.revisions import WorldError
+
+        if self.world is None:
+            return error_frame("unsupported", "this box's world keeps no revisions")
+        turn, command = request.get("turn"), request.get("command")
+        what = str(request.get("what") or "sh")[:64]
+        try:
+            record = self.world.revise(what, turn=int(turn) if turn is not None else None, command=str(command) if command is not None else None)
+        except WorldError as exc:  # whatever the box did to its world, the host carries on
+            self.tape.append("world_error", turn=turn, message=str(exc))
+            return error_frame("world", str(exc))
+        if record is None:
+            return {"kind": "revised", "rev": self.world.rev, "new": False, "paths": 0}
+        self.tape.append("revision", rev=record["rev"], turn=turn, what=what, command=record.get("command"), files=record["files"], bytes=record["bytes"])
+        return {"kind": "revised", "rev": record["rev"], "new": True, "paths": record["files"]}
+
+    def restore_world(self, request: dict[str, Any]) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """The plan that rolls the world back to a revision, then the bytes of the files it rewrites."""
+        rev = request.get("revision")
+        if not isinstance(rev, int) or isinstance(rev, bool):
+            return iter([(error_frame("invalid", "restore_world needs an integer revision"), b"")])
+        return self._streamed("restore_world", lambda: self.world.restore_plan(rev))
+
+    def adopt(self, request: dict[str, Any]) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """The plan that brings a finished child's changes into this box's world (a race's winner, say)."""
+        child = request.get("session")
+        if not isinstance(child, str) or child not in self.children:
+            return iter([(error_frame("invalid", f"{child!r} is not a child of this box"), b"")])
+        return self._streamed("adopt", lambda: self.world.adopt_plan(child, force=bool(request.get("force"))))
+
+    def _streamed(self, what: str, make: Callable[[], tuple[dict[str, Any], Iterator[bytes]]]) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """A world plan as frames: the plan, then its files' bytes; or one error frame."""
+        from quinebox.guest.protocol import MAX_JSON
+        from quinebox.worlds.revisions import WorldError
+
+        if self.world is None:
+            yield error_frame("unsupported", "this box's world keeps no revisions"), b""
+            return
+        try:
+            plan, data = make()
+        except (WorldError, OSError) as exc:
+            yield error_frame("world", str(exc)), b""
+            return
+        if len(json.dumps(plan)) > MAX_JSON // 2:
+            yield error_frame("world", f"too much to change in one step ({len(plan['files'])} files); do it in a shell instead"), b""
+            return
+        self.tape.append(what, **{k: v[:200] if isinstance(v, list) else v for k, v in plan.items() if k in ("revision", "before", "undone", "adopted")})
+        yield plan, b""
+        for chunk in data:
+            yield {"kind": "world_data"}, chunk
+
+    # -- the end ----------------------------------------------------------------
+
+    def finish(self, exit_code: int, *, timed_out: bool = False, oom_killed: bool = False) -> dict[str, Any]:
+        if timed_out:
+            self.termination = "timeout"
+        elif oom_killed and exit_code == 137:
+            self.termination = "oom"
+        elif self.termination is None:
+            self.termination = "killed" if exit_code >= 128 else "crashed" if exit_code else "exit_success"
+        outcome = {
+            "exit_code": exit_code,
+            "termination": self.termination,
+            "duration_s": round(time.monotonic() - self.began, 3),
+            "tokens": self.tokens,
+            "turns": self.turns,
+        }
+        self.tape.append("outcome", **outcome)
+        self.index.finish(self.session, exit_code=exit_code, termination=self.termination, tokens=self.tokens, turns=self.turns)
+        self.tape.close()
+        self.index.close()
+        return outcome

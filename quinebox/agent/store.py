@@ -1,0 +1,144 @@
+"""Sessions on disk: each session's append-only tape and the SQLite index of all of them.
+
+    sessions.db                SQLite index: one row per session
+    sessions/<id>/tape.jsonl   append-only record of a session, fsynced per record
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from quinebox.state import session_dir, state_dir
+
+
+class Tape:
+    """One session's append-only record. Each record is one JSON line, on disk before append returns."""
+
+    def __init__(self, session: str):
+        self.path = session_dir(session) / "tape.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "ab")
+        self._lock = threading.Lock()
+
+    def append(self, kind: str, **fields: Any) -> None:
+        record = {"t": round(time.time(), 3), "kind": kind, **fields}
+        line = json.dumps(record, ensure_ascii=False, default=str).encode() + b"\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_tape(session: str) -> list[dict[str, Any]]:
+    path = session_dir(session) / "tape.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def follow_tape(session: str, stop: "threading.Event | None" = None, poll: float = 0.2) -> Iterator[dict[str, Any]]:
+    """Records as they are appended, until the outcome record (or `stop`)."""
+    path = session_dir(session) / "tape.jsonl"
+    with open(path, "rb") as f:
+        pending = b""
+        while not (stop and stop.is_set()):
+            chunk = f.readline()
+            if not chunk:
+                time.sleep(poll)
+                continue
+            pending += chunk
+            if not pending.endswith(b"\n"):
+                continue
+            record = json.loads(pending)
+            pending = b""
+            yield record
+            if record.get("kind") == "outcome":
+                return
+
+
+@dataclass
+class SessionRow:
+    id: str
+    parent: str | None
+    mission: str
+    model: str
+    started: float
+    ended: float | None
+    exit_code: int | None
+    termination: str | None
+    tokens: int
+    turns: int
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    parent TEXT,
+    mission TEXT NOT NULL,
+    model TEXT NOT NULL,
+    started REAL NOT NULL,
+    ended REAL,
+    exit_code INTEGER,
+    termination TEXT,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    turns INTEGER NOT NULL DEFAULT 0
+)
+"""
+
+
+class Index:
+    """The sessions index. One short transaction per write; readers never block writers for long."""
+
+    def __init__(self) -> None:
+        import sqlite3  # `exec` needs the state dir's paths but never the index: keep it off that path
+
+        path = state_dir() / "sessions.db"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def start(self, session: str, *, parent: str | None, mission: str, model: str) -> None:
+        with self._lock, self._db:
+            self._db.execute(
+                "INSERT INTO sessions (id, parent, mission, model, started) VALUES (?, ?, ?, ?, ?)",
+                (session, parent, mission, model, time.time()),
+            )
+
+    def finish(self, session: str, *, exit_code: int, termination: str, tokens: int, turns: int) -> None:
+        with self._lock, self._db:
+            self._db.execute(
+                "UPDATE sessions SET ended = ?, exit_code = ?, termination = ?, tokens = ?, turns = ? WHERE id = ?",
+                (time.time(), exit_code, termination, tokens, turns, session),
+            )
+
+    def get(self, session: str) -> SessionRow | None:
+        rows = self._select("WHERE id = ? OR id LIKE ?", (session, f"{session}%"))
+        return rows[0] if len(rows) == 1 else None
+
+    def children(self, session: str) -> list[SessionRow]:
+        return self._select("WHERE parent = ? ORDER BY started", (session,))
+
+    def recent(self, limit: int = 50) -> list[SessionRow]:
+        return self._select("ORDER BY started DESC LIMIT ?", (limit,))
+
+    def _select(self, where: str, params: tuple[Any, ...]) -> list[SessionRow]:
+        with self._lock:
+            cursor = self._db.execute(
+                f"SELECT id, parent, mission, model, started, ended, exit_code, termination, tokens, turns FROM sessions {where}", params
+            )
+            return [SessionRow(*row) for row in cursor.fetchall()]
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,42 @@
+"""`quinebox doctor`: is this machine able to run boxes, and if not, what to do."""
+
+from __future__ import annotations
+
+import os
+
+from rich.console import Console
+
+from quinebox.box.spec import DEFAULT_IMAGE
+from quinebox.errors import QuineboxError
+
+
+def run() -> int:
+    console = Console(stderr=True, highlight=False)
+    failures = 0
+
+    def check(ok: bool, what: str, fix: str = "") -> None:
+        nonlocal failures
+        failures += not ok
+        mark = "[green]ok[/green]  " if ok else "[red]FAIL[/red]"
+        console.print(f"{mark} {what}" + (f"\n      → {fix}" if fix and not ok else ""))
+
+    try:
+        from quinebox.box.backends.docker import DockerBackend
+
+        backend = DockerBackend.connect()
+        info = backend.api.info()
+        version = backend.api.version()
+    except QuineboxError as exc:
+        check(False, "Docker engine reachable", str(exc))
+        return 1
+    check(True, f"Docker engine {version.get('Version')} (API {version.get('ApiVersion')}) at {backend.api.base_url}")
+    security = " ".join(info.get("SecurityOptions") or [])
+    check("seccomp" in security, "seccomp supported by the engine", "use a Docker engine built with seccomp and a kernel with CONFIG_SECCOMP_FILTER")
+    check(bool(info.get("MemoryLimit")), "memory limits supported", "enable the memory cgroup controller (kernel cmdline cgroup_enable=memory)")
+    check(bool(info.get("PidsLimit")), "pids limits supported", "enable the pids cgroup controller")
+    from quinebox.box.image import image_exists
+
+    check(image_exists(backend, DEFAULT_IMAGE), f"image {DEFAULT_IMAGE} present", "build it: quinebox image build")
+    if os.geteuid() == 0:
+        console.print("note  running as root: boxes run as uid 1000, so rw: grants must be writable by uid 1000")
+    return 1 if failures else 0

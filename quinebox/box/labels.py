@@ -1,0 +1,164 @@
+"""The boxes on the engine, seen through their labels: listing and garbage collection.
+
+There is no daemon: each quinebox process owns its boxes, and a box's owner
+label (`host:pid:start`) is enough to tell whether that process still lives.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
+from quinebox.box.spec import process_start_ticks
+from quinebox.state import run_dir
+
+
+@dataclass(frozen=True)
+class BoxInfo:
+    session: str
+    container: str
+    command: str
+    state: str
+    owner: str
+    parent: str
+    age_s: float
+
+
+def owner_alive(owner: str, hostname: str | None = None) -> bool:
+    """Is the `host:pid:start` process still running? Owners on other hosts are assumed alive."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != (hostname or socket.gethostname()):
+        return True
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return process_start_ticks(int(pid)) == start
+
+
+def _info(container: dict) -> BoxInfo:
+    labels = container.get("Labels") or {}
+    command = container.get("Command", "")
+    for prefix, shown in ((" ".join(GUEST_PREFIX) + " ", ""), (" ".join(AGENT_COMMAND) + " ", "run: ")):
+        if command.startswith(prefix):
+            command = shown + command[len(prefix) :]
+    created = labels.get(LABEL_CREATED, "")
+    try:
+        age = (datetime.now(timezone.utc) - datetime.fromisoformat(created)).total_seconds()
+    except ValueError:
+        age = time.time() - container.get("Created", time.time())
+    return BoxInfo(
+        session=labels.get(LABEL_SESSION, "?"),
+        container=container["Id"][:12],
+        command=command,
+        state=container.get("State", "?"),
+        owner=labels.get(LABEL_OWNER, "?"),
+        parent=labels.get(LABEL_PARENT, ""),
+        age_s=max(0.0, age),
+    )
+
+
+def live_boxes(backend: DockerBackend | None = None) -> list[BoxInfo]:
+    backend = backend or DockerBackend.connect()
+    return sorted((_info(c) for c in backend.boxes()), key=lambda b: -b.age_s)
+
+
+def is_running(session: str, backend: DockerBackend | None = None) -> bool:
+    """Whether the box of `session` is still there (its world may still change)."""
+    backend = backend or DockerBackend.connect()
+    return any(_info(c).session == session for c in backend.boxes())
+
+
+def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
+    """Remove boxes (and sockets) whose owner is gone; return their session ids."""
+    backend = backend or DockerBackend.connect()
+    removed = []
+    live_sessions = set()
+    for container in backend.boxes():
+        box = _info(container)
+        if owner_alive(box.owner):
+            live_sessions.add(box.session)
+            continue
+        backend.remove(container["Id"])
+        removed.append(box.session)
+    for sock in run_dir().glob("*.sock"):
+        if sock.stem not in live_sessions:
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(sock))
+            except OSError:
+                sock.unlink(missing_ok=True)
+            finally:
+                probe.close()
+    return removed
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def as_tree(rows: list[BoxInfo]) -> list[tuple[int, BoxInfo]]:
+    """Boxes in tree order (each after its parent), with their depth; orphans of gone parents are roots."""
+    sessions = {box.session for box in rows}
+    children: dict[str, list[BoxInfo]] = {}
+    for box in rows:
+        children.setdefault(box.parent if box.parent in sessions else "", []).append(box)
+    ordered: list[tuple[int, BoxInfo]] = []
+    stack = [(0, box) for box in reversed(children.get("", []))]
+    while stack:
+        depth, box = stack.pop()
+        ordered.append((depth, box))
+        stack += [(depth + 1, child) for child in reversed(children.get(box.session, []))]
+    return ordered
+
+
+def subtree(rows: list[BoxInfo], session: str) -> list[BoxInfo]:
+    """The box whose session starts with `session`, and every box below it."""
+    matches = [box for box in rows if box.session.startswith(session)]
+    if len(matches) != 1:
+        return []
+    found, frontier = [matches[0]], [matches[0].session]
+    while frontier:
+        parent = frontier.pop()
+        for box in rows:
+            if box.parent == parent:
+                found.append(box)
+                frontier.append(box.session)
+    return found
+
+
+def kill_subtree(session: str, backend: DockerBackend | None = None) -> list[str]:
+    """Kill a box and its descendants, whoever owns them; their owners see them die."""
+    backend = backend or DockerBackend.connect()
+    rows = [_info(c) for c in backend.boxes()]
+    doomed = subtree(rows, session)
+    for box in reversed(doomed):
+        backend.kill(box.container)
+    return [box.session for box in doomed]
+
+
+def print_table(rows: list[BoxInfo]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for column in ("ID", "COMMAND", "AGE", "STATE", "OWNER"):
+        table.add_column(column, overflow="fold")
+    for depth, box in as_tree(rows):
+        host, _, rest = box.owner.partition(":")
+        table.add_row("  " * depth + box.session, box.command, _age(box.age_s), box.state, f"{host}:{rest.partition(':')[0]}")
+    Console(width=None if sys.stdout.isatty() else 200).print(table)

@@ -1,0 +1,173 @@
+"""The one place that says what a box may do: spec + grants → container configuration.
+
+A pure function, in the spirit of nsjail's single config: no Docker, no
+filesystem, so every control can be checked by a table test. The safe defaults
+live here and nowhere else; grants only ever widen them by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+from quinebox.box.spec import BoxSpec, WorldSpec
+from quinebox.grants import Grants, format_size
+
+DEFAULT_MEM = 1 << 30
+DEFAULT_PIDS = 256
+DEFAULT_TMP = 256 << 20
+DEFAULT_WORLD = 1 << 30
+
+#: Where the box's end of its host socket appears.
+HOST_SOCKET = "/run/quinebox/host.sock"
+#: The guest's init runs first and execs nothing itself: it ties the box to the host and runs argv.
+GUEST_PREFIX = ("/usr/bin/python3", "-I", "-S", "/opt/quinebox/guest/lifeline.py", "--")
+#: What runs a mission: the guest's agent loop, with the mission as its last argument.
+AGENT_COMMAND = ("/usr/bin/python3", "-I", "-S", "/opt/quinebox/guest/agent.py", "--")
+BOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+LABEL_PREFIX = "io.quinebox."
+LABEL_SESSION = LABEL_PREFIX + "session"
+LABEL_OWNER = LABEL_PREFIX + "owner"
+LABEL_PARENT = LABEL_PREFIX + "parent"
+LABEL_CREATED = LABEL_PREFIX + "created"
+
+_SECCOMP_ARCH = {
+    "x86_64": "SCMP_ARCH_X86_64",
+    "amd64": "SCMP_ARCH_X86_64",
+    "aarch64": "SCMP_ARCH_AARCH64",
+    "arm64": "SCMP_ARCH_AARCH64",
+    "riscv64": "SCMP_ARCH_RISCV64",
+    "s390x": "SCMP_ARCH_S390X",
+    "ppc64le": "SCMP_ARCH_PPC64LE",
+}
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """Arguments for the engine: `create` for the container, `host` for its host config."""
+
+    create: dict[str, Any]
+    host: dict[str, Any]
+
+
+def native_arch() -> str:
+    return _SECCOMP_ARCH[platform.machine().lower()]
+
+
+def seccomp_profile(base: dict[str, Any], grants: Grants, arch: str) -> dict[str, Any]:
+    """The base profile for the native architecture only, relaxed by `syscall:` grants."""
+    profile = copy.deepcopy(base)
+    profile.pop("comment", None)
+    profile["architectures"] = [arch]
+    if grants.syscalls:
+        rules = []
+        for rule in profile["syscalls"]:
+            names = [n for n in rule["names"] if n not in grants.syscalls]
+            if names:
+                rules.append({**rule, "names": names})
+        rules.append({"names": sorted(grants.syscalls), "action": "SCMP_ACT_ALLOW"})
+        profile["syscalls"] = rules
+    for rule in profile["syscalls"]:
+        rule.pop("comment", None)
+    return profile
+
+
+def workdir_for(spec: BoxSpec) -> str:
+    """The caller's cwd when a grant covers it (so relative paths mean the same), else /world."""
+    if spec.workdir:
+        return spec.workdir
+    for mount in spec.grants.mounts:
+        rel = os.path.relpath(spec.cwd, mount.source)
+        if rel == "." or not rel.startswith(".."):
+            return os.path.normpath(os.path.join(mount.dest, rel))
+    return "/world"
+
+
+def world_mount(world: WorldSpec, session: str) -> dict[str, Any]:
+    """/world: a bind mount of the world's directory, or an overlay the engine mounts over its parent's.
+
+    The overlay is an anonymous volume of the local driver, so the engine (not
+    quinebox) needs the privilege to mount it and removes it with the box.
+    `userxattr` keeps overlay's own markers readable by the world's owner.
+    """
+    if world.kind in ("dir", "bind"):
+        return {"Type": "bind", "Source": world.layer, "Target": "/world", "ReadOnly": False, "BindOptions": {"Propagation": "rprivate"}}
+    options = f"lowerdir={':'.join(world.lowers)},upperdir={world.layer},workdir={world.work},userxattr"
+    return {
+        "Type": "volume",
+        "Target": "/world",
+        "VolumeOptions": {
+            "DriverConfig": {"Name": "local", "Options": {"type": "overlay", "device": "overlay", "o": options}},
+            "Labels": {LABEL_SESSION: session},
+        },
+    }
+
+
+def container_config(spec: BoxSpec, *, seccomp: dict[str, Any], arch: str) -> ContainerConfig:
+    grants = spec.grants
+    mem = grants.mem or DEFAULT_MEM
+    tmp = grants.tmp or DEFAULT_TMP
+    environment = {"PATH": BOX_PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "QUINEBOX_SESSION": spec.session}
+    environment.update(dict(grants.env))
+    mounts = [
+        {
+            "Type": "bind",
+            "Source": m.source,
+            "Target": m.dest,
+            "ReadOnly": not m.writable,
+            "BindOptions": {"Propagation": "rprivate"},
+        }
+        for m in grants.mounts
+    ]
+    if spec.world is not None:
+        mounts.append(world_mount(spec.world, spec.session))
+    if spec.lifeline:
+        mounts.append({"Type": "bind", "Source": spec.lifeline, "Target": HOST_SOCKET, "ReadOnly": True})
+    labels = {
+        LABEL_SESSION: spec.session,
+        LABEL_OWNER: spec.owner,
+        LABEL_PARENT: spec.parent or "",
+        LABEL_CREATED: spec.created,
+    }
+    host: dict[str, Any] = {
+        "auto_remove": True,
+        "network_mode": "bridge" if grants.net else "none",
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": [
+            "no-new-privileges:true",
+            "seccomp=" + json.dumps(seccomp_profile(seccomp, grants, arch), separators=(",", ":")),
+        ],
+        "init": True,
+        "ipc_mode": "private",
+        "pids_limit": grants.pids or DEFAULT_PIDS,
+        "mem_limit": mem,
+        "memswap_limit": mem,
+        "oom_score_adj": 500,
+        "tmpfs": {"/tmp": f"rw,exec,nosuid,nodev,size={format_size(tmp)},mode=1777"},
+        "mounts": mounts,
+        "ulimits": [{"name": "core", "soft": 0, "hard": 0}],
+        "log_config": {"type": "none"},
+    }
+    if spec.world is None:  # a scratch world that keeps nothing
+        host["tmpfs"]["/world"] = f"rw,exec,nosuid,nodev,size={format_size(tmp)},mode=0755,uid={spec.uid},gid={spec.gid}"
+    if grants.cpus is not None:
+        host["nano_cpus"] = int(grants.cpus * 1e9)
+    create: dict[str, Any] = {
+        "image": spec.image,
+        "command": list(spec.argv) if spec.agent else [*GUEST_PREFIX, *spec.argv],
+        "name": f"quinebox-{spec.session}",
+        "hostname": "box",
+        "user": f"{spec.uid}:{spec.gid}",
+        "working_dir": workdir_for(spec),
+        "environment": environment,
+        "labels": labels,
+        "stdin_open": True,
+        "detach": False,
+    }
+    return ContainerConfig(create=create, host=host)

@@ -1,0 +1,306 @@
+"""One running box, from a resolved spec: the low-level layer under `quinebox.Popen`.
+
+A box's lifetime, in order: spec (checked), policy (pure), lifeline socket,
+create, subscribe to its events, attach, start; then streams flow until the
+engine reports `die` (with the exit code) and `destroy` (the box is gone).
+The engine's events, not the box, are the authority on exit code and OOM.
+
+A box knows nothing of the tree it may belong to: whoever starts it hands it
+a `Place` (tree.Node), which starts the box's children and hears when the box
+has its world and when it is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import IO, Any, Callable, Protocol, Union
+
+from quinebox.box import streams
+from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.broker import Broker, Handler, Spawner
+from quinebox.box.policy import DEFAULT_WORLD, container_config, native_arch
+from quinebox.box.spec import BoxSpec, seccomp_base
+from quinebox.worlds.build import discard
+from quinebox.worlds.world import World, end_world, open_world
+
+PIPE = -1
+DEVNULL = -3
+EXIT_TIMEOUT = 124
+#: How long the engine may take to remove a box after it stopped before we insist.
+REMOVAL_GRACE = 10.0
+
+Stream = Union[None, int, IO[Any], Callable[[bytes], None]]
+
+
+class Place(Spawner, Protocol):
+    """A box's place in a process tree (tree.Node): it starts the box's children and follows the box.
+
+    `attach` comes once the box's world is open and before the box starts, so
+    the place has the world before the box can ask for a child; `ended` comes
+    once the box is gone and its world closed.
+    """
+
+    def attach(self, box: "BoxProcess") -> None: ...
+    def ended(self, box: "BoxProcess") -> None: ...
+
+
+class BoxProcess:
+    """A box running one command, with its streams connected like subprocess.Popen's.
+
+    stdin, stdout, stderr: None inherits this process's fd 0/1/2; PIPE gives
+    `.stdin` (write, close() for EOF) / `.stdout` / `.stderr` (read); DEVNULL;
+    a file descriptor or file object; for stdout/stderr also a callable that
+    receives each chunk as it arrives. `handler` serves an agent's frames;
+    without a `place` the box may not start boxes.
+    """
+
+    def __init__(
+        self,
+        spec: BoxSpec,
+        *,
+        stdin: Stream | bytes = None,
+        stdout: Stream = None,
+        stderr: Stream = None,
+        backend: DockerBackend | None = None,
+        handler: Handler | None = None,
+        place: Place | None = None,
+    ):
+        self.spec = spec
+        self.args = self.spec.argv
+        self.session = self.spec.session
+        self.returncode: int | None = None
+        self.timed_out = False
+        self.oom_killed = False
+        self.stdin: streams.StdinWriter | None = None
+        self.stdout: IO[bytes] | None = None
+        self.stderr: IO[bytes] | None = None
+        self.id: str | None = None
+        self._exit_code: int | None = None
+        self._died = threading.Event()
+        self._destroyed = threading.Event()
+        self._pipe_ends: list[int] = []
+        self._demux: threading.Thread | None = None
+        self._pump: threading.Thread | None = None
+        self._stop_r, self._stop_w = os.pipe()
+        self._deadline: threading.Timer | None = None
+        self._closed = False
+        self._finishing = threading.Lock()
+        #: Why the host killed the box for its world (it grew past its world:SIZE grant), if it did.
+        self.world_full: str | None = None
+        #: The box's world while it runs: the host side of its /world.
+        self.world: World | None = None
+        self.place = place
+
+        config = container_config(self.spec, seccomp=seccomp_base(), arch=native_arch())
+        self._backend = backend or DockerBackend.shared()
+        self._broker = Broker(self.spec.lifeline, handler, place) if self.spec.lifeline else None
+        try:
+            if self.spec.world is not None:
+                self.world = open_world(
+                    spec.session, spec.world, uid=spec.uid, gid=spec.gid, limit=spec.grants.world or DEFAULT_WORLD, on_full=self._world_full
+                )
+            if place is not None:
+                place.attach(self)
+            self.id = self._backend.create(config)
+            self._events = self._backend.events(self.id)
+            self._spawn(self._follow_events, "events")
+            self._sock = self._backend.attach(self.id)
+            self._connect_outputs(stdout, stderr)
+            self._backend.start(self.id)
+            self.started = time.monotonic()
+            self._connect_stdin(stdin)
+            if self.spec.grants.time:
+                self._deadline = threading.Timer(self.spec.grants.time, self._expire)
+                self._deadline.daemon = True
+                self._deadline.start()
+        except BaseException:
+            if self.id:
+                self._backend.remove(self.id)
+            self._close()
+            self._end_world(started=False)
+            raise
+
+    # -- wiring -----------------------------------------------------------------
+
+    def _spawn(self, target: Callable[..., None], name: str, *args: Any) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=f"{name}:{self.session}", daemon=True)
+        thread.start()
+        return thread
+
+    def _sink(self, target: Stream, fd: int, attr: str) -> streams.Sink:
+        if target is None:
+            return streams.fd_sink(fd)
+        if target == DEVNULL:
+            return streams.discard
+        if target == PIPE:
+            read_end, write_end = os.pipe()
+            setattr(self, attr, os.fdopen(read_end, "rb"))
+            self._pipe_ends.append(write_end)
+            return streams.fd_sink(write_end)
+        if callable(target):
+            return target
+        return streams.fd_sink(target if isinstance(target, int) else target.fileno())
+
+    def _connect_outputs(self, stdout: Stream, stderr: Stream) -> None:
+        out = self._guard(self._sink(stdout, 1, "stdout"))
+        err = self._guard(self._sink(stderr, 2, "stderr"))
+        reader = self._sock.makefile("rb", buffering=streams.CHUNK)
+        self._demux = self._spawn(self._relay, "demux", reader, out, err)
+
+    def _guard(self, sink: streams.Sink) -> streams.Sink:
+        """A reader that went away stops the box, as SIGPIPE would stop a process."""
+        broken = False
+
+        def write(data: bytes) -> None:
+            nonlocal broken
+            if broken:
+                return
+            try:
+                sink(data)
+            except BrokenPipeError:
+                broken = True
+                self.broken_pipe = True
+                # Not from this thread: the engine finishes a kill only after
+                # the box's output is drained, and this thread is the drain.
+                threading.Thread(target=self.kill, daemon=True).start()
+
+        return write
+
+    broken_pipe = False
+
+    def _relay(self, reader: IO[bytes], out: streams.Sink, err: streams.Sink) -> None:
+        try:
+            streams.demux(reader, out, err)
+        except OSError:
+            pass
+        finally:
+            reader.close()
+            for fd in self._pipe_ends:
+                os.close(fd)
+            self._pipe_ends = []
+
+    def _connect_stdin(self, stdin: Stream | bytes) -> None:
+        if stdin == PIPE:
+            self.stdin = streams.StdinWriter(self._sock)
+        elif stdin == DEVNULL:
+            streams.StdinWriter(self._sock).close()
+        elif isinstance(stdin, (bytes, bytearray, memoryview)):
+            self._pump = self._spawn(streams.pump_bytes, "stdin", bytes(stdin), self._sock)
+        else:
+            fd = 0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno()
+            self._pump = self._spawn(streams.pump_fd, "stdin", fd, self._sock, self._stop_r)
+
+    def _follow_events(self) -> None:
+        try:
+            for event in self._events:
+                action = event.get("Action") or event.get("status")
+                if action == "oom":
+                    self.oom_killed = True
+                elif action == "die":
+                    self._exit_code = int(event.get("Actor", {}).get("Attributes", {}).get("exitCode", 137))
+                    self._died.set()
+                elif action == "destroy":
+                    break
+        except Exception:
+            pass  # the engine closed the stream; wait() will check on the box itself
+        finally:
+            self._died.set()
+            self._destroyed.set()
+
+    def _expire(self) -> None:
+        self.timed_out = True
+        self.kill()
+
+    def _world_full(self, message: str) -> None:
+        self.world_full = message
+        self.kill()
+
+    def _end_world(self, *, started: bool = True) -> None:
+        """The world's last revision; a box that never started leaves no world, a command's unused world is removed."""
+        world, self.world = self.world, None
+        if world is None:
+            return
+        if started:
+            end_world(world, keep_unused=self.spec.agent)
+        else:
+            world.close()
+            discard(self.session)
+
+    # -- the subprocess-like surface ---------------------------------------------
+
+    def kill(self) -> None:
+        """SIGKILL everything in the box; the engine then removes it."""
+        if self.id and not self._died.is_set():
+            self._backend.kill(self.id)
+
+    terminate = kill
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._destroyed.is_set():
+            return self.wait()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the box to exit and be removed; return its exit status.
+
+        Any exception here (KeyboardInterrupt included) kills the box first,
+        so no box outlives the call that was waiting for it.
+        """
+        if self.returncode is not None:
+            return self.returncode
+        limit = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._died.wait(0.05 if limit is None else max(0.0, min(0.05, limit - time.monotonic()))):
+                if limit is not None and time.monotonic() >= limit:
+                    raise TimeoutError(f"box {self.session} still running after {timeout} s")
+            if self._demux is not None:
+                self._demux.join(REMOVAL_GRACE)
+            if not self._destroyed.wait(REMOVAL_GRACE):
+                self._backend.remove(self.id)
+        except TimeoutError:
+            raise
+        except BaseException:
+            self.kill()
+            self._destroyed.wait(REMOVAL_GRACE) or self._backend.remove(self.id)
+            self._close()
+            raise
+        with self._finishing:  # a parent's node and the tree's end may wait on one box at once
+            if self.returncode is None:
+                self._close()
+                self._end_world()
+                if self.place is not None:
+                    self.place.ended(self)
+                code = self._exit_code if self._exit_code is not None else 137
+                self.returncode = EXIT_TIMEOUT if self.timed_out else code
+        return self.returncode
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._deadline:
+            self._deadline.cancel()
+        os.write(self._stop_w, b"x")
+        if self._pump is not None:
+            self._pump.join(1.0)  # it leaves as soon as it sees the stop
+        os.close(self._stop_w)
+        os.close(self._stop_r)
+        for closer in (getattr(self, "_events", None), getattr(self, "_sock", None), self._broker):
+            if closer is not None:
+                try:
+                    closer.close()
+                except OSError:
+                    pass
+        for fd in self._pipe_ends:
+            os.close(fd)
+        self._pipe_ends = []
+
+    def __enter__(self) -> "BoxProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stdin:
+            self.stdin.close()
+        self.wait()

@@ -1,0 +1,158 @@
+"""What to run: a box's argv, grants, image and place in the tree.
+
+A `BoxSpec` is fully resolved (paths checked, environment filled) so that
+`policy.container_config` can stay a pure function of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from quinebox import __version__
+from quinebox.errors import GrantError
+from quinebox.grants import Grants, parse_duration, resolve
+from quinebox.resources import resource_path
+from quinebox.state import run_dir, state_dir
+from quinebox.worlds.spec import WorldSpec, root_world
+
+DEFAULT_IMAGE = f"quinebox/agent:{__version__}"
+#: The uid a box runs as when the caller is root: the image's `agent` user.
+AGENT_UID = 1000
+
+
+@dataclass(frozen=True)
+class BoxSpec:
+    argv: tuple[str, ...]
+    grants: Grants
+    image: str
+    session: str
+    owner: str
+    created: str
+    cwd: str
+    uid: int
+    gid: int
+    workdir: str | None = None
+    parent: str | None = None
+    lifeline: str | None = None
+    #: argv is quinebox's agent loop, which holds its own lifeline (no guest init in front of it).
+    agent: bool = False
+    world: WorldSpec | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_base() -> dict[str, Any]:
+    """quinebox's seccomp profile as shipped; `policy.seccomp_profile` fits it to a box's grants."""
+    return json.loads(resource_path("sandbox", "seccomp", "quinebox.json").read_text())
+
+
+def new_session_id() -> str:
+    return secrets.token_hex(6)
+
+
+def process_start_ticks(pid: int) -> str:
+    """The kernel's start time of `pid`, so a reused pid is not mistaken for a live owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "0"
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_id() -> str:
+    """`host:pid:start` of this process: whose boxes these are, checked by `gc`."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{process_start_ticks(pid)}"
+
+
+def load_policy(name_or_path: str) -> list[str]:
+    """A YAML policy file (or a preset name from sandbox/policies) → its grant strings."""
+    from quinebox.documents import read_yaml
+
+    path = Path(name_or_path)
+    if not path.exists() and "/" not in name_or_path and not path.suffix:
+        path = resource_path("sandbox", "policies", f"{name_or_path}.yaml")
+        if not path.exists():
+            raise GrantError(f"policy {name_or_path!r} not found: give a YAML file or a preset ({', '.join(policy_presets())})")
+    doc = read_yaml(path, "policy", GrantError)
+    if doc is None:
+        return []
+    grants = doc.get("grants", []) if isinstance(doc, dict) else None
+    unknown = set(doc) - {"grants", "description"} if isinstance(doc, dict) else set()
+    if not isinstance(grants, list) or not all(isinstance(g, str) for g in grants) or unknown:
+        raise GrantError(f"bad policy {name_or_path}: expected a mapping with 'grants:' as a list of grant strings")
+    return grants
+
+
+def policy_presets() -> list[str]:
+    return sorted(p.stem for p in resource_path("sandbox", "policies").glob("*.yaml"))
+
+
+def protected_paths(environ: Mapping[str, str], state_dir: Path) -> list[str]:
+    """Host paths no grant may expose: the engine's socket and quinebox's own state."""
+    paths = ["/var/run/docker.sock", "/run/docker.sock", str(state_dir)]
+    docker_host = environ.get("DOCKER_HOST", "")
+    if docker_host.startswith("unix://"):
+        paths.append(docker_host[len("unix://") :])
+    return paths
+
+
+def build_spec(
+    argv: Sequence[str],
+    *,
+    grants: Iterable[str] = (),
+    policy: str | None = None,
+    timeout: float | str | None = None,
+    image: str | None = None,
+    workdir: str | None = None,
+    parent: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    agent: bool = False,
+    world: str | None = None,
+    world_from: str | Sequence[str] | None = None,
+    world_tar: str | None = None,
+    world_at: tuple[str, int] | None = None,
+) -> BoxSpec:
+    """Parse and check everything about a box before anything is started."""
+    if not argv:
+        raise GrantError("nothing to run: give a command, as in `quinebox exec -- CMD [ARGS...]`")
+    environ = os.environ if environ is None else environ
+    cwd = cwd or os.getcwd()
+    specs = (load_policy(policy) if policy else []) + list(grants)
+    parsed = Grants.parse(specs, cwd=cwd)
+    if timeout is not None:
+        parsed = parsed.merge(Grants(time=parse_duration(str(timeout))))
+    if workdir is not None and not workdir.startswith("/"):
+        raise GrantError(f"bad workdir {workdir!r}: it must be an absolute path inside the box")
+    resolved = resolve(parsed, environ=environ, protected=protected_paths(environ, state_dir()))
+    uid, gid = os.getuid(), os.getgid()
+    if uid == 0:
+        uid = gid = AGENT_UID
+    session = new_session_id()
+    world_spec = root_world(
+        session, world=world, world_from=world_from, world_tar=world_tar, world_at=world_at, cwd=cwd, protected=protected_paths(environ, state_dir())
+    )
+    return BoxSpec(
+        argv=tuple(argv),
+        grants=resolved,
+        image=image or DEFAULT_IMAGE,
+        session=session,
+        owner=owner_id(),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        cwd=cwd,
+        uid=uid,
+        gid=gid,
+        workdir=workdir,
+        parent=parent,
+        lifeline=str(run_dir() / f"{session}.sock"),
+        agent=agent,
+        world=world_spec,
+    )

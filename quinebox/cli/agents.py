@@ -1,0 +1,115 @@
+"""Commands for agents and their sessions: `run`, `fork`, `ls`, `show`, `logs`, `replay`, `tree`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Optional
+
+import typer
+
+from quinebox.cli.app import WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, supervise
+
+if TYPE_CHECKING:
+    from quinebox.tree.agent import Agent
+
+
+@app.command(help="Run an agent: MISSION is its task, stdin its material, stdout its deliverable, stderr its diagnostics.")
+def run(
+    mission: str = typer.Argument(..., help="What the agent should do."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name, script:FILE.yaml or replay:SESSION (default: QUINEBOX_MODEL)."),
+    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant, as for exec (tokens:N caps the model budget)."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit; exit 124 when reached."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1, help="Model turns per conversation (default 40)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Token budget for the whole run."),
+    image: Optional[str] = typer.Option(None, "--image", help="Image to run (built FROM the agent image)."),
+    workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
+    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
+    world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
+    world_from: List[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
+    world_tar: Optional[str] = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr (the agent's own diagnostics still pass)."),
+    json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
+) -> None:
+    from quinebox.agent.diagnostics import make_view
+    from quinebox.tree.supervisor import start_agent
+
+    def start() -> Agent:
+        return start_agent(
+            mission, model=model, grants=grant, timeout=timeout, max_turns=max_turns, max_tokens=max_tokens,
+            image=image, workdir=workdir, policy=policy, view=make_view(quiet=quiet),
+            world=world, world_from=world_from or None, world_tar=world_tar,
+        )
+
+    raise typer.Exit(supervise(start, json_summary=json_summary))
+
+
+@app.command(help="Start a new session from a recorded one at TURN: its conversation up to that turn, its world as it was then, live from there.")
+def fork(
+    session: str = typer.Argument(..., help="The recorded session (or a unique prefix)."),
+    at: int = typer.Option(..., "--at", min=1, help="The turn to go on from: the model answers it afresh."),
+    mission: Optional[str] = typer.Option(None, "--mission", help="New instructions, given to the model after the recorded conversation."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model for the new session (default: QUINEBOX_MODEL)."),
+    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="Grants (default: the recorded session's)."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION"),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1),
+    quiet: bool = typer.Option(False, "-q", "--quiet"),
+    json_summary: bool = typer.Option(False, "--json"),
+) -> None:
+    from quinebox.agent.diagnostics import make_view
+    from quinebox.agent.tapes import find
+    from quinebox.agent.timeline import moment
+    from quinebox.tree.supervisor import start_agent
+
+    with reported():
+        row = find(session)
+        then = moment(row.id, at)
+    history = list(then.messages)
+    if mission:
+        history.append({"role": "user", "content": f"New instructions from here on:\n\n{mission}"})
+
+    def start() -> Agent:
+        return start_agent(
+            mission or row.mission, model=model, grants=grant or then.meta.get("grants") or [], timeout=timeout, max_turns=max_turns,
+            image=then.meta.get("image"), workdir=then.meta.get("workdir"), view=make_view(quiet=quiet),
+            world_at=(row.id, then.revision), history=history, forked_from={"session": row.id, "turn": at, "revision": then.revision},
+        )
+
+    raise typer.Exit(supervise(start, json_summary=json_summary))
+
+
+@app.command("ls", help="List recent sessions.")
+def ls_command(limit: int = typer.Option(30, "-n", help="How many.")) -> None:
+    from quinebox.agent import tapes
+
+    tapes.print_sessions(limit)
+
+
+@app.command("show", help="Summarize one session: mission, turns, tool calls, outcome.")
+def show_command(session: str) -> None:
+    from quinebox.agent import tapes
+
+    with reported():
+        tapes.print_show(session)
+
+
+@app.command("logs", help="Print a session's tape; -f follows it while the agent runs.")
+def logs_command(session: str, follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the session ends.")) -> None:
+    from quinebox.agent import tapes
+
+    with reported():
+        tapes.print_logs(session, follow=follow)
+
+
+@app.command("replay", help="Re-run a session's mission against its recorded answers; exit 0 when tool calls and outcome match.")
+def replay_command(session: str, quiet: bool = typer.Option(False, "-q", "--quiet")) -> None:
+    from quinebox.tree.replay import replay
+
+    with reported():
+        raise typer.Exit(replay(session, quiet=quiet))
+
+
+@app.command("tree", help="A session and every session it started: mission, status, exit code, duration, tokens, depth.")
+def tree_command(session: str) -> None:
+    from quinebox.agent import tapes
+
+    with reported():
+        tapes.print_tree(session)

@@ -1,0 +1,123 @@
+"""The typer app and what its commands share: one line and an exit code for quinebox's failures, signals into exit statuses.
+
+Heavy imports (docker, rich) happen inside the commands that need them, so
+`quinebox exec` starts quickly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+from typing import Any, Callable, Iterator
+
+import typer
+
+from quinebox import __version__
+from quinebox.errors import QuineboxError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Run LLM agents and untrusted programs as processes in hardened containers.",
+)
+
+image_app = typer.Typer(no_args_is_help=True, help="The agent image.")
+app.add_typer(image_app, name="image")
+world_app = typer.Typer(no_args_is_help=True, help="A session's world: its revisions, their differences, an archive of one, adopting a child's changes.")
+app.add_typer(world_app, name="world")
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
+def say(message: str) -> None:
+    print(f"quinebox: {message}", file=sys.stderr, flush=True)
+
+
+def fail(exc: QuineboxError) -> typer.Exit:
+    say(str(exc))
+    return typer.Exit(exc.exit_code)
+
+
+@contextlib.contextmanager
+def reported() -> Iterator[None]:
+    """quinebox's own failures become one line on stderr and their exit code."""
+    try:
+        yield
+    except QuineboxError as exc:
+        raise fail(exc) from None
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        print(f"quinebox {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True, help="Print the version."),
+) -> None:
+    pass
+
+
+WORLD_HELP = "Bind this host directory as the box's /world, read-write."
+WORLD_FROM_HELP = "Build /world from copies of these host paths (repeat the flag), or 'empty' (the default)."
+WORLD_TAR_HELP = "Build /world from this tar archive (unsafe members refuse the whole archive)."
+
+
+def supervise(start: Callable[[], Any], *, json_summary: bool) -> int:
+    """Start one box wired to this process's stdio and map how it ended to our exit status.
+
+    Signals we receive kill the box; we exit 128+n only once it is removed.
+    """
+    import time
+
+    received: list[int] = []
+    box = None
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        if box is not None:
+            box.kill()
+
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, on_signal)
+    began = time.monotonic()
+    with reported():
+        box = start()
+        if received:
+            box.kill()
+        code = box.wait()
+    proc = getattr(box, "proc", box)
+    if proc.timed_out:
+        say(f"time limit of {proc.spec.grants.time:g} s reached; the box was killed")
+    if proc.world_full:
+        say(f"{proc.world_full}; the box was killed")
+    if proc.oom_killed:
+        from quinebox.box.policy import DEFAULT_MEM
+        from quinebox.grants import format_size
+
+        limit = format_size(proc.spec.grants.mem or DEFAULT_MEM)
+        say(f"out of memory: the box hit its memory limit (mem:{limit}) and the kernel killed a process in it")
+    if received:
+        code = 128 + received[0]
+    elif proc.broken_pipe:
+        code = EXIT_BROKEN_PIPE
+    if json_summary:
+        summary: dict[str, Any] = {
+            "exit_code": code,
+            "timed_out": proc.timed_out,
+            "oom_killed": proc.oom_killed,
+            "duration_s": round(time.monotonic() - began, 3),
+            "session": proc.session,
+        }
+        outcome = getattr(box, "outcome", None)
+        if outcome:
+            summary.update(termination=outcome["termination"], tokens=outcome["tokens"], turns=outcome["turns"])
+        print(json.dumps(summary), file=sys.stderr, flush=True)
+    return code

@@ -1,0 +1,88 @@
+"""Commands for many inputs: `map` and `batch`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Any, Callable, List, Optional
+
+import typer
+
+from quinebox.cli.app import FORWARDED_SIGNALS, app, reported, say
+
+
+def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool) -> int:
+    """Run jobs with progress on stderr; signals stop new starts and kill what runs."""
+    from quinebox.tree.fanout import Runner
+    from quinebox.tree.progress import make_progress
+
+    with reported():
+        jobs = jobs_from()
+    received: list[int] = []
+    with make_progress(len(jobs)) as progress:
+        runner = Runner(jobs, out, options, progress)
+
+        def on_signal(signum: int, _frame: object) -> None:
+            received.append(signum)
+            runner.stop(interrupted=True)
+
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, on_signal)
+        code = runner.run()
+    tally = runner.tally
+    if tally.failures:
+        say(f"{tally.failed} of {tally.total} failed: " + " ".join(tally.failures[:20]) + (" …" if len(tally.failures) > 20 else ""))
+    if received:
+        code = 128 + received[0]
+        say(f"stopped: {tally.done} of {tally.total} finished; --resume runs the rest")
+    if json_summary:
+        summary = {"exit_code": code, "total": tally.total, "done": tally.done, "failed": tally.failed, "skipped": tally.skipped, "results": f"{out}/results.jsonl"}
+        print(json.dumps(summary), file=sys.stderr, flush=True)
+    return code
+
+
+FANOUT_HELP = "Deliverables go to DIR/NAME.out, diagnostics to DIR/NAME.err, one line per input to DIR/results.jsonl. Exit 0 only when every input succeeded."
+
+
+@app.command("map", help="Run one agent per input, the input as its material. " + FANOUT_HELP)
+def map_command(
+    mission: str = typer.Argument(..., help="The mission, the same for every input."),
+    inputs: List[str] = typer.Argument(None, metavar="INPUTS...", help="Files or globs."),
+    jsonl: Optional[str] = typer.Option(None, "--jsonl", metavar="FILE", help="One material per line, as a JSON string."),
+    parallel: int = typer.Option(4, "--parallel", "-P", min=1, help="Agents at once."),
+    out: str = typer.Option("quinebox-out", "--out", "-o", metavar="DIR", help="Where outputs and results.jsonl go."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="As for run."),
+    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant for every agent."),
+    image: Optional[str] = typer.Option(None, "--image"),
+    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Per agent."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Per agent."),
+    retries: int = typer.Option(0, "--retries", min=0, help="Retry temporary failures (exit 75, engine hiccups), never an agent's own."),
+    fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first failure, killing what runs."),
+    resume: bool = typer.Option(False, "--resume", help="Skip inputs that results.jsonl says succeeded."),
+    json_summary: bool = typer.Option(False, "--json", help="One JSON summary line on stderr at the end."),
+) -> None:
+    from quinebox.tree.fanout import Options, map_jobs
+
+    options = Options(parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens)
+    common = {"grants": tuple(grant), "image": image, "model": model, "timeout": timeout}
+    raise typer.Exit(fan_out(lambda: map_jobs(mission, inputs or [], jsonl, **common), out=out, options=options, json_summary=json_summary))
+
+
+@app.command("batch", help="Run the jobs of a YAML file (mission, material or input, grants, image, model per job). " + FANOUT_HELP)
+def batch_command(
+    jobs_file: str = typer.Argument(..., metavar="JOBS.yaml"),
+    parallel: int = typer.Option(4, "--parallel", "-P", min=1),
+    out: str = typer.Option("quinebox-out", "--out", "-o", metavar="DIR"),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1),
+    retries: int = typer.Option(0, "--retries", min=0),
+    fail_fast: bool = typer.Option(False, "--fail-fast"),
+    resume: bool = typer.Option(False, "--resume"),
+    json_summary: bool = typer.Option(False, "--json"),
+) -> None:
+    from quinebox.tree.fanout import Options, batch_jobs
+
+    options = Options(parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens)
+    raise typer.Exit(fan_out(lambda: batch_jobs(jobs_file), out=out, options=options, json_summary=json_summary))

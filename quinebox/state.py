@@ -1,0 +1,36 @@
+"""The state dir: what outlives one quinebox process, and where each part of it lives.
+
+    $QUINEBOX_STATE_DIR (default $XDG_STATE_HOME/quinebox, ~/.local/state/quinebox)
+      sessions.db                SQLite index: one row per session (agent/store.py)
+      sessions/<id>/tape.jsonl   append-only record of a session (agent/store.py)
+      sessions/<id>/world/       the session's world and its revisions (worlds/)
+      objects/                   file contents of every revision, by SHA-256 (worlds/revisions.py)
+      run/<id>.sock              each live box's socket (box/broker.py)
+
+It is never grantable to a box. Every layer finds its part here, so this
+module imports nothing of quinebox.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def state_dir() -> Path:
+    override = os.environ.get("QUINEBOX_STATE_DIR")
+    if override:
+        return Path(override).expanduser().absolute()
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "quinebox"
+
+
+def run_dir() -> Path:
+    """Per-box sockets. Private to the user: a box reaches its own socket by bind mount only."""
+    path = state_dir() / "run"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def session_dir(session: str) -> Path:
+    return state_dir() / "sessions" / session

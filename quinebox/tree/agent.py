@@ -1,0 +1,76 @@
+"""Running a mission: a box whose main process is the guest's agent loop, and its session on the host.
+
+`Agent` starts both, gives them their place in the tree, and ties their ends
+together: when the box is gone, the session records the outcome on the tape
+and in the index. It lives with the tree because it is where a box, a session
+and a node meet.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from quinebox.agent.budgets import DEFAULT_MAX_CYCLES, DEFAULT_MAX_TURNS, Budget
+from quinebox.agent.providers import provider_for, resolve_model
+from quinebox.agent.session import AgentSession, View
+from quinebox.box.process import BoxProcess, Stream
+from quinebox.box.spec import BoxSpec
+from quinebox.errors import QuineboxError
+
+if TYPE_CHECKING:
+    from quinebox.tree.supervisor import Node  # which starts agents: a name here, not an import
+
+
+class Agent:
+    def __init__(
+        self,
+        mission: str,
+        *,
+        spec: BoxSpec,
+        node: "Node",
+        model: str | None = None,
+        max_turns: int | None = None,
+        max_cycles: int | None = None,
+        history: list[dict[str, Any]] | None = None,
+        forked_from: dict[str, Any] | None = None,
+        stdin: Stream | bytes = None,
+        stdout: Stream = None,
+        stderr: Stream = None,
+        view: View | None = None,
+    ):
+        """An agent for a checked `spec` at its `node`: a root's (see `supervisor.start_agent`) or a child's."""
+        model = resolve_model(model)
+        provider = provider_for(model)
+        node.model = model
+        budget = Budget(
+            max_turns=max_turns or DEFAULT_MAX_TURNS,
+            max_cycles=DEFAULT_MAX_CYCLES if max_cycles is None else max_cycles,
+            tokens=node.tokens,
+        )
+        meta: dict[str, Any] = {"grants": spec.grants.format(), "image": spec.image, "workdir": spec.workdir, "depth": node.depth}
+        if forked_from:
+            meta["forked_from"] = forked_from
+        self.session = AgentSession(
+            spec.session, mission=mission, provider=provider, budget=budget, parent=spec.parent, meta=meta, view=view, calls=node.tree.calls,
+            history=history,
+        )
+        node.session = self.session
+        node.box = self
+        self._finishing = threading.Lock()
+        try:
+            self.proc = BoxProcess(spec, handler=self.session, place=node, stdin=stdin, stdout=stdout, stderr=stderr)
+        except QuineboxError as exc:
+            self.session.finish(exc.exit_code)
+            raise
+        self.outcome: dict[str, Any] | None = None
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    def wait(self) -> int:
+        code = self.proc.wait()
+        with self._finishing:
+            if self.outcome is None:
+                self.outcome = self.session.finish(code, timed_out=self.proc.timed_out, oom_killed=self.proc.oom_killed)
+        return code

@@ -1,0 +1,298 @@
+"""The process tree of one root quinebox process: who may start whom, with what, and until when.
+
+Every box has a `Node`. A box asks for a child over its socket (the in-box
+`quinebox` command, or the agent's fork tool); its node attenuates the request
+against what the box holds now — grants, spawn and depth budgets, time and
+tokens left — and starts the child with a node of its own. A child's streams
+travel over the connection that asked for it, and when that connection breaks
+the child is killed (unless it was started detached: then the tree's end
+bounds it). Killing a node kills its subtree. Every box in the tree shares the
+tree's cap on concurrent model calls.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from quinebox.agent.budgets import TokenPool
+from quinebox.agent.providers import resolve_model
+from quinebox.box.broker import Channel
+from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
+from quinebox.box.process import PIPE, BoxProcess, Stream
+from quinebox.box.spec import BoxSpec, build_spec, new_session_id, protected_paths
+from quinebox.errors import GrantError, QuineboxError
+from quinebox.grants import Grants, attenuate, check_mount, parse_duration, within
+from quinebox.guest.protocol import MAX_PAYLOAD
+from quinebox.state import run_dir, state_dir
+from quinebox.worlds.spec import child_world
+
+if TYPE_CHECKING:
+    from quinebox.agent.session import View
+    from quinebox.tree.agent import Agent
+    from quinebox.worlds.world import World
+
+DEFAULT_CONCURRENT_CALLS = int(os.environ.get("QUINEBOX_MAX_CONCURRENT_CALLS", "8"))
+
+
+class Tree:
+    def __init__(self, max_concurrent_calls: int = DEFAULT_CONCURRENT_CALLS):
+        self.calls = threading.BoundedSemaphore(max_concurrent_calls)
+        self.lock = threading.Lock()
+        self.nodes: list[Node] = []
+
+
+def child_model(parent: str | None, requested: str | None) -> str | None:
+    """A child uses its parent's model, another model at the same endpoint, or a script beside the parent's."""
+    if requested is None or requested == parent:
+        return parent
+    if parent and parent.startswith("script:"):
+        name = requested[len("script:") :] if requested.startswith("script:") else ""
+        if not name or "/" in name or name.startswith("."):
+            raise GrantError(f"refused model {requested!r}: a scripted parent's children use scripts beside its own, as script:NAME.yaml")
+        return "script:" + os.path.join(os.path.dirname(parent[len("script:") :]), name)
+    if requested.startswith(("script:", "replay:")):
+        raise GrantError(f"refused model {requested!r}: children use a model at their parent's endpoint")
+    return requested
+
+
+class Node:
+    def __init__(self, tree: Tree, spec: BoxSpec, parent: "Node | None" = None, model: str | None = None, tokens: int | None = None):
+        self.tree = tree
+        self.spec = spec
+        self.parent = parent
+        self.model = model
+        g = spec.grants
+        self.grants = replace(g, mem=g.mem or DEFAULT_MEM, pids=g.pids or DEFAULT_PIDS, tmp=g.tmp or DEFAULT_TMP)
+        self.spawn_left = g.spawn
+        #: Shared by this box's own model calls and the budgets it hands its children.
+        self.tokens = TokenPool(tokens if tokens is not None else g.tokens)
+        self.started = time.monotonic()
+        self.box: Any = None  # what to wait on and kill: the BoxProcess, or the Agent around it
+        self.session: Any = None  # the AgentSession, for an agent's box
+        self.children: list[Node] = []
+        self.world: World | None = None  # the box's world while it runs
+        self._lock = threading.Lock()
+        with tree.lock:
+            tree.nodes.append(self)
+
+    @classmethod
+    def root(cls, spec: BoxSpec, model: str | None = None, tokens: int | None = None) -> "Node":
+        return cls(Tree(), spec, model=model, tokens=tokens)
+
+    @property
+    def depth(self) -> int:
+        return 0 if self.parent is None else self.parent.depth + 1
+
+    def left(self) -> Grants:
+        """What this box holds right now: its grants, with its budgets as they stand."""
+        time_left = None if self.grants.time is None else max(0.001, self.grants.time - (time.monotonic() - self.started))
+        return replace(self.grants, spawn=self.spawn_left, time=time_left, tokens=self.tokens.left)
+
+    # -- the box's side (box.process.Place) -------------------------------------------
+
+    def attach(self, box: BoxProcess) -> None:
+        """The box has its world and is about to start: from now on it may ask for children."""
+        self.world = box.world
+        if self.box is None:
+            self.box = box
+        if self.session is not None:  # an agent's session revises the world after its tools
+            self.session.world = box.world
+
+    def ended(self, box: BoxProcess) -> None:
+        """The box is gone; at the root, nothing in the tree may outlive it."""
+        self.world = None
+        if self.parent is None:
+            self.end_tree()
+
+    def record(self, kind: str, **fields: Any) -> None:
+        if self.session is not None:
+            self.session.tape.append(kind, **fields)
+
+    # -- starting a child -----------------------------------------------------------
+
+    def spawn(self, request: dict[str, Any], channel: Channel) -> "ChildRelay":
+        what = request["what"]
+        if what not in ("run", "exec"):
+            raise GrantError(f"cannot start {what!r}: a child is `run` (an agent) or `exec` (a command)")
+        cwd = str(request.get("cwd") or "/world")
+        asked = Grants.parse([str(g) for g in request.get("grants") or []], cwd=cwd)
+        if request.get("timeout") is not None:
+            asked = asked.merge(Grants(time=parse_duration(str(request["timeout"]))))
+        argv = (*AGENT_COMMAND, str(request["mission"])) if what == "run" else tuple(str(a) for a in request["argv"])
+        if not argv or (what == "run" and not str(request["mission"]).strip()):
+            raise GrantError("nothing to run: give a mission or a command")
+        workdir = request.get("workdir") or None
+        if workdir is not None and not str(workdir).startswith("/"):
+            raise GrantError(f"bad workdir {workdir!r}: it must be an absolute path inside the box")
+        with self._lock:  # checked and charged in one step, only for a request that can start
+            try:
+                grants = self._checked(attenuate(self.left(), asked))
+                model = child_model(self.model, request.get("model")) if what == "run" else None
+            except GrantError as exc:
+                self.record("escalation_refused", request={k: v for k, v in request.items() if k != "kind"}, reason=str(exc))
+                raise
+            self.spawn_left = (self.spawn_left or 0) - 1 - (grants.spawn or 0)
+            if grants.tokens is not None:
+                self.tokens.spend(grants.tokens)  # reserved; what the child leaves comes back
+        session = new_session_id()
+        relay = ChildRelay(channel, detached=bool(request.get("detach")))
+        try:
+            spec = replace(
+                self.spec,
+                argv=argv,
+                grants=grants,
+                session=session,
+                parent=self.spec.session,
+                cwd=self._host_path(cwd),
+                workdir=workdir,
+                lifeline=str(run_dir() / f"{session}.sock"),
+                agent=what == "run",
+                world=child_world(self.world, session, request.get("world")),
+            )
+            node = Node(self.tree, spec, parent=self, model=model)
+            node.box = relay.box = node.start(what, request, relay)
+        except QuineboxError:
+            with self._lock:  # nothing started: the budgets it was charged come back
+                self.spawn_left = (self.spawn_left or 0) + 1 + (grants.spawn or 0)
+            if grants.tokens is not None:
+                self.tokens.refund(grants.tokens)
+            raise
+        with self._lock:
+            self.children.append(node)
+        if self.session is not None:
+            self.session.children.add(session)
+        self.record("spawn", child=session, what=what, grants=grants.format(), detached=relay.detached)
+        channel.send({"kind": "spawned", "session": session})
+        threading.Thread(target=self._await, args=(node, relay), daemon=True).start()
+        return relay
+
+    def _checked(self, grants: Grants) -> Grants:
+        """Host-side checks attenuation cannot make: symlinks inside a grant may point out of it."""
+        held = [os.path.realpath(m.source) for m in self.grants.mounts]
+        mounts = []
+        for mount in grants.mounts:
+            checked = check_mount(mount, protected=protected_paths(os.environ, state_dir()))
+            if not any(within(checked.source, root) for root in held):
+                raise GrantError(f"refused {mount.dest}: it resolves to {checked.source}, outside what this box was granted")
+            mounts.append(checked)
+        return replace(grants, mounts=tuple(mounts))
+
+    def _host_path(self, box_path: str) -> str:
+        for mount in self.grants.mounts:
+            if within(box_path, mount.dest):
+                return os.path.normpath(os.path.join(mount.source, os.path.relpath(box_path, mount.dest)))
+        return "/nonexistent"
+
+    def start(self, what: str, request: dict[str, Any], relay: "ChildRelay") -> Any:
+        streams = {"stdin": PIPE, "stdout": relay.out, "stderr": relay.err}
+        if what == "exec":
+            return BoxProcess(self.spec, place=self, **streams)
+        from quinebox.tree.agent import Agent  # sessions and their store: only once an agent starts
+
+        max_turns = request.get("max_turns")
+        return Agent(self.spec.argv[-1], spec=self.spec, node=self, model=self.model, max_turns=int(max_turns) if max_turns else None, **streams)
+
+    def _await(self, node: "Node", relay: "ChildRelay") -> None:
+        code = node.box.wait()
+        outcome = getattr(node.box, "outcome", None) or {}
+        if node.grants.tokens is not None:
+            self.tokens.refund(max(0, node.tokens.left or 0))
+        relay.channel.send({"kind": "exit", "code": code, "session": node.spec.session, **{k: outcome[k] for k in ("termination", "tokens", "turns") if k in outcome}})
+
+    # -- ending ----------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """This box and every box below it."""
+        for child in list(self.children):
+            child.kill()
+        if self.box is not None:
+            self.box.kill()
+
+    def end_tree(self) -> None:
+        """The root's box has ended: nothing in its tree may outlive it, detached children included."""
+        for child in list(self.children):
+            child.kill()
+        for node in list(self.tree.nodes):
+            if node is not self and node.box is not None:
+                node.box.wait()
+
+
+class ChildRelay:
+    """The streams of a child box, carried over the connection that asked for it."""
+
+    def __init__(self, channel: Channel, detached: bool):
+        self.channel = channel
+        self.detached = detached
+        self.box: Any = None
+
+    def out(self, data: bytes) -> None:
+        self._send("stdout", data)
+
+    def err(self, data: bytes) -> None:
+        self._send("stderr", data)
+
+    def _send(self, kind: str, data: bytes) -> None:
+        for start in range(0, len(data), MAX_PAYLOAD):
+            if not self.channel.send({"kind": kind}, data[start : start + MAX_PAYLOAD]):
+                return  # the asker is gone; a detached child's output has nowhere to go
+
+    def stdin(self, payload: bytes, eof: bool) -> None:
+        proc = getattr(self.box, "proc", self.box)
+        try:
+            if payload:
+                proc.stdin.write(payload)
+            if eof:
+                proc.stdin.close()
+        except OSError:
+            pass  # the child stopped reading
+
+    def kill(self) -> None:
+        self.box.kill()
+
+    def disconnected(self) -> None:
+        if not self.detached:
+            self.box.kill()
+
+
+def start_agent(
+    mission: str,
+    *,
+    model: str | None = None,
+    grants: Iterable[str] = (),
+    policy: str | None = None,
+    timeout: float | str | None = None,
+    image: str | None = None,
+    workdir: str | None = None,
+    max_turns: int | None = None,
+    max_tokens: int | None = None,
+    max_cycles: int | None = None,
+    world: str | None = None,
+    world_from: str | Sequence[str] | None = None,
+    world_tar: str | None = None,
+    world_at: tuple[str, int] | None = None,
+    history: list[dict[str, Any]] | None = None,
+    forked_from: dict[str, Any] | None = None,
+    stdin: Stream | bytes = None,
+    stdout: Stream = None,
+    stderr: Stream = None,
+    view: "View | None" = None,
+) -> "Agent":
+    """A root agent from the caller's options: its box checked, the root of a tree of its own."""
+    if not mission.strip():
+        raise QuineboxError("the mission is empty: say what the agent should do, as in `quinebox run \"summarize this\"`")
+    spec = build_spec(
+        [*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True,
+        world=world, world_from=world_from, world_tar=world_tar, world_at=world_at,
+    )
+    from quinebox.tree.agent import Agent
+
+    model = resolve_model(model)
+    node = Node.root(spec, model=model, tokens=max_tokens or spec.grants.tokens)
+    return Agent(
+        mission, spec=spec, node=node, model=model, max_turns=max_turns, max_cycles=max_cycles, history=history, forked_from=forked_from,
+        stdin=stdin, stdout=stdout, stderr=stderr, view=view,
+    )

@@ -1,0 +1,122 @@
+"""Making a world on the host: its directories, filled from a recorded revision, host copies or an archive.
+
+Everything here either finishes or leaves nothing behind; `discard` removes a
+world that will not be used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+from quinebox.state import session_dir
+from quinebox.worlds import beneath
+from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError, carry_out
+from quinebox.worlds.spec import WorldSpec, world_dir
+
+#: An archive may hold at most this many members and bytes (before anything is written).
+MAX_ARCHIVE_MEMBERS = 200_000
+MAX_ARCHIVE_BYTES = int(os.environ.get("QUINEBOX_WORLD_MAX_ARCHIVE", str(8 << 30)))
+
+
+def create(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
+    """Make the world's directories and fill them; on any failure nothing is left behind."""
+    here = world_dir(session)
+    here.mkdir(parents=True, exist_ok=True)
+    try:
+        if spec.kind == "overlay":
+            for path in (spec.layer, spec.work):
+                os.mkdir(path, 0o755)
+                _own(path, uid, gid)
+        elif spec.kind == "dir":
+            os.mkdir(spec.layer, 0o755)
+            _fill(spec, uid, gid)
+            _own(spec.layer, uid, gid)
+        (here / "meta.json").write_text(json.dumps({"session": session, "uid": uid, "gid": gid, **_spec_fields(spec)}))
+    except BaseException:
+        discard(session)
+        raise
+
+
+def _spec_fields(spec: WorldSpec) -> dict[str, Any]:
+    return {"kind": spec.kind, "layer": spec.layer, "lowers": list(spec.lowers), "work": spec.work, "base": list(spec.base) if spec.base else None}
+
+
+def _own(path: str, uid: int, gid: int) -> None:
+    if os.getuid() == 0:
+        os.chown(path, uid, gid)
+
+
+def _fill(spec: WorldSpec, uid: int, gid: int) -> None:
+    fd = os.open(spec.layer, beneath.DIR_FLAGS)
+    try:
+        if spec.base:
+            manifest = RevisionLog(spec.base[0]).manifest(spec.base[1])
+            if spec.paths:
+                manifest = {p: e for p, e in manifest.items() if any(p == k or p.startswith(k + "/") or k.startswith(p + "/") for k in spec.paths)}
+            carry_out(manifest, ObjectStore(), fd, uid=uid, gid=gid)
+        for source in spec.sources:
+            target = os.path.join(spec.layer, os.path.basename(source))
+            if os.path.isdir(source) and not os.path.islink(source):
+                shutil.copytree(source, target, symlinks=True)
+            else:
+                shutil.copy2(source, target, follow_symlinks=False)
+        if spec.archive:
+            import_archive(spec.archive, spec.layer)
+        if os.getuid() == 0 and (spec.sources or spec.archive):
+            for dirpath, dirnames, filenames in os.walk(spec.layer):
+                for name in dirnames + filenames:
+                    os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+    finally:
+        os.close(fd)
+
+
+def import_archive(archive: str, into: str) -> None:
+    """Unpack a tar archive into the empty directory `into`, refusing it whole if any member is unsafe.
+
+    Python's `data` filter refuses absolute and `../` names, links that point
+    outside, device files and FIFOs, and clears setuid/setgid and ownership;
+    the caps on members and bytes are checked first, from the headers alone.
+    """
+    import tarfile
+
+    try:
+        with tarfile.open(archive) as tar:
+            members, total = 0, 0
+            for member in tar:
+                members += 1
+                total += member.size
+                if members > MAX_ARCHIVE_MEMBERS:
+                    raise WorldError(f"refused archive {archive}: more than {MAX_ARCHIVE_MEMBERS} members")
+                if total > MAX_ARCHIVE_BYTES:
+                    raise WorldError(f"refused archive {archive}: more than {MAX_ARCHIVE_BYTES} bytes")
+                if member.name.startswith("/"):
+                    raise WorldError(f"refused archive {archive}: {member.name} is an absolute name")
+                if member.ischr() or member.isblk() or member.isfifo():
+                    raise WorldError(f"refused archive {archive}: {member.name} is a device file or FIFO")
+                try:
+                    tarfile.data_filter(member, into)
+                except tarfile.FilterError as exc:
+                    raise WorldError(f"refused archive {archive}: {exc}") from None
+            tar.extractall(into, filter="data")
+    except (tarfile.TarError, EOFError) as exc:
+        raise WorldError(f"bad archive {archive}: {exc}") from None
+
+
+def discard(session: str) -> None:
+    shutil.rmtree(world_dir(session), ignore_errors=True)
+    try:
+        session_dir(session).rmdir()  # a command's session holds nothing else
+    except OSError:
+        pass
+
+
+def load_spec(session: str) -> tuple[WorldSpec, dict[str, Any]]:
+    try:
+        meta = json.loads((world_dir(session) / "meta.json").read_text())
+    except FileNotFoundError:
+        raise WorldError(f"session {session} has no world (a scratch world, or one already removed)") from None
+    spec = WorldSpec(kind=meta["kind"], layer=meta["layer"], lowers=tuple(meta["lowers"]), work=meta["work"], base=tuple(meta["base"]) if meta["base"] else None)
+    return spec, meta

@@ -1,0 +1,373 @@
+"""A world's history: content-addressed objects, manifests, and a log of changes.
+
+A manifest maps each world-relative path to an entry — `{"type": "f", "mode",
+"size", "sha", "mtime"}` for a file, `"d"` for a directory, `"l"` with a
+`target` for a symlink. A revision stores only what changed since the one
+before (`{path: entry or null}`), and file contents live once in the state
+dir's object store, named by their SHA-256; so a revision costs what changed,
+not what the world holds. Anything else a world may contain (FIFOs, sockets,
+devices) is not part of its history. Setuid and setgid bits never are.
+
+Overlay layers use two more entry kinds while they are read: `"w"`, a
+whiteout (the path was deleted above a lower layer), and `"opaque": true` on a
+directory that hides everything below it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from quinebox.errors import QuineboxError
+from quinebox.state import session_dir, state_dir
+from quinebox.worlds import beneath
+
+Entry = dict[str, Any]
+Manifest = dict[str, Entry]
+Changes = dict[str, "Entry | None"]
+
+#: A world may hold at most this many entries; a scan stops there rather than grow without bound.
+MAX_ENTRIES = int(os.environ.get("QUINEBOX_WORLD_MAX_ENTRIES", "200000"))
+#: Larger files are listed (size and all) but their bytes are not kept.
+MAX_FILE = int(os.environ.get("QUINEBOX_WORLD_MAX_FILE", str(1 << 30)))
+OPAQUE = "user.overlay.opaque"
+CHUNK = 1 << 20
+
+
+class WorldError(QuineboxError):
+    """A world operation that cannot be done as asked: too large, unknown revision, unsafe archive."""
+
+
+class ConflictError(WorldError):
+    """A child's changes meet the parent's own since the fork; the caller decides (`--force`)."""
+
+    exit_code = 1
+
+
+def mode_bits(st: os.stat_result) -> int:
+    return stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID)
+
+
+class ObjectStore:
+    """File contents by SHA-256, shared by every world in the state dir: identical bytes are kept once."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = root or state_dir() / "objects"
+
+    def path(self, sha: str) -> Path:
+        if len(sha) != 64 or not all(c in "0123456789abcdef" for c in sha):
+            raise WorldError(f"bad object name {sha!r}")
+        return self.root / sha[:2] / sha[2:]
+
+    def put(self, dir_fd: int, name: str) -> str | None:
+        """Copy a regular file in, hashing as it goes; None when it is over MAX_FILE."""
+        fd = beneath.open_file(dir_fd, name)
+        tmp_dir = self.root / "tmp"
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        out = tempfile.NamedTemporaryFile(dir=tmp_dir, delete=False)
+        try:
+            with os.fdopen(fd, "rb") as src, out:
+                total = 0
+                while chunk := src.read(CHUNK):
+                    total += len(chunk)
+                    if total > MAX_FILE:
+                        return None
+                    digest.update(chunk)
+                    out.write(chunk)
+            sha = digest.hexdigest()
+            final = self.path(sha)
+            if final.exists():
+                return sha
+            final.parent.mkdir(exist_ok=True)
+            os.chmod(out.name, 0o444)
+            os.replace(out.name, final)
+            return sha
+        finally:
+            if os.path.exists(out.name):
+                os.unlink(out.name)
+
+    def open(self, sha: str):  # -> BinaryIO
+        return open(self.path(sha), "rb")
+
+
+class Scanner:
+    """Reads a directory tree (a world, or one overlay layer of it) into manifest entries, beneath its root."""
+
+    def __init__(self, store: ObjectStore, previous: Manifest, *, layer: bool = False, limit: int | None = None):
+        self.store = store
+        self.previous = previous
+        self.layer = layer
+        self.limit = MAX_ENTRIES if limit is None else limit
+        self.count = 0
+
+    def entry(self, dir_fd: int, name: str, rel: str, st: os.stat_result, *, fresh: bool) -> Entry | None:
+        """`fresh`: hash the file even if its size and mtime say it is unchanged (it was seen changing)."""
+        self.count += 1
+        if self.count > self.limit:
+            raise WorldError(f"the world holds more than {self.limit} entries; revisions stop there (remove files, or raise QUINEBOX_WORLD_MAX_ENTRIES)")
+        if stat.S_ISREG(st.st_mode):
+            old = self.previous.get(rel)
+            if not fresh and old and old["type"] == "f" and old["size"] == st.st_size and old.get("mtime") == st.st_mtime_ns:
+                sha = old["sha"]
+            elif st.st_size > MAX_FILE:
+                sha = None
+            else:
+                try:
+                    sha = self.store.put(dir_fd, name)
+                except PermissionError:
+                    sha = None  # the box made it unreadable: listed, its bytes not kept
+            return {"type": "f", "mode": mode_bits(st), "size": st.st_size, "sha": sha, "mtime": st.st_mtime_ns}
+        if stat.S_ISDIR(st.st_mode):
+            entry: Entry = {"type": "d", "mode": mode_bits(st)}
+            if self.layer and self._opaque(dir_fd, name):
+                entry["opaque"] = True
+            return entry
+        if stat.S_ISLNK(st.st_mode):
+            return {"type": "l", "target": os.readlink(name, dir_fd=dir_fd)}
+        if self.layer and stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            return {"type": "w"}
+        return None  # FIFOs, sockets and devices are not part of a world's history
+
+    @staticmethod
+    def _opaque(dir_fd: int, name: str) -> bool:
+        try:
+            fd = os.open(name, beneath.DIR_FLAGS, dir_fd=dir_fd)
+        except OSError:
+            return False
+        try:
+            return os.getxattr(fd, OPAQUE) == b"y"
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def walk(self, root_fd: int, top: str = "", *, fresh: bool = False) -> Iterator[tuple[str, Entry]]:
+        """Every entry below `top` (not `top` itself), depth first, never through a symlink."""
+        for _, fd, entries in beneath.walk(root_fd, top):
+            for rel, item in entries:
+                try:
+                    entry = self.entry(fd, item.name, rel, item.stat(follow_symlinks=False), fresh=fresh)
+                except (FileNotFoundError, beneath.Escape):
+                    continue
+                if entry is not None:
+                    yield rel, entry
+
+
+def scan(root: str, store: ObjectStore, previous: Manifest | None = None, *, layer: bool = False) -> Manifest:
+    """The whole tree under `root`; unchanged files (same size and mtime as in `previous`) are not reread."""
+    fd = os.open(root, beneath.DIR_FLAGS)
+    try:
+        return dict(Scanner(store, previous or {}, layer=layer).walk(fd))
+    finally:
+        os.close(fd)
+
+
+def below(manifest: Manifest, path: str) -> list[str]:
+    prefix = path + "/"
+    return [p for p in manifest if p.startswith(prefix)]
+
+
+def merge(base: Manifest, layer: Manifest) -> Manifest:
+    """What an overlay shows: `layer` over `base`, with its whiteouts and opaque directories."""
+    merged = dict(base)
+    for path in sorted(layer, key=lambda p: p.count("/")):
+        entry = layer[path]
+        old = merged.get(path)
+        # Only a directory below has anything under it; a whiteout, a non-directory or an opaque directory hides it.
+        if old and old["type"] == "d" and (entry["type"] != "d" or entry.get("opaque")):
+            for sub in below(merged, path):
+                if sub not in layer:
+                    del merged[sub]
+        if entry["type"] == "w":
+            merged.pop(path, None)
+        else:
+            merged[path] = {k: v for k, v in entry.items() if k != "opaque"}
+    return merged
+
+
+def changes(old: Manifest, new: Manifest) -> Changes:
+    out: Changes = {p: e for p, e in new.items() if old.get(p) != e}
+    out.update({p: None for p in old if p not in new})
+    return out
+
+
+def apply(manifest: Manifest, delta: Changes) -> Manifest:
+    result = dict(manifest)
+    for path, entry in delta.items():
+        if entry is None:
+            result.pop(path, None)
+        else:
+            result[path] = entry
+    return result
+
+
+def describe(old: Manifest, delta: Changes) -> list[tuple[str, str]]:
+    """(A|M|D, path) for each change, parents before children."""
+    out = []
+    for path in sorted(delta):
+        entry = delta[path]
+        if entry is None:
+            out.append(("D", path))
+        elif path not in old:
+            out.append(("A", path))
+        elif entry.get("type") != "d" or old[path].get("type") != "d":
+            out.append(("M", path))
+    return out
+
+
+class RevisionLog:
+    """A world's revisions, one JSON line each, appended and fsynced: `sessions/<id>/world/revisions.jsonl`."""
+
+    def __init__(self, session: str):
+        self.session = session
+        self.path = session_dir(session) / "world" / "revisions.jsonl"
+        self._lock = threading.Lock()
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every complete record; a line still being appended (no newline yet) is not one."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in data.split(b"\n")[:-1] if line.strip()]
+
+    def append(self, record: dict[str, Any]) -> dict[str, Any]:
+        record = {"t": round(time.time(), 3), **record}
+        line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "ab") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        return record
+
+    def manifest(self, rev: int | None = None) -> Manifest:
+        """The world as it was at `rev` (default: the latest)."""
+        records = self.records()
+        if not records:
+            raise WorldError(f"session {self.session} has no world revisions")
+        last = records[-1]["rev"]
+        if rev is None:
+            rev = last
+        if not 0 <= rev <= last:
+            raise WorldError(f"session {self.session} has no revision {rev}: its revisions are 0 to {last}")
+        base = records[0].get("base")
+        manifest = RevisionLog(base["session"]).manifest(base["rev"]) if base else {}
+        for record in records[: rev + 1]:
+            manifest = apply(manifest, record["changes"])
+        return manifest
+
+
+def new_bytes(delta: Changes) -> int:
+    return sum(e.get("size", 0) for e in delta.values() if e and e["type"] == "f")
+
+
+def exported(manifest: Manifest, store: ObjectStore, out) -> list[str]:
+    """Write `manifest` as a tar stream to `out` (a binary file), owned by the caller; the paths whose bytes were not kept."""
+    import tarfile
+
+    skipped = []
+    uid, gid = os.getuid(), os.getgid()
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(manifest):
+            entry = manifest[path]
+            info = tarfile.TarInfo(path)
+            info.uid, info.gid = uid, gid
+            if entry["type"] == "d":
+                info.type, info.mode = tarfile.DIRTYPE, entry["mode"]
+                tar.addfile(info)
+            elif entry["type"] == "l":
+                info.type, info.linkname = tarfile.SYMTYPE, entry["target"]
+                tar.addfile(info)
+            elif entry["type"] == "f":
+                if entry.get("sha") is None:
+                    skipped.append(path)
+                    continue
+                info.mode, info.size, info.mtime = entry["mode"], entry["size"], entry.get("mtime", 0) // 10**9
+                with store.open(entry["sha"]) as data:
+                    tar.addfile(info, data)
+    return skipped
+
+
+def carry_out(
+    delta: Changes,
+    store: ObjectStore,
+    root_fd: int,
+    *,
+    uid: int | None = None,
+    gid: int | None = None,
+    hide: Callable[[int, str, str], None] | None = None,
+) -> list[str]:
+    """Make `delta` true beneath `root_fd`: deletions deepest first, then parents before children,
+    directory modes last (so a read-only directory can still be filled). `hide(dir_fd, name, path)`
+    runs after each deletion (an overlay layer must hide what lies below it). Returns the paths
+    whose bytes were not kept, left as they were.
+    """
+    for path in sorted((p for p, e in delta.items() if e is None), key=lambda p: -p.count("/")):
+        try:
+            parent, name = beneath.open_parent(root_fd, path)
+        except FileNotFoundError:
+            continue
+        try:
+            beneath.remove(parent, name)
+            if hide is not None:
+                hide(parent, name, path)
+        finally:
+            os.close(parent)
+    skipped = []
+    chown = uid is not None and gid is not None and os.getuid() == 0
+    made = {p: e for p, e in delta.items() if e is not None}
+    for path in sorted(made, key=lambda p: (p.count("/"), p)):
+        entry = made[path]
+        parent, name = beneath.open_parent(root_fd, path, create=True)
+        try:
+            if entry["type"] == "d":
+                try:
+                    is_dir = stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+                except FileNotFoundError:
+                    is_dir = False
+                if not is_dir:
+                    beneath.remove(parent, name)
+                    os.mkdir(name, 0o700, dir_fd=parent)
+            elif entry["type"] == "l":
+                beneath.remove(parent, name)
+                os.symlink(entry["target"], name, dir_fd=parent)
+            elif entry.get("sha") is None:
+                skipped.append(path)
+                continue
+            else:
+                write_file(parent, name, store, entry)
+            if chown:
+                os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
+        finally:
+            os.close(parent)
+    for path in sorted((p for p, e in made.items() if e["type"] == "d"), key=lambda p: -p.count("/")):
+        parent, name = beneath.open_parent(root_fd, path)
+        try:
+            os.chmod(name, made[path]["mode"], dir_fd=parent, follow_symlinks=False)
+        finally:
+            os.close(parent)
+    return skipped
+
+
+def write_file(dir_fd: int, name: str, store: ObjectStore, entry: Entry) -> None:
+    """A regular file from the store, replacing whatever `name` was (never writing through a link)."""
+    beneath.remove(dir_fd, name)
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    with os.fdopen(fd, "wb") as out, store.open(entry["sha"]) as data:
+        while chunk := data.read(CHUNK):
+            out.write(chunk)
+        os.fchmod(out.fileno(), entry["mode"])
+    mtime = entry.get("mtime")
+    if mtime:
+        os.utime(name, ns=(mtime, mtime), dir_fd=dir_fd, follow_symlinks=False)
+

@@ -1,0 +1,39 @@
+"""What the agent image is built from: the root Dockerfile and the stdlib-only guest code."""
+
+import ast
+import sys
+import tarfile
+from pathlib import Path
+
+from quinebox.box.image import build_context
+from quinebox.resources import guest_dir
+
+
+def test_context_holds_the_dockerfile_and_every_guest_module():
+    with tarfile.open(fileobj=build_context()) as tar:
+        names = set(tar.getnames())
+        dockerfile = tar.extractfile("Dockerfile").read().decode()
+    assert "ARG BASE=debian:bookworm-slim" in dockerfile
+    assert "COPY quinebox/guest/ /opt/quinebox/guest/" in dockerfile
+    assert {f"quinebox/guest/{p.name}" for p in guest_dir().glob("*.py")} <= names
+    assert "quinebox/guest/lifeline.py" in names
+
+
+def test_the_image_installs_nothing_with_pip():
+    with tarfile.open(fileobj=build_context()) as tar:
+        assert "pip install" not in tar.extractfile("Dockerfile").read().decode()
+
+
+def test_guest_code_imports_only_the_standard_library():
+    own = {path.stem for path in guest_dir().glob("*.py")}
+    allowed = set(sys.stdlib_module_names) | own
+    for path in guest_dir().glob("*.py"):
+        tree = ast.parse(Path(path).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                modules = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            assert modules <= allowed, f"{path.name} imports {modules - allowed}"

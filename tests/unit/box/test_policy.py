@@ -1,0 +1,203 @@
+"""policy.container_config as a table: every safe default, and what each grant changes."""
+
+import json
+
+import pytest
+
+from quinebox.box.policy import (
+    DEFAULT_MEM,
+    DEFAULT_PIDS,
+    GUEST_PREFIX,
+    HOST_SOCKET,
+    LABEL_OWNER,
+    LABEL_PARENT,
+    LABEL_SESSION,
+    container_config,
+    seccomp_profile,
+    workdir_for,
+)
+from quinebox.box.spec import BoxSpec, seccomp_base
+from quinebox.grants import Grants
+from quinebox.worlds.spec import WorldSpec
+
+ARCH = "SCMP_ARCH_X86_64"
+
+
+def spec(*grants: str, cwd: str = "/home/u/proj", workdir: str | None = None, lifeline: str | None = "/state/run/s1.sock", **extra) -> BoxSpec:
+    return BoxSpec(
+        argv=("echo", "hi"),
+        grants=Grants.parse(grants, cwd=cwd),
+        image="quinebox/agent:test",
+        session="s1",
+        owner="host:42:1000",
+        created="2026-01-01T00:00:00+00:00",
+        cwd=cwd,
+        uid=1000,
+        gid=1000,
+        workdir=workdir,
+        lifeline=lifeline,
+        **extra,
+    )
+
+
+def config(*grants: str, **kw):
+    return container_config(spec(*grants, **kw), seccomp=seccomp_base(), arch=ARCH)
+
+
+def seccomp_of(cfg) -> dict:
+    [opt] = [o for o in cfg.host["security_opt"] if o.startswith("seccomp=")]
+    return json.loads(opt[len("seccomp="):])
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("network_mode", "none"),
+        ("read_only", True),
+        ("cap_drop", ["ALL"]),
+        ("init", True),
+        ("auto_remove", True),
+        ("pids_limit", DEFAULT_PIDS),
+        ("mem_limit", DEFAULT_MEM),
+        ("memswap_limit", DEFAULT_MEM),
+        ("ipc_mode", "private"),
+        ("log_config", {"type": "none"}),
+    ],
+)
+def test_safe_defaults_without_any_grant(key, value):
+    assert config().host[key] == value
+
+
+def test_defaults_are_never_privileged():
+    cfg = config()
+    assert "no-new-privileges:true" in cfg.host["security_opt"]
+    assert "privileged" not in cfg.host and "cap_add" not in cfg.host
+    assert cfg.create["user"] == "1000:1000"
+    assert "nano_cpus" not in cfg.host
+    assert set(cfg.host["tmpfs"]) == {"/tmp", "/world"}
+    assert all("nosuid" in opts and "size=256m" in opts for opts in cfg.host["tmpfs"].values())
+    assert "uid=1000,gid=1000" in cfg.host["tmpfs"]["/world"]
+
+
+def test_environment_holds_only_what_quinebox_sets():
+    env = config().create["environment"]
+    assert set(env) == {"PATH", "HOME", "TMPDIR", "LANG", "QUINEBOX_SESSION"}
+
+
+@pytest.mark.parametrize(
+    "grant, key, value",
+    [
+        ("net", "network_mode", "bridge"),
+        ("mem:128m", "mem_limit", 128 << 20),
+        ("mem:128m", "memswap_limit", 128 << 20),
+        ("pids:32", "pids_limit", 32),
+        ("cpus:1.5", "nano_cpus", 1_500_000_000),
+        ("cpus:0.25", "nano_cpus", 250_000_000),
+    ],
+)
+def test_grants_map_to_host_config(grant, key, value):
+    assert config(grant).host[key] == value
+
+
+def test_tmp_grant_sizes_both_tmpfs():
+    assert all("size=64m" in opts for opts in config("tmp:64m").host["tmpfs"].values())
+
+
+def test_env_grants_are_added_to_the_box_environment():
+    env = config("env:A=1", "env:B=").create["environment"]
+    assert env["A"] == "1" and env["B"] == ""
+
+
+def test_mounts_are_bind_mounts_with_the_granted_mode_plus_the_host_socket():
+    mounts = config("ro:/data", "rw:/src=/work").host["mounts"]
+    assert mounts == [
+        {"Type": "bind", "Source": "/data", "Target": "/data", "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}},
+        {"Type": "bind", "Source": "/src", "Target": "/work", "ReadOnly": False, "BindOptions": {"Propagation": "rprivate"}},
+        {"Type": "bind", "Source": "/state/run/s1.sock", "Target": HOST_SOCKET, "ReadOnly": True},
+    ]
+
+
+def test_without_a_lifeline_there_is_no_socket_mount():
+    assert config(lifeline=None).host["mounts"] == []
+
+
+def test_command_runs_under_the_guest_init_and_labels_say_whose_box_it_is():
+    cfg = config()
+    assert cfg.create["command"] == [*GUEST_PREFIX, "echo", "hi"]
+    assert cfg.create["labels"][LABEL_SESSION] == "s1"
+    assert cfg.create["labels"][LABEL_OWNER] == "host:42:1000"
+    assert cfg.create["labels"][LABEL_PARENT] == ""
+    assert cfg.create["name"] == "quinebox-s1"
+    assert cfg.create["stdin_open"] is True
+
+
+@pytest.mark.parametrize(
+    "grants, cwd, workdir, expected",
+    [
+        ((), "/home/u/proj", None, "/world"),
+        (("ro:/home/u/proj",), "/home/u/proj", None, "/home/u/proj"),
+        (("ro:/home/u",), "/home/u/proj/sub", None, "/home/u/proj/sub"),
+        (("rw:/home/u/proj=/src",), "/home/u/proj/sub", None, "/src/sub"),
+        (("ro:/home/u/project",), "/home/u/proj", None, "/world"),
+        (("ro:/other", "ro:/home/u=/h"), "/home/u/proj", None, "/h/proj"),
+        (("ro:/home/u/proj",), "/home/u/proj", "/tmp", "/tmp"),
+    ],
+)
+def test_workdir_is_the_callers_cwd_when_a_grant_covers_it(grants, cwd, workdir, expected):
+    assert workdir_for(spec(*grants, cwd=cwd, workdir=workdir)) == expected
+
+
+def test_seccomp_allows_only_the_native_architecture():
+    assert seccomp_of(config())["architectures"] == [ARCH]
+    assert seccomp_of(config())["defaultAction"] == "SCMP_ACT_ERRNO"
+
+
+def test_syscall_grant_allows_exactly_that_call():
+    base = seccomp_of(config())
+    relaxed = seccomp_of(config("syscall:clone3", "syscall:ptrace"))
+    assert [r for r in relaxed["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and r["names"] == ["clone3", "ptrace"]]
+    assert not [r for r in relaxed["syscalls"] if "clone3" in r["names"] and r["action"] == "SCMP_ACT_ERRNO"]
+    allowed = lambda p: {n for r in p["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and "args" not in r for n in r["names"]}
+    assert allowed(relaxed) - allowed(base) == {"clone3", "ptrace"}
+
+
+def test_seccomp_profile_leaves_the_base_untouched():
+    base = seccomp_base()
+    before = json.dumps(base, sort_keys=True)
+    seccomp_profile(base, Grants(syscalls=frozenset({"ptrace"})), ARCH)
+    assert json.dumps(base, sort_keys=True) == before
+
+
+def test_an_agent_box_runs_the_agent_loop_directly_it_holds_its_own_lifeline():
+    from dataclasses import replace
+
+    from quinebox.box.policy import AGENT_COMMAND
+
+    agent = replace(spec(), argv=(*AGENT_COMMAND, "the mission"), agent=True)
+    cfg = container_config(agent, seccomp=seccomp_base(), arch=ARCH)
+    assert cfg.create["command"] == [*AGENT_COMMAND, "the mission"]
+    assert cfg.host["mounts"][-1]["Target"] == HOST_SOCKET
+
+
+def test_without_a_world_the_box_gets_a_scratch_tmpfs_that_keeps_nothing():
+    assert config().host["tmpfs"]["/world"].startswith("rw,exec,nosuid,nodev,size=256m")
+
+
+@pytest.mark.parametrize("kind", ["dir", "bind"])
+def test_a_dir_or_bind_world_is_a_read_write_bind_mount_at_world(kind):
+    cfg = config(world=WorldSpec(kind=kind, layer="/state/sessions/s1/world/tree"))
+    assert "/world" not in cfg.host["tmpfs"]
+    assert cfg.host["mounts"][0] == {
+        "Type": "bind", "Source": "/state/sessions/s1/world/tree", "Target": "/world", "ReadOnly": False, "BindOptions": {"Propagation": "rprivate"},
+    }
+
+
+def test_an_inherited_world_is_an_overlay_the_engine_mounts_as_an_anonymous_volume():
+    world = WorldSpec(kind="overlay", layer="/s/c/upper", work="/s/c/work", lowers=("/s/p/upper", "/s/g/tree"), base=("p", 3))
+    mount = config(world=world).host["mounts"][0]
+    assert mount["Type"] == "volume" and mount["Target"] == "/world" and "Source" not in mount
+    assert mount["VolumeOptions"]["DriverConfig"] == {
+        "Name": "local",
+        "Options": {"type": "overlay", "device": "overlay", "o": "lowerdir=/s/p/upper:/s/g/tree,upperdir=/s/c/upper,workdir=/s/c/work,userxattr"},
+    }
+    assert mount["VolumeOptions"]["Labels"] == {LABEL_SESSION: "s1"}

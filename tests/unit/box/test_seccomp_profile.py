@@ -1,0 +1,50 @@
+"""The shipped seccomp profile: stricter than Docker's default, in the ways the README promises."""
+
+import pytest
+
+from quinebox.box.spec import seccomp_base
+
+DENIED = [
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd", "keyctl", "add_key", "request_key",
+    "bpf", "perf_event_open", "ptrace", "process_vm_readv", "process_vm_writev", "unshare", "setns", "mount",
+    "umount2", "pivot_root", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "open_by_handle_at", "clock_settime", "settimeofday", "adjtimex", "clock_adjtime", "sethostname",
+    "setdomainname", "fsopen", "fsmount", "move_mount", "open_tree", "chroot", "reboot", "swapon", "acct",
+]
+# Threads, processes and the basics a shell and python need.
+ALLOWED = ["read", "write", "openat", "execve", "clone", "wait4", "futex", "mmap", "pidfd_open", "pipe2", "socket", "connect"]
+
+
+def rules_for(name):
+    return [r for r in seccomp_base()["syscalls"] if name in r["names"]]
+
+
+@pytest.mark.parametrize("name", DENIED)
+def test_denied_syscalls_fall_to_the_default_errno(name):
+    assert rules_for(name) == []
+
+
+@pytest.mark.parametrize("name", ALLOWED)
+def test_everyday_syscalls_are_allowed(name):
+    assert any(r["action"] == "SCMP_ACT_ALLOW" for r in rules_for(name))
+
+
+def test_default_action_is_eperm():
+    profile = seccomp_base()
+    assert (profile["defaultAction"], profile["defaultErrnoRet"]) == ("SCMP_ACT_ERRNO", 1)
+
+
+def test_clone3_answers_enosys_so_libc_falls_back_to_clone():
+    [rule] = rules_for("clone3")
+    assert (rule["action"], rule["errnoRet"]) == ("SCMP_ACT_ERRNO", 38)
+
+
+def test_clone_may_not_create_namespaces():
+    [rule] = rules_for("clone")
+    assert rule["args"] == [{"index": 0, "value": 0x7E020000, "op": "SCMP_CMP_MASKED_EQ"}]
+
+
+def test_socket_only_for_unix_inet_inet6_netlink():
+    families = sorted(r["args"][0]["value"] for r in rules_for("socket"))
+    assert families == [1, 2, 10, 16]  # AF_ALG (38), AF_VSOCK (40), AF_PACKET (17) fall to EPERM
+    assert all(r["args"][0]["op"] == "SCMP_CMP_EQ" for r in rules_for("socket"))

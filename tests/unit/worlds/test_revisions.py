@@ -1,0 +1,198 @@
+"""Manifests, scanning beneath a root, the object store, export: no engine needed."""
+
+import io
+import os
+import stat
+import tarfile
+
+import pytest
+
+from quinebox.worlds import beneath, revisions
+from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError, apply, carry_out, changes, describe, exported, merge, scan
+
+F = {"type": "f", "mode": 0o644, "size": 1, "sha": "a" * 64, "mtime": 1}
+G = {**F, "sha": "b" * 64}
+D = {"type": "d", "mode": 0o755}
+W = {"type": "w"}
+L = {"type": "l", "target": "/etc"}
+
+
+@pytest.mark.parametrize(
+    "base, layer, expected",
+    [
+        ({}, {}, {}),
+        ({"a": F}, {}, {"a": F}),
+        ({"a": F}, {"a": G}, {"a": G}),
+        ({"a": F}, {"a": W}, {}),
+        ({"d": D, "d/x": F, "d/y": F}, {"d": D, "d/x": W}, {"d": D, "d/y": F}),
+        ({"d": D, "d/x": F, "d/y": F}, {"d": {**D, "opaque": True}, "d/z": G}, {"d": D, "d/z": G}),  # rm -rf d; mkdir d
+        ({"d": D, "d/x": F}, {"d": W}, {}),
+        ({"d": D, "d/x": F}, {"d": F}, {"d": F}),  # a directory replaced by a file hides what was below
+        ({"a": F}, {"a": L}, {"a": L}),
+        ({"d": D, "d/e": D, "d/e/f": F}, {"d": D, "d/e": D, "d/e/g": G}, {"d": D, "d/e": D, "d/e/f": F, "d/e/g": G}),
+        ({}, {"n": D, "n/x": F}, {"n": D, "n/x": F}),
+    ],
+)
+def test_merge_shows_what_overlay_shows(base, layer, expected):
+    assert merge(base, layer) == expected
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [({}, {"a": F}), ({"a": F}, {}), ({"a": F, "d": D}, {"a": G, "d": D, "d/x": F}), ({"a": F}, {"a": L})],
+)
+def test_changes_apply_back_to_the_new_manifest(old, new):
+    assert apply(old, changes(old, new)) == new
+
+
+def test_describe_names_added_modified_and_deleted_paths_not_directory_modes():
+    old = {"a": F, "b": F, "d": D}
+    new = {"a": G, "c": F, "d": {**D, "mode": 0o700}}
+    assert describe(old, changes(old, new)) == [("M", "a"), ("D", "b"), ("A", "c")]
+
+
+def stored(store, tmp_path, data: bytes) -> str:
+    """`data` in the store, the way a world's file gets there."""
+    (tmp_path / "src").mkdir(exist_ok=True)
+    (tmp_path / "src" / "f").write_bytes(data)
+    fd = os.open(tmp_path / "src", beneath.DIR_FLAGS)
+    try:
+        return store.put(fd, "f")
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def world(tmp_path):
+    root = tmp_path / "world"
+    root.mkdir()
+    (root / "d").mkdir()
+    (root / "d" / "file").write_bytes(b"hello")
+    (tmp_path / "secret").write_bytes(b"host secret")
+    os.symlink(tmp_path, root / "escape")
+    os.symlink("/etc/passwd", root / "passwd")
+    os.mkfifo(root / "fifo")
+    (root / "suid").write_bytes(b"#!/bin/sh\n")
+    os.chmod(root / "suid", 0o6755)
+    return root
+
+
+def test_scan_records_symlinks_as_links_and_never_goes_through_them(world, tmp_path):
+    store = ObjectStore(tmp_path / "objects")
+    manifest = scan(str(world), store)
+    assert manifest["escape"] == {"type": "l", "target": str(tmp_path)}
+    assert manifest["passwd"] == {"type": "l", "target": "/etc/passwd"}
+    assert not any(p.startswith("escape/") for p in manifest)
+    stored = {p.read_bytes() for p in (tmp_path / "objects").glob("??/*")}
+    assert stored == {b"hello", b"#!/bin/sh\n"}  # the secret behind the link was never read
+
+
+def test_scan_leaves_out_fifos_and_strips_setuid_and_setgid(world, tmp_path):
+    manifest = scan(str(world), ObjectStore(tmp_path / "objects"))
+    assert "fifo" not in manifest
+    assert manifest["suid"]["mode"] == 0o755
+
+
+def test_scan_reads_whiteouts_and_opaque_directories_only_in_an_overlay_layer(tmp_path):
+    if os.getuid() != 0:
+        pytest.fail("this test makes an overlay whiteout (a 0:0 character device): run the suite as root, as CI does", pytrace=False)
+    layer = tmp_path / "upper"
+    layer.mkdir()
+    os.mknod(layer / "gone", stat.S_IFCHR | 0o600, os.makedev(0, 0))
+    (layer / "d").mkdir()
+    os.setxattr(layer / "d", revisions.OPAQUE, b"y")
+    store = ObjectStore(tmp_path / "objects")
+    assert scan(str(layer), store, layer=True) == {"gone": {"type": "w"}, "d": {"type": "d", "mode": 0o755, "opaque": True}}
+    assert scan(str(layer), store) == {"d": {"type": "d", "mode": 0o755}}
+
+
+def test_files_over_the_size_cap_are_listed_but_not_read(tmp_path, monkeypatch):
+    root = tmp_path / "w"
+    root.mkdir()
+    with open(root / "sparse", "wb") as f:
+        f.truncate(1 << 40)  # a 1 TB sparse file: listed, never read
+    (root / "big").write_bytes(b"x" * 100)
+    monkeypatch.setattr(revisions, "MAX_FILE", 50)
+    store = ObjectStore(tmp_path / "objects")
+    manifest = scan(str(root), store)
+    assert manifest["sparse"]["size"] == 1 << 40 and manifest["sparse"]["sha"] is None
+    assert manifest["big"]["sha"] is None
+    assert list((tmp_path / "objects").glob("??/*")) == []
+
+
+def test_a_world_with_more_entries_than_the_cap_is_refused_not_read_to_the_end(tmp_path, monkeypatch):
+    root = tmp_path / "w"
+    root.mkdir()
+    for i in range(150):
+        (root / f"f{i}").write_bytes(b"")
+    monkeypatch.setattr(revisions, "MAX_ENTRIES", 100)
+    with pytest.raises(WorldError, match="more than 100 entries"):
+        scan(str(root), ObjectStore(tmp_path / "objects"))
+
+
+def test_unchanged_files_are_not_reread(tmp_path):
+    root = tmp_path / "w"
+    root.mkdir()
+    (root / "a").write_bytes(b"one")
+    store = ObjectStore(tmp_path / "objects")
+    first = scan(str(root), store)
+    os.unlink(store.path(first["a"]["sha"]))  # were it reread, it would be stored again
+    assert scan(str(root), store, previous=first) == first
+    assert not store.path(first["a"]["sha"]).exists()
+
+
+@pytest.mark.parametrize("rel", ["", "/etc", "a/../../b", "..", "a/..", "x\0y"])
+def test_world_paths_that_leave_the_root_are_refused(rel):
+    with pytest.raises(beneath.Escape):
+        beneath.parts(rel)
+
+
+def test_writing_a_tree_never_writes_through_a_planted_symlink(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    os.symlink(outside, target / "a")
+    store = ObjectStore(tmp_path / "objects")
+    sha = stored(store, tmp_path, b"payload")
+    fd = os.open(target, beneath.DIR_FLAGS)
+    try:
+        with pytest.raises(beneath.Escape):
+            carry_out({"a/x": {"type": "f", "mode": 0o644, "size": 7, "sha": sha, "mtime": 0}}, store, fd)
+    finally:
+        os.close(fd)
+    assert list(outside.iterdir()) == []
+
+
+def test_export_writes_exact_bytes_links_as_links_and_the_callers_ownership(tmp_path):
+    store = ObjectStore(tmp_path / "objects")
+    data = os.urandom(70000)
+    manifest = {
+        "d": {"type": "d", "mode": 0o750},
+        "d/blob": {"type": "f", "mode": 0o600, "size": len(data), "sha": stored(store, tmp_path, data), "mtime": 10**18},
+        "link": {"type": "l", "target": "/etc/passwd"},
+        "huge": {"type": "f", "mode": 0o644, "size": 1 << 40, "sha": None, "mtime": 0},
+    }
+    out = io.BytesIO()
+    assert exported(manifest, store, out) == ["huge"]
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert sorted(members) == ["d", "d/blob", "link"]
+        assert tar.extractfile("d/blob").read() == data
+        assert members["link"].issym() and members["link"].linkname == "/etc/passwd"
+        assert {(m.uid, m.gid) for m in members.values()} == {(os.getuid(), os.getgid())}
+        assert members["d/blob"].mode == 0o600
+
+
+def test_a_revision_is_the_fold_of_its_base_and_its_changes(tmp_path):
+    parent, child = RevisionLog("p-fold"), RevisionLog("c-fold")
+    parent.append({"rev": 0, "changes": {"a": F}})
+    parent.append({"rev": 1, "changes": {"a": G, "b": F}})
+    child.append({"rev": 0, "base": {"session": "p-fold", "rev": 0}, "changes": {}})
+    child.append({"rev": 1, "changes": {"c": F, "a": None}})
+    assert parent.manifest(1) == {"a": G, "b": F}
+    assert child.manifest(0) == {"a": F}
+    assert child.manifest() == {"c": F}
+    with pytest.raises(WorldError, match="no revision 5: its revisions are 0 to 1"):
+        child.manifest(5)
+

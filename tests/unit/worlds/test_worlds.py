@@ -1,0 +1,239 @@
+"""Choosing, making, revising and importing worlds on the host; no engine needed."""
+
+import io
+import os
+import shutil
+import tarfile
+import threading
+import time
+
+import pytest
+
+from quinebox.errors import GrantError
+from quinebox.state import state_dir
+from quinebox.worlds import build
+from quinebox.worlds.build import create, import_archive
+from quinebox.worlds.revisions import ObjectStore, WorldError
+from quinebox.worlds.spec import WorldSpec, child_world, root_world, world_dir
+from quinebox.worlds.world import World
+
+
+def choose(cwd, **options):
+    options = {"world": None, "world_from": None, "world_tar": None, **options}
+    return root_world("s-choose", cwd=str(cwd), protected=[str(state_dir())], **options)
+
+
+def test_a_box_at_the_host_gets_an_empty_world_of_its_own_by_default(tmp_path):
+    spec = choose(tmp_path)
+    assert spec == WorldSpec(kind="dir", layer=str(world_dir("s-choose") / "tree"))
+    assert choose(tmp_path, world_from="empty") == spec
+
+
+def test_world_dir_binds_the_real_directory(tmp_path):
+    (tmp_path / "proj").mkdir()
+    os.symlink(tmp_path / "proj", tmp_path / "link")
+    assert choose(tmp_path, world="link") == WorldSpec(kind="bind", layer=str(tmp_path / "proj"))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"world": "missing"}, "does not exist"),
+        ({"world": "file"}, "is not a directory"),
+        ({"world_from": "inherit"}, "has no parent world"),
+        ({"world_from": ["missing"]}, "does not exist"),
+        ({"world_from": ["a/x", "b/x"]}, "same name"),
+        ({"world": ".", "world_tar": "t.tar"}, "give one of --world, --world-from and --world-tar"),
+        ({"world_tar": "nope.tar"}, "no such archive"),
+    ],
+)
+def test_bad_world_choices_are_refused_with_what_to_do(tmp_path, options, message):
+    (tmp_path / "file").write_text("")
+    for d in ("a/x", "b/x"):
+        (tmp_path / d).mkdir(parents=True)
+    with pytest.raises(GrantError, match=message):
+        choose(tmp_path, **options)
+
+
+def test_the_state_dir_can_never_be_a_world(tmp_path):
+    for options in ({"world": str(state_dir())}, {"world_from": [str(state_dir())]}):
+        with pytest.raises(GrantError, match="never granted"):
+            choose(tmp_path, **options)
+
+
+def make(session, **kw):
+    spec = WorldSpec(kind="dir", layer=str(world_dir(session) / "tree"), **kw)
+    create(session, spec, os.getuid(), os.getgid())
+    return spec
+
+
+@pytest.fixture
+def parent():
+    spec = make("u-parent-" + os.urandom(3).hex())
+    session = spec.layer.split("/")[-3]
+    root = spec.layer
+    os.makedirs(f"{root}/src")
+    open(f"{root}/src/a.py", "w").write("print('a')\n")
+    open(f"{root}/README", "w").write("read me\n")
+    world = World(session, spec)
+    yield world
+    world.close()
+
+
+@pytest.mark.parametrize("paths", [["../etc"], ["/etc/passwd"], ["/world/../etc"], [""], ["src/missing"]])
+def test_a_childs_world_paths_must_name_something_in_its_parents_world(parent, paths):
+    with pytest.raises(GrantError, match="refused world path|not in this box's world"):
+        child_world(parent, "u-child", paths)
+
+
+def test_a_child_gets_only_the_paths_it_was_given(parent):
+    spec = child_world(parent, "u-child-paths", ["/world/src"])
+    create("u-child-paths", spec, os.getuid(), os.getgid())
+    assert sorted(os.listdir(spec.layer)) == ["src"]
+    assert open(f"{spec.layer}/src/a.py").read() == "print('a')\n"
+
+
+def test_an_inheriting_child_stacks_its_layer_on_its_parents_at_the_revision_it_forked_from(parent):
+    spec = child_world(parent, "u-child-cow", "inherit")
+    assert spec.kind == "overlay" and spec.lowers == (parent.spec.layer,)
+    assert spec.base == (parent.session, parent.rev)
+
+
+def test_a_revision_holds_only_what_changed(parent):
+    root = parent.spec.layer
+    for i in range(2000):
+        open(f"{root}/src/f{i}", "w").write(str(i))
+    big = parent.revise("sh", turn=1, command="generate")
+    assert big["files"] == 2000
+    objects_before = set(ObjectStore().root.glob("??/*"))
+    open(f"{root}/src/f7", "w").write("changed")
+    small = parent.revise("sh", turn=2, command="edit one")
+    assert small["changes"].keys() == {"src/f7"} and small["bytes"] == len("changed")
+    assert len(set(ObjectStore().root.glob("??/*")) - objects_before) == 1
+    assert parent.revise("sh", turn=3) is None  # nothing changed: no revision
+
+
+def test_moves_and_deletions_of_whole_directories_are_revised_correctly(parent):
+    root = parent.spec.layer
+    os.makedirs(f"{root}/x/y")
+    open(f"{root}/x/y/z", "w").write("z")
+    parent.revise("sh")
+    os.rename(f"{root}/x", f"{root}/moved")
+    shutil.rmtree(f"{root}/src")
+    record = parent.revise("sh")
+    assert record["changes"] == {
+        "x": None, "x/y": None, "x/y/z": None, "src": None, "src/a.py": None,
+        "moved": parent.manifest["moved"], "moved/y": parent.manifest["moved/y"], "moved/y/z": parent.manifest["moved/y/z"],
+    }
+    assert sorted(parent.manifest) == ["README", "moved", "moved/y", "moved/y/z"]
+
+
+def test_a_restore_plan_says_what_it_undoes_and_carries_the_old_bytes(parent):
+    root = parent.spec.layer
+    parent.revise("sh")
+    first = parent.rev
+    open(f"{root}/README", "w").write("rewritten\n")
+    os.unlink(f"{root}/src/a.py")
+    open(f"{root}/new", "w").write("new\n")
+    plan, data = parent.restore_plan(first)
+    assert plan["remove"] == ["new"]
+    assert [f[0] for f in plan["files"]] == ["README", "src/a.py"]
+    assert b"".join(data) == b"read me\nprint('a')\n"
+    assert plan["undone"] == ["restored README", "removed new (made after revision 0)", "brought back src/a.py"]
+    assert plan["before"] == first + 1  # the state being left is kept too
+
+
+def test_restoring_an_unknown_revision_is_refused(parent):
+    with pytest.raises(WorldError, match="no revision 9"):
+        parent.restore_plan(9)
+
+
+def test_a_world_that_grows_past_its_grant_is_reported_once(tmp_path):
+    spec = make("u-full")
+    full = threading.Event()
+    reasons = []
+    world = World("u-full", spec, limit=1 << 20, on_full=lambda why: (reasons.append(why), full.set()))
+    try:
+        with open(f"{spec.layer}/sparse", "wb") as f:
+            f.truncate(1 << 40)  # takes no blocks: not growth
+        time.sleep(0.5)
+        assert not full.is_set()
+        with open(f"{spec.layer}/fat", "wb") as f:
+            f.write(os.urandom(2 << 20))
+        assert full.wait(5)
+        assert len(reasons) == 1 and "over its world:1m grant" in reasons[0]
+    finally:
+        world.close()
+
+
+def tar_of(*members):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def member(name, data=b"", **fields):
+    info = tarfile.TarInfo(name)
+    info.size = len(data) if data is not None else 0
+    for key, value in fields.items():
+        setattr(info, key, value)
+    return info, data if fields.get("type", tarfile.REGTYPE) == tarfile.REGTYPE else None
+
+
+@pytest.mark.parametrize(
+    "members, message",
+    [
+        ([member("/etc/cron.d/x", b"x")], "absolute"),
+        ([member("../escape", b"x")], "outside the destination"),
+        ([member("a/../../escape", b"x")], "outside the destination"),
+        ([member("link", type=tarfile.SYMTYPE, linkname="/etc"), member("link/passwd", b"x")], "link"),
+        ([member("hard", type=tarfile.LNKTYPE, linkname="/etc/passwd")], "outside the destination|link"),
+        ([member("dev", type=tarfile.CHRTYPE, devmajor=1, devminor=3)], "device file or FIFO"),
+        ([member("pipe", type=tarfile.FIFOTYPE)], "device file or FIFO"),
+    ],
+)
+def test_an_unsafe_archive_is_refused_whole_and_nothing_is_written(tmp_path, members, message):
+    archive = tmp_path / "bad.tar"
+    archive.write_bytes(tar_of(member("fine", b"ok"), *members))
+    into = tmp_path / "into"
+    into.mkdir()
+    with pytest.raises(WorldError, match=message):
+        import_archive(str(archive), str(into))
+    assert list(into.iterdir()) == []
+
+
+def test_archive_caps_on_members_and_bytes_are_checked_before_anything_is_written(tmp_path, monkeypatch):
+    archive = tmp_path / "many.tar"
+    archive.write_bytes(tar_of(*(member(f"f{i}", b"x" * 10) for i in range(20))))
+    into = tmp_path / "into"
+    into.mkdir()
+    monkeypatch.setattr(build, "MAX_ARCHIVE_MEMBERS", 10)
+    with pytest.raises(WorldError, match="more than 10 members"):
+        import_archive(str(archive), str(into))
+    monkeypatch.setattr(build, "MAX_ARCHIVE_MEMBERS", 1000)
+    monkeypatch.setattr(build, "MAX_ARCHIVE_BYTES", 100)
+    with pytest.raises(WorldError, match="more than 100 bytes"):
+        import_archive(str(archive), str(into))
+    assert list(into.iterdir()) == []
+
+
+def test_a_safe_archive_lands_with_setuid_stripped_and_owned_by_the_caller(tmp_path):
+    archive = tmp_path / "ok.tar"
+    archive.write_bytes(tar_of(member("bin/tool", b"#!/bin/sh\n", mode=0o6755, uid=0, gid=0, uname="root"), member("link", type=tarfile.SYMTYPE, linkname="bin/tool")))
+    into = tmp_path / "into"
+    into.mkdir()
+    import_archive(str(archive), str(into))
+    st = os.stat(into / "bin" / "tool")
+    assert (st.st_mode & 0o7777, st.st_uid) == (0o755, os.getuid())
+    assert os.readlink(into / "link") == "bin/tool"
+
+
+def test_a_failed_creation_leaves_no_world_behind(tmp_path):
+    archive = tmp_path / "bad.tar"
+    archive.write_bytes(tar_of(member("../x", b"x")))
+    spec = WorldSpec(kind="dir", layer=str(world_dir("u-failed") / "tree"), archive=str(archive))
+    with pytest.raises(WorldError):
+        create("u-failed", spec, os.getuid(), os.getgid())
+    assert not world_dir("u-failed").exists()
