@@ -1,0 +1,129 @@
+"""The model's `sh` and `fork` tools, and how their output is shown to it, capped.
+
+Stdlib only: it runs inside boxes.
+"""
+
+import json
+import os
+import signal
+import threading
+
+import protocol
+from worldplan import adopt_world
+
+#: The box's stdin, stdout and stderr, as the agent's sh commands see them.
+MATERIAL, DELIVERABLE, DIAGNOSTICS = 3, 4, 5
+OUTPUT_CAP = 16 << 10
+
+
+class Collected:
+    """Output as the model sees it: the first OUTPUT_CAP bytes, and how many there were in all."""
+
+    def __init__(self):
+        self.kept = bytearray()
+        self.total = 0
+
+    def __call__(self, data):
+        self.total += len(data)
+        if len(self.kept) < OUTPUT_CAP:
+            self.kept += data[: OUTPUT_CAP - len(self.kept)]
+
+    def drain(self, stream):
+        """Read a pipe to its end."""
+        for chunk in iter(lambda: stream.read(65536), b""):
+            self(chunk)
+
+    def text(self):
+        text = self.kept.decode(errors="replace")
+        return text + (f"\n[truncated: {self.total} bytes total]" if self.total > len(self.kept) else "")
+
+    def shown(self, name):
+        text = self.text()
+        return f"{name}:\n{text}" if text else f"{name}: (empty)"
+
+
+def run_sh(command, timeout):
+    import subprocess  # not needed by missions that never call sh
+
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(MATERIAL, DELIVERABLE, DIAGNOSTICS),
+        start_new_session=True,
+    )
+    out, err = Collected(), Collected()
+    readers = [threading.Thread(target=out.drain, args=(proc.stdout,)), threading.Thread(target=err.drain, args=(proc.stderr,))]
+    for reader in readers:
+        reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for reader in readers:
+        reader.join()
+    status = f"killed after {timeout:g} s (timeout)" if timed_out else f"exit code {proc.returncode}"
+    return proc.returncode, f"{status}\n{out.shown('stdout')}\n{err.shown('stderr')}"
+
+
+def fork(children, mode, adopt=False, host=None):
+    """Start the children over the host socket; their results as the model reads them."""
+    import cli  # the in-box command's client; argparse and all, so only when forking
+
+    if mode not in ("wait", "race", "forget") or not isinstance(children, list) or not children:
+        return "error: fork needs a non-empty list of children and a mode of wait, race or forget"
+    started, results = [], [None] * len(children)
+    for index, spec in enumerate(children):
+        if not isinstance(spec, dict) or not isinstance(spec.get("mission"), str):
+            results[index] = {"error": "each child needs a string mission"}
+            continue
+        request = {"kind": "spawn", "what": "run", "mission": spec["mission"], "grants": spec.get("grants") or [],
+                   "model": spec.get("model"), "world": spec.get("world"), "cwd": os.getcwd(), "detach": mode == "forget"}
+        try:
+            child = cli.Child(request)
+            material = str(spec.get("material") or "").encode()
+            for start in range(0, len(material), cli.CHUNK):
+                child.send({"kind": "stdin"}, material[start : start + cli.CHUNK])
+            child.send({"kind": "stdin", "eof": True})
+        except OSError as exc:
+            results[index] = {"error": f"cannot reach the host: {exc}"}
+            continue
+        started.append((index, child))
+    winner = []
+
+    def follow(index, child):
+        out, err = Collected(), Collected()
+        try:
+            code = child.relay(out, err, until_spawned=mode == "forget")
+        except (OSError, EOFError, protocol.ProtocolError) as exc:
+            code, err = 125, Collected()
+            err(f"lost the host: {exc}".encode())
+        result = {"mission": children[index]["mission"], "session": child.session}
+        if mode != "forget":
+            result.update(exit_code=code, stdout=out.text(), stderr=err.text())
+        results[index] = result
+        if mode == "race" and code == 0 and not winner:
+            winner.append(index)
+            for other_index, other in started:
+                if other_index != index:
+                    try:
+                        other.send({"kind": "kill"})
+                    except OSError:
+                        pass
+        child.sock.close()
+
+    threads = [threading.Thread(target=follow, args=pair) for pair in started]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    outcome = {"mode": mode, "children": results}
+    if mode == "race":
+        outcome["winner"] = winner[0] if winner else None
+        if adopt and winner:
+            outcome["adopted"] = adopt_world(host, results[winner[0]]["session"])
+    return json.dumps(outcome, indent=1)
