@@ -1,0 +1,150 @@
+"""The package's rooms and the one direction of their imports, read from the source.
+
+    cli, api → tree → agent → box → worlds → foundation (errors, grants, state, …)
+    guest: stdlib only, importable by the host (the frame format), never importing it
+
+Every import counts, lazy ones inside functions included: a lazy import that
+points up is still a circle waiting to happen. Only names under
+`if TYPE_CHECKING:` are exempt, since they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import quinebox
+
+PACKAGE = Path(quinebox.__file__).parent
+#: Rooms from the bottom up; a module may import its own room and the ones below it.
+ROOMS = [
+    ("foundation", ("quinebox.errors", "quinebox.resources", "quinebox.documents", "quinebox.state", "quinebox.grants")),
+    ("guest", ("quinebox.guest",)),
+    ("worlds", ("quinebox.worlds",)),
+    ("box", ("quinebox.box",)),
+    ("agent", ("quinebox.agent",)),
+    ("tree", ("quinebox.tree",)),
+    ("front", ("quinebox.api", "quinebox.cli", "quinebox")),
+]
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def room(module: str) -> int:
+    for rank, (_, prefixes) in enumerate(ROOMS):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes if prefix != "quinebox"):
+            return rank
+    if module == "quinebox":
+        return len(ROOMS) - 1
+    raise AssertionError(f"{module} is in no room: add it to ROOMS in {__file__}")
+
+
+def runtime_nodes(tree: ast.AST):
+    """Every node except those under `if TYPE_CHECKING:`."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in [child, *runtime_nodes(child)])
+            continue
+        yield node
+        yield from runtime_nodes(node)
+
+
+def imports_of(module: str) -> set[str]:
+    """The quinebox modules `module` imports when it runs."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    found.add(f"{base}.{alias.name}")
+                elif alias.name != "__version__":  # the version is the root package's only plain value
+                    found.add(base)
+    return {name for name in found if name == "quinebox" or name.startswith("quinebox.")}
+
+
+GRAPH = {module: imports_of(module) - {module} for module in MODULES}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down_or_sideways_never_up(module):
+    mine = room(module)
+    for target in sorted(GRAPH[module]):
+        assert target in MODULES, f"{module} imports {target}, which does not exist"
+        assert room(target) <= mine, f"{module} ({ROOMS[mine][0]}) imports {target} ({ROOMS[room(target)][0]}): imports point down only"
+
+
+def test_the_guest_imports_nothing_of_the_host():
+    for module in (m for m in MODULES if m.startswith("quinebox.guest")):
+        assert not GRAPH[module], f"{module} runs in boxes and imports {GRAPH[module]}"
+
+
+def test_no_import_circles():
+    done: set[str] = set()
+
+    def visit(module: str, stack: list[str]) -> None:
+        if module in stack:
+            cycle = stack[stack.index(module) :] + [module]
+            pytest.fail("import circle: " + " → ".join(cycle))
+        if module in done:
+            return
+        for target in sorted(GRAPH[module]):
+            visit(target, [*stack, module])
+        done.add(module)
+
+    for module in sorted(MODULES):
+        visit(module, [])
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_room_and_module_says_what_it_holds(module):
+    assert ast.get_docstring(ast.parse(MODULES[module].read_text())), f"{module} has no docstring"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_holds_more_than_one_idea(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines: past {MAX_LINES} a module is two"
+
+
+# -- the checker itself ------------------------------------------------------------------
+
+
+def test_the_checker_sees_lazy_imports_and_skips_type_checking_ones(tmp_path, monkeypatch):
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from quinebox.tree.supervisor import Node\n"
+        "def f():\n    from quinebox.agent import store\n"
+    )
+    monkeypatch.setitem(MODULES, "quinebox.box.fake", tmp_path / "fake.py")
+    (tmp_path / "fake.py").write_text(source)
+    assert imports_of("quinebox.box.fake") == {"quinebox.agent.store"}
+
+
+def test_the_exec_path_imports_no_sqlite_yaml_rich_or_openai():
+    """`quinebox exec` and `quinebox.exec` start in well under a second because these stay off their path."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, quinebox.cli, quinebox.api, quinebox.box.process, quinebox.tree.supervisor\n"
+        "print(' '.join(m for m in ('sqlite3', 'yaml', 'rich', 'openai') if m in sys.modules))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == [], f"the exec path imports {loaded}"
