@@ -40,6 +40,9 @@ class Popen(BoxProcess):
     a file descriptor or file object; for stdout/stderr also a callable that
     receives each chunk as it arrives. The box is the root of a tree of its
     own: with `spawn:N` and `depth:N` what runs in it may start boxes too.
+    `image` may be any image (`pull`: missing, always or never); with no argv
+    the box runs the image's entrypoint and command. `tty` gives the box a
+    pseudo-terminal: its output then arrives as one stream, on stdout.
     """
 
     def __init__(
@@ -54,13 +57,16 @@ class Popen(BoxProcess):
         world: str | None = None,
         world_from: str | Sequence[str] | None = None,
         world_tar: str | None = None,
+        pull: str = "missing",
+        tty: bool = False,
         stdin: Stream | bytes = None,
         stdout: Stream = None,
         stderr: Stream = None,
         backend: DockerBackend | None = None,
     ):
         spec = build_spec(
-            argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, world=world, world_from=world_from, world_tar=world_tar
+            argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir,
+            world=world, world_from=world_from, world_tar=world_tar, pull=pull, tty=tty,
         )
         super().__init__(spec, stdin=stdin, stdout=stdout, stderr=stderr, backend=backend, place=Node.root(spec))
 
@@ -86,6 +92,7 @@ def exec(
     world: str | None = None,
     world_from: str | Sequence[str] | None = None,
     world_tar: str | None = None,
+    pull: str = "missing",
 ) -> ExecResult:
     """Run `argv` in a fresh box and collect its output, like `subprocess.run(capture_output=True)`.
 
@@ -95,7 +102,7 @@ def exec(
     in `world_from`, the contents of the archive `world_tar`, or empty.
     """
     began = time.monotonic()
-    options = {"world": world, "world_from": world_from, "world_tar": world_tar}
+    options = {"world": world, "world_from": world_from, "world_tar": world_tar, "pull": pull}
     proc, code, out, err = _captured(
         lambda **streams: Popen(argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, **options, **streams), input
     )
@@ -136,6 +143,7 @@ def run(
     world: str | None = None,
     world_from: str | Sequence[str] | None = None,
     world_tar: str | None = None,
+    pull: str = "missing",
 ) -> RunResult:
     """Run an agent on `mission` with `input` as its material; collect the deliverable and diagnostics.
 
@@ -145,7 +153,7 @@ def run(
     agent, code, out, err = _captured(
         lambda **streams: start_agent(
             mission, model=model, grants=grants, policy=policy, timeout=timeout, image=image,
-            workdir=workdir, max_turns=max_turns, max_tokens=max_tokens, world=world, world_from=world_from, world_tar=world_tar, **streams,
+            workdir=workdir, max_turns=max_turns, max_tokens=max_tokens, world=world, world_from=world_from, world_tar=world_tar, pull=pull, **streams,
         ),
         input,
     )
@@ -188,10 +196,11 @@ class Box:
         policy: str | None = None,
         max_turns: int | None = None,
         max_tokens: int | None = None,
+        pull: str = "missing",
     ):
         self.defaults: dict[str, Any] = {
             "image": image, "grants": tuple(grants), "model": model, "timeout": timeout,
-            "policy": policy, "max_turns": max_turns, "max_tokens": max_tokens,
+            "policy": policy, "max_turns": max_turns, "max_tokens": max_tokens, "pull": pull,
         }
 
     def _options(self, overrides: dict[str, Any], *names: str) -> dict[str, Any]:
@@ -201,11 +210,11 @@ class Box:
         return {name: merged[name] for name in names if name in merged}
 
     def run(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
-        options = self._options(overrides, "image", "grants", "model", "timeout", "policy", "max_turns", "max_tokens", "workdir", *WORLD_OPTIONS)
+        options = self._options(overrides, "image", "pull", "grants", "model", "timeout", "policy", "max_turns", "max_tokens", "workdir", *WORLD_OPTIONS)
         return run(mission, input=input, **options)
 
     def exec(self, argv: Sequence[str], *, input: bytes | None = None, **overrides: Any) -> ExecResult:
-        return exec(argv, input=input, **self._options(overrides, "image", "grants", "timeout", "policy", "workdir", *WORLD_OPTIONS))
+        return exec(argv, input=input, **self._options(overrides, "image", "pull", "grants", "timeout", "policy", "workdir", *WORLD_OPTIONS))
 
     async def spawn(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
         """`run` without blocking the event loop."""

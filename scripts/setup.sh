@@ -53,3 +53,18 @@ if is_root && have_apt && ! command -v debootstrap >/dev/null && [ ! -x /usr/sbi
     say "installing debootstrap (to build the base image without a registry)"; apt_install debootstrap
 fi
 .venv/bin/quinebox image build
+
+# 4. What the demo and the tests build images of their own from (no registry):
+#    a static busybox, musl's loader and compiler wrapper, and a C compiler.
+missing=()
+command -v busybox >/dev/null || [ -x /bin/busybox ] || missing+=(busybox-static)
+command -v musl-gcc >/dev/null || missing+=(musl-tools)
+command -v gcc >/dev/null || missing+=(gcc libc6-dev)
+if [ "${#missing[@]}" -gt 0 ]; then
+    if is_root && have_apt; then
+        say "installing ${missing[*]} (for images without Python in the demo and the tests)"; apt_install "${missing[@]}"
+    else
+        say "missing ${missing[*]}: the demo's and the tests' own images need them (apt-get install ${missing[*]})"
+        exit 125
+    fi
+fi

@@ -44,3 +44,11 @@ def fake_openai(monkeypatch):
     yield server
     server.close()
 
+
+
+@pytest.fixture(scope="session")
+def test_images(engine):
+    """Images that are not quinebox's: scratch + busybox, musl, Debian without Python, one static binary."""
+    from images import build_all
+
+    return build_all(engine)

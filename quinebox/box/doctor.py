@@ -36,7 +36,16 @@ def run() -> int:
     check(bool(info.get("PidsLimit")), "pids limits supported", "enable the pids cgroup controller")
     from quinebox.box.image import image_exists
 
-    check(image_exists(backend, DEFAULT_IMAGE), f"image {DEFAULT_IMAGE} present", "build it: quinebox image build")
+    present = image_exists(backend, DEFAULT_IMAGE)
+    check(present, f"image {DEFAULT_IMAGE} present", "build it: quinebox image build")
+    if present:
+        from quinebox.box.runtime import runtime_dir
+
+        try:
+            where, problem = runtime_dir(backend, DEFAULT_IMAGE), ""
+        except QuineboxError as exc:
+            where, problem = "", str(exc)
+        check(not problem, f"guest runtime for any image at {where or '(none)'}", problem or "")
     if os.geteuid() == 0:
         console.print("note  running as root: boxes run as uid 1000, so rw: grants must be writable by uid 1000")
     return 1 if failures else 0

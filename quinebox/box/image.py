@@ -103,10 +103,11 @@ def bootstrap_base(backend: DockerBackend, log: Log = _say) -> None:
 
 
 def build_context() -> io.BytesIO:
-    """The Dockerfile and the guest code, as the tar the engine builds from."""
+    """The Dockerfile, the runtime's recipe and the guest code, as the tar the engine builds from."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(resource_path("Dockerfile"), arcname="Dockerfile")
+        tar.add(resource_path("images", "runtime.sh"), arcname="images/runtime.sh")
         for path in sorted(guest_dir().rglob("*.py")):
             tar.add(path, arcname=f"quinebox/guest/{path.relative_to(guest_dir())}")
     buf.seek(0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from quinebox.box.backends.docker import DockerBackend
-from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
+from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.spec import process_start_ticks
 from quinebox.state import run_dir
 
@@ -28,6 +28,8 @@ class BoxInfo:
     owner: str
     parent: str
     age_s: float
+    #: The uid of whoever started it ("" for a box from before quinebox recorded it).
+    user: str = ""
 
 
 def owner_alive(owner: str, hostname: str | None = None) -> bool:
@@ -66,6 +68,7 @@ def _info(container: dict) -> BoxInfo:
         owner=labels.get(LABEL_OWNER, "?"),
         parent=labels.get(LABEL_PARENT, ""),
         age_s=max(0.0, age),
+        user=labels.get(LABEL_USER, ""),
     )
 
 

@@ -14,7 +14,7 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
-from quinebox.box.spec import BoxSpec, WorldSpec
+from quinebox.box.spec import BoxSpec, ImageInfo, WorldSpec
 from quinebox.grants import Grants, format_size
 
 DEFAULT_MEM = 1 << 30
@@ -24,17 +24,25 @@ DEFAULT_WORLD = 1 << 30
 
 #: Where the box's end of its host socket appears.
 HOST_SOCKET = "/run/quinebox/host.sock"
+#: Where the guest's runtime (box/runtime.py) appears, read-only, in every box.
+RUNTIME = "/.quinebox"
+#: How every guest program starts: the runtime's own loader runs the runtime's Python, isolated from the image.
+GUEST_PYTHON = (f"{RUNTIME}/lib/ld.so", "--library-path", f"{RUNTIME}/lib", f"{RUNTIME}/lib/python3", "-I", "-S")
 #: The guest's init runs first and execs nothing itself: it ties the box to the host and runs argv.
-GUEST_PREFIX = ("/usr/bin/python3", "-I", "-S", "/opt/quinebox/guest/lifeline.py", "--")
+GUEST_PREFIX = (*GUEST_PYTHON, f"{RUNTIME}/guest/lifeline.py", "--")
 #: What runs a mission: the guest's agent loop, with the mission as its last argument.
-AGENT_COMMAND = ("/usr/bin/python3", "-I", "-S", "/opt/quinebox/guest/agent.py", "--")
+AGENT_COMMAND = (*GUEST_PYTHON, f"{RUNTIME}/guest/agent.py", "--")
+#: PATH and LANG for an image that sets none.
 BOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BOX_LANG = "C.UTF-8"
 
 LABEL_PREFIX = "io.quinebox."
 LABEL_SESSION = LABEL_PREFIX + "session"
 LABEL_OWNER = LABEL_PREFIX + "owner"
 LABEL_PARENT = LABEL_PREFIX + "parent"
 LABEL_CREATED = LABEL_PREFIX + "created"
+#: The uid of the user who started the box: only they may `enter` it.
+LABEL_USER = LABEL_PREFIX + "user"
 
 _SECCOMP_ARCH = {
     "x86_64": "SCMP_ARCH_X86_64",
@@ -77,15 +85,33 @@ def seccomp_profile(base: dict[str, Any], grants: Grants, arch: str) -> dict[str
     return profile
 
 
-def workdir_for(spec: BoxSpec) -> str:
-    """The caller's cwd when a grant covers it (so relative paths mean the same), else /world."""
+def workdir_for(spec: BoxSpec, image: ImageInfo | None = None) -> str:
+    """The caller's cwd when a grant covers it (so relative paths mean the same), else the image's, else /world."""
     if spec.workdir:
         return spec.workdir
     for mount in spec.grants.mounts:
         rel = os.path.relpath(spec.cwd, mount.source)
         if rel == "." or not rel.startswith(".."):
             return os.path.normpath(os.path.join(mount.dest, rel))
-    return "/world"
+    return (image.workdir if image else "") or "/world"
+
+
+def command_for(spec: BoxSpec, image: ImageInfo) -> list[str]:
+    """What the box runs: the agent loop; or argv (the image's entrypoint and command when none was given) under the lifeline."""
+    if spec.agent:
+        return list(spec.argv)
+    return [*GUEST_PREFIX, *(spec.argv or (*image.entrypoint, *image.cmd))]
+
+
+def environment_for(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
+    """The image's environment stands (the engine applies it); ours goes on top: a writable HOME, the session, the grants."""
+    environment = {"HOME": "/tmp", "TMPDIR": "/tmp", "QUINEBOX_SESSION": spec.session}
+    if not image.sets("PATH"):
+        environment["PATH"] = BOX_PATH
+    if not image.sets("LANG"):
+        environment["LANG"] = BOX_LANG
+    environment.update(dict(spec.grants.env))
+    return environment
 
 
 def world_mount(world: WorldSpec, session: str) -> dict[str, Any]:
@@ -108,12 +134,15 @@ def world_mount(world: WorldSpec, session: str) -> dict[str, Any]:
     }
 
 
-def container_config(spec: BoxSpec, *, seccomp: dict[str, Any], arch: str) -> ContainerConfig:
+def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[str, Any], arch: str) -> ContainerConfig:
+    """The container for `spec` in `image`, with the guest's runtime (the host directory `runtime`) at /.quinebox.
+
+    The hardening below is the same for every image: nothing here reads the image but its
+    environment, working directory and default command, which only say what to run.
+    """
     grants = spec.grants
     mem = grants.mem or DEFAULT_MEM
     tmp = grants.tmp or DEFAULT_TMP
-    environment = {"PATH": BOX_PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "QUINEBOX_SESSION": spec.session}
-    environment.update(dict(grants.env))
     mounts = [
         {
             "Type": "bind",
@@ -126,6 +155,7 @@ def container_config(spec: BoxSpec, *, seccomp: dict[str, Any], arch: str) -> Co
     ]
     if spec.world is not None:
         mounts.append(world_mount(spec.world, spec.session))
+    mounts.append({"Type": "bind", "Source": runtime, "Target": RUNTIME, "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}})
     if spec.lifeline:
         mounts.append({"Type": "bind", "Source": spec.lifeline, "Target": HOST_SOCKET, "ReadOnly": True})
     labels = {
@@ -133,6 +163,7 @@ def container_config(spec: BoxSpec, *, seccomp: dict[str, Any], arch: str) -> Co
         LABEL_OWNER: spec.owner,
         LABEL_PARENT: spec.parent or "",
         LABEL_CREATED: spec.created,
+        LABEL_USER: str(spec.caller),
     }
     host: dict[str, Any] = {
         "auto_remove": True,
@@ -159,15 +190,16 @@ def container_config(spec: BoxSpec, *, seccomp: dict[str, Any], arch: str) -> Co
     if grants.cpus is not None:
         host["nano_cpus"] = int(grants.cpus * 1e9)
     create: dict[str, Any] = {
-        "image": spec.image,
-        "command": list(spec.argv) if spec.agent else [*GUEST_PREFIX, *spec.argv],
+        "image": image.id or spec.image,
+        "command": command_for(spec, image),
         "name": f"quinebox-{spec.session}",
         "hostname": "box",
         "user": f"{spec.uid}:{spec.gid}",
-        "working_dir": workdir_for(spec),
-        "environment": environment,
+        "working_dir": workdir_for(spec, image),
+        "environment": environment_for(spec, image),
         "labels": labels,
         "stdin_open": True,
+        "tty": spec.tty,
         "detach": False,
     }
     return ContainerConfig(create=create, host=host)

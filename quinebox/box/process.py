@@ -15,13 +15,17 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from typing import IO, Any, Callable, Protocol, Union
 
 from quinebox.box import streams
 from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.broker import Broker, Handler, Spawner
+from quinebox.box.images import resolve_image
 from quinebox.box.policy import DEFAULT_WORLD, container_config, native_arch
-from quinebox.box.spec import BoxSpec, seccomp_base
+from quinebox.box.runtime import runtime_dir
+from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, seccomp_base
+from quinebox.errors import GrantError, ImageError
 from quinebox.worlds.build import discard
 from quinebox.worlds.world import World, end_world, open_world
 
@@ -93,8 +97,15 @@ class BoxProcess:
         self.world: World | None = None
         self.place = place
 
-        config = container_config(self.spec, seccomp=seccomp_base(), arch=native_arch())
         self._backend = backend or DockerBackend.shared()
+        image = resolve_image(self._backend, spec.image, pull=spec.pull, pullable=spec.image != DEFAULT_IMAGE)
+        if not spec.argv:
+            if not image.entrypoint and not image.cmd:
+                raise GrantError(f"nothing to run: image {spec.image} has no entrypoint or command; give one, as in `quinebox exec --image {spec.image} -- CMD`")
+            self.spec = spec = replace(spec, argv=(*image.entrypoint, *image.cmd))
+            self.args = spec.argv
+        runtime = runtime_dir(self._backend, DEFAULT_IMAGE)
+        config = container_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch())
         self._broker = Broker(self.spec.lifeline, handler, place) if self.spec.lifeline else None
         try:
             if self.spec.world is not None:
@@ -104,6 +115,8 @@ class BoxProcess:
             if place is not None:
                 place.attach(self)
             self.id = self._backend.create(config)
+            if spec.agent and spec.image != DEFAULT_IMAGE and not self._backend.exists(self.id, "/bin/sh"):
+                raise ImageError(f"image {spec.image} has no /bin/sh: an agent's sh tool runs the image's own shell; choose an image that has one")
             self._events = self._backend.events(self.id)
             self._spawn(self._follow_events, "events")
             self._sock = self._backend.attach(self.id)
@@ -147,7 +160,8 @@ class BoxProcess:
         out = self._guard(self._sink(stdout, 1, "stdout"))
         err = self._guard(self._sink(stderr, 2, "stderr"))
         reader = self._sock.makefile("rb", buffering=streams.CHUNK)
-        self._demux = self._spawn(self._relay, "demux", reader, out, err)
+        # A terminal has one output, not multiplexed: all of it is the box's stdout.
+        self._demux = self._spawn(self._relay, "demux", reader, out, None if self.spec.tty else err)
 
     def _guard(self, sink: streams.Sink) -> streams.Sink:
         """A reader that went away stops the box, as SIGPIPE would stop a process."""
@@ -170,9 +184,12 @@ class BoxProcess:
 
     broken_pipe = False
 
-    def _relay(self, reader: IO[bytes], out: streams.Sink, err: streams.Sink) -> None:
+    def _relay(self, reader: IO[bytes], out: streams.Sink, err: streams.Sink | None) -> None:
         try:
-            streams.demux(reader, out, err)
+            if err is None:
+                streams.copy(reader, out)
+            else:
+                streams.demux(reader, out, err)
         except OSError:
             pass
         finally:
@@ -229,6 +246,11 @@ class BoxProcess:
             discard(self.session)
 
     # -- the subprocess-like surface ---------------------------------------------
+
+    def resize(self, rows: int, cols: int) -> None:
+        """The box's terminal takes this size (with a tty only)."""
+        if self.id and self.spec.tty and not self._died.is_set():
+            self._backend.resize(self.id, rows, cols)
 
     def kill(self) -> None:
         """SIGKILL everything in the box; the engine then removes it."""

@@ -26,6 +26,38 @@ from quinebox.worlds.spec import WorldSpec, root_world
 DEFAULT_IMAGE = f"quinebox/agent:{__version__}"
 #: The uid a box runs as when the caller is root: the image's `agent` user.
 AGENT_UID = 1000
+#: When to pull a box's image: only when it is not here (as docker run), every time, or never.
+PULL_POLICIES = ("missing", "always", "never")
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """The parts of an image's config a box honours."""
+
+    name: str
+    id: str
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str = ""
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    arch: str = "amd64"
+
+    @classmethod
+    def from_inspect(cls, name: str, data: dict[str, Any]) -> "ImageInfo":
+        config = data.get("Config") or {}
+        env = tuple(tuple(item.split("=", 1)) for item in config.get("Env") or [] if "=" in item)
+        return cls(
+            name=name,
+            id=data.get("Id", ""),
+            env=env,  # type: ignore[arg-type]
+            workdir=config.get("WorkingDir") or "",
+            entrypoint=tuple(config.get("Entrypoint") or ()),
+            cmd=tuple(config.get("Cmd") or ()),
+            arch=data.get("Architecture") or "amd64",
+        )
+
+    def sets(self, name: str) -> bool:
+        return any(key == name for key, _ in self.env)
 
 
 @dataclass(frozen=True)
@@ -45,6 +77,11 @@ class BoxSpec:
     #: argv is quinebox's agent loop, which holds its own lifeline (no guest init in front of it).
     agent: bool = False
     world: WorldSpec | None = None
+    #: A pseudo-terminal in the box, its stdin and stdout the host's terminal.
+    tty: bool = False
+    pull: str = "missing"
+    #: The uid of whoever started the box (the box itself runs as `uid`).
+    caller: int = 0
 
 
 @functools.lru_cache(maxsize=1)
@@ -120,10 +157,17 @@ def build_spec(
     world_from: str | Sequence[str] | None = None,
     world_tar: str | None = None,
     world_at: tuple[str, int] | None = None,
+    tty: bool = False,
+    pull: str = "missing",
 ) -> BoxSpec:
-    """Parse and check everything about a box before anything is started."""
-    if not argv:
+    """Parse and check everything about a box before anything is started.
+
+    With no argv, the box runs its image's entrypoint and command (checked once the image is found).
+    """
+    if not argv and not image:
         raise GrantError("nothing to run: give a command, as in `quinebox exec -- CMD [ARGS...]`")
+    if pull not in PULL_POLICIES:
+        raise GrantError(f"bad --pull {pull!r}: use one of {', '.join(PULL_POLICIES)}")
     environ = os.environ if environ is None else environ
     cwd = cwd or os.getcwd()
     specs = (load_policy(policy) if policy else []) + list(grants)
@@ -155,4 +199,7 @@ def build_spec(
         lifeline=str(run_dir() / f"{session}.sock"),
         agent=agent,
         world=world_spec,
+        tty=tty,
+        pull=pull,
+        caller=os.getuid(),
     )

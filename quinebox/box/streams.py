@@ -46,6 +46,15 @@ def demux(reader: BinaryIO, stdout: Sink, stderr: Sink) -> None:
             sink(data)
 
 
+def copy(reader: BinaryIO, sink: Sink) -> None:
+    """A terminal's output: raw bytes until the engine closes the stream."""
+    while True:
+        data = reader.read1(CHUNK)
+        if not data:
+            return
+        sink(data)
+
+
 def pump_fd(fd: int, sock: socket.socket, stop_fd: int) -> None:
     """Copy `fd` into the box's stdin until EOF (then close the box's stdin) or until told to stop.
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from quinebox.cli.app import WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, supervise
+from quinebox.cli.app import PULL_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, supervise
 
 if TYPE_CHECKING:
     from quinebox.tree.agent import Agent
@@ -20,7 +20,8 @@ def run(
     timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit; exit 124 when reached."),
     max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1, help="Model turns per conversation (default 40)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Token budget for the whole run."),
-    image: Optional[str] = typer.Option(None, "--image", help="Image to run (built FROM the agent image)."),
+    image: Optional[str] = typer.Option(None, "--image", help="Any image with /bin/sh: the agent's sh runs the image's shell and tools."),
+    pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
     workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
     policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
     world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
@@ -35,7 +36,7 @@ def run(
     def start() -> Agent:
         return start_agent(
             mission, model=model, grants=grant, timeout=timeout, max_turns=max_turns, max_tokens=max_tokens,
-            image=image, workdir=workdir, policy=policy, view=make_view(quiet=quiet),
+            image=image, pull=pull, workdir=workdir, policy=policy, view=make_view(quiet=quiet),
             world=world, world_from=world_from or None, world_tar=world_tar,
         )
 

@@ -70,10 +70,51 @@ WORLD_FROM_HELP = "Build /world from copies of these host paths (repeat the flag
 WORLD_TAR_HELP = "Build /world from this tar archive (unsafe members refuse the whole archive)."
 
 
-def supervise(start: Callable[[], Any], *, json_summary: bool) -> int:
+PULL_HELP = "When to pull the image: missing (default), always, never."
+TTY_HELP = "A pseudo-terminal in the box, wired to this terminal (needs a terminal on stdin)."
+
+
+def need_terminal(tty: bool) -> None:
+    """`-t` without a terminal to give the box is a usage error, said at once (never a hang)."""
+    if tty and not sys.stdin.isatty():
+        say("the input device is not a TTY: -t gives the box this terminal, and stdin is not one; drop -t when piping")
+        raise typer.Exit(125)
+
+
+@contextlib.contextmanager
+def raw_terminal(tty: bool) -> Iterator[None]:
+    """This terminal in raw mode while a box owns it (Ctrl-C, Ctrl-Z are bytes for the box), restored however we leave."""
+    if not tty:
+        yield
+        return
+    import termios
+    import tty as terminal
+
+    saved = termios.tcgetattr(0)
+    terminal.setraw(0)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(0, termios.TCSADRAIN, saved)
+
+
+def follow_window(box: Any) -> None:
+    """Give the box's terminal this one's size, now and whenever it changes."""
+    import os
+
+    def resize(*_: object) -> None:
+        size = os.get_terminal_size(0)
+        box.resize(size.lines, size.columns)
+
+    signal.signal(signal.SIGWINCH, resize)
+    resize()
+
+
+def supervise(start: Callable[[], Any], *, json_summary: bool, tty: bool = False) -> int:
     """Start one box wired to this process's stdio and map how it ended to our exit status.
 
     Signals we receive kill the box; we exit 128+n only once it is removed.
+    With `tty`, the box gets this terminal, in raw mode until the box is gone.
     """
     import time
 
@@ -88,8 +129,10 @@ def supervise(start: Callable[[], Any], *, json_summary: bool) -> int:
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, on_signal)
     began = time.monotonic()
-    with reported():
+    with reported(), raw_terminal(tty):
         box = start()
+        if tty:
+            follow_window(box)
         if received:
             box.kill()
         code = box.wait()

@@ -1,12 +1,27 @@
-"""Commands for boxes: `exec`, `ps`, `kill`, `gc`, `doctor`, `image build`."""
+"""Commands for boxes: `exec`, `shell`, `enter`, `ps`, `kill`, `gc`, `doctor`, `image build`."""
 
 from __future__ import annotations
 
+import sys
 from typing import List, Optional
 
 import typer
 
-from quinebox.cli.app import WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, image_app, reported, say, supervise
+from quinebox.cli.app import (
+    PULL_HELP,
+    TTY_HELP,
+    WORLD_FROM_HELP,
+    WORLD_HELP,
+    WORLD_TAR_HELP,
+    app,
+    follow_window,
+    image_app,
+    need_terminal,
+    raw_terminal,
+    reported,
+    say,
+    supervise,
+)
 
 
 @app.command(
@@ -15,13 +30,16 @@ from quinebox.cli.app import WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, i
     help="Run CMD as the main process of a fresh hardened box: stdin, stdout, stderr and the exit status pass through.",
 )
 def exec_command(
-    cmd: List[str] = typer.Argument(..., metavar="-- CMD [ARGS...]", help="The command to run in the box."),
+    cmd: Optional[List[str]] = typer.Argument(None, metavar="-- CMD [ARGS...]", help="The command to run in the box (default: the image's entrypoint and command)."),
     grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant: ro:PATH[=DEST], rw:…, net, cpus:N, mem:SIZE, pids:N, tmp:SIZE, time:DUR, env:NAME[=VALUE], syscall:NAME."),
     timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit (30, 30s, 5m); exit 124 when reached."),
     memory: Optional[str] = typer.Option(None, "--memory", metavar="SIZE", help="Memory limit (128m, 2g); same as -g mem:SIZE."),
     cpus: Optional[str] = typer.Option(None, "--cpus", metavar="N", help="CPU limit; same as -g cpus:N."),
     pids: Optional[str] = typer.Option(None, "--pids", metavar="N", help="Process limit; same as -g pids:N."),
-    image: Optional[str] = typer.Option(None, "--image", help="Image to run (built FROM the agent image)."),
+    image: Optional[str] = typer.Option(None, "--image", help="Any image: its environment, workdir and default command are honoured."),
+    pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
+    tty: bool = typer.Option(False, "-t", "--tty", help=TTY_HELP),
+    interactive: bool = typer.Option(False, "-i", "--interactive", help="Accepted as docker takes it: stdin is always attached."),
     workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
     env: List[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Pass one variable; same as -g env:…"),
     policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset (strict, dev)."),
@@ -36,13 +54,74 @@ def exec_command(
     grants += [f"pids:{pids}"] if pids else []
     grants += [f"env:{e}" for e in env]
     worlds = {"world": world, "world_from": world_from or None, "world_tar": world_tar}
-    raise typer.Exit(run_box(cmd, grants=grants, timeout=timeout, image=image, workdir=workdir, policy=policy, json_summary=json_summary, **worlds))
+    need_terminal(tty)
+    raise typer.Exit(
+        run_box(cmd or [], grants=grants, timeout=timeout, image=image, pull=pull, tty=tty, workdir=workdir, policy=policy, json_summary=json_summary, **worlds)
+    )
 
 
-def run_box(cmd: List[str], *, json_summary: bool, **options: object) -> int:
+def run_box(cmd: List[str], *, json_summary: bool, tty: bool = False, **options: object) -> int:
     from quinebox.api import Popen
 
-    return supervise(lambda: Popen(cmd, **options), json_summary=json_summary)  # type: ignore[arg-type]
+    return supervise(lambda: Popen(cmd, tty=tty, **options), json_summary=json_summary, tty=tty)  # type: ignore[arg-type]
+
+
+#: The image's bash if it has one, else its sh; interactive only on a terminal.
+SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash "$@"; fi; exec sh "$@"'
+
+
+@app.command(help="An interactive shell in a fresh box, with this directory granted read-write (--read-only: read-only).")
+def shell(
+    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="More grants, as for exec."),
+    read_only: bool = typer.Option(False, "--read-only", help="Grant this directory read-only."),
+    image: Optional[str] = typer.Option(None, "--image", help="Any image that has /bin/sh (default: the agent image)."),
+    pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
+    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit; exit 124 when reached."),
+    env: List[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Pass one variable; same as -g env:…"),
+    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
+) -> None:
+    import os
+
+    tty = sys.stdin.isatty()
+    here = os.getcwd()
+    grants = [f"{'ro' if read_only else 'rw'}:{here}", *grant, *(f"env:{e}" for e in env)]
+    argv = ["/bin/sh", "-c", SHELL, "sh", *(["-i"] if tty else [])]
+    raise typer.Exit(run_box(argv, grants=grants, timeout=timeout, image=image, pull=pull, tty=tty, policy=policy, json_summary=False))
+
+
+@app.command(
+    context_settings={"allow_interspersed_args": False},
+    help="Run CMD (default: a shell) inside a live box, as its user, within its limits; recorded on its tape. Only the box's owner may.",
+)
+def enter(
+    session: str = typer.Argument(..., help="The box's session id (or a unique prefix), as `quinebox ps` shows it."),
+    cmd: Optional[List[str]] = typer.Argument(None, metavar="[-- CMD [ARGS...]]"),
+) -> None:
+    from quinebox.box.enter import enter_box
+
+    tty = sys.stdin.isatty()
+    cmd = cmd[1:] if cmd and cmd[0] == "--" else cmd  # parsing stops at SESSION, so `--` arrives as a word
+    argv = cmd or ["/bin/sh", "-c", SHELL, "sh", *(["-i"] if tty else [])]
+    with reported(), raw_terminal(tty):
+        entered = enter_box(session, argv, tty=tty)
+        if tty:
+            follow_window(entered)
+        code = entered.wait()
+    record_entry(entered.session, argv, code)
+    raise typer.Exit(code)
+
+
+def record_entry(session: str, argv: List[str], code: int) -> None:
+    """An agent's tape says who came in, with what, and how it ended."""
+    import os
+
+    from quinebox.agent.store import Tape
+    from quinebox.state import session_dir
+
+    if (session_dir(session) / "tape.jsonl").exists():
+        tape = Tape(session)
+        tape.append("entered", argv=argv, uid=os.getuid(), exit_code=code)
+        tape.close()
 
 
 @app.command("ps", help="List live boxes: id, command, age, owner.")

@@ -40,6 +40,7 @@ def parse(argv):
         command.add_argument("--pids")
         command.add_argument("-e", "--env", action="append", default=[])
         command.add_argument("-w", "--workdir")
+        command.add_argument("--image", help="an image the host already has (default: this box's)")
         command.add_argument("--world-from", nargs="+", metavar="inherit|empty|PATH", help="the child's /world (default: inherit)")
     args = parser.parse_args(argv)
     grants = list(args.grant) + [f"env:{e}" for e in args.env]
@@ -51,7 +52,7 @@ def parse(argv):
         world = world[0]
     elif world:
         world = [os.path.abspath(p) for p in world]  # the host reads them as paths in this box's /world
-    request = {"kind": "spawn", "what": args.what, "grants": grants, "timeout": args.timeout, "workdir": args.workdir, "cwd": os.getcwd(), "world": world}
+    request = {"kind": "spawn", "what": args.what, "grants": grants, "timeout": args.timeout, "workdir": args.workdir, "cwd": os.getcwd(), "world": world, "image": args.image}
     if args.what == "run":
         request.update(mission=args.mission, model=args.model, max_turns=args.max_turns)
     else:

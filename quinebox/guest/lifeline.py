@@ -20,6 +20,8 @@ import sys
 
 HOST_SOCKET = "/run/quinebox/host.sock"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+#: On a terminal the kernel sends these to the foreground processes, the command included: not ours to forward.
+FROM_THE_TERMINAL = (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 
 
 def say(message):
@@ -62,7 +64,7 @@ def watch(lifeline):
 def spawn(argv):
     try:
         # Python ignores SIGPIPE and SIGXFSZ; the command must get the defaults back.
-        return os.posix_spawnp(argv[0], argv, os.environ, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        return os.posix_spawnp(argv[0], argv, os.environ, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, *FROM_THE_TERMINAL))
     except FileNotFoundError:
         say(f"{argv[0]}: command not found")
         sys.exit(127)
@@ -91,6 +93,9 @@ def main(argv):
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    if os.isatty(0):
+        for signum in FROM_THE_TERMINAL:
+            signal.signal(signum, signal.SIG_IGN)
     pidfd = os.pidfd_open(child)
     while True:
         try:

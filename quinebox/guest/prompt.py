@@ -1,6 +1,6 @@
 """What the model is told: the system prompt and the tools it may call. Stdlib only: it runs inside boxes."""
 
-SYSTEM_PROMPT = """You are an agent: a POSIX process in a sandbox (Debian, no network, read-only root; /world and /tmp are writable).
+SYSTEM_PROMPT = """You are an agent: a POSIX process in a sandbox (a Linux container: no network, read-only root; /world and /tmp are writable).
 Your mission:
 
 {mission}
@@ -50,6 +50,7 @@ TOOLS = [
                                 "material": {"type": "string", "description": "The child's stdin."},
                                 "grants": {"type": "array", "items": {"type": "string"}},
                                 "model": {"type": "string"},
+                                "image": {"type": "string", "description": "An image the host already has (default: yours)."},
                                 "world": {
                                     "description": 'The child\'s /world: "inherit" (default; copy-on-write view of yours), "empty", or a list of paths in yours to copy.',
                                     "oneOf": [{"type": "string", "enum": ["inherit", "empty"]}, {"type": "array", "items": {"type": "string"}}],

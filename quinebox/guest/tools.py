@@ -14,6 +14,9 @@ from worldplan import adopt_world
 #: The box's stdin, stdout and stderr, as the agent's sh commands see them.
 MATERIAL, DELIVERABLE, DIAGNOSTICS = 3, 4, 5
 OUTPUT_CAP = 16 << 10
+#: Where `quinebox` (the relay to the host) is, after the image's own PATH.
+IN_BOX_BIN = "/.quinebox/bin"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class Collected:
@@ -45,8 +48,11 @@ class Collected:
 def run_sh(command, timeout):
     import subprocess  # not needed by missions that never call sh
 
+    environment = dict(os.environ)  # the image's own, as the box was given it
+    environment["PATH"] = environment.get("PATH", DEFAULT_PATH) + ":" + IN_BOX_BIN
     proc = subprocess.Popen(
         ["/bin/sh", "-c", command],
+        env=environment,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -82,7 +88,7 @@ def fork(children, mode, adopt=False, host=None):
             results[index] = {"error": "each child needs a string mission"}
             continue
         request = {"kind": "spawn", "what": "run", "mission": spec["mission"], "grants": spec.get("grants") or [],
-                   "model": spec.get("model"), "world": spec.get("world"), "cwd": os.getcwd(), "detach": mode == "forget"}
+                   "model": spec.get("model"), "image": spec.get("image"), "world": spec.get("world"), "cwd": os.getcwd(), "detach": mode == "forget"}
         try:
             child = cli.Child(request)
             material = str(spec.get("material") or "").encode()

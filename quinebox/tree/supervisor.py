@@ -128,6 +128,9 @@ class Node:
         workdir = request.get("workdir") or None
         if workdir is not None and not str(workdir).startswith("/"):
             raise GrantError(f"bad workdir {workdir!r}: it must be an absolute path inside the box")
+        image = request.get("image") or self.spec.image
+        if not isinstance(image, str):
+            raise GrantError("bad image: give an image's name, as in --image python:3.12-slim")
         with self._lock:  # checked and charged in one step, only for a request that can start
             try:
                 grants = self._checked(attenuate(self.left(), asked))
@@ -152,6 +155,9 @@ class Node:
                 lifeline=str(run_dir() / f"{session}.sock"),
                 agent=what == "run",
                 world=child_world(self.world, session, request.get("world")),
+                image=image,
+                pull="never",  # the host never fetches an image because a box asked for it
+                tty=False,
             )
             node = Node(self.tree, spec, parent=self, model=model)
             node.box = relay.box = node.start(what, request, relay)
@@ -274,6 +280,7 @@ def start_agent(
     world_from: str | Sequence[str] | None = None,
     world_tar: str | None = None,
     world_at: tuple[str, int] | None = None,
+    pull: str = "missing",
     history: list[dict[str, Any]] | None = None,
     forked_from: dict[str, Any] | None = None,
     stdin: Stream | bytes = None,
@@ -286,7 +293,7 @@ def start_agent(
         raise QuineboxError("the mission is empty: say what the agent should do, as in `quinebox run \"summarize this\"`")
     spec = build_spec(
         [*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True,
-        world=world, world_from=world_from, world_tar=world_tar, world_at=world_at,
+        world=world, world_from=world_from, world_tar=world_tar, world_at=world_at, pull=pull,
     )
     from quinebox.tree.agent import Agent
 

@@ -76,7 +76,9 @@ def test_cmd_options_after_the_command_belong_to_the_command(engine):
         (["--timeout", "soon", "--", "true"], 125, b"bad duration"),
         (["--policy", "nope", "--", "true"], 125, b"not found"),
         (["-w", "relative", "--", "true"], 125, b"absolute path"),
-        (["--image", "quinebox/absent:0", "--", "true"], 125, b"not found: build it with `quinebox image build`"),
+        (["--image", "quinebox/absent:0", "--", "true"], 125, b"cannot pull quinebox/absent:0 (is a registry reachable?)"),
+        (["--image", "quinebox/absent:0", "--pull", "never", "--", "true"], 125, b"image quinebox/absent:0 is not here: --pull never"),
+        (["--image", "quinebox/absent:0", "--pull", "sometimes", "--", "true"], 125, b"bad --pull 'sometimes'"),
         (["--no-such-option", "--", "true"], 2, b"No such option"),
     ],
 )
@@ -141,7 +143,9 @@ def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine, tmp_path):
 
     import quinebox
     from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.images import resolve_image
     from quinebox.box.policy import container_config, native_arch
+    from quinebox.box.runtime import runtime_dir
     from quinebox.box.spec import build_spec, seccomp_base
     from quinebox.worlds.spec import WorldSpec
 
@@ -155,7 +159,9 @@ def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine, tmp_path):
         os.mkdir(path)
     world = WorldSpec(kind="overlay", layer=layers["upper"], work=layers["work"], lowers=(layers["lower"],))
     orphan = replace(build_spec(["sleep", "61"]), owner=dead_owner, lifeline=None, world=world)
-    DockerBackend.connect().create(container_config(orphan, seccomp=seccomp_base(), arch=native_arch()))
+    backend = DockerBackend.connect()
+    image = resolve_image(backend, orphan.image)
+    backend.create(container_config(orphan, image=image, runtime=runtime_dir(backend, orphan.image), seccomp=seccomp_base(), arch=native_arch()))
     try:
         assert wait_for_box(engine, lambda boxes: len(boxes) == 2 and any(b.status == "running" for b in boxes))
         listing = qb("ps").stdout.decode()

@@ -21,7 +21,7 @@ def test_net_grant_gives_a_real_interface(engine):
     assert b"eth0" in sh("ls /sys/class/net", grants=["net"]).stdout
 
 
-@pytest.mark.parametrize("path", ["/usr/bin/x", "/etc/x", "/x", "/opt/quinebox/x", "/var/x"])
+@pytest.mark.parametrize("path", ["/usr/bin/x", "/etc/x", "/x", "/.quinebox/x", "/.quinebox/guest/lifeline.py", "/var/x"])
 def test_root_filesystem_is_read_only(engine, path):
     result = sh(f"echo x > {path}")
     assert result.returncode != 0

@@ -6,15 +6,17 @@ own, so callers above never see docker-py exceptions or HTTP details.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import socket
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import docker
 import docker.errors
 from docker.utils import kwargs_from_env
 
-from quinebox.errors import EngineError, ImageError
 from quinebox.box.policy import LABEL_SESSION, ContainerConfig
+from quinebox.errors import EngineError, ImageError
 
 ENGINE_HINT = "start the engine (`dockerd &` as root, or `systemctl start docker`), or set DOCKER_HOST; `quinebox doctor` checks"
 
@@ -98,6 +100,115 @@ class DockerBackend:
         except docker.errors.APIError:
             pass  # gone already, or its removal is under way
 
+    # -- images ------------------------------------------------------------------------
+
+    def inspect_image(self, name: str) -> dict[str, Any] | None:
+        """The image's inspect data, or None when it is not here."""
+        try:
+            return self.api.inspect_image(name)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 404:
+                return None
+            raise EngineError(f"cannot inspect image {name}: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc) from None
+
+    def image_id(self, name: str) -> str | None:
+        data = self.inspect_image(name)
+        return data["Id"] if data else None
+
+    def pull(self, name: str, say: Callable[[str], None]) -> None:
+        """Pull `name`, saying what happens as it happens; one line and ImageError when it cannot be had."""
+        repository, _, tag = name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "latest")
+        layers: set[str] = set()
+        try:
+            for event in self.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
+                if "error" in event:
+                    raise ImageError(f"cannot pull {name}: {str(event['error']).strip()}")
+                if event.get("status") == "Pull complete" and event.get("id") not in layers:
+                    layers.add(event["id"])
+                    say(f"{name}: layer {event['id']} done ({len(layers)})")
+        except docker.errors.APIError as exc:
+            reason = (exc.explanation or str(exc)).strip().splitlines()[0]
+            raise ImageError(f"cannot pull {name} (is a registry reachable?): {reason}") from None
+        except ImageError:
+            raise
+        except Exception as exc:
+            raise ImageError(f"cannot pull {name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        say(f"pulled {name}")
+
+    @contextlib.contextmanager
+    def archive(self, image: str, path: str) -> Iterator[io.BufferedReader]:
+        """`path` of `image` as a tar stream, read from a container that is created for it and never started."""
+        try:
+            container = self.api.create_container(image, command=["/nonexistent"], network_disabled=True)["Id"]
+        except docker.errors.APIError as exc:
+            raise EngineError(f"cannot read {path} from image {image}: {exc.explanation or exc}") from None
+        try:
+            try:
+                chunks, _ = self.api.get_archive(container, path)
+            except docker.errors.NotFound:
+                raise ImageError(f"image {image} has no {path}: rebuild it with `quinebox image build`") from None
+            yield io.BufferedReader(_Chunks(chunks), buffer_size=1 << 20)
+        finally:
+            self.remove(container)
+
+    def exists(self, container: str, path: str) -> bool:
+        """Whether `path` exists in a (created, maybe not started) container, links not followed."""
+        try:
+            chunks, _ = self.api.get_archive(container, path, chunk_size=1 << 12)
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            raise EngineError(f"cannot look inside the box: {exc.explanation or exc}") from None
+        close = getattr(chunks, "close", None)
+        if close:
+            close()
+        return True
+
+    # -- commands in a live box ------------------------------------------------------------
+
+    def exec_create(self, container: str, argv: list[str], *, tty: bool) -> str:
+        """A command to run in a live box, as the box's own user, with its environment and limits."""
+        try:
+            user = self.api.inspect_container(container)["Config"].get("User") or ""
+            return self.api.exec_create(container, argv, stdin=True, stdout=True, stderr=True, tty=tty, user=user, privileged=False)["Id"]
+        except docker.errors.NotFound:
+            raise EngineError("that box is gone") from None
+        except docker.errors.APIError as exc:
+            raise EngineError(f"cannot run a command in the box: {exc.explanation or exc}") from None
+
+    def exec_start(self, exec_id: str, *, tty: bool) -> socket.socket:
+        try:
+            raw = self.api.exec_start(exec_id, socket=True, tty=tty)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"cannot start the command in the box: {exc.explanation or exc}") from None
+        sock = getattr(raw, "_sock", raw)
+        sock.settimeout(None)
+        return sock
+
+    def exec_exit_code(self, exec_id: str) -> int | None:
+        try:
+            return self.api.exec_inspect(exec_id).get("ExitCode")
+        except docker.errors.APIError:
+            return None
+
+    def exec_resize(self, exec_id: str, rows: int, cols: int) -> None:
+        try:
+            self.api.exec_resize(exec_id, height=rows, width=cols)
+        except docker.errors.APIError:
+            pass
+
+    # -- terminals -----------------------------------------------------------------------
+
+    def resize(self, container: str, rows: int, cols: int) -> None:
+        try:
+            self.api.resize(container, height=rows, width=cols)
+        except docker.errors.APIError:
+            pass  # not started yet, or gone: the next change of size tries again
+
     def boxes(self) -> list[dict[str, Any]]:
         """Every quinebox container, running or not."""
         try:
@@ -106,3 +217,24 @@ class DockerBackend:
             raise EngineError(f"cannot list boxes: {exc.explanation or exc}") from None
         except Exception as exc:
             raise _engine_error(exc) from None
+
+
+class _Chunks(io.RawIOBase):
+    """An iterator of byte chunks as a readable stream."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._chunks = iter(chunks)
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            self._pending = next(self._chunks, b"")
+            if not self._pending:
+                return 0
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size

@@ -14,7 +14,8 @@ def test_context_holds_the_dockerfile_and_every_guest_module():
         names = set(tar.getnames())
         dockerfile = tar.extractfile("Dockerfile").read().decode()
     assert "ARG BASE=debian:bookworm-slim" in dockerfile
-    assert "COPY quinebox/guest/ /opt/quinebox/guest/" in dockerfile
+    assert "COPY quinebox/guest/ /tmp/quinebox/guest/" in dockerfile
+    assert "images/runtime.sh" in names
     assert {f"quinebox/guest/{p.name}" for p in guest_dir().glob("*.py")} <= names
     assert "quinebox/guest/lifeline.py" in names
 

@@ -12,15 +12,26 @@ from quinebox.box.policy import (
     LABEL_OWNER,
     LABEL_PARENT,
     LABEL_SESSION,
+    LABEL_USER,
+    RUNTIME,
     container_config,
     seccomp_profile,
     workdir_for,
 )
-from quinebox.box.spec import BoxSpec, seccomp_base
+from quinebox.box.spec import BoxSpec, ImageInfo, seccomp_base
 from quinebox.grants import Grants
 from quinebox.worlds.spec import WorldSpec
 
 ARCH = "SCMP_ARCH_X86_64"
+#: The agent image as inspect shows it: no environment, /world as its workdir.
+AGENT_IMAGE = ImageInfo(name="quinebox/agent:test", id="sha256:agent", workdir="/world")
+#: A user's image: its own PATH, LANG and HOME, a workdir, an entrypoint and a command.
+USER_IMAGE = ImageInfo(
+    name="python:3.12-slim", id="sha256:user", workdir="/app",
+    env=(("PATH", "/usr/local/bin:/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("HOME", "/root"), ("PYTHONPATH", "/app")),
+    entrypoint=("docker-entrypoint.sh",), cmd=("python3",),
+)
+RUNTIME_DIR = "/state/runtime/abc"
 
 
 def spec(*grants: str, cwd: str = "/home/u/proj", workdir: str | None = None, lifeline: str | None = "/state/run/s1.sock", **extra) -> BoxSpec:
@@ -40,8 +51,8 @@ def spec(*grants: str, cwd: str = "/home/u/proj", workdir: str | None = None, li
     )
 
 
-def config(*grants: str, **kw):
-    return container_config(spec(*grants, **kw), seccomp=seccomp_base(), arch=ARCH)
+def config(*grants: str, image: ImageInfo = AGENT_IMAGE, **kw):
+    return container_config(spec(*grants, **kw), image=image, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH)
 
 
 def seccomp_of(cfg) -> dict:
@@ -108,17 +119,18 @@ def test_env_grants_are_added_to_the_box_environment():
     assert env["A"] == "1" and env["B"] == ""
 
 
-def test_mounts_are_bind_mounts_with_the_granted_mode_plus_the_host_socket():
+def test_mounts_are_bind_mounts_with_the_granted_mode_plus_the_runtime_and_the_host_socket():
     mounts = config("ro:/data", "rw:/src=/work").host["mounts"]
     assert mounts == [
         {"Type": "bind", "Source": "/data", "Target": "/data", "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}},
         {"Type": "bind", "Source": "/src", "Target": "/work", "ReadOnly": False, "BindOptions": {"Propagation": "rprivate"}},
+        {"Type": "bind", "Source": RUNTIME_DIR, "Target": RUNTIME, "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}},
         {"Type": "bind", "Source": "/state/run/s1.sock", "Target": HOST_SOCKET, "ReadOnly": True},
     ]
 
 
 def test_without_a_lifeline_there_is_no_socket_mount():
-    assert config(lifeline=None).host["mounts"] == []
+    assert [m["Target"] for m in config(lifeline=None).host["mounts"]] == [RUNTIME]
 
 
 def test_command_runs_under_the_guest_init_and_labels_say_whose_box_it_is():
@@ -174,7 +186,7 @@ def test_an_agent_box_runs_the_agent_loop_directly_it_holds_its_own_lifeline():
     from quinebox.box.policy import AGENT_COMMAND
 
     agent = replace(spec(), argv=(*AGENT_COMMAND, "the mission"), agent=True)
-    cfg = container_config(agent, seccomp=seccomp_base(), arch=ARCH)
+    cfg = container_config(agent, image=AGENT_IMAGE, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH)
     assert cfg.create["command"] == [*AGENT_COMMAND, "the mission"]
     assert cfg.host["mounts"][-1]["Target"] == HOST_SOCKET
 
@@ -201,3 +213,76 @@ def test_an_inherited_world_is_an_overlay_the_engine_mounts_as_an_anonymous_volu
         "Options": {"type": "overlay", "device": "overlay", "o": "lowerdir=/s/p/upper:/s/g/tree,upperdir=/s/c/upper,workdir=/s/c/work,userxattr"},
     }
     assert mount["VolumeOptions"]["Labels"] == {LABEL_SESSION: "s1"}
+
+
+# -- any image -------------------------------------------------------------------------
+
+
+def test_the_hardening_is_the_same_whatever_the_image():
+    ours, theirs = config(image=AGENT_IMAGE), config(image=USER_IMAGE)
+    assert ours.host == theirs.host
+    for key in ("user", "hostname", "labels", "stdin_open", "tty"):
+        assert ours.create[key] == theirs.create[key]
+
+
+def test_the_guest_runtime_is_mounted_read_only_from_the_state_dir():
+    [mount] = [m for m in config().host["mounts"] if m["Target"] == RUNTIME]
+    assert mount == {"Type": "bind", "Source": RUNTIME_DIR, "Target": RUNTIME, "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}}
+
+
+def test_every_guest_program_starts_through_the_runtimes_own_loader_isolated():
+    assert GUEST_PREFIX[:6] == (f"{RUNTIME}/lib/ld.so", "--library-path", f"{RUNTIME}/lib", f"{RUNTIME}/lib/python3", "-I", "-S")
+
+
+def test_the_box_is_created_from_the_image_id_that_was_inspected():
+    assert config(image=USER_IMAGE).create["image"] == "sha256:user"
+
+
+@pytest.mark.parametrize(
+    "argv, image, expected",
+    [
+        (("echo", "hi"), USER_IMAGE, ["echo", "hi"]),  # a command given replaces the image's
+        ((), USER_IMAGE, ["docker-entrypoint.sh", "python3"]),  # none given: entrypoint + command, as docker run
+        ((), ImageInfo(name="x", id="i", cmd=("/hello",)), ["/hello"]),
+    ],
+)
+def test_what_the_box_runs(argv, image, expected):
+    from dataclasses import replace
+
+    cfg = container_config(replace(spec(), argv=argv), image=image, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH)
+    assert cfg.create["command"] == [*GUEST_PREFIX, *expected]
+
+
+def test_the_images_environment_stands_and_ours_goes_on_top():
+    env = config(image=USER_IMAGE).create["environment"]
+    assert "PATH" not in env and "LANG" not in env  # the image's own (the engine applies them)
+    assert env["HOME"] == "/tmp"  # always writable, whatever the image says
+    assert "PYTHONPATH" not in env  # the image's, not repeated here: it reaches the command, never the guest (-I)
+
+
+def test_an_image_without_path_or_lang_gets_ours():
+    env = config(image=AGENT_IMAGE).create["environment"]
+    assert env["PATH"].startswith("/usr/local/sbin") and env["LANG"] == "C.UTF-8"
+
+
+@pytest.mark.parametrize(
+    "kw, image, expected",
+    [
+        ({}, USER_IMAGE, "/app"),  # no grant decides: the image's workdir
+        ({}, ImageInfo(name="x", id="i"), "/world"),  # nor the image: /world
+        ({"workdir": "/tmp"}, USER_IMAGE, "/tmp"),
+    ],
+)
+def test_workdir_falls_back_to_the_images(kw, image, expected):
+    assert config(image=image, **kw).create["working_dir"] == expected
+
+
+def test_a_grant_covering_the_cwd_decides_the_workdir_before_the_image(tmp_path):
+    assert config(f"ro:{tmp_path}", cwd=str(tmp_path), image=USER_IMAGE).create["working_dir"] == str(tmp_path)
+
+
+def test_tty_and_the_callers_uid_reach_the_container():
+    cfg = config(tty=True, caller=4242)
+    assert cfg.create["tty"] is True
+    assert cfg.create["labels"][LABEL_USER] == "4242"
+    assert config().create["tty"] is False

@@ -1,0 +1,62 @@
+"""The guest's runtime: a Python with its own loader and libraries, mounted read-only at /.quinebox in every box.
+
+The lifeline, the agent loop and the in-box `quinebox` run from it, so a box's
+image may hold any libc, no Python and no shell. It is assembled once in the
+agent image (images/runtime.sh) and copied out of it into the state dir, one
+directory per agent image, made atomically so concurrent quinebox processes
+agree on it. The interpreter is started through its own loader with `-I -S`,
+so nothing of the image (its libc, PYTHON* variables, PATH) reaches it; the
+image's environment goes, unchanged, to the command the lifeline runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.policy import RUNTIME as MOUNT
+from quinebox.errors import ImageError
+from quinebox.state import state_dir
+
+
+def runtime_root() -> Path:
+    return state_dir() / "runtime"
+
+
+@functools.lru_cache(maxsize=8)
+def runtime_dir(backend: DockerBackend, agent_image: str) -> str:
+    """The host directory to mount at /.quinebox, copied out of `agent_image` the first time it is needed."""
+    image_id = backend.image_id(agent_image)
+    if image_id is None:
+        raise ImageError(f"image {agent_image} not found: build it with `quinebox image build` (the guest runtime comes from it)")
+    target = runtime_root() / image_id.split(":")[-1][:16]
+    if not (target / "lib" / "ld.so").exists():
+        _extract(backend, agent_image, target)
+    return str(target)
+
+
+def _extract(backend: DockerBackend, image: str, target: Path) -> None:
+    """Copy /.quinebox out of `image` into `target`; whoever renames first wins, the others discard theirs."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".making-", dir=target.parent))
+    try:
+        with backend.archive(image, MOUNT) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+            tar.extractall(scratch, filter="data")
+        made = scratch / MOUNT.lstrip("/")
+        if not (made / "lib" / "ld.so").exists():
+            raise ImageError(f"image {image} holds no guest runtime at {MOUNT}: rebuild it with `quinebox image build`")
+        for root, dirs, _ in os.walk(made):
+            for name in dirs:
+                os.chmod(os.path.join(root, name), 0o755)
+        try:
+            os.rename(made, target)
+        except OSError:
+            if not (target / "lib" / "ld.so").exists():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

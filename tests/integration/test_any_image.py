@@ -1,0 +1,181 @@
+"""Boxes from images that are not quinebox's: the guest brings its own runtime, the hardening stays the same.
+
+Each test image (tests/images.py) lacks something the agent image has: a
+shell, Python, glibc. The lifeline, the agent loop and the in-box `quinebox`
+run from the runtime mounted at /.quinebox all the same.
+"""
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from openai_server import exit_, sh
+
+import quinebox
+from images import ALL, BUSYBOX, MUSL, NOPYTHON, STATIC
+from quinebox.box.spec import DEFAULT_IMAGE
+
+MISSIONS = Path(__file__).resolve().parents[2] / "examples" / "missions"
+IDS = [image.name.split("/")[1] for image in ALL]
+#: What must be identical between a box of the agent image and one of any other image.
+HARDENING = (
+    "CapDrop", "CapAdd", "SecurityOpt", "ReadonlyRootfs", "NetworkMode", "PidsLimit", "Memory", "MemorySwap", "Init",
+    "IpcMode", "Tmpfs", "Ulimits", "OomScoreAdj", "AutoRemove", "Privileged", "Devices", "NanoCpus",
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def images(test_images):
+    return test_images
+
+
+@pytest.mark.parametrize("image", ALL, ids=IDS)
+def test_fifty_megabytes_round_trip_byte_exact(image):
+    data = os.urandom(50 << 20)
+    result = quinebox.exec([image.probe, "cat"], input=data, image=image.name, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout) == len(data) and hashlib.sha256(result.stdout).digest() == hashlib.sha256(data).digest()
+
+
+@pytest.mark.parametrize("image", ALL, ids=IDS)
+def test_stdout_stderr_and_the_exit_status_stay_apart(image):
+    said = quinebox.exec([image.probe, "say", "to stdout", "to stderr"], image=image.name)
+    assert (said.returncode, said.stdout, said.stderr) == (0, b"to stdout\n", b"to stderr\n")
+    assert quinebox.exec([image.probe, "exit", "42"], image=image.name).returncode == 42
+
+
+@pytest.mark.parametrize("image", ALL, ids=IDS)
+def test_a_missing_command_is_127_said_by_the_lifeline(image):
+    result = quinebox.exec(["/no/such/tool"], image=image.name)
+    assert result.returncode == 127
+    assert result.stderr == b"quinebox: /no/such/tool: command not found\n"
+
+
+@pytest.mark.parametrize("image", ALL, ids=IDS)
+def test_memory_and_time_limits_hold(image):
+    hog = quinebox.exec([image.probe, "hog"], image=image.name, grants=["mem:32m"], timeout=60)
+    assert (hog.returncode, hog.oom_killed) == (137, True)
+    slow = quinebox.exec([image.probe, "sleep", "30"], image=image.name, timeout="1s")
+    assert (slow.returncode, slow.timed_out) == (124, True)
+
+
+@pytest.mark.parametrize("image", ALL, ids=IDS)
+def test_the_seccomp_profile_refuses_the_same_calls(image):
+    answers = dict(line.split(" ", 1) for line in quinebox.exec([image.probe, "syscalls"], image=image.name).stdout.decode().splitlines())
+    assert {name: answer for name, answer in answers.items() if name != "clone3"} == dict.fromkeys(
+        ["unshare", "mount", "ptrace", "keyctl", "bpf", "io_uring_setup", "clock_settime", "sethostname"], "Operation not permitted"
+    )
+    assert answers["clone3"] == "Function not implemented"
+    relaxed = dict(line.split(" ", 1) for line in quinebox.exec([image.probe, "syscalls"], image=image.name, grants=["syscall:unshare"]).stdout.decode().splitlines())
+    assert relaxed["unshare"] == "ok" and relaxed["mount"] == "Operation not permitted"
+
+
+def running_box(engine, image: str, argv: list[str]):
+    box = quinebox.Popen(argv, image=image, stdin=quinebox.DEVNULL)
+    return box, engine.api.inspect_container(box.id)
+
+
+@pytest.mark.parametrize("image", ALL, ids=IDS)
+def test_the_hardening_is_identical_to_the_agent_images(engine, image):
+    ours, ours_info = running_box(engine, DEFAULT_IMAGE, ["sleep", "20"])
+    theirs, theirs_info = running_box(engine, image.name, [image.probe, "sleep", "20"])
+    try:
+        for key in HARDENING:
+            assert ours_info["HostConfig"][key] == theirs_info["HostConfig"][key], key
+        assert ours_info["Config"]["User"] == theirs_info["Config"]["User"] != "0"
+        [runtime] = [m for m in theirs_info["Mounts"] if m["Destination"] == "/.quinebox"]
+        assert runtime["RW"] is False
+    finally:
+        for box in (ours, theirs):
+            box.kill()
+            box.wait()
+
+
+def test_the_images_environment_reaches_the_command_and_never_the_guest():
+    result = quinebox.exec(["sh", "-c", 'echo "$GREETING $PYTHONHOME $PYTHONPATH $HOME"; pwd; command -v python3 || echo no python'], image=NOPYTHON.name)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"hello-from-the-image /nowhere /nowhere /tmp\n/srv\nno python\n"
+
+
+def test_no_command_runs_the_images_own():
+    result = quinebox.exec([], image=STATIC.name)
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"the image's own command\n", b"ran\n")
+
+
+def test_an_agent_in_an_image_without_python_with_the_scripted_model(tmp_path):
+    script = tmp_path / "m.yaml"
+    script.write_text('turns:\n  - sh: "wc -l <&3 >&4; echo $GREETING >&5"\n  - exit: success\n')
+    result = quinebox.run("count the lines", input=b"a\nb\nc\n", image=NOPYTHON.name, model=f"script:{script}")
+    assert (result.returncode, result.stdout.strip(), result.termination) == (0, b"3", "exit_success")
+    assert b"hello-from-the-image" in result.stderr
+
+
+@pytest.mark.parametrize("image", [NOPYTHON, MUSL], ids=["nopython", "musl"])
+def test_an_agent_in_a_foreign_image_through_the_real_openai_client(fake_openai, image):
+    fake_openai.steps = [sh(f"{image.probe} say deliverable ignored >&4 2>/dev/null; ls /.quinebox"), exit_()]
+    result = quinebox.run("deliver", image=image.name)
+    assert (result.returncode, result.stdout, result.termination) == (0, b"deliverable\n", "exit_success")
+    tool_result = [m["content"] for m in fake_openai.requests[1].body["messages"] if m["role"] == "tool"][0]
+    assert "bin\nguest\nlib\n" in tool_result
+
+
+def test_an_agent_needs_a_shell_in_its_image():
+    with pytest.raises(quinebox.QuineboxError, match="has no /bin/sh"):
+        quinebox.run("anything", image=STATIC.name, model=f"script:{MISSIONS / 'count-lines.yaml'}")
+
+
+def test_a_child_can_use_another_local_image_but_never_makes_the_host_pull(tmp_path):
+    script = tmp_path / "m.yaml"
+    script.write_text(
+        "turns:\n"
+        f"  - sh: \"quinebox exec --image {BUSYBOX.name} -- probe say from-the-child x >&4; quinebox exec --image quinebox/absent:9 -- true >&4 2>&1; true\"\n"
+        "  - exit: success\n"
+    )
+    result = quinebox.run("spawn", image=NOPYTHON.name, model=f"script:{script}", grants=["spawn:2", "depth:1"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(b"from-the-child\n")
+    assert b"quinebox: image quinebox/absent:9 is not here: --pull never" in result.stdout
+
+
+def test_sigkill_of_the_host_ends_a_box_of_any_image(engine):
+    """The lifeline runs from the injected runtime: no Python in the image is needed for it."""
+    import signal
+    import subprocess
+    import sys
+
+    from live_boxes import live_boxes
+
+    quinebox_cmd = os.path.join(os.path.dirname(sys.executable), "quinebox")
+    procs = [subprocess.Popen([quinebox_cmd, "exec", "--image", image.name, "--", image.probe, "sleep", "300"], stdin=subprocess.DEVNULL) for image in ALL]
+    deadline = time.monotonic() + 30
+    while len([b for b in live_boxes(engine) if b.status == "running"]) < len(ALL) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len([b for b in live_boxes(engine) if b.status == "running"]) == len(ALL)
+    for proc in procs:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while live_boxes(engine) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert live_boxes(engine) == []
+
+
+def test_concurrent_first_use_agrees_on_one_runtime(tmp_path, monkeypatch):
+    """Many processes may extract the runtime at once; each renames atomically, and all get the same one."""
+    from quinebox.box import runtime
+    from quinebox.box.backends.docker import DockerBackend
+
+    monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path))
+    runtime.runtime_dir.cache_clear()
+    found, backend = [], DockerBackend.connect()
+    threads = [threading.Thread(target=lambda: found.append(runtime.runtime_dir.__wrapped__(backend, DEFAULT_IMAGE))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(found)) == 1 and os.path.exists(os.path.join(found[0], "lib", "ld.so"))
+    assert [p.name for p in (tmp_path / "runtime").iterdir()] == [os.path.basename(found[0])]  # no half-made copies left
+    runtime.runtime_dir.cache_clear()
