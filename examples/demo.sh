@@ -72,6 +72,16 @@ echo "…"
 step "8. Worlds: files built for the task, revisions, rollback without amnesia"
 bash "$here/worlds/run.sh"
 
+step "9. Any image: this one has no Python and no libc, only a static busybox"
+python "$here/images/busybox.py" quinebox-demo/busybox
+show "echo 'any image' | quinebox exec --image quinebox-demo/busybox -- sh -c 'tr a-z A-Z; command -v python3 || echo no python3 here'"
+echo 'any image' | quinebox exec --image quinebox-demo/busybox -- sh -c 'tr a-z A-Z; command -v python3 || echo "no python3 here"'
+show "quinebox exec --image quinebox-demo/busybox -- ls /.quinebox    # what quinebox brings: its own loader, Python and guest"
+quinebox exec --image quinebox-demo/busybox -- ls /.quinebox
+show "seq 1 7 | quinebox run --image quinebox-demo/busybox 'Count the lines of the material'    # the agent's sh is busybox's"
+seq 1 7 | quinebox run -q "${count[@]}" --image quinebox-demo/busybox "Count the lines of the material"
+echo "exit status: $?"
+
 step "Nothing is left behind"
 show "quinebox ps"
 quinebox ps
