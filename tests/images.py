@@ -5,6 +5,7 @@
     nopython   the agent image with Python, the baked runtime and the in-box quinebox removed; its own
                ENV (PYTHONHOME and PYTHONPATH pointing nowhere, a GREETING) and WORKDIR /srv
     static     FROM scratch: the static probe alone, as its CMD; no shell, no libc
+    foreign    an image whose config says arm64 (loaded from a hand-made archive): to be refused
 
 `probe` (probe.c) is the same tool in each, so a test can ask every
 image for the same things: copy stdin, exit with a code, eat memory, make
@@ -39,6 +40,7 @@ MUSL = TestImage("quinebox-test/musl:1", "/bin/probe", True)
 NOPYTHON = TestImage("quinebox-test/nopython:1", "/usr/local/bin/probe", True)
 STATIC = TestImage("quinebox-test/static:1", "/probe", False)
 ALL = (BUSYBOX, MUSL, NOPYTHON, STATIC)
+FOREIGN = "quinebox-test/foreign:1"
 
 
 def _compile(compiler: str, out: Path, *flags: str) -> Path:
@@ -67,6 +69,30 @@ def _context(dockerfile: str, files: dict[str, Path], links: dict[str, str] = {}
 
 def _busybox_links(prefix: str) -> dict[str, str]:
     return {f"{prefix}/{applet}": "busybox" for applet in APPLETS}
+
+
+def load_foreign(client) -> str:
+    """`docker load` of an image for another CPU: one empty layer, and a config that says arm64."""
+    import hashlib
+    import json
+
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        info = tarfile.TarInfo("hello")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"hello"))
+    diff_id = "sha256:" + hashlib.sha256(layer.getvalue()).hexdigest()
+    config = json.dumps({"architecture": "arm64", "os": "linux", "config": {"Cmd": ["/hello"]}, "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [FOREIGN], "Layers": ["layer/layer.tar"]}]).encode()
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, data in ((config_name, config), ("layer/layer.tar", layer.getvalue()), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    client.images.load(archive.getvalue())
+    return FOREIGN
 
 
 def build_all(client) -> tuple[TestImage, ...]:

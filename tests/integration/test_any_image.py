@@ -15,7 +15,8 @@ import pytest
 from openai_server import exit_, sh
 
 import quinebox
-from images import ALL, BUSYBOX, MUSL, NOPYTHON, STATIC
+from images import ALL, BUSYBOX, MUSL, NOPYTHON, STATIC, load_foreign
+from quinebox.box.images import native_machine
 from quinebox.box.spec import DEFAULT_IMAGE
 
 MISSIONS = Path(__file__).resolve().parents[2] / "examples" / "missions"
@@ -120,6 +121,15 @@ def test_an_agent_in_a_foreign_image_through_the_real_openai_client(fake_openai,
     assert (result.returncode, result.stdout, result.termination) == (0, b"deliverable\n", "exit_success")
     tool_result = [m["content"] for m in fake_openai.requests[1].body["messages"] if m["role"] == "tool"][0]
     assert "bin\nguest\nlib\n" in tool_result
+
+
+@pytest.mark.skipif(native_machine() == "arm64", reason="the foreign image is arm64's")
+def test_an_image_for_another_cpu_is_refused_in_one_line(engine):
+    image = load_foreign(engine)
+    with pytest.raises(quinebox.QuineboxError) as refused:
+        quinebox.exec(["/hello"], image=image)
+    assert str(refused.value) == f"image {image} is for arm64, and this machine runs {native_machine()}: quinebox runs native images only"
+    assert refused.value.exit_code == 125
 
 
 def test_an_agent_needs_a_shell_in_its_image():
