@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field, replace
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping
 
 from quinebox.errors import GrantError
@@ -252,10 +252,47 @@ def check_mount(mount: Mount, *, protected: Iterable[str]) -> Mount:
     return replace(mount, source=real)
 
 
+_ESCAPED = re.compile(r"\\([0-7]{3})")
+
+
+def submounts(mountinfo: str, root: str) -> list[str]:
+    """Mount points strictly below `root`, from the text of /proc/self/mountinfo, parents first."""
+    points = set()
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            point = _ESCAPED.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+            if point != root and within(point, root):
+                points.add(point)
+    return sorted(points, key=lambda p: (p.count("/"), p))
+
+
+def read_only_all_the_way(mounts: tuple[Mount, ...], mountinfo: str | None = None) -> tuple[Mount, ...]:
+    """Each `ro:` grant's submounts, made read-only too.
+
+    The engine's read-only bind mount is not recursive here: a filesystem
+    mounted below a granted path would stay writable in the box. A submount
+    that another grant names more exactly is that grant's to decide.
+    """
+    if all(m.writable for m in mounts):
+        return mounts
+    text = Path("/proc/self/mountinfo").read_text() if mountinfo is None else mountinfo
+    added: list[Mount] = []
+    taken = {m.dest for m in mounts}
+    for mount in (m for m in mounts if not m.writable):
+        closer = [m.dest for m in mounts if m.dest != mount.dest and within(m.dest, mount.dest)]
+        for point in submounts(text, mount.source):
+            dest = os.path.normpath(os.path.join(mount.dest, os.path.relpath(point, mount.source)))
+            if dest not in taken and not any(within(dest, other) for other in closer):
+                taken.add(dest)
+                added.append(Mount(source=point, dest=dest, writable=False))
+    return mounts + tuple(added)
+
+
 def resolve(grants: Grants, *, environ: Mapping[str, str], protected: Iterable[str]) -> Grants:
     """Check every mount against the host and fill `env:NAME` from the caller's environment."""
     protected = tuple(protected)
-    mounts = tuple(check_mount(m, protected=protected) for m in grants.mounts)
+    mounts = read_only_all_the_way(tuple(check_mount(m, protected=protected) for m in grants.mounts))
     env = []
     for name, value in grants.env:
         if value is None:

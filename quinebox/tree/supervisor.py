@@ -25,7 +25,7 @@ from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAUL
 from quinebox.box.process import PIPE, BoxProcess, Stream
 from quinebox.box.spec import BoxSpec, build_spec, new_session_id, protected_paths
 from quinebox.errors import GrantError, QuineboxError
-from quinebox.grants import Grants, attenuate, check_mount, parse_duration, within
+from quinebox.grants import Grants, attenuate, check_mount, parse_duration, read_only_all_the_way, within
 from quinebox.guest.protocol import MAX_PAYLOAD
 from quinebox.state import run_dir, state_dir
 from quinebox.worlds.spec import child_world
@@ -185,7 +185,7 @@ class Node:
             if not any(within(checked.source, root) for root in held):
                 raise GrantError(f"refused {mount.dest}: it resolves to {checked.source}, outside what this box was granted")
             mounts.append(checked)
-        return replace(grants, mounts=tuple(mounts))
+        return replace(grants, mounts=read_only_all_the_way(tuple(mounts)))
 
     def _host_path(self, box_path: str) -> str:
         for mount in self.grants.mounts:

@@ -133,3 +133,22 @@ def test_zombies_are_reaped_by_the_init(engine):
 def test_threads_and_subprocesses_work_despite_clone3_enosys(engine):
     script = "import subprocess, threading; t = threading.Thread(target=print, args=('thread',)); t.start(); t.join(); print(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout.strip())"
     assert quinebox.exec(["python3", "-c", script]).stdout == b"thread\nchild\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a filesystem for the test needs root")
+def test_read_only_reaches_a_filesystem_mounted_below_the_grant(engine, tmp_path):
+    """The engine's ro bind is not recursive: without quinebox's own ro mounts, inner/ would be writable."""
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0777", "quinebox-test", str(inner)], check=True)
+    try:
+        tmp_path.chmod(0o755)
+        (inner / "seen").write_text("x")
+        result = quinebox.exec(["sh", "-c", f"cat {inner}/seen; echo y > {inner}/new"], grants=[f"ro:{tmp_path}"])
+        assert result.stdout == b"x"
+        assert result.returncode != 0 and b"Read-only file system" in result.stderr
+        assert not (inner / "new").exists()
+        writable = quinebox.exec(["sh", "-c", f"echo y > {inner}/new"], grants=[f"ro:{tmp_path}", f"rw:{inner}"])
+        assert writable.returncode == 0 and (inner / "new").read_text() == "y\n"  # a grant naming it decides
+    finally:
+        subprocess.run(["umount", str(inner)], check=True)

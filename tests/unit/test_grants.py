@@ -5,7 +5,7 @@ import os
 import pytest
 
 from quinebox.errors import GrantError
-from quinebox.grants import Grants, Mount, check_mount, parse_duration, parse_grant, parse_size, resolve
+from quinebox.grants import Grants, Mount, check_mount, parse_duration, parse_grant, parse_size, read_only_all_the_way, resolve, submounts
 
 G = 1 << 30
 M = 1 << 20
@@ -204,3 +204,43 @@ def test_resolve_fills_env_from_the_caller_and_refuses_missing_names(tree):
     assert dict(resolve(grants, environ={"HOME_DIR": "/h"}, protected=[]).env) == {"HOME_DIR": "/h", "FIXED": "1"}
     with pytest.raises(GrantError, match="HOME_DIR is not set here"):
         resolve(grants, environ={}, protected=[])
+
+
+# -- read-only all the way down ----------------------------------------------------------
+
+MOUNTINFO = "\n".join(
+    [
+        "22 27 0:21 / /proc rw,relatime - proc proc rw",
+        "27 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw",
+        "40 27 0:39 / /data/inner rw,relatime - tmpfs none rw",
+        "41 40 0:40 / /data/inner/deeper rw,relatime - tmpfs none rw",
+        "42 27 0:41 / /data/with\\040space rw,relatime - tmpfs none rw",
+        "43 27 0:42 / /database rw,relatime - tmpfs none rw",  # a sibling that only starts like /data
+        "44 27 0:43 / /data rw,relatime - tmpfs none rw",  # the granted path itself
+    ]
+)
+
+
+def test_submounts_are_those_strictly_below_parents_first_unescaped():
+    assert submounts(MOUNTINFO, "/data") == ["/data/inner", "/data/with space", "/data/inner/deeper"]
+    assert submounts(MOUNTINFO, "/data/inner") == ["/data/inner/deeper"]
+    assert submounts(MOUNTINFO, "/elsewhere") == []
+
+
+@pytest.mark.parametrize(
+    "granted, added",
+    [
+        # ro: every submount becomes a read-only mount of its own, at the same place under DEST
+        ([Mount("/data", "/data", False)], [("/data/inner", "/data/inner"), ("/data/with space", "/data/with space"), ("/data/inner/deeper", "/data/inner/deeper")]),
+        ([Mount("/data", "/in", False)], [("/data/inner", "/in/inner"), ("/data/with space", "/in/with space"), ("/data/inner/deeper", "/in/inner/deeper")]),
+        # rw: the engine's recursive bind keeps each submount's own mode; nothing to add
+        ([Mount("/data", "/data", True)], []),
+        # a grant that names a submount more exactly decides for it and below it
+        ([Mount("/data", "/data", False), Mount("/data/inner", "/data/inner", True)], [("/data/with space", "/data/with space")]),
+    ],
+)
+def test_read_only_reaches_every_submount(granted, added):
+    mounts = read_only_all_the_way(tuple(granted), MOUNTINFO)
+    assert mounts[: len(granted)] == tuple(granted)
+    assert [(m.source, m.dest) for m in mounts[len(granted) :]] == added
+    assert not any(m.writable for m in mounts[len(granted) :])
