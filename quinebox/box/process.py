@@ -87,7 +87,6 @@ class BoxProcess:
         self._pipe_ends: list[int] = []
         self._demux: threading.Thread | None = None
         self._pump: threading.Thread | None = None
-        self._stop_r, self._stop_w = os.pipe()
         self._deadline: threading.Timer | None = None
         self._closed = False
         self._finishing = threading.Lock()
@@ -106,6 +105,7 @@ class BoxProcess:
             self.args = spec.argv
         runtime = runtime_dir(self._backend, DEFAULT_IMAGE)
         config = container_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch())
+        self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
         self._broker = Broker(self.spec.lifeline, handler, place) if self.spec.lifeline else None
         try:
             if self.spec.world is not None:

@@ -189,3 +189,18 @@ def test_concurrent_first_use_agrees_on_one_runtime(tmp_path, monkeypatch):
     assert len(set(found)) == 1 and os.path.exists(os.path.join(found[0], "lib", "ld.so"))
     assert [p.name for p in (tmp_path / "runtime").iterdir()] == [os.path.basename(found[0])]  # no half-made copies left
     runtime.runtime_dir.cache_clear()
+
+
+def test_a_refused_image_starts_nothing_and_holds_nothing(engine):
+    from quinebox.state import run_dir
+
+    def refused():
+        with pytest.raises(quinebox.QuineboxError, match="is not here"):
+            quinebox.exec(["true"], image="quinebox/absent:1", pull="never")
+
+    refused()  # the first one may open the engine's connection
+    fds, sockets = len(os.listdir("/proc/self/fd")), set(run_dir().iterdir())
+    for _ in range(10):
+        refused()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert set(run_dir().iterdir()) == sockets
