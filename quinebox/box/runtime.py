@@ -60,3 +60,18 @@ def _extract(backend: DockerBackend, image: str, target: Path) -> None:
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def prune(backend: DockerBackend, agent_image: str) -> list[str]:
+    """Remove runtimes copied out of older agent images that no box still mounts; the names removed."""
+    root = runtime_root()
+    if not root.is_dir():
+        return []
+    current = runtime_dir(backend, agent_image) if backend.image_id(agent_image) else None
+    mounted = {m.get("Source") for box in backend.boxes() for m in box.get("Mounts") or []}
+    removed = []
+    for path in sorted(root.iterdir()):
+        if path.is_dir() and not path.name.startswith(".") and str(path) != current and str(path) not in mounted:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed

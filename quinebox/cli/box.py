@@ -145,13 +145,18 @@ def kill_command(session: str = typer.Argument(..., help="The box's session id (
     say(f"killed {len(killed)} box{'es' if len(killed) != 1 else ''}: {' '.join(killed)}")
 
 
-@app.command("gc", help="Remove boxes whose owning quinebox process is gone.")
+@app.command("gc", help="Remove boxes whose owning quinebox process is gone, and guest runtimes no box uses any more.")
 def gc_command() -> None:
-    from quinebox.box import labels
+    from quinebox.box import labels, runtime
+    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.spec import DEFAULT_IMAGE
 
     with reported():
         removed = labels.collect_garbage()
+        runtimes = runtime.prune(DockerBackend.connect(), DEFAULT_IMAGE)
     say(f"removed {len(removed)} orphaned box{'es' if len(removed) != 1 else ''}" + (": " + " ".join(removed) if removed else ""))
+    if runtimes:
+        say(f"removed {len(runtimes)} guest runtime(s) of older agent images: {' '.join(runtimes)}")
 
 
 @app.command("doctor", help="Check the engine, the image and kernel support, and say how to fix what is missing.")

@@ -207,3 +207,32 @@ def test_demo_runs_and_leaves_nothing(engine):
 def test_a_closed_stdin_is_an_empty_material_not_our_own_sockets(engine):
     done = subprocess.run(f"{QUINEBOX} exec -- sh -c 'cat; echo eof-seen' <&-", shell=True, capture_output=True, timeout=30)
     assert (done.returncode, done.stdout) == (0, b"eof-seen\n")
+
+
+def test_gc_removes_runtimes_of_older_agent_images_but_never_one_in_use(engine):
+    from dataclasses import replace
+    from pathlib import Path
+
+    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.images import resolve_image
+    from quinebox.box.policy import container_config, native_arch
+    from quinebox.box.runtime import runtime_dir, runtime_root
+    from quinebox.box.spec import DEFAULT_IMAGE, build_spec, seccomp_base
+
+    backend = DockerBackend.connect()
+    current = Path(runtime_dir(backend, DEFAULT_IMAGE))
+    stale, in_use = runtime_root() / "0123456789abcdef", runtime_root() / "fedcba9876543210"
+    for old in (stale, in_use):
+        (old / "lib").mkdir(parents=True)
+        (old / "lib" / "ld.so").write_bytes(b"an older agent image's loader")
+    # A box (created, alive owner) that still mounts an older runtime.
+    spec = replace(build_spec(["true"]), world=None, lifeline=None)
+    box = backend.create(container_config(spec, image=resolve_image(backend, spec.image), runtime=str(in_use), seccomp=seccomp_base(), arch=native_arch()))
+    try:
+        done = qb("gc")
+        assert done.returncode == 0, done.stderr
+        assert b"removed 1 guest runtime(s) of older agent images: 0123456789abcdef" in done.stderr
+        assert not stale.exists() and in_use.exists() and (current / "lib" / "ld.so").exists()
+    finally:
+        backend.remove(box)
+    assert b"fedcba9876543210" in qb("gc").stderr  # once no box mounts it
