@@ -52,3 +52,17 @@ def test_images(engine):
     from images import build_all
 
     return build_all(engine)
+
+
+def _hypothesis_profiles() -> None:
+    """CI runs a bounded number of generated examples; bench/fuzz.py sets QUINEBOX_FUZZ=long to keep going."""
+    import os
+
+    from hypothesis import settings
+
+    settings.register_profile("ci", max_examples=60, deadline=None, print_blob=True)
+    settings.register_profile("long", max_examples=5_000, deadline=None, print_blob=True)
+    settings.load_profile(os.environ.get("QUINEBOX_FUZZ", "ci"))
+
+
+_hypothesis_profiles()

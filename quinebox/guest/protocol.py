@@ -52,6 +52,8 @@ def read_frame(reader):
         raise ProtocolError("truncated frame body") from None
     except ValueError as exc:
         raise ProtocolError(f"frame is not JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("frame is nested too deeply") from None
     if not isinstance(message, dict) or not isinstance(message.get("kind"), str):
         raise ProtocolError("frame must be a JSON object with a string 'kind'")
     try:

@@ -101,8 +101,10 @@ def import_archive(archive: str, into: str) -> None:
                 except tarfile.FilterError as exc:
                     raise WorldError(f"refused archive {archive}: {exc}") from None
             tar.extractall(into, filter="data")
-    except (tarfile.TarError, EOFError) as exc:
+    except (tarfile.TarError, EOFError, KeyError) as exc:  # KeyError: a hard link to a member that is not there
         raise WorldError(f"bad archive {archive}: {exc}") from None
+    except OSError as exc:  # a member the filter let through that cannot be made (a file named ".", say)
+        raise WorldError(f"refused archive {archive}: cannot unpack {os.path.basename(exc.filename or '') or 'a member'}: {exc.strerror}") from None
 
 
 def discard(session: str) -> None:
