@@ -58,11 +58,15 @@ def copy(reader: BinaryIO, sink: Sink) -> None:
 def pump_fd(fd: int, sock: socket.socket, stop_fd: int) -> None:
     """Copy `fd` into the box's stdin until EOF (then close the box's stdin) or until told to stop.
 
-    A source that cannot be read (closed, not open at all) counts as EOF.
+    A source that cannot be read (closed, not open at all) counts as EOF. It
+    polls rather than selects: a host with many boxes open has fds past 1024.
     """
+    poller = select.poll()
+    for watched in (fd, stop_fd):
+        poller.register(watched, select.POLLIN)
     while True:
         try:
-            ready, _, _ = select.select([fd, stop_fd], [], [])
+            ready = {ready_fd for ready_fd, _ in poller.poll()}
             if stop_fd in ready:
                 return
             data = os.read(fd, CHUNK)

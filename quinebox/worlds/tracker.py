@@ -93,8 +93,12 @@ class Tracker:
                 self._sizes[path] = size
 
     def _run(self) -> None:
+        # poll, not select: a host holding many boxes has fds past select's 1024
+        poller = select.poll()
+        for fd in (self._inotify.fileno(), self._stop_r):
+            poller.register(fd, select.POLLIN)
         while True:
-            ready, _, _ = select.select([self._inotify.fileno(), self._stop_r], [], [], USAGE_INTERVAL)
+            ready = {fd for fd, _ in poller.poll(USAGE_INTERVAL * 1000)}
             if self._stop_r in ready:
                 with self._reading:
                     self._inotify.close()
