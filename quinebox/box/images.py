@@ -10,22 +10,15 @@ quinebox runs native code only (its seccomp profile is for one architecture).
 
 from __future__ import annotations
 
-import platform
 import sys
 from typing import Callable
 
 from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.policy import native_machine
 from quinebox.box.spec import ImageInfo
 from quinebox.errors import ImageError
 
-#: Docker's names for the machine types Python reports.
-_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "riscv64": "riscv64", "s390x": "s390x", "ppc64le": "ppc64le"}
-
 Progress = Callable[[str], None]
-
-
-def native_machine() -> str:
-    return _ARCH.get(platform.machine().lower(), platform.machine().lower())
 
 
 def resolve_image(backend: DockerBackend, name: str, *, pull: str = "missing", progress: Progress | None = None, pullable: bool = True) -> ImageInfo:

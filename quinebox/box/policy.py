@@ -44,14 +44,15 @@ LABEL_CREATED = LABEL_PREFIX + "created"
 #: The uid of the user who started the box: only they may `enter` it.
 LABEL_USER = LABEL_PREFIX + "user"
 
-_SECCOMP_ARCH = {
-    "x86_64": "SCMP_ARCH_X86_64",
-    "amd64": "SCMP_ARCH_X86_64",
-    "aarch64": "SCMP_ARCH_AARCH64",
-    "arm64": "SCMP_ARCH_AARCH64",
-    "riscv64": "SCMP_ARCH_RISCV64",
-    "s390x": "SCMP_ARCH_S390X",
-    "ppc64le": "SCMP_ARCH_PPC64LE",
+#: The machine types Python reports, as Docker's images name them and as seccomp does.
+_ARCHITECTURES = {
+    "x86_64": ("amd64", "SCMP_ARCH_X86_64"),
+    "amd64": ("amd64", "SCMP_ARCH_X86_64"),
+    "aarch64": ("arm64", "SCMP_ARCH_AARCH64"),
+    "arm64": ("arm64", "SCMP_ARCH_AARCH64"),
+    "riscv64": ("riscv64", "SCMP_ARCH_RISCV64"),
+    "s390x": ("s390x", "SCMP_ARCH_S390X"),
+    "ppc64le": ("ppc64le", "SCMP_ARCH_PPC64LE"),
 }
 
 
@@ -64,7 +65,14 @@ class ContainerConfig:
 
 
 def native_arch() -> str:
-    return _SECCOMP_ARCH[platform.machine().lower()]
+    """This machine's architecture as seccomp names it."""
+    return _ARCHITECTURES[platform.machine().lower()][1]
+
+
+def native_machine() -> str:
+    """This machine's architecture as an image's config names it."""
+    machine = platform.machine().lower()
+    return _ARCHITECTURES[machine][0] if machine in _ARCHITECTURES else machine
 
 
 def seccomp_profile(base: dict[str, Any], grants: Grants, arch: str) -> dict[str, Any]:

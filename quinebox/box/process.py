@@ -97,13 +97,14 @@ class BoxProcess:
         self.place = place
 
         self._backend = backend or DockerBackend.shared()
-        image = resolve_image(self._backend, spec.image, pull=spec.pull, pullable=spec.image != DEFAULT_IMAGE)
+        ours = spec.image == DEFAULT_IMAGE  # quinebox's own image: never pulled, surely has /bin/sh
+        image = resolve_image(self._backend, spec.image, pull=spec.pull, pullable=not ours)
         if not spec.argv:
             if not image.entrypoint and not image.cmd:
                 raise GrantError(f"nothing to run: image {spec.image} has no entrypoint or command; give one, as in `quinebox exec --image {spec.image} -- CMD`")
             self.spec = spec = replace(spec, argv=(*image.entrypoint, *image.cmd))
             self.args = spec.argv
-        runtime = runtime_dir(self._backend, DEFAULT_IMAGE)
+        runtime = runtime_dir(self._backend, DEFAULT_IMAGE, image_id=image.id if ours else None)
         config = container_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch())
         self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
         self._broker = Broker(self.spec.lifeline, handler, place) if self.spec.lifeline else None
@@ -115,7 +116,7 @@ class BoxProcess:
             if place is not None:
                 place.attach(self)
             self.id = self._backend.create(config)
-            if spec.agent and spec.image != DEFAULT_IMAGE and not self._backend.exists(self.id, "/bin/sh"):
+            if spec.agent and not ours and not self._backend.exists(self.id, "/bin/sh"):
                 raise ImageError(f"image {spec.image} has no /bin/sh: an agent's sh tool runs the image's own shell; choose an image that has one")
             self._events = self._backend.events(self.id)
             self._spawn(self._follow_events, "events")

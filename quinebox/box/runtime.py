@@ -28,16 +28,25 @@ def runtime_root() -> Path:
     return state_dir() / "runtime"
 
 
-@functools.lru_cache(maxsize=8)
-def runtime_dir(backend: DockerBackend, agent_image: str) -> str:
-    """The host directory to mount at /.quinebox, copied out of `agent_image` the first time it is needed."""
-    image_id = backend.image_id(agent_image)
-    if image_id is None:
-        raise ImageError(f"image {agent_image} not found: build it with `quinebox image build` (the guest runtime comes from it)")
-    target = runtime_root() / image_id.split(":")[-1][:16]
+def runtime_dir(backend: DockerBackend, agent_image: str, *, image_id: str | None = None) -> str:
+    """The host directory to mount at /.quinebox, copied out of `agent_image` the first time it is needed.
+
+    `image_id`: the agent image's id when the caller has just inspected it (a box of that image),
+    so the engine is not asked twice.
+    """
+    target = runtime_root() / (image_id or _image_id(backend, agent_image)).split(":")[-1][:16]
     if not (target / "lib" / "ld.so").exists():
         _extract(backend, agent_image, target)
     return str(target)
+
+
+@functools.lru_cache(maxsize=8)
+def _image_id(backend: DockerBackend, agent_image: str) -> str:
+    """Asked once per process: a box of any other image needs the agent image's id too."""
+    image_id = backend.image_id(agent_image)
+    if image_id is None:
+        raise ImageError(f"image {agent_image} not found: build it with `quinebox image build` (the guest runtime comes from it)")
+    return image_id
 
 
 def _extract(backend: DockerBackend, image: str, target: Path) -> None:

@@ -66,8 +66,10 @@ def run_box(cmd: List[str], *, json_summary: bool, tty: bool = False, **options:
     return supervise(lambda: Popen(cmd, tty=tty, **options), json_summary=json_summary, tty=tty)  # type: ignore[arg-type]
 
 
-#: The image's bash if it has one, else its sh; interactive only on a terminal.
-SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash "$@"; fi; exec sh "$@"'
+def shell_argv(tty: bool) -> list[str]:
+    """The image's bash if it has one, else its sh; interactive only on a terminal."""
+    chooser = 'if command -v bash >/dev/null 2>&1; then exec bash "$@"; fi; exec sh "$@"'
+    return ["/bin/sh", "-c", chooser, "sh", *(["-i"] if tty else [])]
 
 
 @app.command(help="An interactive shell in a fresh box, with this directory granted read-write (--read-only: read-only).")
@@ -85,8 +87,7 @@ def shell(
     tty = sys.stdin.isatty()
     here = os.getcwd()
     grants = [f"{'ro' if read_only else 'rw'}:{here}", *grant, *(f"env:{e}" for e in env)]
-    argv = ["/bin/sh", "-c", SHELL, "sh", *(["-i"] if tty else [])]
-    raise typer.Exit(run_box(argv, grants=grants, timeout=timeout, image=image, pull=pull, tty=tty, policy=policy, json_summary=False))
+    raise typer.Exit(run_box(shell_argv(tty), grants=grants, timeout=timeout, image=image, pull=pull, tty=tty, policy=policy, json_summary=False))
 
 
 @app.command(
@@ -101,7 +102,7 @@ def enter(
 
     tty = sys.stdin.isatty()
     cmd = cmd[1:] if cmd and cmd[0] == "--" else cmd  # parsing stops at SESSION, so `--` arrives as a word
-    argv = cmd or ["/bin/sh", "-c", SHELL, "sh", *(["-i"] if tty else [])]
+    argv = cmd or shell_argv(tty)
     with reported(), raw_terminal(tty):
         entered = enter_box(session, argv, tty=tty)
         if tty:

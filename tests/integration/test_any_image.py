@@ -16,7 +16,7 @@ from openai_server import exit_, sh
 
 import quinebox
 from images import ALL, BUSYBOX, MUSL, NOPYTHON, STATIC, load_foreign
-from quinebox.box.images import native_machine
+from quinebox.box.policy import native_machine
 from quinebox.box.spec import DEFAULT_IMAGE
 
 MISSIONS = Path(__file__).resolve().parents[2] / "examples" / "missions"
@@ -179,16 +179,14 @@ def test_concurrent_first_use_agrees_on_one_runtime(tmp_path, monkeypatch):
     from quinebox.box.backends.docker import DockerBackend
 
     monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path))
-    runtime.runtime_dir.cache_clear()
     found, backend = [], DockerBackend.connect()
-    threads = [threading.Thread(target=lambda: found.append(runtime.runtime_dir.__wrapped__(backend, DEFAULT_IMAGE))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: found.append(runtime.runtime_dir(backend, DEFAULT_IMAGE))) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert len(set(found)) == 1 and os.path.exists(os.path.join(found[0], "lib", "ld.so"))
     assert [p.name for p in (tmp_path / "runtime").iterdir()] == [os.path.basename(found[0])]  # no half-made copies left
-    runtime.runtime_dir.cache_clear()
 
 
 def test_a_refused_image_starts_nothing_and_holds_nothing(engine):
