@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from quinebox.cli.app import PULL_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, supervise
+from quinebox.cli.app import PULL_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, say, supervise
 
 if TYPE_CHECKING:
     from quinebox.tree.agent import Agent
@@ -59,10 +59,14 @@ def fork(
     from quinebox.agent.tapes import find
     from quinebox.agent.timeline import moment
     from quinebox.tree.supervisor import start_agent
+    from quinebox.worlds.revisions import RevisionLog, unkept_entries
 
     with reported():
         row = find(session)
         then = moment(row.id, at)
+        left = unkept_entries(RevisionLog(row.id).manifest(then.revision))
+    if left:
+        say(f"fork: revision {then.revision}'s world is made again without what its history could not keep: {'; '.join(left[:10])}" + (f"; and {len(left) - 10} more" if len(left) > 10 else ""))
     history = list(then.messages)
     if mission:
         history.append({"role": "user", "content": f"New instructions from here on:\n\n{mission}"})

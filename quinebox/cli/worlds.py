@@ -42,7 +42,7 @@ def world_export_command(session: str, rev: Optional[int] = typer.Argument(None,
     with reported():
         skipped = history.export(history.resolve(session), rev, sys.stdout.buffer)
     if skipped:
-        say(f"left out {len(skipped)} file(s) too large to keep: {' '.join(skipped[:10])}")
+        say(f"left out {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'}: {'; '.join(skipped[:10])}")
 
 
 @world_app.command("adopt", help="Merge what CHILD changed in its inherited world into its parent's world.")
@@ -57,10 +57,12 @@ def world_adopt_command(
         session = history.resolve(child)
         spec, _ = build.load_spec(session)
         running = spec.base is not None and labels.is_running(spec.base[0])
-        parent, adopted = adopt.adopt(session, force=force, parent_running=running)
+        parent, adopted, missing = adopt.adopt(session, force=force, parent_running=running)
     for code, path in adopted:
         print(f"{code} {path}")
     say(f"adopted {len(adopted)} change(s) from {session} into {parent}'s world")
+    if missing:
+        say(f"could not adopt {len(missing)}, left as they were: {'; '.join(missing[:10])}")
 
 
 @world_app.command("commit", help="Take a revision of an ended session's world now (an agent's world gets one after each sh call).")

@@ -6,20 +6,41 @@ Stdlib only: it runs inside boxes.
 """
 
 import os
+import stat
 
 import protocol
 
 WORLD = "/world"
+NODES = {"p": stat.S_IFIFO, "s": stat.S_IFSOCK}
 
 
 def clear(path):
-    """Remove whatever is at path (a directory with its contents); never follows a symlink."""
+    """Remove whatever is at path, a directory with everything in it; never follows a symlink.
+    A box may have locked itself out of its own directories (mode 000): they are opened up first."""
     import shutil
 
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
+        return
+    try:
+        shutil.rmtree(path)
+    except PermissionError:
+        open_up(path)
+        shutil.rmtree(path)
+
+
+def open_up(top):
+    """Give the owner every right on each directory below `top` (they are all the box's own)."""
+    stack = [top]
+    while stack:
+        path = stack.pop()
+        os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) | 0o700)
+        with os.scandir(path) as entries:
+            stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
 
 
 class Incoming:
@@ -53,22 +74,56 @@ def apply_plan(host, request):
         return f"error: {plan.get('message')}", []
     failed = []
     incoming = Incoming(host.reader)
+    #: Directories above a step that the box had locked itself out of (mode 000, say): their modes, put back at the end.
+    loosened = {}
+
+    def reach(rel):
+        parts = rel.split("/")[:-1]
+        for depth in range(len(parts) + 1):
+            above = "/".join(parts[:depth]) or "."
+            path = os.path.join(WORLD, above)
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode) and above not in loosened and not os.access(path, os.W_OK | os.X_OK):
+                loosened[above] = stat.S_IMODE(st.st_mode)
+                os.chmod(path, loosened[above] | 0o700)
 
     def attempt(action, rel, *args):
-        try:
-            action(os.path.join(WORLD, rel), *args)
-        except OSError as exc:
-            failed.append(f"{rel}: {exc.strerror or exc}")
+        for again in (False, True):
+            try:
+                action(os.path.join(WORLD, rel), *args)
+                return
+            except PermissionError as exc:
+                if not again:
+                    try:
+                        reach(rel)
+                        continue
+                    except OSError:
+                        pass
+                failed.append(f"{rel}: {exc.strerror or exc}")
+            except OSError as exc:
+                failed.append(f"{rel}: {exc.strerror or exc}")
+                return
 
     def make_dir(path, mode):
-        if os.path.lexists(path) and not (os.path.isdir(path) and not os.path.islink(path)):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
             clear(path)
-        os.makedirs(path, exist_ok=True)
+            st = None
+        if st is None:
+            os.makedirs(path, exist_ok=True)
         os.chmod(path, 0o700 | mode)
 
     def make_link(path, target):
         clear(path)
         os.symlink(target, path)
+
+    def make_node(path, kind, mode):
+        clear(path)
+        os.mknod(path, NODES[kind] | 0o600)
+        os.chmod(path, mode)
 
     def write(path, mode, mtime):
         clear(path)
@@ -86,13 +141,21 @@ def apply_plan(host, request):
         attempt(make_dir, rel, mode)
     for rel, target in plan["links"]:
         attempt(make_link, rel, target)
+    for rel, kind, mode in plan["nodes"]:
+        if kind in NODES:
+            attempt(make_node, rel, kind, mode)
     for rel, mode, size, mtime in plan["files"]:
         incoming.left = size
         attempt(write, rel, mode, mtime)
         for _ in incoming.chunks():  # what a failed write did not take: the stream goes on
             pass
-    for rel, mode in reversed(plan["dirs"]):
-        attempt(os.chmod, rel, mode)
+    # Last, deepest first: the plan's directory modes, then those of the directories opened up on the way.
+    modes = dict(plan["dirs"])
+    for rel, mode in loosened.items():
+        modes.setdefault(rel, mode)
+    for rel in sorted(modes, key=lambda r: -r.count("/")):
+        attempt(os.chmod, rel, modes[rel])
+    failed.extend(plan["lost"])
     return plan, failed
 
 

@@ -1,7 +1,8 @@
 """Worlds: each box's /world, built for its task, kept with its revisions, rolled back and adopted.
 
 Owns where a world comes from (spec.py), making one (build.py), a world in
-use (world.py), the object store and revision log (revisions.py), the
+use (world.py), the object store and revision log (revisions.py), making a
+recorded world real on the host or as a tar stream (materialize.py), the
 inotify tracker, access that never leaves a world's root (beneath.py),
 adopting a child's changes, and reading worlds back (history.py).
 

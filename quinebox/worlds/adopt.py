@@ -9,12 +9,14 @@ import os
 import stat
 
 from quinebox.worlds.build import load_spec
-from quinebox.worlds.revisions import Changes, WorldError, carry_out, changes, describe
+from quinebox.worlds.materialize import carry_out
+from quinebox.worlds.revisions import Changes, WorldError, changes, describe
 from quinebox.worlds.world import World, child_changes, inherited, refuse_conflicts
 
 
-def adopt(child: str, *, force: bool = False, parent_running: bool = False) -> tuple[str, list[tuple[str, str]]]:
-    """Merge what an ended `child` changed in its inherited world into its parent's; (parent, [(A|M|D, path)]).
+def adopt(child: str, *, force: bool = False, parent_running: bool = False) -> tuple[str, list[tuple[str, str]], list[str]]:
+    """Merge what an ended `child` changed in its inherited world into its parent's;
+    (parent, [(A|M|D, path)], `path (why)` for each change that could not be made: see `unkept`).
 
     A path the parent changed too since the fork is a conflict: refused unless `force`, when the child's wins.
     """
@@ -34,14 +36,14 @@ def adopt(child: str, *, force: bool = False, parent_running: bool = False) -> t
     try:
         theirs.revise("before adopt")
         refuse_conflicts(child, delta, changes(base, theirs.manifest), force)
-        _apply(theirs, delta, uid=parent_meta["uid"], gid=parent_meta["gid"])
+        missing = _apply(theirs, delta, uid=parent_meta["uid"], gid=parent_meta["gid"])
         theirs.revise(f"adopt {child}")
-        return parent, describe(base, delta)
+        return parent, describe(base, delta), missing
     finally:
         theirs.close()
 
 
-def _apply(world: World, delta: Changes, *, uid: int, gid: int) -> None:
+def _apply(world: World, delta: Changes, *, uid: int, gid: int) -> list[str]:
     """Carry `delta` out in `world`'s own layer (its box has ended), beneath its root."""
 
     def whiteout(dir_fd: int, name: str, path: str) -> None:
@@ -51,4 +53,4 @@ def _apply(world: World, delta: Changes, *, uid: int, gid: int) -> None:
             except PermissionError:
                 raise WorldError(f"cannot delete {path} from a copy-on-write world without CAP_MKNOD (run the adopt as root)") from None
 
-    carry_out(delta, world.store, world._root_fd, uid=uid, gid=gid, hide=whiteout)
+    return carry_out(delta, world.store, world._root_fd, uid=uid, gid=gid, hide=whiteout)

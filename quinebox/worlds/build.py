@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from typing import Any
 
 from quinebox.state import session_dir
 from quinebox.worlds import beneath
-from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError, carry_out
+from quinebox.worlds.materialize import carry_out
+from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError
 from quinebox.worlds.spec import WorldSpec, world_dir
 
 #: An archive may hold at most this many members and bytes (before anything is written).
@@ -60,9 +62,9 @@ def _fill(spec: WorldSpec, uid: int, gid: int) -> None:
         for source in spec.sources:
             target = os.path.join(spec.layer, os.path.basename(source))
             if os.path.isdir(source) and not os.path.islink(source):
-                shutil.copytree(source, target, symlinks=True)
+                shutil.copytree(source, target, symlinks=True, copy_function=_copy)
             else:
-                shutil.copy2(source, target, follow_symlinks=False)
+                _copy(source, target)
         if spec.archive:
             import_archive(spec.archive, spec.layer)
         if os.getuid() == 0 and (spec.sources or spec.archive):
@@ -71,6 +73,19 @@ def _fill(spec: WorldSpec, uid: int, gid: int) -> None:
                     os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
     finally:
         os.close(fd)
+
+
+def _copy(source: str, target: str) -> None:
+    """One host entry into a world: a FIFO or socket is made anew (never opened), a device node refused."""
+    st = os.lstat(source)
+    kind = stat.S_IFMT(st.st_mode)
+    if kind in (stat.S_IFIFO, stat.S_IFSOCK):
+        os.mknod(target, kind | 0o600)
+        os.chmod(target, stat.S_IMODE(st.st_mode), follow_symlinks=False)
+    elif kind in (stat.S_IFCHR, stat.S_IFBLK):
+        raise WorldError(f"refused {source}: a device node cannot be part of a world; leave it out of --world-from")
+    else:
+        shutil.copy2(source, target, follow_symlinks=False)
 
 
 def import_archive(archive: str, into: str) -> None:

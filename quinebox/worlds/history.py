@@ -7,7 +7,8 @@ import sys
 from datetime import datetime
 
 from quinebox.state import state_dir
-from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError, changes, describe, exported
+from quinebox.worlds.materialize import exported
+from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError, changes, describe
 
 #: Files larger than this are named in a diff, not shown line by line.
 TEXT_DIFF_MAX = 256 << 10

@@ -2,11 +2,14 @@
 
 A manifest maps each world-relative path to an entry — `{"type": "f", "mode",
 "size", "sha", "mtime"}` for a file, `"d"` for a directory, `"l"` with a
-`target` for a symlink. A revision stores only what changed since the one
-before (`{path: entry or null}`), and file contents live once in the state
-dir's object store, named by their SHA-256; so a revision costs what changed,
-not what the world holds. Anything else a world may contain (FIFOs, sockets,
-devices) is not part of its history. Setuid and setgid bits never are.
+`target` for a symlink, `"p"` and `"s"` with a `mode` for a FIFO and a socket,
+`"c"` and `"b"` with an `rdev` for a device node. A revision stores only what
+changed since the one before (`{path: entry or null}`), and file contents live
+once in the state dir's object store, named by their SHA-256; so a revision
+costs what changed, not what the world holds. Every kind of entry is recorded,
+so that going back to a revision removes whatever came after it; what cannot be
+made again (a device node, a file whose bytes were not kept) is named wherever
+that is attempted (`unkept`). Setuid and setgid bits are never recorded.
 
 Overlay layers use two more entry kinds while they are read: `"w"`, a
 whiteout (the path was deleted above a lower layer), and `"opaque": true` on a
@@ -23,7 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from quinebox.errors import QuineboxError
 from quinebox.state import session_dir, state_dir
@@ -39,6 +42,8 @@ MAX_ENTRIES = int(os.environ.get("QUINEBOX_WORLD_MAX_ENTRIES", "200000"))
 MAX_FILE = int(os.environ.get("QUINEBOX_WORLD_MAX_FILE", str(1 << 30)))
 OPAQUE = "user.overlay.opaque"
 CHUNK = 1 << 20
+#: The special files a world's history makes again (empty, as a restarted program would find them).
+NODES = {"p": stat.S_IFIFO, "s": stat.S_IFSOCK}
 
 
 class WorldError(QuineboxError):
@@ -53,6 +58,20 @@ class ConflictError(WorldError):
 
 def mode_bits(st: os.stat_result) -> int:
     return stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID)
+
+
+def unkept(entry: Entry) -> str | None:
+    """Why `entry` cannot be made again from the history; None when it can."""
+    if entry["type"] == "f" and entry.get("sha") is None:
+        return "its bytes were not kept: larger than QUINEBOX_WORLD_MAX_FILE, or unreadable when recorded"
+    if entry["type"] in ("c", "b"):
+        return "a device node, which quinebox never makes"
+    return None
+
+
+def unkept_entries(manifest: Manifest) -> list[str]:
+    """`path (why)` for each entry of `manifest` that cannot be made again."""
+    return [f"{path} ({why})" for path, entry in sorted(manifest.items()) if (why := unkept(entry))]
 
 
 class ObjectStore:
@@ -108,7 +127,7 @@ class Scanner:
         self.limit = MAX_ENTRIES if limit is None else limit
         self.count = 0
 
-    def entry(self, dir_fd: int, name: str, rel: str, st: os.stat_result, *, fresh: bool) -> Entry | None:
+    def entry(self, dir_fd: int, name: str, rel: str, st: os.stat_result, *, fresh: bool) -> Entry:
         """`fresh`: hash the file even if its size and mtime say it is unchanged (it was seen changing)."""
         self.count += 1
         if self.count > self.limit:
@@ -132,9 +151,11 @@ class Scanner:
             return entry
         if stat.S_ISLNK(st.st_mode):
             return {"type": "l", "target": os.readlink(name, dir_fd=dir_fd)}
+        if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            return {"type": "p" if stat.S_ISFIFO(st.st_mode) else "s", "mode": mode_bits(st)}
         if self.layer and stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
             return {"type": "w"}
-        return None  # FIFOs, sockets and devices are not part of a world's history
+        return {"type": "c" if stat.S_ISCHR(st.st_mode) else "b", "mode": mode_bits(st), "rdev": st.st_rdev}
 
     @staticmethod
     def _opaque(dir_fd: int, name: str) -> bool:
@@ -154,11 +175,10 @@ class Scanner:
         for _, fd, entries in beneath.walk(root_fd, top):
             for rel, item in entries:
                 try:
-                    entry = self.entry(fd, item.name, rel, item.stat(follow_symlinks=False), fresh=fresh)
+                        entry = self.entry(fd, item.name, rel, item.stat(follow_symlinks=False), fresh=fresh)
                 except (FileNotFoundError, beneath.Escape):
                     continue
-                if entry is not None:
-                    yield rel, entry
+                yield rel, entry
 
 
 def scan(root: str, store: ObjectStore, previous: Manifest | None = None, *, layer: bool = False) -> Manifest:
@@ -269,105 +289,3 @@ class RevisionLog:
 
 def new_bytes(delta: Changes) -> int:
     return sum(e.get("size", 0) for e in delta.values() if e and e["type"] == "f")
-
-
-def exported(manifest: Manifest, store: ObjectStore, out) -> list[str]:
-    """Write `manifest` as a tar stream to `out` (a binary file), owned by the caller; the paths whose bytes were not kept."""
-    import tarfile
-
-    skipped = []
-    uid, gid = os.getuid(), os.getgid()
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(manifest):
-            entry = manifest[path]
-            info = tarfile.TarInfo(path)
-            info.uid, info.gid = uid, gid
-            if entry["type"] == "d":
-                info.type, info.mode = tarfile.DIRTYPE, entry["mode"]
-                tar.addfile(info)
-            elif entry["type"] == "l":
-                info.type, info.linkname = tarfile.SYMTYPE, entry["target"]
-                tar.addfile(info)
-            elif entry["type"] == "f":
-                if entry.get("sha") is None:
-                    skipped.append(path)
-                    continue
-                info.mode, info.size, info.mtime = entry["mode"], entry["size"], entry.get("mtime", 0) // 10**9
-                with store.open(entry["sha"]) as data:
-                    tar.addfile(info, data)
-    return skipped
-
-
-def carry_out(
-    delta: Changes,
-    store: ObjectStore,
-    root_fd: int,
-    *,
-    uid: int | None = None,
-    gid: int | None = None,
-    hide: Callable[[int, str, str], None] | None = None,
-) -> list[str]:
-    """Make `delta` true beneath `root_fd`: deletions deepest first, then parents before children,
-    directory modes last (so a read-only directory can still be filled). `hide(dir_fd, name, path)`
-    runs after each deletion (an overlay layer must hide what lies below it). Returns the paths
-    whose bytes were not kept, left as they were.
-    """
-    for path in sorted((p for p, e in delta.items() if e is None), key=lambda p: -p.count("/")):
-        try:
-            parent, name = beneath.open_parent(root_fd, path)
-        except FileNotFoundError:
-            continue
-        try:
-            beneath.remove(parent, name)
-            if hide is not None:
-                hide(parent, name, path)
-        finally:
-            os.close(parent)
-    skipped = []
-    chown = uid is not None and gid is not None and os.getuid() == 0
-    made = {p: e for p, e in delta.items() if e is not None}
-    for path in sorted(made, key=lambda p: (p.count("/"), p)):
-        entry = made[path]
-        parent, name = beneath.open_parent(root_fd, path, create=True)
-        try:
-            if entry["type"] == "d":
-                try:
-                    is_dir = stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
-                except FileNotFoundError:
-                    is_dir = False
-                if not is_dir:
-                    beneath.remove(parent, name)
-                    os.mkdir(name, 0o700, dir_fd=parent)
-            elif entry["type"] == "l":
-                beneath.remove(parent, name)
-                os.symlink(entry["target"], name, dir_fd=parent)
-            elif entry.get("sha") is None:
-                skipped.append(path)
-                continue
-            else:
-                write_file(parent, name, store, entry)
-            if chown:
-                os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
-        finally:
-            os.close(parent)
-    for path in sorted((p for p, e in made.items() if e["type"] == "d"), key=lambda p: -p.count("/")):
-        parent, name = beneath.open_parent(root_fd, path)
-        try:
-            os.chmod(name, made[path]["mode"], dir_fd=parent, follow_symlinks=False)
-        finally:
-            os.close(parent)
-    return skipped
-
-
-def write_file(dir_fd: int, name: str, store: ObjectStore, entry: Entry) -> None:
-    """A regular file from the store, replacing whatever `name` was (never writing through a link)."""
-    beneath.remove(dir_fd, name)
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-    with os.fdopen(fd, "wb") as out, store.open(entry["sha"]) as data:
-        while chunk := data.read(CHUNK):
-            out.write(chunk)
-        os.fchmod(out.fileno(), entry["mode"])
-    mtime = entry.get("mtime")
-    if mtime:
-        os.utime(name, ns=(mtime, mtime), dir_fd=dir_fd, follow_symlinks=False)
-

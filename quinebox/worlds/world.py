@@ -14,6 +14,7 @@ from quinebox.worlds import beneath
 from quinebox.worlds.build import create, discard, load_spec
 from quinebox.worlds.revisions import (
     CHUNK,
+    NODES,
     Changes,
     ConflictError,
     Manifest,
@@ -27,6 +28,7 @@ from quinebox.worlds.revisions import (
     describe,
     merge,
     new_bytes,
+    unkept,
 )
 from quinebox.worlds.spec import WorldSpec, world_dir
 
@@ -157,8 +159,8 @@ class World:
         undone = []
         for path in sorted(set(self.manifest) | set(target)):
             now, then = self.manifest.get(path), target.get(path)
-            if not _differs(now, then):
-                continue
+            if not _differs(now, then) or (then is not None and unkept(then)):
+                continue  # the plan's `lost` names what cannot be brought back
             undone.append(f"removed {path} (made after revision {rev})" if then is None else f"brought back {path}" if now is None else f"restored {path}")
         return {**plan, "revision": rev, "before": self.rev, "undone": undone}, data
 
@@ -172,19 +174,22 @@ class World:
 
     def plan(self, target: Manifest) -> tuple[dict[str, Any], Iterator[bytes]]:
         """The steps from this world's newest revision to `target`; the guest takes them inside the box,
-        where the kernel (and overlay) see every write. Files whose bytes were not kept are left as they are."""
+        where the kernel (and overlay) see every write. What cannot be made again (`unkept`) is left as
+        it is and named in the plan's `lost`, for the guest to report with whatever else it could not do."""
         current = self.manifest
-        remove = [p for p, e in current.items() if p not in target or target[p]["type"] != e["type"] or (e["type"] == "l" and target[p] != e)]
+        remove = [p for p, e in current.items() if p not in target or target[p]["type"] != e["type"] or (e["type"] not in ("f", "d") and target[p] != e)]
         remove = [p for p in sorted(remove) if not any(p.startswith(r + "/") for r in remove if r != p)]
-        dirs = [[p, e["mode"]] for p, e in sorted(target.items()) if e["type"] == "d" and current.get(p) != e]
-        links = [[p, e["target"]] for p, e in sorted(target.items()) if e["type"] == "l" and current.get(p) != e]
-        files = [(p, e) for p, e in sorted(target.items()) if e["type"] == "f" and e.get("sha") and not _same_file(current.get(p), e)]
+        wanted = {p: e for p, e in sorted(target.items()) if _differs(current.get(p), e) or (e["type"] == "d" and current.get(p) != e)}
+        lost = {p: why for p, e in wanted.items() if (why := unkept(e))}
+        files = [(p, e) for p, e in wanted.items() if e["type"] == "f" and p not in lost]
         plan = {
             "kind": "world_plan",
             "remove": remove,
-            "dirs": dirs,
-            "links": links,
+            "dirs": [[p, e["mode"]] for p, e in wanted.items() if e["type"] == "d"],
+            "links": [[p, e["target"]] for p, e in wanted.items() if e["type"] == "l"],
+            "nodes": [[p, e["type"], e["mode"]] for p, e in wanted.items() if e["type"] in NODES],
             "files": [[p, e["mode"], e["size"], e.get("mtime", 0)] for p, e in files],
+            "lost": [f"{p}: {why}" for p, why in lost.items()],
         }
 
         def data() -> Iterator[bytes]:
@@ -214,7 +219,7 @@ def _differs(now: dict[str, Any] | None, then: dict[str, Any] | None) -> bool:
         return now is not then
     if now["type"] != then["type"]:
         return True
-    return (then["type"] == "f" and not _same_file(now, then)) or (then["type"] == "l" and now != then)
+    return (then["type"] == "f" and not _same_file(now, then)) or (then["type"] not in ("f", "d") and now != then)
 
 
 def open_world(session: str, spec: WorldSpec, *, uid: int, gid: int, limit: int, on_full: Callable[[str], None]) -> World:

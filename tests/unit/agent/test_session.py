@@ -137,7 +137,10 @@ def test_closing_the_broker_breaks_every_lifeline(tmp_path):
     guest = Guest(b.path)
     guest.sock.sendall(b"")
     b.close()
-    assert guest.reader.read(1) == b""
+    try:  # an accepted connection ends; one still in the listen queue is reset
+        assert guest.reader.read(1) == b""
+    except ConnectionResetError:
+        pass
 
 
 def test_check_chat_returns_messages_and_tools():

@@ -2,13 +2,15 @@
 
 import io
 import os
+import socket
 import stat
 import tarfile
 
 import pytest
 
 from quinebox.worlds import beneath, revisions
-from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError, apply, carry_out, changes, describe, exported, merge, scan
+from quinebox.worlds.materialize import carry_out, exported
+from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError, apply, changes, describe, merge, scan, unkept_entries
 
 F = {"type": "f", "mode": 0o644, "size": 1, "sha": "a" * 64, "mtime": 1}
 G = {**F, "sha": "b" * 64}
@@ -87,10 +89,22 @@ def test_scan_records_symlinks_as_links_and_never_goes_through_them(world, tmp_p
     assert stored == {b"hello", b"#!/bin/sh\n"}  # the secret behind the link was never read
 
 
-def test_scan_leaves_out_fifos_and_strips_setuid_and_setgid(world, tmp_path):
+def test_scan_records_every_kind_of_entry_and_strips_setuid_and_setgid(world, tmp_path):
+    if os.getuid() != 0:
+        pytest.fail("this test makes a device node: run the suite as root, as CI does", pytrace=False)
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(world / "sock"))
+    os.chmod(world / "sock", 0o710)
+    os.mknod(world / "null", stat.S_IFCHR | 0o640, os.makedev(1, 3))
+    os.mknod(world / "loop", stat.S_IFBLK | 0o600, os.makedev(7, 0))
+    os.chmod(world / "fifo", 0o604)
     manifest = scan(str(world), ObjectStore(tmp_path / "objects"))
-    assert "fifo" not in manifest
+    assert manifest["fifo"] == {"type": "p", "mode": 0o604}
+    assert manifest["sock"] == {"type": "s", "mode": 0o710}
+    assert manifest["null"] == {"type": "c", "mode": 0o640, "rdev": os.makedev(1, 3)}
+    assert manifest["loop"] == {"type": "b", "mode": 0o600, "rdev": os.makedev(7, 0)}
     assert manifest["suid"]["mode"] == 0o755
+    assert unkept_entries(manifest) == ["loop (a device node, which quinebox never makes)", "null (a device node, which quinebox never makes)"]
 
 
 def test_scan_reads_whiteouts_and_opaque_directories_only_in_an_overlay_layer(tmp_path):
@@ -103,7 +117,7 @@ def test_scan_reads_whiteouts_and_opaque_directories_only_in_an_overlay_layer(tm
     os.setxattr(layer / "d", revisions.OPAQUE, b"y")
     store = ObjectStore(tmp_path / "objects")
     assert scan(str(layer), store, layer=True) == {"gone": {"type": "w"}, "d": {"type": "d", "mode": 0o755, "opaque": True}}
-    assert scan(str(layer), store) == {"d": {"type": "d", "mode": 0o755}}
+    assert scan(str(layer), store) == {"gone": {"type": "c", "mode": 0o600, "rdev": 0}, "d": {"type": "d", "mode": 0o755}}
 
 
 def test_files_over_the_size_cap_are_listed_but_not_read(tmp_path, monkeypatch):
@@ -147,6 +161,34 @@ def test_world_paths_that_leave_the_root_are_refused(rel):
         beneath.parts(rel)
 
 
+@pytest.mark.parametrize(
+    "entry, kind, why",
+    [
+        ({"type": "p", "mode": 0o640}, stat.S_IFIFO, None),
+        ({"type": "s", "mode": 0o700}, stat.S_IFSOCK, None),
+        ({"type": "p", "mode": 0o000}, stat.S_IFIFO, None),
+        ({"type": "c", "mode": 0o666, "rdev": os.makedev(1, 3)}, None, "a device node, which quinebox never makes"),
+        ({"type": "b", "mode": 0o600, "rdev": os.makedev(7, 0)}, None, "a device node, which quinebox never makes"),
+        ({"type": "f", "mode": 0o644, "size": 9, "sha": None, "mtime": 0}, None, "its bytes were not kept"),
+    ],
+)
+def test_carrying_out_makes_fifos_and_sockets_anew_and_names_what_it_cannot_make(tmp_path, entry, kind, why):
+    root = tmp_path / "w"
+    root.mkdir()
+    (root / "old").write_bytes(b"there before")
+    fd = os.open(root, beneath.DIR_FLAGS)
+    try:
+        skipped = carry_out({"x": entry, "old": None}, ObjectStore(tmp_path / "objects"), fd)
+    finally:
+        os.close(fd)
+    assert not (root / "old").exists()
+    if why is None:
+        st = os.lstat(root / "x")
+        assert (skipped, stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode)) == ([], kind, entry["mode"])
+    else:
+        assert len(skipped) == 1 and skipped[0].startswith(f"x ({why}") and not os.path.lexists(root / "x")
+
+
 def test_writing_a_tree_never_writes_through_a_planted_symlink(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -172,12 +214,20 @@ def test_export_writes_exact_bytes_links_as_links_and_the_callers_ownership(tmp_
         "d/blob": {"type": "f", "mode": 0o600, "size": len(data), "sha": stored(store, tmp_path, data), "mtime": 10**18},
         "link": {"type": "l", "target": "/etc/passwd"},
         "huge": {"type": "f", "mode": 0o644, "size": 1 << 40, "sha": None, "mtime": 0},
+        "fifo": {"type": "p", "mode": 0o640},
+        "sock": {"type": "s", "mode": 0o755},
+        "null": {"type": "c", "mode": 0o666, "rdev": os.makedev(1, 3)},
     }
     out = io.BytesIO()
-    assert exported(manifest, store, out) == ["huge"]
+    assert exported(manifest, store, out) == [
+        "huge (its bytes were not kept: larger than QUINEBOX_WORLD_MAX_FILE, or unreadable when recorded)",
+        "null (a device node, which quinebox never makes)",
+        "sock (a socket, which a tar archive cannot hold)",
+    ]
     with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
         members = {m.name: m for m in tar.getmembers()}
-        assert sorted(members) == ["d", "d/blob", "link"]
+        assert sorted(members) == ["d", "d/blob", "fifo", "link"]
+        assert members["fifo"].isfifo() and members["fifo"].mode == 0o640
         assert tar.extractfile("d/blob").read() == data
         assert members["link"].issym() and members["link"].linkname == "/etc/passwd"
         assert {(m.uid, m.gid) for m in members.values()} == {(os.getuid(), os.getgid())}

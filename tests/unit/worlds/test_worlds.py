@@ -3,6 +3,8 @@
 import io
 import os
 import shutil
+import socket
+import stat
 import tarfile
 import threading
 import time
@@ -141,6 +143,65 @@ def test_a_restore_plan_says_what_it_undoes_and_carries_the_old_bytes(parent):
     assert b"".join(data) == b"read me\nprint('a')\n"
     assert plan["undone"] == ["restored README", "removed new (made after revision 0)", "brought back src/a.py"]
     assert plan["before"] == first + 1  # the state being left is kept too
+
+
+def make_entry(root, name, kind):
+    """One entry of each kind a box can leave in its world."""
+    path = f"{root}/{name}"
+    if kind == "fifo":
+        os.mkfifo(path, 0o640)
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(path)
+    elif kind == "unreadable file":
+        open(path, "w").write("mine\n")
+        os.chmod(path, 0)
+    elif kind == "unsearchable directory":
+        os.mkdir(path)
+        open(f"{path}/inside", "w").write("in\n")
+        os.chmod(path, 0)
+    elif kind == "device node":
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+
+
+KINDS = ["fifo", "socket", "unreadable file", "unsearchable directory", "device node"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_restore_plan_removes_every_kind_of_entry_made_after_the_revision(parent, kind):
+    if os.getuid() != 0 and kind == "device node":
+        pytest.fail("this test makes a device node: run the suite as root, as CI does", pytrace=False)
+    first = parent.rev
+    make_entry(parent.spec.layer, "x", kind)
+    plan, _ = parent.restore_plan(first)
+    assert (plan["remove"], plan["lost"]) == (["x"], [])
+    assert plan["undone"][0] == "removed x (made after revision 0)"
+
+
+@pytest.mark.parametrize(
+    "kind, step",
+    [
+        ("fifo", ("nodes", ["x", "p", 0o640])),
+        ("socket", ("nodes", ["x", "s", 0o755])),
+        ("unreadable file", ("files", ["x", 0, 5])),
+        ("unsearchable directory", ("dirs", ["x", 0])),
+        ("device node", ("lost", "x: a device node, which quinebox never makes")),
+    ],
+)
+def test_a_restore_plan_brings_back_every_kind_of_entry_or_names_it_lost(parent, kind, step):
+    if os.getuid() != 0 and kind == "device node":
+        pytest.fail("this test makes a device node: run the suite as root, as CI does", pytrace=False)
+    old = os.umask(0o022)
+    try:
+        make_entry(parent.spec.layer, "x", kind)
+    finally:
+        os.umask(old)
+    then = parent.revise("sh")["rev"]
+    shutil.rmtree(f"{parent.spec.layer}/x") if kind == "unsearchable directory" else os.unlink(f"{parent.spec.layer}/x")
+    plan, _ = parent.restore_plan(then)
+    field, wanted = step
+    assert [item[: len(wanted)] if isinstance(wanted, list) else item for item in plan[field]][:1] == [wanted]
+    assert ("brought back x" in plan["undone"]) == (kind != "device node")
 
 
 def test_restoring_an_unknown_revision_is_refused(parent):
