@@ -20,14 +20,21 @@ def run() -> int:
         mark = "[green]ok[/green]  " if ok else "[red]FAIL[/red]"
         console.print(f"{mark} {what}" + (f"\n      → {fix}" if fix and not ok else ""))
 
+    from datetime import datetime
+
+    from quinebox.box.watch import recent_incidents
+
+    for incident in recent_incidents():
+        when = datetime.fromtimestamp(incident["t"]).strftime("%Y-%m-%d %H:%M:%S")
+        console.print(f"note  {when} the engine failed quinebox: {incident.get('what')}", markup=False, soft_wrap=True)
     try:
         from quinebox.box.backends.docker import DockerBackend
 
         backend = DockerBackend.connect()
-        info = backend.api.info()
-        version = backend.api.version()
-    except QuineboxError as exc:
-        check(False, "Docker engine reachable", str(exc))
+        info = backend.quick.info()
+        version = backend.quick.version()
+    except Exception as exc:  # a QuineboxError, or an engine that stopped answering between requests
+        check(False, "Docker engine reachable and answering", str(exc) if isinstance(exc, QuineboxError) else f"it did not answer: {exc}")
         return 1
     check(True, f"Docker engine {version.get('Version')} (API {version.get('ApiVersion')}) at {backend.api.base_url}")
     security = " ".join(info.get("SecurityOptions") or [])
@@ -46,6 +53,10 @@ def run() -> int:
         except QuineboxError as exc:
             where, problem = "", str(exc)
         check(not problem, f"guest runtime for any image at {where or '(none)'}", problem or "")
+    from quinebox.box.labels import live_boxes, owner_alive
+
+    orphans = [box.session for box in live_boxes(backend) if not owner_alive(box.owner)]
+    check(not orphans, "no orphaned boxes (their quinebox process is gone)", f"{len(orphans)} left: `quinebox gc` removes them")
     if os.geteuid() == 0:
         console.print("note  running as root: boxes run as uid 1000, so rw: grants must be writable by uid 1000")
     return 1 if failures else 0

@@ -18,14 +18,14 @@ import time
 from dataclasses import replace
 from typing import IO, Any, Callable, Protocol, Union
 
-from quinebox.box import streams
+from quinebox.box import streams, watch
 from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.broker import Broker, Handler, Spawner
 from quinebox.box.images import resolve_image
 from quinebox.box.policy import DEFAULT_WORLD, container_config, native_arch
 from quinebox.box.runtime import runtime_dir
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, seccomp_base
-from quinebox.errors import GrantError, ImageError
+from quinebox.errors import EXIT_QUINEBOX, EngineError, GrantError, ImageError
 from quinebox.worlds.build import discard
 from quinebox.worlds.world import World, end_world, open_world
 
@@ -34,6 +34,8 @@ DEVNULL = -3
 EXIT_TIMEOUT = 124
 #: How long the engine may take to remove a box after it stopped before we insist.
 REMOVAL_GRACE = 10.0
+#: After a kill that was not ours, how long to watch whether the engine is on its way down.
+SHUTDOWN_GRACE = 3.0
 
 Stream = Union[None, int, IO[Any], Callable[[bytes], None]]
 
@@ -89,9 +91,13 @@ class BoxProcess:
         self._pump: threading.Thread | None = None
         self._deadline: threading.Timer | None = None
         self._closed = False
+        self._killing = False  # a kill event is ours, not the engine's own
         self._finishing = threading.Lock()
         #: Why the host killed the box for its world (it grew past its world:SIZE grant), if it did.
         self.world_full: str | None = None
+        #: Why the box's wait ended without the engine: it stopped answering, or went away, while the box ran.
+        self.engine_lost: str | None = None
+        self._watch: tuple[watch.EngineWatch, int] | None = None
         #: The box's world while it runs: the host side of its /world.
         self.world: World | None = None
         self.place = place
@@ -124,14 +130,17 @@ class BoxProcess:
             self._connect_outputs(stdout, stderr)
             self._backend.start(self.id)
             self.started = time.monotonic()
+            self._watch = watch.watch(self._backend, self._lose_engine)
             self._connect_stdin(stdin)
             if self.spec.grants.time:
                 self._deadline = threading.Timer(self.spec.grants.time, self._expire)
                 self._deadline.daemon = True
                 self._deadline.start()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, EngineError):
+                watch.record_incident(str(exc), session=self.session)
             if self.id:
-                self._backend.remove(self.id)
+                self._backend.remove(self.id)  # if the engine does not answer, `quinebox gc` removes it once it does
             self._close()
             self._end_world(started=False)
             raise
@@ -211,19 +220,55 @@ class BoxProcess:
             self._pump = self._spawn(streams.pump_fd, "stdin", fd, self._sock, self._stop_r)
 
     def _follow_events(self) -> None:
+        destroyed = outside = False
         try:
             for event in self._events:
                 action = event.get("Action") or event.get("status")
                 if action == "oom":
                     self.oom_killed = True
+                elif action == "kill" and not self._killing:
+                    outside = True
                 elif action == "die":
                     self._exit_code = int(event.get("Actor", {}).get("Attributes", {}).get("exitCode", 137))
                     self._died.set()
                 elif action == "destroy":
+                    destroyed = True
                     break
         except Exception:
-            pass  # the engine closed the stream; wait() will check on the box itself
+            pass  # the engine closed the stream
         finally:
+            if not self._closed and self._engine_went_away(destroyed=destroyed, outside=outside):
+                self.engine_lost = self.engine_lost or "the Docker engine went away while the box ran (it stopped or restarted)"
+                watch.record_incident(f"box {self.session} given up: its event stream ended before it did", session=self.session)
+            self._died.set()
+            self._destroyed.set()
+
+    def _engine_went_away(self, *, destroyed: bool, outside: bool) -> bool:
+        """Whether the box's end was the engine's: its stream ended first, or the engine killed it on its way down
+        (a stopping engine stops its boxes, then closes its API)."""
+        if not self._died.is_set():
+            return True
+        if not destroyed:
+            return not self._engine_answers()
+        if outside:  # a kill we did not send: the engine shutting down, or someone's `docker stop`
+            until = time.monotonic() + SHUTDOWN_GRACE
+            while time.monotonic() < until:
+                if not self._engine_answers():
+                    return True
+                time.sleep(0.25)
+        return False
+
+    def _engine_answers(self) -> bool:
+        try:
+            self._backend.ping()
+            return True
+        except EngineError:
+            return False
+
+    def _lose_engine(self, reason: str) -> None:
+        """The engine stopped answering: end the wait now; the box dies once its lifeline is let go."""
+        if not self._died.is_set() and not self._closed:
+            self.engine_lost = reason
             self._died.set()
             self._destroyed.set()
 
@@ -256,6 +301,7 @@ class BoxProcess:
     def kill(self) -> None:
         """SIGKILL everything in the box; the engine then removes it."""
         if self.id and not self._died.is_set():
+            self._killing = True
             self._backend.kill(self.id)
 
     terminate = kill
@@ -278,7 +324,7 @@ class BoxProcess:
             while not self._died.wait(0.05 if limit is None else max(0.0, min(0.05, limit - time.monotonic()))):
                 if limit is not None and time.monotonic() >= limit:
                     raise TimeoutError(f"box {self.session} still running after {timeout} s")
-            if self._demux is not None:
+            if self._demux is not None and not self.engine_lost:  # a wedged engine may never end the stream
                 self._demux.join(REMOVAL_GRACE)
             if not self._destroyed.wait(REMOVAL_GRACE):
                 self._backend.remove(self.id)
@@ -296,13 +342,16 @@ class BoxProcess:
                 if self.place is not None:
                     self.place.ended(self)
                 code = self._exit_code if self._exit_code is not None else 137
-                self.returncode = EXIT_TIMEOUT if self.timed_out else code
+                self.returncode = EXIT_QUINEBOX if self.engine_lost else EXIT_TIMEOUT if self.timed_out else code
         return self.returncode
 
     def _close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._watch:
+            engine_watch, token = self._watch
+            engine_watch.discard(token)
         if self._deadline:
             self._deadline.cancel()
         os.write(self._stop_w, b"x")

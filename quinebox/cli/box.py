@@ -175,4 +175,4 @@ def image_build_command(
     from quinebox.box.image import build_image
 
     with reported():
-        build_image(DockerBackend.connect(), base=base)
+        build_image(DockerBackend.connect(timeout=600), base=base)

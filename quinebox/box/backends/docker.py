@@ -1,18 +1,23 @@
 """The thin layer over the Docker Engine API (through docker-py's low-level client).
 
 Each method is one engine request with its errors turned into quinebox's
-own, so callers above never see docker-py exceptions or HTTP details.
+own, so callers above never see docker-py exceptions or HTTP details. Every
+request has a deadline (`QUINEBOX_ENGINE_TIMEOUT`, 30 s; killing, removing and
+pinging 10 s): an engine that has wedged is reported, never waited on for ever.
+Streams (attach, events) have none; `box.watch` notices an engine gone quiet.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import socket
 from typing import Any, Callable, Iterable, Iterator
 
 import docker
 import docker.errors
+import requests.exceptions
 from docker.utils import kwargs_from_env
 
 from quinebox.box.policy import LABEL_SESSION, ContainerConfig
@@ -21,17 +26,35 @@ from quinebox.errors import EngineError, ImageError
 ENGINE_HINT = "start the engine (`dockerd &` as root, or `systemctl start docker`), or set DOCKER_HOST; `quinebox doctor` checks"
 
 
+#: How long one engine request may take.
+ENGINE_TIMEOUT = float(os.environ.get("QUINEBOX_ENGINE_TIMEOUT", "30"))
+#: Killing, removing and pinging get less: they must never hold up an exit.
+QUICK_TIMEOUT = 10.0
+
 _shared: "DockerBackend | None" = None
 
 
-def _engine_error(exc: Exception) -> EngineError:
+def _timed_out(exc: BaseException | None) -> bool:
+    """Whether a deadline is what failed, however deep docker-py wrapped it."""
+    while exc is not None:
+        if isinstance(exc, (requests.exceptions.Timeout, TimeoutError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _engine_error(exc: Exception, what: str = "a request") -> EngineError:
+    if _timed_out(exc):
+        return EngineError(f"the Docker engine did not answer {what} in time: it may be wedged (`quinebox doctor` checks; restart it if it stays so)")
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return EngineError(f"cannot reach the Docker engine: {text}; {ENGINE_HINT}")
 
 
 class DockerBackend:
-    def __init__(self, api: docker.APIClient):
+    def __init__(self, api: docker.APIClient, quick: docker.APIClient | None = None):
         self.api = api
+        #: The same engine with the short deadline, for what must not hold anything up.
+        self.quick = quick or api
 
     @classmethod
     def shared(cls) -> "DockerBackend":
@@ -42,12 +65,21 @@ class DockerBackend:
         return _shared
 
     @classmethod
-    def connect(cls, timeout: float = 60) -> "DockerBackend":
-        """`timeout` bounds each request; streams (attach, events) never time out."""
+    def connect(cls, timeout: float | None = None) -> "DockerBackend":
+        """`timeout` bounds each request (default ENGINE_TIMEOUT); streams (attach, events) never time out."""
+        options = kwargs_from_env()
         try:
-            return cls(docker.APIClient(version="auto", timeout=timeout, **kwargs_from_env()))
-        except docker.errors.DockerException as exc:
-            raise _engine_error(exc) from None
+            api = docker.APIClient(version="auto", timeout=timeout or ENGINE_TIMEOUT, **options)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise _engine_error(exc, "its version") from None
+        return cls(api, docker.APIClient(version=api.api_version, timeout=QUICK_TIMEOUT, **options))
+
+    def ping(self) -> None:
+        """EngineError unless the engine answers within QUICK_TIMEOUT."""
+        try:
+            self.quick.ping()
+        except Exception as exc:
+            raise _engine_error(exc, "a ping") from None
 
     def create(self, config: ContainerConfig) -> str:
         try:
@@ -58,8 +90,8 @@ class DockerBackend:
             raise ImageError(f"image {image} not found: build it with `quinebox image build`") from None
         except docker.errors.APIError as exc:
             raise EngineError(f"the engine refused to create the box: {exc.explanation or exc}") from None
-        except Exception as exc:  # requests' connection errors and friends
-            raise _engine_error(exc) from None
+        except Exception as exc:  # requests' connection errors and timeouts
+            raise _engine_error(exc, "the request to create a box") from None
 
     def attach(self, container: str) -> socket.socket:
         """A hijacked connection: stdin goes in raw, stdout/stderr come back multiplexed."""
@@ -68,6 +100,8 @@ class DockerBackend:
             raw = self.api.attach_socket(container, params=params)
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot attach to the box: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc, "the request to attach to a box") from None
         sock = getattr(raw, "_sock", raw)
         # The client's request timeout would otherwise end the stream after a
         # quiet spell (a box that thinks for a minute before printing).
@@ -80,25 +114,39 @@ class DockerBackend:
             return self.api.events(filters={"container": container, "type": "container"}, decode=True)
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot follow the box's events: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc, "the request for a box's events") from None
 
     def start(self, container: str) -> None:
         try:
             self.api.start(container)
         except docker.errors.APIError as exc:
             raise EngineError(f"the engine could not start the box: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc, "the request to start a box") from None
 
-    def kill(self, container: str) -> None:
+    def kill(self, container: str) -> bool:
+        """Whether the engine took the kill (or the box had stopped already); False when it did not answer.
+
+        A box the engine cannot kill still dies once its owner lets go of its lifeline."""
         try:
-            self.api.kill(container, signal="SIGKILL")
+            self.quick.kill(container, signal="SIGKILL")
         except docker.errors.APIError:
             pass  # already stopped, or already removed: either way it is not running
+        except Exception:
+            return False
+        return True
 
-    def remove(self, container: str) -> None:
-        """Remove a box and its anonymous volumes (an inherited world's overlay is one)."""
+    def remove(self, container: str) -> bool:
+        """Remove a box and its anonymous volumes (an inherited world's overlay is one); False when the engine
+        did not answer (then `quinebox gc` removes it once the engine is back: its owner is gone by then)."""
         try:
-            self.api.remove_container(container, force=True, v=True)
+            self.quick.remove_container(container, force=True, v=True)
         except docker.errors.APIError:
             pass  # gone already, or its removal is under way
+        except Exception:
+            return False
+        return True
 
     # -- images ------------------------------------------------------------------------
 
@@ -113,7 +161,7 @@ class DockerBackend:
                 return None
             raise EngineError(f"cannot inspect image {name}: {exc.explanation or exc}") from None
         except Exception as exc:
-            raise _engine_error(exc) from None
+            raise _engine_error(exc, f"the request to inspect image {name}") from None
 
     def image_id(self, name: str) -> str | None:
         data = self.inspect_image(name)
@@ -146,11 +194,15 @@ class DockerBackend:
             container = self.api.create_container(image, command=["/nonexistent"], network_disabled=True)["Id"]
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot read {path} from image {image}: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc, f"the request to read {path} from image {image}") from None
         try:
             try:
                 chunks, _ = self.api.get_archive(container, path)
             except docker.errors.NotFound:
                 raise ImageError(f"image {image} has no {path}: rebuild it with `quinebox image build`") from None
+            except Exception as exc:
+                raise _engine_error(exc, f"the request to read {path} from image {image}") from None
             yield io.BufferedReader(_Chunks(chunks), buffer_size=1 << 20)
         finally:
             self.remove(container)
@@ -163,6 +215,8 @@ class DockerBackend:
             return False
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot look inside the box: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc, "the request to look inside a box") from None
         close = getattr(chunks, "close", None)
         if close:
             close()
@@ -179,35 +233,39 @@ class DockerBackend:
             raise EngineError("that box is gone") from None
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot run a command in the box: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc, "the request to run a command in a box") from None
 
     def exec_start(self, exec_id: str, *, tty: bool) -> socket.socket:
         try:
             raw = self.api.exec_start(exec_id, socket=True, tty=tty)
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot start the command in the box: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc, "the request to start a command in a box") from None
         sock = getattr(raw, "_sock", raw)
         sock.settimeout(None)
         return sock
 
     def exec_exit_code(self, exec_id: str) -> int | None:
         try:
-            return self.api.exec_inspect(exec_id).get("ExitCode")
-        except docker.errors.APIError:
+            return self.quick.exec_inspect(exec_id).get("ExitCode")
+        except Exception:  # gone, or the engine does not answer: no status to give
             return None
 
     def exec_resize(self, exec_id: str, rows: int, cols: int) -> None:
         try:
-            self.api.exec_resize(exec_id, height=rows, width=cols)
-        except docker.errors.APIError:
+            self.quick.exec_resize(exec_id, height=rows, width=cols)
+        except Exception:  # the next change of size tries again
             pass
 
     # -- terminals -----------------------------------------------------------------------
 
     def resize(self, container: str, rows: int, cols: int) -> None:
         try:
-            self.api.resize(container, height=rows, width=cols)
-        except docker.errors.APIError:
-            pass  # not started yet, or gone: the next change of size tries again
+            self.quick.resize(container, height=rows, width=cols)
+        except Exception:
+            pass  # not started yet, gone, or the engine is slow: the next change of size tries again
 
     def boxes(self) -> list[dict[str, Any]]:
         """Every quinebox container, running or not."""
@@ -216,7 +274,7 @@ class DockerBackend:
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot list boxes: {exc.explanation or exc}") from None
         except Exception as exc:
-            raise _engine_error(exc) from None
+            raise _engine_error(exc, "the request to list boxes") from None
 
 
 class _Chunks(io.RawIOBase):
