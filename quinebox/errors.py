@@ -22,3 +22,7 @@ class EngineError(QuineboxError):
 
 class ImageError(QuineboxError):
     """The agent image is missing or cannot be built."""
+
+
+class StateError(QuineboxError):
+    """The state dir cannot be written (a full or read-only filesystem); what was written before stays whole."""

@@ -6,6 +6,7 @@
       sessions/<id>/world/       the session's world and its revisions (worlds/)
       objects/                   file contents of every revision, by SHA-256 (worlds/revisions.py)
       run/<id>.sock              each live box's socket (box/broker.py)
+      engine.log                 what the engine failed to do, for `quinebox doctor` (box/watch.py)
 
 It is never grantable to a box. Every layer finds its part here, so this
 module imports nothing of quinebox.
@@ -34,3 +35,9 @@ def run_dir() -> Path:
 
 def session_dir(session: str) -> Path:
     return state_dir() / "sessions" / session
+
+
+def unwritable(what: str, exc: BaseException) -> str:
+    """One line for a write to the state dir that failed, saying what to do."""
+    reason = getattr(exc, "strerror", None) or str(exc)
+    return f"cannot write {what} in the state dir {state_dir()}: {reason}; free some space there (`quinebox gc`, or remove old sessions/) and run again"

@@ -9,6 +9,7 @@ guest only asks: every limit here holds even against a guest that lies.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -18,6 +19,8 @@ from quinebox.agent.providers import Provider, ProviderError
 from quinebox.agent.providers.replay import digest
 from quinebox.agent.store import Index, Tape
 from quinebox.box.broker import error_frame
+from quinebox.errors import StateError
+from quinebox.state import session_dir
 
 ROLES = {"system", "user", "assistant", "tool"}
 
@@ -64,9 +67,14 @@ class AgentSession:
         #: The tree's cap on model calls in flight at once.
         self._calls = calls or threading.BoundedSemaphore(1 << 16)
         self.tape = Tape(session)
-        self.index = Index()
-        self.index.start(session, parent=parent, mission=mission, model=provider.name)
-        self.tape.append("meta", session=session, parent=parent, mission=mission, model=provider.name, **(meta or {}))
+        try:
+            self.tape.append("meta", session=session, parent=parent, mission=mission, model=provider.name, **(meta or {}))
+            self.index = Index()
+            self.index.start(session, parent=parent, mission=mission, model=provider.name)
+        except StateError:  # a full state dir: nothing of this session is left behind
+            self.tape.close()
+            shutil.rmtree(session_dir(session), ignore_errors=True)
+            raise
         self.tokens = 0
         self.turns = 0
         self.cycles = -1
@@ -216,8 +224,17 @@ class AgentSession:
             "tokens": self.tokens,
             "turns": self.turns,
         }
-        self.tape.append("outcome", **outcome)
-        self.index.finish(self.session, exit_code=exit_code, termination=self.termination, tokens=self.tokens, turns=self.turns)
+        failed: StateError | None = None
+        try:  # both, whichever fails: each is whole either way
+            self.tape.append("outcome", **outcome)
+        except StateError as exc:
+            failed = exc
+        try:
+            self.index.finish(self.session, exit_code=exit_code, termination=self.termination, tokens=self.tokens, turns=self.turns)
+        except StateError as exc:
+            failed = failed or exc
         self.tape.close()
         self.index.close()
+        if failed:
+            raise failed
         return outcome

@@ -13,34 +13,47 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from quinebox.state import session_dir, state_dir
+from quinebox.errors import StateError
+from quinebox.state import session_dir, state_dir, unwritable
 
 
 class Tape:
-    """One session's append-only record. Each record is one JSON line, on disk before append returns."""
+    """One session's append-only record. Each record is one JSON line, on disk before append returns;
+    a record that cannot be written whole (a full disk) is not written at all: StateError."""
 
     def __init__(self, session: str):
         self.path = session_dir(session) / "tape.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StateError(unwritable(f"session {session}'s tape", exc)) from None
         self._lock = threading.Lock()
 
     def append(self, kind: str, **fields: Any) -> None:
         record = {"t": round(time.time(), 3), "kind": kind, **fields}
         line = json.dumps(record, ensure_ascii=False, default=str).encode() + b"\n"
         with self._lock:
-            self._file.write(line)
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            end = os.lseek(self._fd, 0, os.SEEK_END)
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+                os.fsync(self._fd)
+            except OSError as exc:
+                os.ftruncate(self._fd, end)  # no half record: the tape stays whole
+                raise StateError(unwritable(f"the tape {self.path}", exc)) from None
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def read_tape(session: str) -> list[dict[str, Any]]:
     path = session_dir(session) / "tape.jsonl"
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_bytes().split(b"\n")[:-1]  # a last line without its newline is still being written
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in lines if line.strip()]
@@ -103,25 +116,32 @@ class Index:
         import sqlite3  # `exec` needs the state dir's paths but never the index: keep it off that path
 
         path = state_dir() / "sessions.db"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(_SCHEMA)
         self._lock = threading.Lock()
+        #: SQLite's own failures (a full disk); its transactions leave the index whole either way.
+        self._failed = sqlite3.Error
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise StateError(unwritable("the sessions index", exc)) from None
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> None:
+        try:
+            with self._lock, self._db:
+                self._db.execute(sql, params)
+        except self._failed as exc:
+            raise StateError(unwritable("the sessions index", exc)) from None
 
     def start(self, session: str, *, parent: str | None, mission: str, model: str) -> None:
-        with self._lock, self._db:
-            self._db.execute(
-                "INSERT INTO sessions (id, parent, mission, model, started) VALUES (?, ?, ?, ?, ?)",
-                (session, parent, mission, model, time.time()),
-            )
+        self._write("INSERT INTO sessions (id, parent, mission, model, started) VALUES (?, ?, ?, ?, ?)", (session, parent, mission, model, time.time()))
 
     def finish(self, session: str, *, exit_code: int, termination: str, tokens: int, turns: int) -> None:
-        with self._lock, self._db:
-            self._db.execute(
-                "UPDATE sessions SET ended = ?, exit_code = ?, termination = ?, tokens = ?, turns = ? WHERE id = ?",
-                (time.time(), exit_code, termination, tokens, turns, session),
-            )
+        self._write(
+            "UPDATE sessions SET ended = ?, exit_code = ?, termination = ?, tokens = ?, turns = ? WHERE id = ?",
+            (time.time(), exit_code, termination, tokens, turns, session),
+        )
 
     def get(self, session: str) -> SessionRow | None:
         rows = self._select("WHERE id = ? OR id LIKE ?", (session, f"{session}%"))

@@ -129,9 +129,13 @@ class Broker:
                     continue
                 if message["kind"] in ("restore_world", "adopt") and self.handler is not None:
                     stream = self.handler.restore_world if message["kind"] == "restore_world" else self.handler.adopt
-                    for frame, data in stream(message):
-                        if not channel.send(frame, data):
-                            return
+                    try:
+                        for frame, data in stream(message):
+                            if not channel.send(frame, data):
+                                return
+                    except QuineboxError as exc:  # before its plan went out, or the stream is broken and the guest sees it end
+                        channel.send(error_frame("host", str(exc), exc.exit_code))
+                        return
                     continue
                 reply = self._answer(message)
                 if reply is not None:
@@ -186,6 +190,8 @@ class Broker:
                 return self.handler.revise(message)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             return error_frame("invalid", f"malformed {kind} frame: {exc}")
+        except QuineboxError as exc:  # the host could not do it (its state dir is full, say): the guest is told
+            return error_frame("host", str(exc), exc.exit_code)
         return error_frame("unknown", f"unknown frame kind {kind!r}")
 
     def close(self) -> None:

@@ -33,5 +33,22 @@ def ensure_std_fds() -> None:
 
 
 def main() -> None:
+    import errno
+
     ensure_std_fds()
-    app()
+    from quinebox.cli.app import say
+    from quinebox.errors import EXIT_QUINEBOX, QuineboxError
+
+    try:
+        app()
+    except QuineboxError as exc:  # a command that did not say it itself
+        say(str(exc))
+        raise SystemExit(exc.exit_code) from None
+    except OSError as exc:  # a full or read-only filesystem under us: one line, as for quinebox's own errors
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        from quinebox.state import state_dir
+
+        where = f" {exc.filename}" if exc.filename else ""
+        say(f"cannot write{where}: {exc.strerror}; free some space (the state dir is {state_dir()}) and run again")
+        raise SystemExit(EXIT_QUINEBOX) from None
