@@ -2,10 +2,11 @@
 
 Each job's deliverable goes to DIR/<name>.out and its diagnostics to
 DIR/<name>.err; DIR/results.jsonl gets one line per finished job. Temporary
-failures (the provider unavailable, exit 75; the engine hiccuping) are retried
-when asked; an agent's own failure never is. Stopping (Ctrl-C, --fail-fast)
-starts nothing new and kills what runs; what finished is kept, and `resume`
-skips it next time.
+failures (the provider unavailable, exit 75; the engine failing or gone) are
+retried when asked, after the engine answers again; an agent's own failure
+never is. Stopping (Ctrl-C, --fail-fast, even SIGKILL) starts nothing new and
+kills what runs; what finished is kept, and `resume` skips it next time and
+keeps results.jsonl at one line per input.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from quinebox.errors import EngineError, QuineboxError
 
 RESULTS = "results.jsonl"
 RETRY_PAUSE = 0.5
+#: How long a retry waits for an engine that failed to answer again.
+ENGINE_WAIT = 120.0
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ class Runner:
     def run(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)
         results = self.out / RESULTS
-        finished = self._finished(results) if self.options.resume else set()
+        finished = self._keep_finished(results) if self.options.resume else set()
         todo = [job for job in self.jobs if job.source not in finished]
         self.tally.skipped = len(self.jobs) - len(todo)
         self.tally.done = self.tally.skipped
@@ -187,17 +190,25 @@ class Runner:
         return 0 if self.tally.failed == 0 and self.tally.done == self.tally.total else 1
 
     @staticmethod
-    def _finished(results: Path) -> set[str]:
-        done = set()
-        if results.exists():
-            for line in results.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if record.get("exit_code") == 0:
-                    done.add(record["input"])
-        return done
+    def _keep_finished(results: Path) -> set[str]:
+        """The inputs that finished; results.jsonl is rewritten (atomically) to their lines alone,
+        one each, so the failures run again and a line cut short by a kill is gone."""
+        done: dict[str, str] = {}
+        try:
+            lines = results.read_bytes().split(b"\n")[:-1]  # the last, without its newline, was cut short
+        except FileNotFoundError:
+            return set()
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("exit_code") == 0 and isinstance(record.get("input"), str):
+                done.setdefault(record["input"], line.decode() + "\n")
+        kept = results.with_name(f".{RESULTS}.tmp")
+        kept.write_text("".join(done.values()))
+        os.replace(kept, results)
+        return set(done)
 
     def _job(self, job: Job) -> None:
         if self.stopping.is_set():
@@ -210,10 +221,13 @@ class Runner:
         while True:
             attempts += 1
             code, agent, error = self._attempt(job)
-            temporary = code == EXIT_UNAVAILABLE or isinstance(error, EngineError)
-            if not temporary or attempts > self.options.retries or self.stopping.is_set():
+            engine = isinstance(error, EngineError) or bool(agent and agent.proc.engine_lost)
+            if not (engine or code == EXIT_UNAVAILABLE) or attempts > self.options.retries or self.stopping.is_set():
                 break
-            time.sleep(RETRY_PAUSE * attempts)
+            if engine:
+                self._await_engine()
+            else:
+                time.sleep(RETRY_PAUSE * attempts)
         if self.stopping.is_set() and code != 0:
             with self._lock:
                 self.tally.running -= 1
@@ -239,6 +253,18 @@ class Runner:
         self.progress(self.tally, record)
         if code != 0 and self.options.fail_fast:
             self.stop()
+
+    def _await_engine(self) -> None:
+        """Until the engine answers a ping (or ENGINE_WAIT passes, or we stop): it may be restarting."""
+        from quinebox.box.backends.docker import DockerBackend
+
+        give_up = time.monotonic() + ENGINE_WAIT
+        while not self.stopping.is_set() and time.monotonic() < give_up:
+            try:
+                DockerBackend.shared().ping()
+                return
+            except QuineboxError:
+                self.stopping.wait(RETRY_PAUSE)
 
     def _attempt(self, job: Job) -> tuple[int, Any, QuineboxError | None]:
         from quinebox.box.process import DEVNULL
