@@ -17,8 +17,10 @@ class Measured:
     peak_kib: int
 
 
-def run_child(argv: list[str], *, stdin: bytes | IO[bytes] | None = None, env: dict[str, str] | None = None, check: bool = True) -> Measured:
-    """Run `argv` with stdout discarded; `stdin` is bytes to feed, a file, or nothing.
+def run_child(
+    argv: list[str], *, stdin: bytes | IO[bytes] | None = None, env: dict[str, str] | None = None, check: bool = True, stdout: IO[bytes] | None = None
+) -> Measured:
+    """Run `argv` with stdout discarded (or into `stdout`); `stdin` is bytes to feed, a file, or nothing.
 
     With `check`, a failure stops the benchmark with the command's last words:
     a figure from a failed run would be a lie.
@@ -26,7 +28,7 @@ def run_child(argv: list[str], *, stdin: bytes | IO[bytes] | None = None, env: d
     with tempfile.TemporaryFile() as err:
         began = time.perf_counter()
         feed = stdin if stdin is not None and not isinstance(stdin, bytes) else subprocess.PIPE if stdin else subprocess.DEVNULL
-        proc = subprocess.Popen(argv, stdin=feed, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        proc = subprocess.Popen(argv, stdin=feed, stdout=stdout or subprocess.DEVNULL, stderr=err, env=env)
         if isinstance(stdin, bytes) and stdin:
             proc.stdin.write(stdin)
             proc.stdin.close()

@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping
 
 from quinebox.errors import GrantError
+from quinebox.netrules import NetRule, covers, parse_rule
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -76,7 +77,8 @@ class Grants:
     """Everything a box may do beyond the safe defaults. None means "the default"."""
 
     mounts: tuple[Mount, ...] = ()
-    net: bool = False
+    #: Where the box may connect (netrules.py); empty: nowhere.
+    net: frozenset[NetRule] = frozenset()
     cpus: float | None = None
     mem: int | None = None
     pids: int | None = None
@@ -114,7 +116,7 @@ class Grants:
         return replace(
             self,
             mounts=tuple(mounts),
-            net=self.net or other.net,
+            net=self.net | other.net,
             env=tuple(env.items()),
             syscalls=self.syscalls | other.syscalls,
             **changes,
@@ -123,8 +125,7 @@ class Grants:
     def format(self) -> list[str]:
         """The grant strings that parse back to these grants."""
         out = [f"{'rw' if m.writable else 'ro'}:{m.source}" + (f"={m.dest}" if m.dest != m.source else "") for m in self.mounts]
-        if self.net:
-            out.append("net")
+        out += [rule.format() for rule in sorted(self.net)]
         if self.cpus is not None:
             out.append(f"cpus:{self.cpus:g}")
         for name in ("mem", "tmp", "world"):
@@ -167,9 +168,9 @@ def parse_grant(spec: str, *, cwd: str | None = None) -> Grants:
     kind, sep, value = spec.partition(":")
     kind = kind.strip()
     if kind == "net":
-        if sep:
-            raise GrantError(f"bad grant {spec!r}: 'net' takes no value")
-        return Grants(net=True)
+        if sep and not value:
+            raise GrantError(f"bad grant {spec!r}: give a destination after 'net:' (net:example.com, net:10.0.0.0/8, net:bridge), or 'net' for any public one")
+        return Grants(net=frozenset({parse_rule(spec, value if sep else None)}))
     if not sep or not value:
         raise GrantError(
             f"bad grant {spec!r}: expected KIND:VALUE with KIND one of ro, rw, net, cpus, mem, pids, tmp, world, time, env, spawn, depth, tokens, syscall"
@@ -333,8 +334,10 @@ def attenuate(parent: Grants, child: Grants) -> Grants:
         rel = os.path.relpath(mount.source, held.dest)
         source = held.source if rel == "." else os.path.join(held.source, rel)
         mounts.append(Mount(source=source, dest=mount.dest, writable=mount.writable))
-    if child.net and not parent.net:
-        raise _refuse("net", "this box has no network to pass on")
+    for rule in sorted(child.net):
+        if not covers(parent.net, rule):
+            held = " ".join(r.format() for r in sorted(parent.net)) or "none"
+            raise _refuse(rule.format(), f"wider than this box's network grants ({held})")
     limits: dict[str, object] = {}
     for name in ("cpus", "mem", "pids", "tmp", "world", "time"):
         mine, asked = getattr(parent, name), getattr(child, name)

@@ -210,6 +210,13 @@ class AgentSession:
 
     # -- the end ----------------------------------------------------------------
 
+    def record_egress(self, facts: dict[str, Any]) -> None:
+        """Each connection the box made or was refused (secret values never reach here)."""
+        try:
+            self.tape.append("egress", **facts)
+        except StateError:
+            pass  # a full state dir must not break the connection; finishing the session reports it
+
     def finish(self, exit_code: int, *, timed_out: bool = False, oom_killed: bool = False) -> dict[str, Any]:
         if timed_out:
             self.termination = "timeout"

@@ -100,6 +100,13 @@ def print_logs(session: str, *, follow: bool) -> None:
         print(render(record), flush=True)
 
 
+def _egress(record: dict[str, Any]) -> str:
+    if not record.get("allowed"):
+        return f"refused: {record.get('why')}"
+    return (f"{record.get('host')}:{record.get('port')} ({record.get('address')}) allowed by {record.get('rule')}, "
+            f"{record.get('up', 0)} bytes up, {record.get('down', 0)} down")
+
+
 def print_show(session: str) -> None:
     row = find(session)
     tape = read_tape(row.id)
@@ -127,6 +134,8 @@ def print_show(session: str) -> None:
             print(f"          exec → cycle {record.get('cycle')}")
         elif kind == "revision":
             print(f"          world revision {record['rev']}: {record['files']} path(s), {record['bytes']} bytes")
+        elif kind == "egress":
+            print(f"egress    {_egress(record)}")
     outcome = next((r for r in reversed(tape) if r["kind"] == "outcome"), None)
     if outcome:
         print(f"outcome   exit {outcome['exit_code']} ({outcome['termination']}), {outcome['turns']} turns, {outcome['tokens']} tokens, {outcome['duration_s']} s")

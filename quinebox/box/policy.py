@@ -33,6 +33,8 @@ GUEST_PREFIX = (*GUEST_PYTHON, f"{RUNTIME}/guest/lifeline.py", "--")
 #: What runs a mission: the guest's agent loop, with the mission as its last argument.
 AGENT_COMMAND = (*GUEST_PYTHON, f"{RUNTIME}/guest/agent.py", "--")
 #: PATH and LANG for an image that sets none.
+#: Where the guest's egress forwarder listens in a box that reaches the network through the host's proxy.
+EGRESS_LISTEN = "127.0.0.1:3128"
 BOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BOX_LANG = "C.UTF-8"
 
@@ -111,13 +113,31 @@ def command_for(spec: BoxSpec, image: ImageInfo) -> list[str]:
     return [*GUEST_PREFIX, *(spec.argv or (*image.entrypoint, *image.cmd))]
 
 
+def bridged(grants: Grants) -> bool:
+    return any(rule.kind == "bridge" for rule in grants.net)
+
+
+def proxied(grants: Grants) -> bool:
+    """Whether the box reaches the network only through the host's egress proxy (any net grant but net:bridge)."""
+    return bool(grants.net) and not bridged(grants)
+
+
 def environment_for(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
-    """The image's environment stands (the engine applies it); ours goes on top: a writable HOME, the session, the grants."""
+    """The image's environment stands (the engine applies it); ours goes on top: a writable HOME, the session,
+    the egress forwarder for every kind of client, the grants."""
     environment = {"HOME": "/tmp", "TMPDIR": "/tmp", "QUINEBOX_SESSION": spec.session}
     if not image.sets("PATH"):
         environment["PATH"] = BOX_PATH
     if not image.sets("LANG"):
         environment["LANG"] = BOX_LANG
+    if spec.grants.net:
+        environment["QUINEBOX_NET"] = " ".join(rule.format() for rule in sorted(spec.grants.net))
+    if proxied(spec.grants):
+        environment["QUINEBOX_EGRESS"] = EGRESS_LISTEN
+        for name in ("HTTP_PROXY", "HTTPS_PROXY"):
+            environment[name] = environment[name.lower()] = f"http://{EGRESS_LISTEN}"
+        environment["ALL_PROXY"] = environment["all_proxy"] = f"socks5h://{EGRESS_LISTEN}"
+        environment["NO_PROXY"] = environment["no_proxy"] = "localhost,127.0.0.1,::1"
     environment.update(dict(spec.grants.env))
     return environment
 
@@ -175,7 +195,7 @@ def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: 
     }
     host: dict[str, Any] = {
         "auto_remove": True,
-        "network_mode": "bridge" if grants.net else "none",
+        "network_mode": "bridge" if bridged(grants) else "none",
         "read_only": True,
         "cap_drop": ["ALL"],
         "security_opt": [

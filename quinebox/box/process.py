@@ -21,8 +21,9 @@ from typing import IO, Any, Callable, Protocol, Union
 from quinebox.box import streams, watch
 from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.broker import Broker, Handler, Spawner
+from quinebox.box.egress import Egress
 from quinebox.box.images import resolve_image
-from quinebox.box.policy import DEFAULT_WORLD, container_config, native_arch
+from quinebox.box.policy import DEFAULT_WORLD, container_config, native_arch, proxied
 from quinebox.box.runtime import runtime_dir
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, seccomp_base
 from quinebox.errors import EXIT_QUINEBOX, EngineError, GrantError, ImageError
@@ -92,6 +93,7 @@ class BoxProcess:
         self._deadline: threading.Timer | None = None
         self._closed = False
         self._killing = False  # a kill event is ours, not the engine's own
+        self._err: streams.Sink | None = None
         self._finishing = threading.Lock()
         #: Why the host killed the box for its world (it grew past its world:SIZE grant), if it did.
         self.world_full: str | None = None
@@ -113,7 +115,8 @@ class BoxProcess:
         runtime = runtime_dir(self._backend, DEFAULT_IMAGE, image_id=image.id if ours else None)
         config = container_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch())
         self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
-        self._broker = Broker(self.spec.lifeline, handler, place) if self.spec.lifeline else None
+        egress = Egress(spec.grants.net, say=self._say, record=handler.record_egress if handler else None) if proxied(spec.grants) else None
+        self._broker = Broker(self.spec.lifeline, handler, place, egress) if self.spec.lifeline else None
         try:
             if self.spec.world is not None:
                 self.world = open_world(
@@ -168,7 +171,7 @@ class BoxProcess:
 
     def _connect_outputs(self, stdout: Stream, stderr: Stream) -> None:
         out = self._guard(self._sink(stdout, 1, "stdout"))
-        err = self._guard(self._sink(stderr, 2, "stderr"))
+        err = self._err = self._guard(self._sink(stderr, 2, "stderr"))
         reader = self._sock.makefile("rb", buffering=streams.CHUNK)
         # A terminal has one output, not multiplexed: all of it is the box's stdout.
         self._demux = self._spawn(self._relay, "demux", reader, out, None if self.spec.tty else err)
@@ -271,6 +274,11 @@ class BoxProcess:
             self.engine_lost = reason
             self._died.set()
             self._destroyed.set()
+
+    def _say(self, line: str) -> None:
+        """One diagnostic line from the host about this box, into the box's stderr."""
+        if self._err is not None:
+            self._err(f"quinebox: {line}\n".encode(errors="replace"))
 
     def _expire(self) -> None:
         self.timed_out = True

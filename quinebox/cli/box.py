@@ -42,7 +42,7 @@ def exec_command(
     interactive: bool = typer.Option(False, "-i", "--interactive", help="Accepted as docker takes it: stdin is always attached."),
     workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
     env: List[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Pass one variable; same as -g env:…"),
-    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset (strict, dev)."),
+    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset (strict, dev, pypi, github)."),
     world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
     world_from: List[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
     world_tar: Optional[str] = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),

@@ -28,10 +28,11 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import lifeline  # noqa: E402  (the guest directory is not a package on sys.path)
+import forwarder  # noqa: E402  (the guest directory is not a package on sys.path)
+import lifeline  # noqa: E402
 import protocol  # noqa: E402
 from host import Host, Refused  # noqa: E402
-from prompt import FINAL_TOOLS, SYSTEM_PROMPT, TOOLS  # noqa: E402
+from prompt import FINAL_TOOLS, SYSTEM_PROMPT, TOOLS, network  # noqa: E402
 from tools import DELIVERABLE, DIAGNOSTICS, MATERIAL, fork, run_sh  # noqa: E402
 from worldplan import restore_world  # noqa: E402
 
@@ -101,6 +102,7 @@ def main(argv):
     if cycle == 0:
         setup_fds()
     held = hold_lifeline(held)
+    forwarder.start(lifeline.HOST_SOCKET)  # again after each exec: the listener does not survive one
     try:
         host = Host(cycle)
     except (OSError, protocol.ProtocolError, EOFError) as exc:
@@ -112,7 +114,8 @@ def main(argv):
     max_turns = int(host.welcome.get("max_turns", 40))
     cycles_left = int(host.welcome.get("cycles_left", 0))
     first = "Begin." if not note else f"You are continuing earlier work. Your note to yourself:\n\n{note}"
-    messages = [{"role": "system", "content": SYSTEM_PROMPT.format(mission=mission)}, {"role": "user", "content": first}]
+    system = SYSTEM_PROMPT.format(mission=mission, network=network(os.environ.get("QUINEBOX_NET", "")))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
     history = host.welcome.get("history")
     if cycle == 0 and isinstance(history, list) and history and all(isinstance(m, dict) for m in history):
         messages = history  # a session forked from a recorded one goes on from its conversation

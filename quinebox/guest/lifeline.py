@@ -18,6 +18,9 @@ import signal
 import socket
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory off sys.path
+import forwarder  # noqa: E402
+
 HOST_SOCKET = "/run/quinebox/host.sock"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 #: On a terminal the kernel sends these to the foreground processes, the command included: not ours to forward.
@@ -83,6 +86,7 @@ def main(argv):
     if lifeline is None:
         say("the host is gone; not starting")
         return 137
+    forwarder.start(HOST_SOCKET)
     child = spawn(argv)
 
     def forward(signum, _frame):

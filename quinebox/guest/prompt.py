@@ -1,6 +1,6 @@
 """What the model is told: the system prompt and the tools it may call. Stdlib only: it runs inside boxes."""
 
-SYSTEM_PROMPT = """You are an agent: a POSIX process in a sandbox (a Linux container: no network, read-only root; /world and /tmp are writable).
+SYSTEM_PROMPT = """You are an agent: a POSIX process in a sandbox (a Linux container: {network}, read-only root; /world and /tmp are writable).
 Your mission:
 
 {mission}
@@ -15,6 +15,19 @@ Call fork to hand parts of the work to child agents, each in its own box with at
 and, by default, a copy-on-write view of your /world (their changes stay in their own world). \
 Call exit with status "success" once the deliverable is written, or "failure" with a reason. \
 Call exec with a note to yourself to continue in a fresh conversation when this one grows long."""
+
+
+
+def network(granted):
+    """How the box may reach the network, from its grants as QUINEBOX_NET holds them ("" for none)."""
+    rules = granted.split()
+    if not rules:
+        return "no network"
+    if "net:bridge" in rules:
+        return "the container engine's network (net:bridge)"
+    return ("no direct network; through the host's proxy (HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are set) "
+            f"you may reach only what these grants allow: {' '.join(rules)}")
+
 
 TOOLS = [
     {

@@ -69,7 +69,7 @@ def granted(tmp_path):
         ("pids:1000", "more than this box's pids:256"),
         ("cpus:64", "more than this box's cpus:1"),
         ("time:1h", "more than this box's time:"),
-        ("net", "no network to pass on"),
+        ("net", "refused net: wider than this box's network grants (none)"),
         ("env:HOME", "holds no HOME"),
         ("syscall:ptrace", "may not make that call either"),
         ("spawn:3", "may start 3 more box(es), and the child counts as one"),

@@ -17,8 +17,9 @@ def test_only_loopback_exists(engine):
     assert sh("ls /sys/class/net").stdout == b"lo\n"
 
 
-def test_net_grant_gives_a_real_interface(engine):
-    assert b"eth0" in sh("ls /sys/class/net", grants=["net"]).stdout
+def test_net_bridge_gives_a_real_interface_and_other_net_grants_do_not(engine):
+    assert b"eth0" in sh("ls /sys/class/net", grants=["net:bridge"]).stdout
+    assert sh("ls /sys/class/net", grants=["net"]).stdout == b"lo\n"
 
 
 @pytest.mark.parametrize("path", ["/usr/bin/x", "/etc/x", "/x", "/.quinebox/x", "/.quinebox/guest/lifeline.py", "/var/x"])

@@ -4,11 +4,12 @@ import pytest
 
 from quinebox.errors import GrantError
 from quinebox.grants import Grants, Mount, attenuate
+from quinebox.netrules import NetRule
 
 M = 1 << 20
 PARENT = Grants(
     mounts=(Mount("/host/src", "/src", True), Mount("/host/docs", "/docs", False), Mount("/host/src/vendor", "/src/vendor", False)),
-    net=True,
+    net=frozenset({NetRule("public")}),
     cpus=2.0,
     mem=512 * M,
     pids=100,
@@ -36,8 +37,9 @@ def child(*specs: str) -> Grants:
         (["rw:/src/lib=/lib2"], "mounts", (Mount("/host/src/lib", "/lib2", True),)),
         (["ro:/docs/a/b"], "mounts", (Mount("/host/docs/a/b", "/docs/a/b", False),)),
         (["ro:/src/vendor/x"], "mounts", (Mount("/host/src/vendor/x", "/src/vendor/x", False),)),  # the deepest grant holds it
-        ([], "net", False),
-        (["net"], "net", True),
+        ([], "net", frozenset()),
+        (["net"], "net", frozenset({NetRule("public")})),
+        (["net:pypi.org"], "net", frozenset({NetRule("host", "pypi.org", (80, 443))})),
         ([], "mem", 512 * M),
         (["mem:128m"], "mem", 128 * M),
         (["mem:512m"], "mem", 512 * M),
@@ -109,7 +111,7 @@ def test_no_children_without_spawn_and_depth(parent, words):
 
 
 def test_net_only_if_the_parent_has_it():
-    with pytest.raises(GrantError, match="no network to pass on"):
+    with pytest.raises(GrantError, match=r"refused net: wider than this box's network grants \(none\)"):
         attenuate(Grants(spawn=1, depth=1), child("net"))
 
 

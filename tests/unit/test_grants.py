@@ -6,6 +6,7 @@ import pytest
 
 from quinebox.errors import GrantError
 from quinebox.grants import Grants, Mount, check_mount, parse_duration, parse_grant, parse_size, read_only_all_the_way, resolve, submounts
+from quinebox.netrules import NetRule
 
 G = 1 << 30
 M = 1 << 20
@@ -50,7 +51,9 @@ def test_parse_duration_refuses(text):
         ("ro:/a/./b/../c", Grants(mounts=(Mount("/a/c", "/a/c", False),))),
         ("ro:rel/dir", Grants(mounts=(Mount("/cwd/rel/dir", "/cwd/rel/dir", False),))),
         ("ro:.", Grants(mounts=(Mount("/cwd", "/cwd", False),))),
-        ("net", Grants(net=True)),
+        ("net", Grants(net=frozenset({NetRule("public")}))),
+        ("net:bridge", Grants(net=frozenset({NetRule("bridge")}))),
+        ("net:example.com", Grants(net=frozenset({NetRule("host", "example.com", (80, 443))}))),
         ("cpus:2", Grants(cpus=2.0)),
         ("cpus:0.5", Grants(cpus=0.5)),
         ("mem:128m", Grants(mem=128 * M)),
@@ -83,7 +86,8 @@ def test_parse_grant(spec, expected):
         ("rw:=/x", "give a path"),
         ("ro:/data=relative", "must be an absolute path"),
         ("ro:/data=/a/../b", "may not contain '..'"),
-        ("net:yes", "takes no value"),
+        ("net:", "give a destination after 'net:'"),
+        ("net:exa mple.com", "is not a host name"),
         ("cpus:0", "number above zero"),
         ("cpus:-1", "number above zero"),
         ("cpus:many", "number above zero"),
@@ -118,7 +122,7 @@ def test_later_limits_override_and_collections_accumulate():
     assert grants.mounts == (Mount("/a", "/a", False), Mount("/b", "/b", True))
     assert dict(grants.env) == {"A": "2", "B": "3"}
     assert grants.syscalls == {"x", "y"}
-    assert grants.net is True
+    assert grants.net == frozenset({NetRule("public")})
 
 
 def test_two_mounts_at_one_destination_are_refused():

@@ -98,7 +98,9 @@ def test_environment_holds_only_what_quinebox_sets():
 @pytest.mark.parametrize(
     "grant, key, value",
     [
-        ("net", "network_mode", "bridge"),
+        ("net:bridge", "network_mode", "bridge"),
+            ("net", "network_mode", "none"),
+            ("net:example.com", "network_mode", "none"),
         ("mem:128m", "mem_limit", 128 << 20),
         ("mem:128m", "memswap_limit", 128 << 20),
         ("pids:32", "pids_limit", 32),

@@ -6,6 +6,7 @@ import pytest
 
 from quinebox.box.spec import AGENT_UID, build_spec, load_policy, protected_paths
 from quinebox.errors import GrantError
+from quinebox.grants import Grants
 
 
 @pytest.mark.parametrize(
@@ -41,7 +42,10 @@ def test_bad_policy_files(tmp_path, text, words):
 def test_presets_by_name():
     assert "mem:256m" in load_policy("strict")
     assert "rw:." in load_policy("dev")
-    with pytest.raises(GrantError, match=r"preset \(dev, strict\)"):
+    assert load_policy("pypi") == ["net:pypi.org", "net:files.pythonhosted.org"]
+    assert "net:*.githubusercontent.com" in load_policy("github")
+    assert len(Grants.parse(load_policy("github")).net) == 4
+    with pytest.raises(GrantError, match=r"preset \(dev, github, pypi, strict\)"):
         load_policy("lenient")
 
 

@@ -1,0 +1,189 @@
+"""Network grants as rules: which destinations a box may reach through the host's egress proxy. Pure.
+
+    net                  any public destination, any port
+    net:HOST[:PORT]      that name (ports 80 and 443 when none is given; `:*` for any)
+    net:*.SUFFIX[:PORT]  any name below SUFFIX (not SUFFIX itself)
+    net:CIDR[:PORT]      addresses: the only way to reach private, loopback, link-local
+                         (the metadata address too), multicast or other special ranges;
+                         a bare IPv4 address is a /32, an IPv6 one is written [ADDR]
+    net:bridge           the engine's bridge network: raw access, the host included
+
+A box's network stays `none` unless it holds `net:bridge`: everything else is
+decided by the host per connection (`verdict`), at the address it will connect
+to. A special address is reached only when a CIDR rule names it, whatever name
+led to it, so a name that resolves to 127.0.0.1 or 169.254.169.254 is refused.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from quinebox.errors import GrantError
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+#: A name grant without a port allows these.
+WEB_PORTS = (80, 443)
+_LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+_NAME_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+@dataclass(frozen=True, order=True)
+class NetRule:
+    """One `net` grant. `ports` None means any port."""
+
+    kind: str  # "bridge", "public", "host", "suffix" or "cidr"
+    value: str = ""  # a lower-case name; a suffix without its "*."; a network in CIDR form
+    ports: tuple[int, ...] | None = None
+
+    def format(self) -> str:
+        if self.kind == "bridge":
+            return "net:bridge"
+        if self.kind == "public":
+            return "net"
+        value = f"*.{self.value}" if self.kind == "suffix" else self.value
+        if self.kind == "cidr":
+            network = ipaddress.ip_network(self.value)
+            if network.num_addresses == 1:
+                value = str(network.network_address) if network.version == 4 else f"[{network.network_address}]"
+        if self.ports is None:
+            return f"net:{value}" + (":*" if self.kind != "cidr" else "")
+        if self.kind != "cidr" and self.ports == WEB_PORTS:
+            return f"net:{value}"
+        return f"net:{value}:{self.ports[0]}"
+
+    def allows_port(self, port: int) -> bool:
+        return self.ports is None or port in self.ports
+
+    def names(self, name: str) -> bool:
+        """Whether this rule grants `name` (a name rule; addresses are `holds`)."""
+        if self.kind == "public":
+            return True
+        if self.kind == "host":
+            return name == self.value
+        return self.kind == "suffix" and name.endswith("." + self.value)
+
+    def holds(self, address: Address) -> bool:
+        return self.kind == "cidr" and address in ipaddress.ip_network(self.value)
+
+
+def parse_rule(spec: str, value: str | None) -> NetRule:
+    """`value` is what follows `net:` (None for a bare `net`)."""
+    if value is None:
+        return NetRule("public")
+    if value == "bridge":
+        return NetRule("bridge")
+    where, ports = _split_port(spec, value)
+    if where.startswith("[") and where.endswith("]") or "/" in where or _is_ipv4(where):
+        text = where[1:-1] if where.startswith("[") else where
+        try:
+            network = ipaddress.ip_network(text, strict=True)
+        except ValueError as exc:
+            raise GrantError(f"bad grant {spec!r}: {exc} (give a network as 10.0.0.0/8, an address as 10.1.2.3 or [fd00::1])") from None
+        return NetRule("cidr", str(network), None if ports == () else ports)
+    name = where.lower().rstrip(".")
+    kind = "host"
+    if name.startswith("*."):
+        kind, name = "suffix", name[2:]
+    if len(name) > 253 or not _NAME_RE.match(name) or (kind == "suffix" and "." not in name):
+        raise GrantError(f"bad grant {spec!r}: {where!r} is not a host name (net:example.com, net:*.example.com, net:10.0.0.0/8, net:bridge)")
+    return NetRule(kind, name, WEB_PORTS if ports == () else ports)
+
+
+def _split_port(spec: str, value: str) -> tuple[str, tuple[int, ...] | None]:
+    """(where, ports): ports () when none was given, None for `*`."""
+    if value.startswith("["):
+        where, _, rest = value.partition("]")
+        where += "]"
+        if rest and not rest.startswith(":"):
+            raise GrantError(f"bad grant {spec!r}: expected [IPv6]:PORT")
+        port = rest[1:] if rest else ""
+    elif "/" in value:
+        where, _, prefix_port = value.partition("/")
+        prefix, _, port = prefix_port.partition(":")
+        where = f"{where}/{prefix}"
+    else:
+        where, _, port = value.rpartition(":") if ":" in value else (value, "", "")
+    if not port:
+        return where, ()
+    if port == "*":
+        return where, None
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise GrantError(f"bad grant {spec!r}: {port!r} is not a port (1-65535, or * for any)")
+    return where, (int(port),)
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+        return True
+    except ValueError:
+        return False
+
+
+def canonical(address: Address) -> Address:
+    """The IPv4 address behind an IPv6 spelling of one (mapped, 6to4, Teredo, NAT64), else `address`."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped:
+            return address.ipv4_mapped
+        if address.sixtofour:
+            return address.sixtofour
+        if address.teredo:
+            return address.teredo[1]
+        if address in _NAT64:
+            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address
+
+
+def special(address: Address) -> bool:
+    """Private, loopback, link-local, multicast, reserved, shared or unspecified: anything not plainly public."""
+    address = canonical(address)
+    return not address.is_global or address.is_multicast
+
+
+def verdict(rules: frozenset[NetRule], name: str | None, address: Address, port: int) -> tuple[NetRule | None, str]:
+    """(the rule that allows connecting to `address`:`port`, reached by `name` or as a literal; or None, and why not)."""
+    address = canonical(address)
+    for rule in sorted(rules):
+        if rule.holds(address) and rule.allows_port(port):
+            return rule, ""
+    if special(address):
+        return None, f"{address} is a private or special address; only a net:CIDR grant reaches it (grant {suggest(None, address, port)})"
+    for rule in sorted(rules):
+        if rule.allows_port(port) and (rule.kind == "public" or (name is not None and rule.names(name))):
+            return rule, ""
+    return None, f"grant {suggest(name, address, port)}"
+
+
+def suggest(name: str | None, address: Address, port: int) -> str:
+    """The narrowest grant that would allow this connection."""
+    if name is None or special(address):
+        rule = NetRule("cidr", str(ipaddress.ip_network(canonical(address))), (port,))
+    else:
+        rule = NetRule("host", name, WEB_PORTS if port in WEB_PORTS else (port,))
+    return rule.format()
+
+
+def covers(held: frozenset[NetRule], asked: NetRule) -> bool:
+    """Whether a box holding `held` may pass `asked` on to a child: never anything wider."""
+    for rule in held:
+        if rule.kind == "bridge":
+            return True  # a box on the bridge reaches all of it already
+        ports_ok = rule.ports is None or (asked.ports is not None and set(asked.ports) <= set(rule.ports))
+        if not ports_ok or asked.kind == "bridge":
+            continue
+        if rule.kind == "public" and asked.kind in ("public", "host", "suffix"):
+            return True
+        if rule.kind == "host" and asked.kind == "host" and asked.value == rule.value:
+            return True
+        if rule.kind == "suffix" and asked.kind in ("host", "suffix") and asked.value.endswith("." + rule.value):
+            return True
+        if rule.kind == "suffix" and asked.kind == "suffix" and asked.value == rule.value:
+            return True
+        if rule.kind == "cidr" and asked.kind == "cidr":
+            mine, theirs = ipaddress.ip_network(rule.value), ipaddress.ip_network(asked.value)
+            if mine.version == theirs.version and theirs.subnet_of(mine):  # type: ignore[arg-type]
+                return True
+    return False

@@ -1,0 +1,138 @@
+"""Controlled egress on the real engine: boxes reach a simulated outside world only as their net grants allow.
+
+The outside world is a server container started with testcontainers on a
+network of its own (an HTTP server and a TCP echo server). Its name reaches
+quinebox's resolver through QUINEBOX_EGRESS_HOSTS, and the tests grant its
+network with net:CIDR. Clients in the box are real: Python's urllib through
+HTTP_PROXY, a CONNECT tunnel, SOCKS5, and a direct connection that ignores
+the proxy.
+"""
+
+import hashlib
+import os
+import textwrap
+
+import pytest
+from commands import qb, scripts
+from openai_server import exit_, sh
+
+import quinebox
+from quinebox.agent.store import read_tape
+from quinebox.box.spec import DEFAULT_IMAGE
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image is on a registry these machines cannot reach
+
+SERVER = textwrap.dedent(
+    """
+    import http.server, socketserver, threading
+    BODY = bytes(range(256)) * 4000
+    class Files(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.send_header("Content-Length", str(len(BODY))); self.end_headers(); self.wfile.write(BODY)
+        def log_message(self, *a): pass
+    class Echo(socketserver.BaseRequestHandler):
+        def handle(self):
+            while data := self.request.recv(65536): self.request.sendall(data)
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    threading.Thread(target=socketserver.ThreadingTCPServer(("", 7000), Echo).serve_forever, daemon=True).start()
+    http.server.ThreadingHTTPServer(("", 8000), Files).serve_forever()
+    """
+)
+BODY = bytes(range(256)) * 4000
+
+
+@pytest.fixture(scope="module")
+def outside(engine, tmp_path_factory):
+    """(the server's network in CIDR form, the environment that names it files.test / echo.test)."""
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.network import Network
+
+    with Network() as network:
+        server = DockerContainer(DEFAULT_IMAGE, command=["python3", "-c", SERVER], network=network)
+        with server:
+            server.get_wrapped_container().reload()
+            address = server.get_wrapped_container().attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
+            subnet = engine.api.inspect_network(network.id)["IPAM"]["Config"][0]["Subnet"]
+            hosts = tmp_path_factory.mktemp("egress") / "hosts"
+            hosts.write_text(f"{address} files.test echo.test\n")
+            env = {**os.environ, "QUINEBOX_EGRESS_HOSTS": str(hosts)}
+            probe = "import socket,time\nfor _ in range(100):\n try: socket.create_connection(('127.0.0.1', 8000), 1).close(); break\n except OSError: time.sleep(0.1)"
+            assert server.exec(["python3", "-c", probe]).exit_code == 0
+            yield subnet, address, env
+
+
+CLIENTS = textwrap.dedent(
+    """
+    import hashlib, socket, urllib.request
+    body = urllib.request.urlopen("http://files.test:8000/data", timeout=10).read()
+    print("urllib", len(body), hashlib.sha256(body).hexdigest())
+    tunnel = socket.create_connection(("127.0.0.1", 3128))
+    tunnel.sendall(b"CONNECT files.test:8000 HTTP/1.1\\r\\nHost: files.test:8000\\r\\n\\r\\n")
+    print("connect", tunnel.recv(39).split(b"\\r\\n")[0].decode())
+    tunnel.sendall(b"GET /d HTTP/1.1\\r\\nHost: files.test\\r\\nConnection: close\\r\\n\\r\\n")
+    data = b""
+    while chunk := tunnel.recv(65536):
+        data += chunk
+    print("tunnel", hashlib.sha256(data.split(b"\\r\\n\\r\\n", 1)[1]).hexdigest())
+    socks = socket.create_connection(("127.0.0.1", 3128))
+    socks.sendall(b"\\x05\\x01\\x00"); socks.recv(2)
+    socks.sendall(b"\\x05\\x01\\x00\\x03\\x09echo.test" + (7000).to_bytes(2, "big"))
+    print("socks", socks.recv(10)[:2].hex())
+    socks.sendall(b"echo me")
+    print("echo", socks.recv(100).decode())
+    """
+)
+
+
+def test_a_box_reaches_a_granted_network_by_name_through_every_kind_of_client(outside):
+    subnet, _, env = outside
+    done = qb("exec", "-g", f"net:{subnet}", "--", "python3", "-c", CLIENTS, env=env)
+    assert done.returncode == 0, done.stderr
+    digest = hashlib.sha256(BODY).hexdigest()
+    assert done.stdout.decode().splitlines() == [
+        f"urllib {len(BODY)} {digest}", "connect HTTP/1.1 200 Connection established", f"tunnel {digest}", "socks 0500", "echo echo me",
+    ]
+
+
+def test_a_name_not_granted_is_refused_with_a_403_and_one_line(outside):
+    _, address, env = outside
+    fetch = "import urllib.request\ntry: urllib.request.urlopen('http://files.test:8000/data', timeout=10)\nexcept Exception as e: print(e.code, e.read().decode().strip())"
+    done = qb("exec", "-g", "net:other.test", "--", "python3", "-c", fetch, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().strip() == f"403 egress to files.test:8000 refused: {address} is a private or special address; only a net:CIDR grant reaches it (grant net:{address}:8000)"
+    assert done.stderr.decode().splitlines() == [f"quinebox: egress to files.test:8000 refused: {address} is a private or special address; only a net:CIDR grant reaches it (grant net:{address}:8000)"]
+
+
+def test_a_direct_connection_that_ignores_the_proxy_has_no_route(outside):
+    subnet, address, env = outside
+    direct = f"import socket\ntry: socket.create_connection(('{address}', 8000), 5)\nexcept OSError as e: print(e.strerror)"
+    done = qb("exec", "-g", f"net:{subnet}", "--", "python3", "-c", direct, env=env)
+    assert (done.returncode, done.stdout) == (0, b"Network is unreachable\n"), done.stderr
+    assert qb("exec", "-g", f"net:{subnet}", "--", "sh", "-c", "ls /sys/class/net").stdout == b"lo\n"
+
+
+def test_net_bridge_is_the_engines_network_as_before():
+    done = qb("exec", "-g", "net:bridge", "--", "sh", "-c", "ls /sys/class/net; echo ${HTTP_PROXY:-no proxy}")
+    assert b"eth0" in done.stdout and done.stdout.endswith(b"no proxy\n")
+
+
+def test_a_child_asking_for_wider_network_is_refused_with_125(outside, tmp_path):
+    subnet, _, env = outside
+    scripts(tmp_path, mission=[{"sh": "quinebox exec -g net -- true; echo $? >&4; quinebox exec -g net:" + subnet + " -- true; echo $? >&4"}, {"exit": "success"}])
+    done = qb("run", "-q", "-m", f"script:{tmp_path / 'mission.yaml'}", "-g", f"net:{subnet}", "-g", "spawn:2", "-g", "depth:1", "try", env=env)
+    assert done.stdout == b"125\n0\n", done.stderr
+
+
+def test_an_agent_is_told_where_it_may_go_and_its_tape_records_each_connection(outside, fake_openai, monkeypatch):
+    subnet, address, env = outside
+    monkeypatch.setenv("QUINEBOX_EGRESS_HOSTS", env["QUINEBOX_EGRESS_HOSTS"])
+    fake_openai.steps = [sh("python3 -c \"import urllib.request; print(len(urllib.request.urlopen('http://files.test:8000/').read()))\" >&4"), exit_()]
+    result = quinebox.run("fetch it", grants=[f"net:{subnet}"])
+    assert (result.returncode, result.stdout) == (0, f"{len(BODY)}\n".encode()), result.stderr
+    system = fake_openai.requests[0].body["messages"][0]["content"]
+    assert f"you may reach only what these grants allow: net:{subnet}" in system
+    [record] = [r for r in read_tape(result.session) if r["kind"] == "egress"]
+    assert (record["host"], record["port"], record["address"], record["allowed"], record["rule"]) == ("files.test", 8000, address, True, f"net:{subnet}")
+    assert record["down"] > len(BODY)
+    shown = qb("show", result.session).stdout.decode()
+    assert f"egress    files.test:8000 ({address}) allowed by net:{subnet}" in shown, shown

@@ -1,0 +1,195 @@
+"""The host's egress proxy with real sockets: HTTP CONNECT, absolute-form requests and SOCKS5 to real servers on loopback.
+
+The box's side of each connection is one end of a socket pair, as the guest's
+forwarder would hand it over; the outside world is servers on 127.0.0.1, named
+through a hosts override. Nothing here goes anywhere but loopback: a refused
+address is refused before any connection is tried.
+"""
+
+import http.server
+import os
+import socket
+import socketserver
+import threading
+import time
+
+import pytest
+
+from quinebox.box.egress import Egress
+from quinebox.netrules import parse_rule
+
+BODY = os.urandom(50000)
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(BODY)))
+        self.send_header("X-Host-Seen", self.headers.get("Host", ""))
+        self.end_headers()
+        self.wfile.write(BODY)
+
+    def log_message(self, *args):
+        pass
+
+
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        while data := self.request.recv(65536):
+            self.request.sendall(data)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    echo = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
+    for server in (web, echo):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    hosts = tmp_path_factory.mktemp("hosts") / "hosts"
+    hosts.write_text("127.0.0.1 files.test echo.test\n169.254.169.254 meta.test\n10.9.9.9 private.test\n")
+    old = os.environ.get("QUINEBOX_EGRESS_HOSTS")
+    os.environ["QUINEBOX_EGRESS_HOSTS"] = str(hosts)
+    yield web.server_address[1], echo.server_address[1]
+    if old is None:
+        del os.environ["QUINEBOX_EGRESS_HOSTS"]
+    for server in (web, echo):
+        server.shutdown()
+
+
+class Box:
+    """The box's end of one relayed connection, and what the host said and recorded about it."""
+
+    def __init__(self, *grants: str):
+        rules = frozenset(parse_rule(g, g[4:] or None) for g in grants)
+        self.said, self.records = [], []
+        self.egress = Egress(rules, say=self.said.append, record=self.records.append)
+
+    def connect(self) -> socket.socket:
+        mine, theirs = socket.socketpair()
+        reader = theirs.makefile("rb")
+
+        def serve():
+            try:
+                self.egress.handle(theirs, reader)
+            finally:
+                reader.close()
+                theirs.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        mine.settimeout(10)
+        return mine
+
+
+def read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def http_get(sock: socket.socket, host: str, target: str = "/x") -> bytes:
+    sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    return read_all(sock)
+
+
+def test_connect_to_a_granted_address_tunnels_exact_bytes(servers):
+    web, _ = servers
+    box = Box("net:127.0.0.1")
+    sock = box.connect()
+    sock.sendall(f"CONNECT files.test:{web} HTTP/1.1\r\nHost: files.test:{web}\r\n\r\n".encode())
+    assert sock.recv(1024) == b"HTTP/1.1 200 Connection established\r\n\r\n"
+    assert http_get(sock, "files.test").endswith(b"\r\n\r\n" + BODY)
+    sock.close()
+    deadline = time.monotonic() + 5
+    while not box.records and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [record] = box.records
+    assert record["allowed"] and record["address"] == "127.0.0.1" and record["rule"] == "net:127.0.0.1" and record["down"] > len(BODY)
+
+
+@pytest.mark.parametrize(
+    "grants, target, words",
+    [
+        (("net:files.test",), "files.test:{web}", "127.0.0.1 is a private or special address; only a net:CIDR grant reaches it (grant net:127.0.0.1:{web})"),
+        (("net",), "meta.test:80", "169.254.169.254 is a private or special address"),
+        (("net",), "[::ffff:169.254.169.254]:80", "169.254.169.254 is a private or special address"),
+        (("net:files.test",), "127.0.0.1:{web}", "only a net:CIDR grant reaches it"),
+        (("net:127.0.0.1:1",), "files.test:{web}", "grant net:127.0.0.1:{web}"),
+        (("net:other.test",), "private.test:443", "10.9.9.9 is a private or special address"),
+        ((), "files.test:{web}", "grant net:127.0.0.1:{web}"),
+    ],
+)
+def test_a_refused_connect_is_a_403_naming_the_grant_at_once(servers, grants, target, words):
+    web, _ = servers
+    box = Box(*grants)
+    sock = box.connect()
+    began = time.monotonic()
+    target = target.format(web=web)
+    sock.sendall(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+    answer = read_all(sock)
+    assert time.monotonic() - began < 2
+    assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n")
+    assert words.format(web=web).encode() in answer
+    assert len(box.said) == 1 and box.said[0].startswith("egress to ") and words.format(web=web) in box.said[0]
+    assert box.records == [{"allowed": False, "why": box.said[0]}]
+
+
+def test_a_plain_http_request_is_forwarded_once_with_its_host_checked(servers):
+    web, _ = servers
+    box = Box("net:127.0.0.0/8")
+    answer = http_get(box.connect(), f"files.test:{web}", f"http://files.test:{web}/x")
+    assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(BODY)
+    assert f"X-Host-Seen: files.test:{web}".encode() in answer
+    mismatch = http_get(box.connect(), "meta.test", f"http://files.test:{web}/x")
+    assert mismatch.startswith(b"HTTP/1.1 400 Bad Request") and b"its Host header names meta.test" in mismatch
+    https = http_get(box.connect(), "files.test", "https://files.test/x")
+    assert https.startswith(b"HTTP/1.1 400") and b"https goes through CONNECT" in https
+
+
+def test_a_connect_whose_host_header_names_another_host_is_refused(servers):
+    web, _ = servers
+    sock = Box("net:127.0.0.1").connect()
+    sock.sendall(f"CONNECT files.test:{web} HTTP/1.1\r\nHost: meta.test:80\r\n\r\n".encode())
+    assert read_all(sock).startswith(b"HTTP/1.1 400")
+
+
+def socks(sock: socket.socket, host: str, port: int) -> bytes:
+    sock.sendall(b"\x05\x01\x00")
+    assert sock.recv(2) == b"\x05\x00"
+    sock.sendall(b"\x05\x01\x00\x03" + bytes([len(host)]) + host.encode() + port.to_bytes(2, "big"))
+    return sock.recv(10)
+
+
+def test_socks5_connects_a_granted_name_and_refuses_the_rest(servers):
+    _, echo = servers
+    box = Box("net:127.0.0.1")
+    sock = box.connect()
+    assert socks(sock, "echo.test", echo) == b"\x05\x00\x00\x01" + bytes(6)
+    sock.sendall(b"ping over socks")
+    assert sock.recv(100) == b"ping over socks"
+    refused = Box("net:echo.test").connect()
+    assert socks(refused, "echo.test", echo)[:2] == b"\x05\x02"
+    assert read_all(refused) == b""
+
+
+def test_a_thousand_refusals_leave_threads_and_memory_flat(servers):
+    web, _ = servers
+    box = Box("net:other.test")
+
+    def refuse(count):
+        for _ in range(count):
+            sock = box.connect()
+            sock.sendall(f"CONNECT files.test:{web} HTTP/1.1\r\n\r\n".encode())
+            assert read_all(sock).startswith(b"HTTP/1.1 403")
+            sock.close()
+
+    def rss_kb():
+        return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1])
+
+    refuse(100)
+    time.sleep(0.2)
+    threads, rss = threading.active_count(), rss_kb()
+    refuse(1000)
+    time.sleep(0.5)
+    assert threading.active_count() <= threads + 2
+    assert rss_kb() - rss < 4096
