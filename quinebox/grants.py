@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping
 
 from quinebox.errors import GrantError
-from quinebox.netrules import NetRule, covers, parse_rule
+from quinebox.netrules import NetRule, covers, is_host_name, parse_rule
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -79,6 +79,8 @@ class Grants:
     mounts: tuple[Mount, ...] = ()
     #: Where the box may connect (netrules.py); empty: nowhere.
     net: frozenset[NetRule] = frozenset()
+    #: Secrets the box may use but never hold, each with the hosts it goes to (box/secrets.py).
+    secrets: tuple[tuple[str, tuple[str, ...]], ...] = ()
     cpus: float | None = None
     mem: int | None = None
     pids: int | None = None
@@ -113,10 +115,14 @@ class Grants:
             mounts.append(mount)
         env = dict(self.env)
         env.update(dict(other.env))
+        secrets = {name: set(hosts) for name, hosts in self.secrets}
+        for name, hosts in other.secrets:
+            secrets.setdefault(name, set()).update(hosts)
         return replace(
             self,
             mounts=tuple(mounts),
             net=self.net | other.net,
+            secrets=tuple((name, tuple(sorted(hosts))) for name, hosts in sorted(secrets.items())),
             env=tuple(env.items()),
             syscalls=self.syscalls | other.syscalls,
             **changes,
@@ -126,6 +132,7 @@ class Grants:
         """The grant strings that parse back to these grants."""
         out = [f"{'rw' if m.writable else 'ro'}:{m.source}" + (f"={m.dest}" if m.dest != m.source else "") for m in self.mounts]
         out += [rule.format() for rule in sorted(self.net)]
+        out += [f"secret:{name}@{','.join(hosts)}" for name, hosts in self.secrets]
         if self.cpus is not None:
             out.append(f"cpus:{self.cpus:g}")
         for name in ("mem", "tmp", "world"):
@@ -173,7 +180,7 @@ def parse_grant(spec: str, *, cwd: str | None = None) -> Grants:
         return Grants(net=frozenset({parse_rule(spec, value if sep else None)}))
     if not sep or not value:
         raise GrantError(
-            f"bad grant {spec!r}: expected KIND:VALUE with KIND one of ro, rw, net, cpus, mem, pids, tmp, world, time, env, spawn, depth, tokens, syscall"
+            f"bad grant {spec!r}: expected KIND:VALUE with KIND one of ro, rw, net, cpus, mem, pids, tmp, world, time, env, secret, spawn, depth, tokens, syscall"
         )
     if kind in ("ro", "rw"):
         return Grants(mounts=(_mount(kind, value, cwd),))
@@ -202,12 +209,18 @@ def parse_grant(spec: str, *, cwd: str | None = None) -> Grants:
         if not _ENV_NAME_RE.match(name):
             raise GrantError(f"bad grant {spec!r}: {name!r} is not an environment variable name")
         return Grants(env=((name, env_value if eq else None),))
+    if kind == "secret":
+        name, at, hosts = value.partition("@")
+        listed = [h.lower().rstrip(".") for h in hosts.split(",")]
+        if not _ENV_NAME_RE.match(name) or not at or not all(is_host_name(h) for h in listed):
+            raise GrantError(f"bad grant {spec!r}: expected secret:NAME@HOST[,HOST...], NAME an environment variable of quinebox's, each HOST a name")
+        return Grants(secrets=((name, tuple(sorted(set(listed)))),))
     if kind == "syscall":
         if not _SYSCALL_RE.match(value):
             raise GrantError(f"bad grant {spec!r}: {value!r} is not a system call name")
         return Grants(syscalls=frozenset({value}))
     raise GrantError(
-        f"unknown grant {spec!r}: KIND must be one of ro, rw, net, cpus, mem, pids, tmp, world, time, env, spawn, depth, tokens, syscall"
+        f"unknown grant {spec!r}: KIND must be one of ro, rw, net, cpus, mem, pids, tmp, world, time, env, secret, spawn, depth, tokens, syscall"
     )
 
 
@@ -301,6 +314,9 @@ def resolve(grants: Grants, *, environ: Mapping[str, str], protected: Iterable[s
                 raise GrantError(f"cannot grant env:{name}: {name} is not set here; give a value with env:{name}=VALUE")
             value = environ[name]
         env.append((name, value))
+    for name, _ in grants.secrets:
+        if name not in environ:
+            raise GrantError(f"cannot grant secret:{name}: {name} is not set in quinebox's environment; set it where quinebox runs")
     return replace(grants, mounts=mounts, env=tuple(env))
 
 
@@ -352,6 +368,11 @@ def attenuate(parent: Grants, child: Grants) -> Grants:
         if name not in held_env:
             raise _refuse(f"env:{name}", f"this box holds no {name} to pass on")
         env.append((name, held_env[name] if value is None else value))
+    held_secrets = dict(parent.secrets)
+    for name, hosts in child.secrets:
+        wider = set(hosts) - set(held_secrets.get(name, ()))
+        if wider:
+            raise _refuse(f"secret:{name}@{','.join(hosts)}", f"this box holds {name} for {', '.join(held_secrets.get(name, ())) or 'no host'}, not {', '.join(sorted(wider))}")
     extra = child.syscalls - parent.syscalls
     if extra:
         raise _refuse(f"syscall:{sorted(extra)[0]}", "this box may not make that call either")

@@ -92,6 +92,10 @@ def parse_rule(spec: str, value: str | None) -> NetRule:
     return NetRule(kind, name, WEB_PORTS if ports == () else ports)
 
 
+def is_host_name(text: str) -> bool:
+    return len(text) <= 253 and bool(_NAME_RE.match(text))
+
+
 def _split_port(spec: str, value: str) -> tuple[str, tuple[int, ...] | None]:
     """(where, ports): ports () when none was given, None for `*`."""
     if value.startswith("["):

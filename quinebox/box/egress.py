@@ -24,60 +24,36 @@ import threading
 import urllib.parse
 from typing import IO, Any, Callable
 
+from quinebox.box.proxywire import Refused, exactly, forward_head, host_port, parse_head, read_head, resolve, swap
+from quinebox.box.secrets import Authority, Secret
 from quinebox.netrules import Address, NetRule, verdict
 
 #: Connections one box may hold open at once (below the broker's cap on all of a box's connections), and bytes it may move in all.
 MAX_CONNECTIONS = 48
 MAX_BYTES = int(os.environ.get("QUINEBOX_EGRESS_MAX_BYTES", str(16 << 30)))
-HEAD_MAX = 64 << 10
 CONNECT_TIMEOUT = 10.0
 CHUNK = 1 << 16
 SPLICE_CHUNK = 1 << 20
 F_SETPIPE_SZ = 1031
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te", "trailer", "upgrade"}
 
 Record = Callable[[dict[str, Any]], None]
-
-
-class Refused(Exception):
-    """A connection the box may not make; `status` is the HTTP answer to it."""
-
-    def __init__(self, message: str, status: int = 403, socks: int = 2):
-        super().__init__(message)
-        self.status = status
-        self.socks = socks
-
-
-def resolve(name: str, port: int) -> list[Address]:
-    """Addresses for `name`: the hosts override first, then the system's resolver (the host's, never the box's)."""
-    override = os.environ.get("QUINEBOX_EGRESS_HOSTS")
-    if override:
-        try:
-            lines = open(override).read().splitlines()
-        except OSError:
-            lines = []
-        found = []
-        for line in lines:
-            fields = line.split("#", 1)[0].split()
-            if len(fields) >= 2 and name in (f.lower() for f in fields[1:]):
-                try:
-                    found.append(ipaddress.ip_address(fields[0]))
-                except ValueError:
-                    continue
-        if found:
-            return found
-    try:
-        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise Refused(f"egress to {name}:{port} refused: cannot resolve {name} ({exc})", status=502, socks=4) from None
-    return list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
 
 
 class Egress:
     """One box's connections to the outside: decided, made, relayed, counted and recorded."""
 
-    def __init__(self, rules: frozenset[NetRule], *, say: Callable[[str], None], record: Record | None = None):
+    def __init__(
+        self,
+        rules: frozenset[NetRule],
+        *,
+        say: Callable[[str], None],
+        record: Record | None = None,
+        secrets: tuple[Secret, ...] = (),
+        authority: Authority | None = None,
+    ):
         self.rules = rules
+        self.secrets = secrets
+        self.authority = authority
         self._say = say
         self._record = record
         self._lock = threading.Lock()
@@ -143,54 +119,115 @@ class Egress:
     # -- HTTP proxying --------------------------------------------------------------------------
 
     def _http(self, conn: socket.socket, reader: IO[bytes]) -> tuple[socket.socket, dict[str, Any], bytes, int] | None:
-        head = _read_head(reader)
-        request_line, _, rest = head.partition(b"\r\n")
-        try:
-            method, target, version = request_line.decode("latin-1").split(" ")
-        except ValueError:
-            raise Refused("egress refused: not an HTTP proxy request", status=400, socks=1) from None
-        headers = [line.split(":", 1) for line in rest.decode("latin-1").split("\r\n") if ":" in line]
-        fields = {k.strip().lower(): v.strip() for k, v in headers}
+        head = read_head(reader)
+        method, target, version, headers, fields = parse_head(head)
         if method == "CONNECT":
-            host, port = _authority(target, None)
-            if "host" in fields and _authority(fields["host"], port) != (host, port):
+            host, port = host_port(target, None)
+            if "host" in fields and host_port(fields["host"], port) != (host, port):
                 raise Refused(f"egress refused: CONNECT asks for {target} but its Host header names {fields['host']}", status=400)
             upstream, facts = self._connect(host, port)
             conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            if self.authority is not None and any(host in secret.hosts for secret in self.secrets):
+                self._intercept(conn, upstream, host, port, facts)
+                return None
             return upstream, facts, b"", -1
         url = urllib.parse.urlsplit(target)
         if url.scheme != "http" or not url.netloc:
             raise Refused(f"egress refused: {target[:100]!r} is not an http:// URL (https goes through CONNECT)", status=400)
-        host, port = _authority(url.netloc, 80)
-        if "host" in fields and _authority(fields["host"], 80) != (host, port):
+        host, port = host_port(url.netloc, 80)
+        if "host" in fields and host_port(fields["host"], 80) != (host, port):
             raise Refused(f"egress refused: the request is for {url.netloc} but its Host header names {fields['host']}", status=400)
         if "transfer-encoding" in fields:
             raise Refused("egress refused: a request body must have a Content-Length here", status=411)
+        self._placeholders(head, host, port, plain=True)
         length = int(fields.get("content-length") or 0)
         upstream, facts = self._connect(host, port)
-        path = url.path or "/"
-        kept = [f"{k.strip()}: {v.strip()}" for k, v in headers if k.strip().lower() not in HOP_BY_HOP and k.strip().lower() != "host"]
-        outgoing = "\r\n".join([f"{method} {path}{'?' + url.query if url.query else ''} {version}", f"Host: {url.netloc}", *kept, "Connection: close", "", ""])
-        return upstream, facts, outgoing.encode("latin-1"), length
+        path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        return upstream, facts, forward_head(method, path, version, url.netloc, headers), length
+
+    # -- secrets ----------------------------------------------------------------------------------
+
+    def _placeholders(self, head: bytes, host: str, port: int, *, plain: bool = False) -> list[str]:
+        """The secrets whose placeholders `head` carries to `host`; Refused for one that does not go there."""
+        used = []
+        for secret in self.secrets:
+            if secret.placeholder.encode() not in head:
+                continue
+            if host not in secret.hosts:
+                raise Refused(
+                    f"egress to {host}:{port} refused: the request carries the placeholder of secret {secret.name}, which goes only to "
+                    f"{', '.join(secret.hosts)}: recorded as an exfiltration attempt", exfiltration=secret.name,
+                )
+            if plain:
+                raise Refused(f"egress to {host}:{port} refused: secret {secret.name} goes only over HTTPS")
+            used.append(secret.name)
+        return used
+
+    def _intercept(self, conn: socket.socket, upstream: socket.socket, host: str, port: int, facts: dict[str, Any]) -> None:
+        """A tunnel to a host bound to a secret, opened with the box's own authority: one request, its placeholders
+        replaced in its headers, when the TLS server name, the Host header and the bound host agree."""
+        import ssl
+
+        assert self.authority is not None
+        try:
+            box = self.authority.context(host).wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            upstream.close()
+            self._refused(None, Refused(f"egress to {host}:{port} refused: the box's TLS handshake did not name {host} ({exc.__class__.__name__})"), False)
+            return
+        moved = {"up": 0, "down": 0}
+        used: list[str] = []
+        try:
+            try:
+                outside = ssl.create_default_context().wrap_socket(upstream, server_hostname=host)
+            except (ssl.SSLError, OSError) as exc:
+                raise Refused(f"egress to {host}:{port} refused: {host} failed TLS verification ({exc})", status=502) from None
+            reader = box.makefile("rb")
+            head = read_head(reader)
+            method, target, version, headers, fields = parse_head(head)
+            if host_port(fields.get("host", "?"), port) != (host, port):
+                raise Refused(f"egress to {host}:{port} refused: the request's Host header names {fields.get('host')}, not {host}")
+            used = self._placeholders(head, host, port)
+            if "transfer-encoding" in fields:
+                raise Refused("egress refused: a request body must have a Content-Length here", status=411)
+            real = {secret.placeholder: secret.value for secret in self.secrets if secret.name in used}
+            swapped = [[name, swap(value, real)] for name, value in headers]
+            outside.sendall(forward_head(method, target, version, fields["host"], swapped))
+            self._pump(reader, outside, moved, "up", int(fields.get("content-length") or 0))
+            while data := outside.recv(CHUNK):
+                if not self._count(len(data)):
+                    break
+                box.sendall(data)
+                moved["down"] += len(data)
+            outside.close()
+        except Refused as exc:
+            self._refused(box, exc, False)
+        except (OSError, ValueError, EOFError):
+            pass
+        finally:
+            upstream.close()
+            box.close()
+            if self._record and not moved["down"] == moved["up"] == 0:
+                self._record({**facts, "secrets": used, **moved})
 
     # -- SOCKS5 -----------------------------------------------------------------------------------
 
     def _socks(self, conn: socket.socket, reader: IO[bytes]) -> tuple[socket.socket, dict[str, Any], bytes, int] | None:
-        _, count = _exactly(reader, 2)
-        if 0 not in _exactly(reader, count):
+        _, count = exactly(reader, 2)
+        if 0 not in exactly(reader, count):
             conn.sendall(b"\x05\xff")
             return None
         conn.sendall(b"\x05\x00")
-        _, command, _, kind = _exactly(reader, 4)
+        _, command, _, kind = exactly(reader, 4)
         if kind == 1:
-            host = str(ipaddress.IPv4Address(_exactly(reader, 4)))
+            host = str(ipaddress.IPv4Address(exactly(reader, 4)))
         elif kind == 4:
-            host = str(ipaddress.IPv6Address(_exactly(reader, 16)))
+            host = str(ipaddress.IPv6Address(exactly(reader, 16)))
         elif kind == 3:
-            host = _exactly(reader, _exactly(reader, 1)[0]).decode("ascii", "replace")
+            host = exactly(reader, exactly(reader, 1)[0]).decode("ascii", "replace")
         else:
             raise Refused("egress refused: unknown SOCKS address type", socks=8)
-        port = int.from_bytes(_exactly(reader, 2), "big")
+        port = int.from_bytes(exactly(reader, 2), "big")
         if command != 1:
             raise Refused(f"egress to {host}:{port} refused: only SOCKS CONNECT is served", socks=7)
         upstream, facts = self._connect(host, port)
@@ -199,11 +236,13 @@ class Egress:
 
     # -- answering and relaying ---------------------------------------------------------------------
 
-    def _refused(self, conn: socket.socket, exc: Refused, socks: bool) -> None:
+    def _refused(self, conn: socket.socket | None, exc: Refused, socks: bool) -> None:
         message = str(exc)
         self._say(message)
         if self._record:
-            self._record({"allowed": False, "why": message})
+            self._record({"allowed": False, "why": message, **({"exfiltration": exc.exfiltration} if exc.exfiltration else {})})
+        if conn is None:
+            return
         if socks:
             conn.sendall(b"\x05" + bytes([exc.socks]) + b"\x00\x01" + bytes(6))
         else:
@@ -283,34 +322,3 @@ class Egress:
                 sink.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-
-
-def _read_head(reader: IO[bytes]) -> bytes:
-    head = b""
-    while not head.endswith(b"\r\n\r\n"):
-        line = reader.readline(HEAD_MAX)
-        if not line:
-            raise EOFError
-        head += line
-        if len(head) > HEAD_MAX:
-            raise Refused("egress refused: request head too large", status=400)
-    return head
-
-
-def _exactly(reader: IO[bytes], size: int) -> bytes:
-    data = reader.read(size)
-    if len(data) != size:
-        raise EOFError
-    return data
-
-
-def _authority(text: str, default: int | None) -> tuple[str, int]:
-    """(host, port) of `host:port`, `[v6]:port` or a bare host (with `default`)."""
-    parsed = urllib.parse.urlsplit("//" + text.strip())
-    try:
-        port = parsed.port
-    except ValueError:
-        port = None
-    if parsed.hostname is None or (port is None and default is None):
-        raise Refused(f"egress refused: {text[:100]!r} is not HOST:PORT", status=400, socks=1)
-    return parsed.hostname.lower().rstrip("."), port if port is not None else default  # type: ignore[return-value]

@@ -14,6 +14,7 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
+from quinebox.box.secrets import BUNDLE_VARIABLES, TLS_DIR, placeholder
 from quinebox.box.spec import BoxSpec, ImageInfo, WorldSpec
 from quinebox.grants import Grants, format_size
 
@@ -138,6 +139,10 @@ def environment_for(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
             environment[name] = environment[name.lower()] = f"http://{EGRESS_LISTEN}"
         environment["ALL_PROXY"] = environment["all_proxy"] = f"socks5h://{EGRESS_LISTEN}"
         environment["NO_PROXY"] = environment["no_proxy"] = "localhost,127.0.0.1,::1"
+    for name, _ in spec.grants.secrets:
+        environment[name] = placeholder(spec.session, name)
+    if spec.tls_dir:
+        environment.update({variable: f"{TLS_DIR}/bundle.pem" for variable in BUNDLE_VARIABLES}, NODE_EXTRA_CA_CERTS=f"{TLS_DIR}/ca.pem")
     environment.update(dict(spec.grants.env))
     return environment
 
@@ -186,6 +191,8 @@ def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: 
     mounts.append({"Type": "bind", "Source": runtime, "Target": RUNTIME, "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}})
     if spec.lifeline:
         mounts.append({"Type": "bind", "Source": spec.lifeline, "Target": HOST_SOCKET, "ReadOnly": True})
+    if spec.tls_dir:
+        mounts.append({"Type": "bind", "Source": spec.tls_dir, "Target": TLS_DIR, "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}})
     labels = {
         LABEL_SESSION: spec.session,
         LABEL_OWNER: spec.owner,

@@ -13,6 +13,7 @@ has its world and when it is gone.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -25,6 +26,7 @@ from quinebox.box.egress import Egress
 from quinebox.box.images import resolve_image
 from quinebox.box.policy import DEFAULT_WORLD, container_config, native_arch, proxied
 from quinebox.box.runtime import runtime_dir
+from quinebox.box.secrets import Authority, image_roots, secrets_for, write_trust
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, seccomp_base
 from quinebox.errors import EXIT_QUINEBOX, EngineError, GrantError, ImageError
 from quinebox.worlds.build import discard
@@ -114,8 +116,8 @@ class BoxProcess:
             self.args = spec.argv
         runtime = runtime_dir(self._backend, DEFAULT_IMAGE, image_id=image.id if ours else None)
         config = container_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch())
+        egress = self._egress(handler, image.id or spec.image) if proxied(spec.grants) else None
         self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
-        egress = Egress(spec.grants.net, say=self._say, record=handler.record_egress if handler else None) if proxied(spec.grants) else None
         self._broker = Broker(self.spec.lifeline, handler, place, egress) if self.spec.lifeline else None
         try:
             if self.spec.world is not None:
@@ -149,6 +151,15 @@ class BoxProcess:
             raise
 
     # -- wiring -----------------------------------------------------------------
+
+    def _egress(self, handler: Handler | None, image: str) -> Egress:
+        """The box's way out; with secrets, its own authority, trusted by the box through the files in its tls_dir."""
+        secrets, authority = (), None
+        if self.spec.grants.secrets and self.spec.tls_dir:
+            secrets = secrets_for(self.session, self.spec.grants.secrets, os.environ)
+            authority = Authority(self.session)
+            write_trust(self.spec.tls_dir, authority, image_roots(self._backend, image))
+        return Egress(self.spec.grants.net, say=self._say, record=handler.record_egress if handler else None, secrets=secrets, authority=authority)
 
     def _spawn(self, target: Callable[..., None], name: str, *args: Any) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, name=f"{name}:{self.session}", daemon=True)
@@ -376,6 +387,8 @@ class BoxProcess:
         for fd in self._pipe_ends:
             os.close(fd)
         self._pipe_ends = []
+        if self.spec.tls_dir:
+            shutil.rmtree(self.spec.tls_dir, ignore_errors=True)
 
     def __enter__(self) -> "BoxProcess":
         return self

@@ -82,6 +82,8 @@ class BoxSpec:
     pull: str = "missing"
     #: The uid of whoever started the box (the box itself runs as `uid`).
     caller: int = 0
+    #: With secret grants: the host directory of the box's trust (its authority and bundle), mounted read-only.
+    tls_dir: str | None = None
 
 
 @functools.lru_cache(maxsize=1)
@@ -197,6 +199,7 @@ def build_spec(
         workdir=workdir,
         parent=parent,
         lifeline=str(run_dir() / f"{session}.sock"),
+        tls_dir=str(run_dir() / f"{session}.tls") if resolved.secrets else None,
         agent=agent,
         world=world_spec,
         tty=tty,

@@ -153,6 +153,7 @@ class Node:
                 cwd=self._host_path(cwd),
                 workdir=workdir,
                 lifeline=str(run_dir() / f"{session}.sock"),
+                tls_dir=str(run_dir() / f"{session}.tls") if grants.secrets else None,
                 agent=what == "run",
                 world=child_world(self.world, session, request.get("world")),
                 image=image,

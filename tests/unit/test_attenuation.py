@@ -119,3 +119,17 @@ def test_unlimited_parent_limits_pass_any_request_and_stay_unlimited_when_unaske
     parent = Grants(spawn=1, depth=1)
     assert attenuate(parent, child("cpus:8")).cpus == 8.0
     assert attenuate(parent, Grants()).cpus is None and attenuate(parent, Grants()).time is None
+
+
+@pytest.mark.parametrize(
+    "asked, words",
+    [
+        ("secret:T@b.example.com", "this box holds T for a.example.com, not b.example.com"),
+        ("secret:U@a.example.com", "this box holds U for no host, not a.example.com"),
+    ],
+)
+def test_a_child_gets_a_secret_only_for_hosts_its_parent_holds_it_for(asked, words):
+    parent = Grants(spawn=1, depth=1, secrets=(("T", ("a.example.com",)),))
+    assert attenuate(parent, child("secret:T@a.example.com")).secrets == (("T", ("a.example.com",)),)
+    with pytest.raises(GrantError, match=words):
+        attenuate(parent, child(asked))

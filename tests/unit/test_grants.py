@@ -54,6 +54,8 @@ def test_parse_duration_refuses(text):
         ("net", Grants(net=frozenset({NetRule("public")}))),
         ("net:bridge", Grants(net=frozenset({NetRule("bridge")}))),
         ("net:example.com", Grants(net=frozenset({NetRule("host", "example.com", (80, 443))}))),
+        ("secret:TOKEN@api.example.com", Grants(secrets=(("TOKEN", ("api.example.com",)),))),
+        ("secret:TOKEN@b.example.com,A.example.com.", Grants(secrets=(("TOKEN", ("a.example.com", "b.example.com")),))),
         ("cpus:2", Grants(cpus=2.0)),
         ("cpus:0.5", Grants(cpus=0.5)),
         ("mem:128m", Grants(mem=128 * M)),
@@ -87,6 +89,10 @@ def test_parse_grant(spec, expected):
         ("ro:/data=relative", "must be an absolute path"),
         ("ro:/data=/a/../b", "may not contain '..'"),
         ("net:", "give a destination after 'net:'"),
+        ("secret:TOKEN", "expected secret:NAME@HOST"),
+        ("secret:1TOKEN@api.example.com", "expected secret:NAME@HOST"),
+        ("secret:TOKEN@*.example.com", "expected secret:NAME@HOST"),
+        ("secret:TOKEN@", "expected secret:NAME@HOST"),
         ("net:exa mple.com", "is not a host name"),
         ("cpus:0", "number above zero"),
         ("cpus:-1", "number above zero"),
@@ -248,3 +254,15 @@ def test_read_only_reaches_every_submount(granted, added):
     assert mounts[: len(granted)] == tuple(granted)
     assert [(m.source, m.dest) for m in mounts[len(granted) :]] == added
     assert not any(m.writable for m in mounts[len(granted) :])
+
+
+def test_secrets_accumulate_by_name_and_format_back():
+    grants = Grants.parse(["secret:T@a.example.com", "secret:U@u.example.com", "secret:T@b.example.com"])
+    assert grants.secrets == (("T", ("a.example.com", "b.example.com")), ("U", ("u.example.com",)))
+    assert Grants.parse(grants.format()) == grants
+
+
+def test_a_secret_must_be_set_where_quinebox_runs():
+    with pytest.raises(GrantError, match="cannot grant secret:T: T is not set in quinebox's environment"):
+        resolve(Grants.parse(["secret:T@a.example.com"]), environ={}, protected=[])
+    assert resolve(Grants.parse(["secret:T@a.example.com"]), environ={"T": "v"}, protected=[]).secrets == (("T", ("a.example.com",)),)

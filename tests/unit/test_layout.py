@@ -137,14 +137,14 @@ def test_the_checker_sees_lazy_imports_and_skips_type_checking_ones(tmp_path, mo
     assert imports_of("quinebox.box.fake") == {"quinebox.agent.store"}
 
 
-def test_the_exec_path_imports_no_sqlite_yaml_rich_or_openai():
+def test_the_exec_path_imports_no_sqlite_yaml_rich_openai_or_cryptography():
     """`quinebox exec` and `quinebox.exec` start in well under a second because these stay off their path."""
     import subprocess
     import sys
 
     probe = (
         "import sys, quinebox.cli, quinebox.api, quinebox.box.process, quinebox.tree.supervisor\n"
-        "print(' '.join(m for m in ('sqlite3', 'yaml', 'rich', 'openai') if m in sys.modules))\n"
+        "print(' '.join(m for m in ('sqlite3', 'yaml', 'rich', 'openai', 'cryptography') if m in sys.modules))\n"
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert loaded == [], f"the exec path imports {loaded}"

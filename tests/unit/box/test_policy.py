@@ -288,3 +288,24 @@ def test_tty_and_the_callers_uid_reach_the_container():
     assert cfg.create["tty"] is True
     assert cfg.create["labels"][LABEL_USER] == "4242"
     assert config().create["tty"] is False
+
+
+def test_proxied_network_keeps_mode_none_and_names_the_forwarder_for_every_client():
+    env = config("net:pypi.org").create["environment"]
+    assert config("net:pypi.org").host["network_mode"] == "none"
+    assert {env[k] for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")} == {"http://127.0.0.1:3128"}
+    assert env["ALL_PROXY"] == env["all_proxy"] == "socks5h://127.0.0.1:3128"
+    assert env["QUINEBOX_EGRESS"] == "127.0.0.1:3128" and env["QUINEBOX_NET"] == "net:pypi.org"
+    bridged = config("net:bridge").create["environment"]
+    assert "HTTP_PROXY" not in bridged and "QUINEBOX_EGRESS" not in bridged and bridged["QUINEBOX_NET"] == "net:bridge"
+    assert "QUINEBOX_NET" not in config().create["environment"]
+
+
+def test_a_secret_is_a_placeholder_in_the_box_and_its_trust_is_mounted_read_only():
+    cfg = config("net:api.example.com", "secret:TOKEN@api.example.com", tls_dir="/state/run/s1.tls")
+    env = cfg.create["environment"]
+    assert env["TOKEN"] == "quinebox-secret-TOKEN-s1"
+    assert {env[k] for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "AWS_CA_BUNDLE")} == {"/run/quinebox/tls/bundle.pem"}
+    assert env["NODE_EXTRA_CA_CERTS"] == "/run/quinebox/tls/ca.pem"
+    [mount] = [m for m in cfg.host["mounts"] if m["Target"] == "/run/quinebox/tls"]
+    assert (mount["Source"], mount["ReadOnly"]) == ("/state/run/s1.tls", True)
