@@ -10,7 +10,11 @@ the proxy.
 
 import datetime
 import hashlib
+import io
 import os
+import subprocess
+import zipfile
+from pathlib import Path
 import textwrap
 
 import pytest
@@ -25,7 +29,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper imag
 
 SERVER = textwrap.dedent(
     """
-    import hashlib, http.server, os, socketserver, ssl, threading
+    import functools, hashlib, http.server, os, socketserver, ssl, threading
     BODY = bytes(range(256)) * 4000
     class Files(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -45,11 +49,15 @@ SERVER = textwrap.dedent(
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); tls.load_cert_chain("/tmp/cert.pem", "/tmp/key.pem")
     api = http.server.ThreadingHTTPServer(("", 8443), Digest); api.socket = tls.wrap_socket(api.socket, server_side=True)
     threading.Thread(target=api.serve_forever, daemon=True).start()
+    static = functools.partial(http.server.SimpleHTTPRequestHandler, directory="/srv")
+    threading.Thread(target=http.server.ThreadingHTTPServer(("", 8080), static).serve_forever, daemon=True).start()
     http.server.ThreadingHTTPServer(("", 8000), Files).serve_forever()
     """
 )
 BODY = bytes(range(256)) * 4000
 REAL = "real-token-" + os.urandom(12).hex()
+BASE_IMAGE = "quinebox/base:bookworm"
+CLIENTS_IMAGE = "quinebox-test/clients:1"
 
 
 def issue_certificates(here, name: str) -> tuple[str, str]:
@@ -77,6 +85,45 @@ def issue_certificates(here, name: str) -> tuple[str, str]:
     return leaf.public_bytes(pem).decode(), key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
 
 
+def published(srv: Path) -> Path:
+    """What the static server serves: a package index holding one wheel, and a git repository (dumb HTTP)."""
+    wheel = srv / "packages" / "tinypkg-1.0-py3-none-any.whl"
+    wheel.parent.mkdir(parents=True)
+    files = {
+        "tinypkg/__init__.py": 'VALUE = "installed from the index"\n',
+        "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: quinebox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files["tinypkg-1.0.dist-info/RECORD"] = "".join(f"{name},,\n" for name in [*files, "tinypkg-1.0.dist-info/RECORD"])
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    (srv / "simple" / "tinypkg").mkdir(parents=True)
+    (srv / "simple" / "tinypkg" / "index.html").write_text(f'<a href="../../packages/{wheel.name}">{wheel.name}</a>\n')
+    work = srv.parent / "work"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q", str(work)], check=True)
+    (work / "README").write_text("cloned through the proxy\n")
+    subprocess.run([*git, "-C", str(work), "add", "README"], check=True)
+    subprocess.run([*git, "-C", str(work), "commit", "-qm", "one"], check=True)
+    subprocess.run([*git, "clone", "-q", "--bare", str(work), str(srv / "repo.git")], check=True)
+    subprocess.run([*git, "-C", str(srv / "repo.git"), "update-server-info"], check=True)
+    for path in [srv, *srv.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return srv
+
+
+@pytest.fixture(scope="module")
+def clients(engine):
+    """An image with curl, git and pip, from Debian's packages (no registry)."""
+    dockerfile = (
+        f"FROM {BASE_IMAGE}\nRUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+        "curl git python3-pip >/dev/null && rm -rf /var/lib/apt/lists/*\n"
+    )
+    engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=CLIENTS_IMAGE, rm=True)
+    return CLIENTS_IMAGE
+
+
 @pytest.fixture(scope="module")
 def outside(engine, tmp_path_factory):
     """(the server's network in CIDR form, the environment that names it files.test / echo.test)."""
@@ -85,16 +132,17 @@ def outside(engine, tmp_path_factory):
 
     here = tmp_path_factory.mktemp("egress")
     cert, key = issue_certificates(here, "api.test")
+    served = published(here / "srv")
     with Network() as network:
-        server = DockerContainer(DEFAULT_IMAGE, command=["python3", "-c", SERVER], network=network, env={"CERT": cert, "KEY": key})
+        server = DockerContainer(DEFAULT_IMAGE, command=["python3", "-c", SERVER], network=network, env={"CERT": cert, "KEY": key}, volumes=[(str(served), "/srv", "ro")])
         with server:
             server.get_wrapped_container().reload()
             address = server.get_wrapped_container().attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
             subnet = engine.api.inspect_network(network.id)["IPAM"]["Config"][0]["Subnet"]
             hosts = here / "hosts"
-            hosts.write_text(f"{address} files.test echo.test api.test\n")
+            hosts.write_text(f"{address} files.test echo.test api.test pypi.test git.test\n")
             env = {**os.environ, "QUINEBOX_EGRESS_HOSTS": str(hosts), "SSL_CERT_FILE": str(here / "ca.pem")}
-            probe = "import socket,time\nfor _ in range(100):\n try: socket.create_connection(('127.0.0.1', 8000), 1).close(); break\n except OSError: time.sleep(0.1)"
+            probe = "import socket,time\nfor _ in range(100):\n try: socket.create_connection(('127.0.0.1', 8080), 1).close(); break\n except OSError: time.sleep(0.1)"
             assert server.exec(["python3", "-c", probe]).exit_code == 0
             yield subnet, address, env
 
@@ -208,3 +256,25 @@ def test_a_placeholder_sent_to_another_host_is_refused_as_exfiltration(outside):
     assert (done.returncode, done.stdout) == (0, b"403\n"), done.stderr
     [line] = done.stderr.decode().splitlines()
     assert "the request carries the placeholder of secret API_TOKEN, which goes only to api.test: recorded as an exfiltration attempt" in line
+
+
+TOOLS = textwrap.dedent(
+    """
+    set -e
+    curl -sS http://files.test:8000/data | sha256sum | cut -c1-64
+    curl -sS --proxytunnel http://files.test:8000/data | sha256sum | cut -c1-64
+    env -u HTTP_PROXY -u http_proxy curl -sS http://files.test:8000/data | sha256sum | cut -c1-64  # through ALL_PROXY: SOCKS5
+    pip install -q --no-cache-dir --disable-pip-version-check --break-system-packages --target /tmp/site --index-url http://pypi.test:8080/simple --trusted-host pypi.test tinypkg
+    PYTHONPATH=/tmp/site python3 -c 'import tinypkg; print(tinypkg.VALUE)'
+    git clone -q http://git.test:8080/repo.git /tmp/repo
+    cat /tmp/repo/README
+    """
+)
+
+
+def test_curl_pip_and_git_work_through_the_proxy_unchanged(outside, clients):
+    subnet, _, env = outside
+    done = qb("exec", "--image", clients, "-g", f"net:{subnet}", "--", "sh", "-c", TOOLS, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    digest = hashlib.sha256(BODY).hexdigest()
+    assert done.stdout.splitlines() == [d.encode() for d in (digest, digest, digest, "installed from the index", "cloned through the proxy")], done.stdout[:600]

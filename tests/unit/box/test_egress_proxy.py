@@ -22,7 +22,10 @@ BODY = os.urandom(50000)
 
 
 class Files(http.server.BaseHTTPRequestHandler):
+    paths: list[str] = []
+
     def do_GET(self):
+        Files.paths.append(self.path)
         self.send_response(200)
         self.send_header("Content-Length", str(len(BODY)))
         self.send_header("X-Host-Seen", self.headers.get("Host", ""))
@@ -193,3 +196,16 @@ def test_a_thousand_refusals_leave_threads_and_memory_flat(servers):
     time.sleep(0.5)
     assert threading.active_count() <= threads + 2
     assert rss_kb() - rss < 4096
+
+
+def test_a_request_pipelined_after_the_first_is_never_forwarded(servers):
+    web, _ = servers
+    box = Box("net:127.0.0.0/8")
+    sock = box.connect()
+    Files.paths.clear()
+    first = f"GET http://files.test:{web}/first HTTP/1.1\r\nHost: files.test:{web}\r\n\r\n"
+    smuggled = f"GET /second HTTP/1.1\r\nHost: files.test:{web}\r\n\r\nCONNECT meta.test:80 HTTP/1.1\r\n\r\n"
+    sock.sendall((first + smuggled).encode())
+    answer = read_all(sock)
+    assert answer.count(b"HTTP/1.") == 1 and answer.endswith(BODY)
+    assert Files.paths == ["/first"]
