@@ -1,4 +1,4 @@
-"""The host end of a box's socket: the box's lifeline, its only way to the model and, with net grants, out.
+"""The host end of a box's socket: the box's lifeline and its only way to the model.
 
 Identity is the socket: whatever arrives here is from this box, whatever it
 claims. Each connection gets a thread that reads frames and answers them;
@@ -18,7 +18,6 @@ import socket
 import threading
 from typing import Any, Iterator, Protocol
 
-from quinebox.box.egress import Egress
 from quinebox.errors import QuineboxError
 from quinebox.guest import protocol
 
@@ -75,12 +74,10 @@ def error_frame(code: str, message: str, exit_code: int = ERROR_EXIT) -> dict[st
 
 
 class Broker:
-    def __init__(self, path: str, handler: Handler | None = None, spawner: Spawner | None = None, egress: Egress | None = None):
+    def __init__(self, path: str, handler: Handler | None = None, spawner: Spawner | None = None):
         self.path = path
         self.handler = handler
         self.spawner = spawner
-        #: The box's way out (box/egress.py); None: it may reach nothing.
-        self.egress = egress
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             os.unlink(path)
@@ -131,12 +128,6 @@ class Broker:
                 if message["kind"] == "spawn":
                     relay = self._spawn(message, channel)
                     continue
-                if message["kind"] == "egress":  # from here on the connection is the box's, to the outside
-                    if self.egress is None:
-                        channel.send(error_frame("refused", "this box holds no net grant: it may reach nothing", 125))
-                    else:
-                        self.egress.handle(conn, reader)
-                    return
                 if message["kind"] in ("restore_world", "adopt") and self.handler is not None:
                     stream = self.handler.restore_world if message["kind"] == "restore_world" else self.handler.adopt
                     try:

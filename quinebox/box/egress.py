@@ -1,7 +1,9 @@
 """The host's egress proxy for one box: each connection the box makes is decided here, at the address it goes to.
 
-The box has no network (mode `none`); the guest's forwarder relays each
-connection made to 127.0.0.1:3128 in the box over the box's socket, and this
+The box has no network (mode `none`). The guest's forwarder accepts each
+connection made to 127.0.0.1:3128 in the box and hands the accepted socket
+itself to the host over the box's egress socket (SCM_RIGHTS); from then on the
+host reads and writes it directly, so no byte is copied inside the box. This
 end speaks HTTP proxying (CONNECT, and absolute-form `http://` requests) and
 SOCKS5 on it. Everything is decided here, never in the box: the name is
 resolved here (`QUINEBOX_EGRESS_HOSTS`, a file in /etc/hosts format, is read
@@ -20,6 +22,7 @@ import fcntl
 import ipaddress
 import os
 import socket
+import stat
 import threading
 import urllib.parse
 from typing import IO, Any, Callable
@@ -54,12 +57,76 @@ class Egress:
         self.rules = rules
         self.secrets = secrets
         self.authority = authority
+        self._listener: socket.socket | None = None
         self._say = say
         self._record = record
         self._lock = threading.Lock()
         self._open = 0
         self.moved = 0
         self._over = False
+
+    def listen(self, path: str) -> None:
+        """Take the box's connections handed over at `path` (a socket the box reaches by bind mount only)."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        os.chmod(path, 0o666)  # the box's uid may differ from ours; the run dir (0700) keeps everyone else out
+        self._listener.listen(64)
+        threading.Thread(target=self._accept, name=f"egress:{os.path.basename(path)}", daemon=True).start()
+
+    def close(self) -> None:
+        if self._listener is not None:
+            path = self._listener.getsockname()
+            self._listener.close()
+            self._listener = None
+            try:
+                os.unlink(path)
+            except (FileNotFoundError, TypeError):
+                pass
+
+    def _accept(self) -> None:
+        listener = self._listener
+        while listener is not None:
+            try:
+                handing, _ = listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                handing.settimeout(5)
+                _, fds, _, _ = socket.recv_fds(handing, 1, 4)
+            except (OSError, ValueError):
+                fds = []
+            finally:
+                handing.close()
+            for extra in fds[1:]:
+                os.close(extra)
+            if fds:
+                self._take(fds[0])
+
+    def _take(self, fd: int) -> None:
+        """A connection from the box, as the socket it accepted; anything else it might send is closed unread."""
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                raise ValueError("not a socket")
+            conn = socket.socket(fileno=fd)
+        except (OSError, ValueError):
+            os.close(fd)
+            return
+        if conn.type != socket.SOCK_STREAM or conn.family not in (socket.AF_INET, socket.AF_INET6):
+            conn.close()
+            return
+        threading.Thread(target=self._serve, args=(conn,), name="egress", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        try:
+            self.handle(conn, reader)
+        finally:
+            reader.close()
+            conn.close()
 
     def handle(self, conn: socket.socket, reader: IO[bytes]) -> None:
         """One connection from the box's forwarder, its frame already read, until it ends (the caller closes it)."""
@@ -285,6 +352,8 @@ class Egress:
         pipe_r, pipe_w = os.pipe()
         try:
             fcntl.fcntl(pipe_w, F_SETPIPE_SZ, SPLICE_CHUNK)
+            source.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * SPLICE_CHUNK)
+            sink.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * SPLICE_CHUNK)
         except OSError:
             pass
         try:

@@ -34,8 +34,10 @@ GUEST_PREFIX = (*GUEST_PYTHON, f"{RUNTIME}/guest/lifeline.py", "--")
 #: What runs a mission: the guest's agent loop, with the mission as its last argument.
 AGENT_COMMAND = (*GUEST_PYTHON, f"{RUNTIME}/guest/agent.py", "--")
 #: PATH and LANG for an image that sets none.
-#: Where the guest's egress forwarder listens in a box that reaches the network through the host's proxy.
+#: Where the guest's egress forwarder listens in a box that reaches the network through the host's proxy,
+#: and the socket it hands each connection to the host over.
 EGRESS_LISTEN = "127.0.0.1:3128"
+EGRESS_SOCKET = "/run/quinebox/egress.sock"
 BOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BOX_LANG = "C.UTF-8"
 
@@ -193,6 +195,8 @@ def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: 
         mounts.append({"Type": "bind", "Source": spec.lifeline, "Target": HOST_SOCKET, "ReadOnly": True})
     if spec.tls_dir:
         mounts.append({"Type": "bind", "Source": spec.tls_dir, "Target": TLS_DIR, "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}})
+    if spec.egress_socket and proxied(grants):
+        mounts.append({"Type": "bind", "Source": spec.egress_socket, "Target": EGRESS_SOCKET, "ReadOnly": True})
     labels = {
         LABEL_SESSION: spec.session,
         LABEL_OWNER: spec.owner,

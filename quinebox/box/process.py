@@ -26,7 +26,7 @@ from quinebox.box.egress import Egress
 from quinebox.box.images import resolve_image
 from quinebox.box.policy import DEFAULT_WORLD, container_config, native_arch, proxied
 from quinebox.box.runtime import runtime_dir
-from quinebox.box.secrets import Authority, image_roots, secrets_for, write_trust
+from quinebox.box.secrets import prepare_secrets
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, seccomp_base
 from quinebox.errors import EXIT_QUINEBOX, EngineError, GrantError, ImageError
 from quinebox.worlds.build import discard
@@ -118,7 +118,8 @@ class BoxProcess:
         config = container_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch())
         egress = self._egress(handler, image.id or spec.image) if proxied(spec.grants) else None
         self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
-        self._broker = Broker(self.spec.lifeline, handler, place, egress) if self.spec.lifeline else None
+        self._broker = Broker(self.spec.lifeline, handler, place) if self.spec.lifeline else None
+        self._egress_proxy = egress
         try:
             if self.spec.world is not None:
                 self.world = open_world(
@@ -154,12 +155,10 @@ class BoxProcess:
 
     def _egress(self, handler: Handler | None, image: str) -> Egress:
         """The box's way out; with secrets, its own authority, trusted by the box through the files in its tls_dir."""
-        secrets, authority = (), None
-        if self.spec.grants.secrets and self.spec.tls_dir:
-            secrets = secrets_for(self.session, self.spec.grants.secrets, os.environ)
-            authority = Authority(self.session)
-            write_trust(self.spec.tls_dir, authority, image_roots(self._backend, image))
-        return Egress(self.spec.grants.net, say=self._say, record=handler.record_egress if handler else None, secrets=secrets, authority=authority)
+        secrets, authority = prepare_secrets(self.session, self.spec.grants.secrets, self.spec.tls_dir, self._backend, image)
+        egress = Egress(self.spec.grants.net, say=self._say, record=handler.record_egress if handler else None, secrets=secrets, authority=authority)
+        egress.listen(self.spec.egress_socket or "")
+        return egress
 
     def _spawn(self, target: Callable[..., None], name: str, *args: Any) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, name=f"{name}:{self.session}", daemon=True)
@@ -378,7 +377,7 @@ class BoxProcess:
             self._pump.join(1.0)  # it leaves as soon as it sees the stop
         os.close(self._stop_w)
         os.close(self._stop_r)
-        for closer in (getattr(self, "_events", None), getattr(self, "_sock", None), self._broker):
+        for closer in (getattr(self, "_events", None), getattr(self, "_sock", None), self._broker, self._egress_proxy):
             if closer is not None:
                 try:
                     closer.close()

@@ -160,3 +160,15 @@ def write_trust(directory: str, authority: Authority, roots: bytes) -> None:
         f.write(authority.pem())
     with open(os.path.join(directory, "bundle.pem"), "wb") as f:
         f.write(roots.rstrip(b"\n") + b"\n" + authority.pem() if roots else authority.pem())
+
+
+def prepare_secrets(
+    session: str, granted: tuple[tuple[str, tuple[str, ...]], ...], tls_dir: str | None, backend: Any, image: str
+) -> tuple[tuple[Secret, ...], Authority | None]:
+    """A box's secrets and its own authority, the box's trust written to `tls_dir`; nothing without secret grants."""
+    if not granted or not tls_dir:
+        return (), None
+    secrets = secrets_for(session, granted, os.environ)
+    authority = Authority(session)
+    write_trust(tls_dir, authority, image_roots(backend, image))
+    return secrets, authority

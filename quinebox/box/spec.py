@@ -84,6 +84,8 @@ class BoxSpec:
     caller: int = 0
     #: With secret grants: the host directory of the box's trust (its authority and bundle), mounted read-only.
     tls_dir: str | None = None
+    #: With net grants: the socket the box hands its outgoing connections to the host's egress proxy over.
+    egress_socket: str | None = None
 
 
 @functools.lru_cache(maxsize=1)
@@ -200,6 +202,7 @@ def build_spec(
         parent=parent,
         lifeline=str(run_dir() / f"{session}.sock"),
         tls_dir=str(run_dir() / f"{session}.tls") if resolved.secrets else None,
+        egress_socket=str(run_dir() / f"{session}.egress") if resolved.net else None,
         agent=agent,
         world=world_spec,
         tty=tty,

@@ -102,7 +102,7 @@ def main(argv):
     if cycle == 0:
         setup_fds()
     held = hold_lifeline(held)
-    forwarder.start(lifeline.HOST_SOCKET)  # again after each exec: the listener does not survive one
+    forwarder.start()  # again after each exec: the listener does not survive one
     try:
         host = Host(cycle)
     except (OSError, protocol.ProtocolError, EOFError) as exc:

@@ -86,7 +86,7 @@ def main(argv):
     if lifeline is None:
         say("the host is gone; not starting")
         return 137
-    forwarder.start(HOST_SOCKET)
+    forwarder.start()
     child = spawn(argv)
 
     def forward(signum, _frame):

@@ -154,6 +154,7 @@ class Node:
                 workdir=workdir,
                 lifeline=str(run_dir() / f"{session}.sock"),
                 tls_dir=str(run_dir() / f"{session}.tls") if grants.secrets else None,
+                egress_socket=str(run_dir() / f"{session}.egress") if grants.net else None,
                 agent=what == "run",
                 world=child_world(self.world, session, request.get("world")),
                 image=image,

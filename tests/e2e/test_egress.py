@@ -13,9 +13,9 @@ import hashlib
 import io
 import os
 import subprocess
+import textwrap
 import zipfile
 from pathlib import Path
-import textwrap
 
 import pytest
 from commands import qb, scripts

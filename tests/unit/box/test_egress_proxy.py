@@ -209,3 +209,50 @@ def test_a_request_pipelined_after_the_first_is_never_forwarded(servers):
     answer = read_all(sock)
     assert answer.count(b"HTTP/1.") == 1 and answer.endswith(BODY)
     assert Files.paths == ["/first"]
+
+
+def hand_over(path: str, fd: int) -> None:
+    with socket.socket(socket.AF_UNIX) as egress:
+        egress.connect(path)
+        socket.send_fds(egress, [b"c"], [fd])
+
+
+def test_the_box_hands_over_the_socket_it_accepted_and_the_host_serves_it(servers, tmp_path):
+    web, _ = servers
+    box = Box("net:127.0.0.1")
+    box.egress.listen(str(tmp_path / "egress.sock"))
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as forwarder:
+            client = socket.create_connection(forwarder.getsockname())
+            accepted, _ = forwarder.accept()
+            hand_over(str(tmp_path / "egress.sock"), accepted.fileno())
+            accepted.close()  # the box keeps nothing: the host holds the connection now
+            client.settimeout(10)
+            client.sendall(f"CONNECT files.test:{web} HTTP/1.1\r\n\r\n".encode())
+            assert client.recv(39) == b"HTTP/1.1 200 Connection established\r\n\r\n"
+            assert http_get(client, "files.test").endswith(BODY)
+    finally:
+        box.egress.close()
+    assert not (tmp_path / "egress.sock").exists()
+
+
+def test_anything_but_a_tcp_socket_handed_over_is_closed_unread(servers, tmp_path):
+    box = Box("net")
+    box.egress.listen(str(tmp_path / "egress.sock"))
+    try:
+        pipe_r, pipe_w = os.pipe()
+        unix_a, unix_b = socket.socketpair()
+        for fd in (pipe_r, unix_a.fileno()):
+            hand_over(str(tmp_path / "egress.sock"), fd)
+        os.close(pipe_r)
+        unix_a.close()
+        time.sleep(0.3)
+        unix_b.settimeout(2)
+        assert unix_b.recv(10) == b""  # the host closed its copy and never answered
+        os.close(pipe_w)
+        with socket.socket(socket.AF_UNIX) as rude:  # no fd at all, then gone
+            rude.connect(str(tmp_path / "egress.sock"))
+            rude.sendall(b"garbage")
+        assert box.said == [] and box.records == []
+    finally:
+        box.egress.close()
