@@ -14,8 +14,8 @@ import threading
 import time
 
 import pytest
+from proxied_box import ProxiedBox
 
-from quinebox.box.egress import Egress
 from quinebox.netrules import parse_rule
 
 BODY = os.urandom(50000)
@@ -59,28 +59,9 @@ def servers(tmp_path_factory):
         server.shutdown()
 
 
-class Box:
-    """The box's end of one relayed connection, and what the host said and recorded about it."""
-
+class Box(ProxiedBox):
     def __init__(self, *grants: str):
-        rules = frozenset(parse_rule(g, g[4:] or None) for g in grants)
-        self.said, self.records = [], []
-        self.egress = Egress(rules, say=self.said.append, record=self.records.append)
-
-    def connect(self) -> socket.socket:
-        mine, theirs = socket.socketpair()
-        reader = theirs.makefile("rb")
-
-        def serve():
-            try:
-                self.egress.handle(theirs, reader)
-            finally:
-                reader.close()
-                theirs.close()
-
-        threading.Thread(target=serve, daemon=True).start()
-        mine.settimeout(10)
-        return mine
+        super().__init__(frozenset(parse_rule(g, g[4:] or None) for g in grants))
 
 
 def read_all(sock: socket.socket) -> bytes:

@@ -9,7 +9,6 @@ import datetime
 import hashlib
 import http.server
 import os
-import socket
 import ssl
 import threading
 import time
@@ -19,8 +18,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from proxied_box import ProxiedBox
 
-from quinebox.box.egress import Egress
 from quinebox.box.secrets import Authority, Secret, placeholder
 from quinebox.netrules import parse_rule
 
@@ -79,28 +78,12 @@ def api(tmp_path_factory):
     server.shutdown()
 
 
-class Box:
+class Box(ProxiedBox):
     def __init__(self):
         self.authority = Authority("s1")
         self.secret = Secret("API_TOKEN", ("api.test",), placeholder("s1", "API_TOKEN"), REAL)
-        self.said, self.records = [], []
-        self.egress = Egress(frozenset({parse_rule("net:127.0.0.1", "127.0.0.1")}), say=self.said.append, record=self.records.append,
-                             secrets=(self.secret,), authority=self.authority)
-
-    def connect(self) -> socket.socket:
-        mine, theirs = socket.socketpair()
-        reader = theirs.makefile("rb")
-
-        def serve():
-            try:
-                self.egress.handle(theirs, reader)
-            finally:
-                reader.close()
-                theirs.close()
-
-        threading.Thread(target=serve, daemon=True).start()
-        mine.settimeout(10)
-        return mine
+        rules = frozenset({parse_rule("net:127.0.0.1", "127.0.0.1")})
+        super().__init__(rules, secrets=(self.secret,), authority=self.authority)
 
     def tls(self, port: int, server_name: str = "api.test") -> ssl.SSLSocket:
         sock = self.connect()
