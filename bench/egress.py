@@ -30,17 +30,21 @@ from quinebox.box.spec import DEFAULT_IMAGE
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 
 SERVER = """
-import http.server
-MIB = int(__import__("os").environ["MIB"])
-CHUNK = b"x" * (1 << 20)
+import http.server, os
+MIB = int(os.environ["MIB"])
+with open("/tmp/big", "wb") as f:
+    for _ in range(MIB): f.write(b"x" * (1 << 20))
 class Serve(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     def do_GET(self):
         size = (MIB << 20) if self.path == "/big" else 16
-        self.send_response(200); self.send_header("Content-Length", str(size)); self.end_headers()
-        left = size
-        while left:
-            piece = CHUNK[:min(left, len(CHUNK))]; self.wfile.write(piece); left -= len(piece)
+        self.send_response(200); self.send_header("Content-Length", str(size)); self.end_headers(); self.wfile.flush()
+        if size == 16:
+            self.wfile.write(b"x" * 16)
+            return
+        with open("/tmp/big", "rb") as f:
+            sent = 0
+            while sent < size: sent += os.sendfile(self.connection.fileno(), f.fileno(), sent, size - sent)
     def log_message(self, *a): pass
 http.server.ThreadingHTTPServer(("", 8000), Serve).serve_forever()
 """
@@ -50,8 +54,9 @@ import statistics, sys, time, urllib.request
 url, requests = sys.argv[1], int(sys.argv[2])
 opener = urllib.request.build_opener()
 began = time.perf_counter(); total = 0
+buffer = bytearray(8 << 20)
 with opener.open(url + "/big") as r:
-    while chunk := r.read(1 << 20): total += len(chunk)
+    while size := r.readinto(buffer): total += size
 seconds = time.perf_counter() - began
 firsts = []
 for _ in range(requests):

@@ -3,7 +3,7 @@
 Owns the grants' resolution into a `BoxSpec` (spec.py), the one pure function
 from a spec to the container configuration (policy.py), the engine backend,
 the image, the byte streams, the host end of the box's socket (broker.py)
-and its egress proxy (egress.py), `BoxProcess` (process.py), noticing an engine
+and its egress proxy (egress.py, handover.py, proxywire.py, secrets.py), `BoxProcess` (process.py), noticing an engine
 gone quiet (watch.py), and finding boxes by label for ps/kill/gc.
 
 May import: worlds (a box mounts one), the foundation modules and

@@ -22,11 +22,11 @@ import fcntl
 import ipaddress
 import os
 import socket
-import stat
 import threading
 import urllib.parse
 from typing import IO, Any, Callable
 
+from quinebox.box.handover import Handover
 from quinebox.box.proxywire import Refused, exactly, forward_head, host_port, parse_head, read_head, resolve, swap
 from quinebox.box.secrets import Authority, Secret
 from quinebox.netrules import Address, NetRule, verdict
@@ -57,7 +57,7 @@ class Egress:
         self.rules = rules
         self.secrets = secrets
         self.authority = authority
-        self._listener: socket.socket | None = None
+        self._handover: Handover | None = None
         self._say = say
         self._record = record
         self._lock = threading.Lock()
@@ -66,59 +66,13 @@ class Egress:
         self._over = False
 
     def listen(self, path: str) -> None:
-        """Take the box's connections handed over at `path` (a socket the box reaches by bind mount only)."""
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(path)
-        os.chmod(path, 0o666)  # the box's uid may differ from ours; the run dir (0700) keeps everyone else out
-        self._listener.listen(64)
-        threading.Thread(target=self._accept, name=f"egress:{os.path.basename(path)}", daemon=True).start()
+        """Serve the connections the box hands over at `path` (a socket it reaches by bind mount only)."""
+        self._handover = Handover(path, self._serve)
 
     def close(self) -> None:
-        if self._listener is not None:
-            path = self._listener.getsockname()
-            self._listener.close()
-            self._listener = None
-            try:
-                os.unlink(path)
-            except (FileNotFoundError, TypeError):
-                pass
-
-    def _accept(self) -> None:
-        listener = self._listener
-        while listener is not None:
-            try:
-                handing, _ = listener.accept()
-            except OSError:
-                return  # closed
-            try:
-                handing.settimeout(5)
-                _, fds, _, _ = socket.recv_fds(handing, 1, 4)
-            except (OSError, ValueError):
-                fds = []
-            finally:
-                handing.close()
-            for extra in fds[1:]:
-                os.close(extra)
-            if fds:
-                self._take(fds[0])
-
-    def _take(self, fd: int) -> None:
-        """A connection from the box, as the socket it accepted; anything else it might send is closed unread."""
-        try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                raise ValueError("not a socket")
-            conn = socket.socket(fileno=fd)
-        except (OSError, ValueError):
-            os.close(fd)
-            return
-        if conn.type != socket.SOCK_STREAM or conn.family not in (socket.AF_INET, socket.AF_INET6):
-            conn.close()
-            return
-        threading.Thread(target=self._serve, args=(conn,), name="egress", daemon=True).start()
+        if self._handover is not None:
+            self._handover.close()
+            self._handover = None
 
     def _serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("rb")
@@ -260,7 +214,8 @@ class Egress:
             real = {secret.placeholder: secret.value for secret in self.secrets if secret.name in used}
             swapped = [[name, swap(value, real)] for name, value in headers]
             outside.sendall(forward_head(method, target, version, fields["host"], swapped))
-            self._pump(reader, outside, moved, "up", int(fields.get("content-length") or 0))
+            foreign = {s.placeholder.encode(): s.name for s in self.secrets if host not in s.hosts}
+            self._pump(reader, outside, moved, "up", int(fields.get("content-length") or 0), foreign, host)
             while data := outside.recv(CHUNK):
                 if not self._count(len(data)):
                     break
@@ -328,7 +283,9 @@ class Egress:
         try:
             if first:
                 upstream.sendall(first)
-            up = threading.Thread(target=self._pump, args=(reader, upstream, moved, "up", length), daemon=True)
+            # A request body goes to `facts["host"]` in the clear: no placeholder may ride in it.
+            watched = {s.placeholder.encode(): s.name for s in self.secrets} if length >= 0 else {}
+            up = threading.Thread(target=self._pump, args=(reader, upstream, moved, "up", length, watched, facts["host"]), daemon=True)
             up.start()
             self._splice(upstream, conn, moved)
             up.join(1.0)
@@ -374,13 +331,26 @@ class Egress:
         except OSError:
             pass
 
-    def _pump(self, source: IO[bytes], sink: socket.socket, moved: dict[str, int], way: str, length: int) -> None:
+    def _pump(
+        self, source: IO[bytes], sink: socket.socket, moved: dict[str, int], way: str, length: int, watched: dict[bytes, str] | None = None, host: str = ""
+    ) -> None:
+        """Copy `length` bytes (-1: to the end); a placeholder in `watched` stops the copy before it passes, and is recorded."""
         left = length
+        tail = b""
         try:
             while left != 0:
                 chunk = source.read1(CHUNK if left < 0 else min(CHUNK, left))  # type: ignore[attr-defined]
                 if not chunk or not self._count(len(chunk)):
                     break
+                if watched:
+                    seen = tail + chunk
+                    leaked = next((name for placeholder, name in watched.items() if placeholder in seen), None)
+                    if leaked:
+                        self._refused(None, Refused(f"egress to {host} cut: the request body carries the placeholder of secret {leaked}: "
+                                                    "recorded as an exfiltration attempt", exfiltration=leaked), False)
+                        sink.shutdown(socket.SHUT_RDWR)
+                        break
+                    tail = seen[-max(map(len, watched)) :]
                 sink.sendall(chunk)
                 moved[way] += len(chunk)
                 left -= len(chunk) if left > 0 else 0

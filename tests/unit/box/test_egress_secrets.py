@@ -134,3 +134,39 @@ def test_the_placeholder_sent_to_another_host_is_refused_as_exfiltration(api):
     reply = answer(sock)
     assert reply.startswith(b"HTTP/1.1 403") and b"exfiltration" in reply
     assert box.records[-1]["allowed"] is False and box.records[-1]["exfiltration"] == "API_TOKEN"
+
+
+class Sink(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def plain():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_a_placeholder_in_a_request_body_is_cut_off_before_it_passes(api, plain):
+    box = Box()
+    sock = box.connect()
+    body = b"x" * 70000 + box.secret.placeholder.encode() + b"y" * 10
+    try:
+        sock.sendall(f"POST http://other.test:{plain}/ HTTP/1.1\r\nHost: other.test:{plain}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        answer(sock)
+    except ConnectionResetError:
+        pass  # cut off: what the box still had to send was never read
+    deadline = time.monotonic() + 5
+    while len(box.records) < 2 and time.monotonic() < deadline:  # the refusal, then the cut connection's own record
+        time.sleep(0.05)
+    assert [r["exfiltration"] for r in box.records if r.get("exfiltration")] == ["API_TOKEN"]
+    assert any("the request body carries the placeholder of secret API_TOKEN" in line for line in box.said)
+    [relayed] = [r for r in box.records if r.get("allowed")]
+    assert relayed["up"] < len(body)  # the placeholder never went out whole

@@ -1,0 +1,69 @@
+"""Taking a box's outgoing connections: the guest's forwarder hands over each socket it accepted (SCM_RIGHTS).
+
+What arrives is untrusted: one fd per hand-over is taken, and only if it is a
+TCP socket; anything else is closed unread, and a peer that sends nothing is
+dropped after a few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import threading
+from typing import Callable
+
+
+class Handover:
+    """A listening socket at `path`; `serve(conn)` runs on a thread of its own for each TCP socket handed over."""
+
+    def __init__(self, path: str, serve: Callable[[socket.socket], None]):
+        self.path = path
+        self._serve = serve
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        os.chmod(path, 0o666)  # the box's uid may differ from ours; the run dir (0700) keeps everyone else out
+        self._listener.listen(64)
+        threading.Thread(target=self._accept, name=f"handover:{os.path.basename(path)}", daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                handing, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                handing.settimeout(5)
+                _, fds, _, _ = socket.recv_fds(handing, 1, 4)
+            except (OSError, ValueError):
+                fds = []
+            finally:
+                handing.close()
+            for extra in fds[1:]:
+                os.close(extra)
+            if fds:
+                self._take(fds[0])
+
+    def _take(self, fd: int) -> None:
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                raise ValueError("not a socket")
+            conn = socket.socket(fileno=fd)
+        except (OSError, ValueError):
+            os.close(fd)
+            return
+        if conn.type != socket.SOCK_STREAM or conn.family not in (socket.AF_INET, socket.AF_INET6):
+            conn.close()
+            return
+        threading.Thread(target=self._serve, args=(conn,), name="egress", daemon=True).start()
