@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/egress.py [--mib 200] [--runs 3] [--requests 100]
 
-A server container on the engine's default bridge serves MIB of bytes and a
-tiny page. Inside a box, a Python client downloads it through HTTP_PROXY
+A server container on the engine's default bridge serves MIB of bytes from a
+file with sendfile (as nginx would) and a tiny page. Inside a box, a Python client downloads it through HTTP_PROXY
 (grant net:CIDR of the bridge) or directly (net:bridge), and times itself:
 
 1. throughput, proxy / bridge.                               target ≥ 0.8
