@@ -18,10 +18,11 @@ LOG = "/var/log/quinebox-dockerd.log"
 
 
 def dockerd_pid() -> int | None:
+    """The live dockerd: one killed earlier may linger as a zombie, since PID 1 here reaps slowly."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().strip() == "dockerd":
+                if (entry / "comm").read_text().strip() == "dockerd" and not dead(int(entry.name)):
                     return int(entry.name)
             except OSError:
                 continue
@@ -69,6 +70,10 @@ class Engine:
     def freeze(self) -> None:
         """A wedged engine: it holds its socket open and answers nothing."""
         self.signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline, f"dockerd {self.pid} did not stop"
+            time.sleep(0.01)
 
     def thaw(self) -> None:
         self.signal(signal.SIGCONT)
