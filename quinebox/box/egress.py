@@ -31,7 +31,7 @@ from quinebox.box.proxywire import Refused, exactly, forward_head, host_port, pa
 from quinebox.box.secrets import Authority, Secret
 from quinebox.netrules import Address, NetRule, verdict
 
-#: Connections one box may hold open at once (below the broker's cap on all of a box's connections), and bytes it may move in all.
+#: Connections one box may hold open at once, and bytes it may move in all.
 MAX_CONNECTIONS = 48
 MAX_BYTES = int(os.environ.get("QUINEBOX_EGRESS_MAX_BYTES", str(16 << 30)))
 CONNECT_TIMEOUT = 10.0
