@@ -140,7 +140,7 @@ def outside(engine, tmp_path_factory):
             address = server.get_wrapped_container().attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
             subnet = engine.api.inspect_network(network.id)["IPAM"]["Config"][0]["Subnet"]
             hosts = here / "hosts"
-            hosts.write_text(f"{address} files.test echo.test api.test pypi.test git.test\n")
+            hosts.write_text(f"{address} files.test echo.test api.test pypi.test git.test\n169.254.169.254 meta.test\n127.0.0.1 loop.test\n")
             env = {**os.environ, "QUINEBOX_EGRESS_HOSTS": str(hosts), "SSL_CERT_FILE": str(here / "ca.pem")}
             probe = "import socket,time\nfor _ in range(100):\n try: socket.create_connection(('127.0.0.1', 8080), 1).close(); break\n except OSError: time.sleep(0.1)"
             assert server.exec(["python3", "-c", probe]).exit_code == 0
@@ -278,3 +278,31 @@ def test_curl_pip_and_git_work_through_the_proxy_unchanged(outside, clients):
     assert done.returncode == 0, done.stderr
     digest = hashlib.sha256(BODY).hexdigest()
     assert done.stdout.splitlines() == [d.encode() for d in (digest, digest, digest, "installed from the index", "cloned through the proxy")], done.stdout[:600]
+
+
+ASK = textwrap.dedent(
+    """
+    import socket, sys
+    for target in sys.argv[1:]:
+        proxy = socket.create_connection(("127.0.0.1", 3128))
+        proxy.sendall(f"CONNECT {target} HTTP/1.1\\r\\n\\r\\n".encode())
+        print(target, proxy.recv(4096).split(b"\\r\\n")[0].decode())
+    """
+)
+
+
+def test_only_what_is_granted_is_reached_by_name_address_and_port(outside):
+    _, address, env = outside
+    targets = ["files.test:8000", "files.test:7000", f"{address}:8000", "10.255.255.1:80", "meta.test:80", "loop.test:80", "[::ffff:169.254.169.254]:80"]
+    done = qb("exec", "-g", f"net:{address}/32:8000", "--", "python3", "-c", ASK, *targets, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().splitlines() == [
+        "files.test:8000 HTTP/1.1 200 Connection established",
+        "files.test:7000 HTTP/1.1 403 Forbidden",  # a port not granted
+        f"{address}:8000 HTTP/1.1 200 Connection established",  # an address the CIDR grants
+        "10.255.255.1:80 HTTP/1.1 403 Forbidden",  # one it does not
+        "meta.test:80 HTTP/1.1 403 Forbidden",  # a name for the metadata address
+        "loop.test:80 HTTP/1.1 403 Forbidden",  # a name for the host's loopback
+        "[::ffff:169.254.169.254]:80 HTTP/1.1 403 Forbidden",  # the metadata address spelled as IPv6
+    ]
+    assert len(done.stderr.decode().splitlines()) == 5  # one line for each refusal

@@ -237,3 +237,38 @@ def test_anything_but_a_tcp_socket_handed_over_is_closed_unread(servers, tmp_pat
         assert box.said == [] and box.records == []
     finally:
         box.egress.close()
+
+
+def test_a_box_holds_at_most_its_cap_of_connections_and_the_next_is_told_so(servers, monkeypatch):
+    from quinebox.box import egress
+
+    _, echo = servers
+    monkeypatch.setattr(egress, "MAX_CONNECTIONS", 3)
+    box = Box("net:127.0.0.1")
+    held = []
+    for _ in range(3):
+        sock = box.connect()
+        sock.sendall(f"CONNECT echo.test:{echo} HTTP/1.1\r\n\r\n".encode())
+        assert sock.recv(39).startswith(b"HTTP/1.1 200")
+        held.append(sock)
+    extra = box.connect()
+    assert read_all(extra).startswith(b"HTTP/1.1 503")
+    held.pop().close()
+    time.sleep(0.3)
+    again = box.connect()
+    again.sendall(f"CONNECT echo.test:{echo} HTTP/1.1\r\n\r\n".encode())
+    assert again.recv(39).startswith(b"HTTP/1.1 200")  # a slot came back
+
+
+def test_a_box_past_its_byte_cap_is_cut_off_and_told_once(servers, monkeypatch):
+    from quinebox.box import egress
+
+    web, _ = servers
+    monkeypatch.setattr(egress, "MAX_BYTES", 20000)
+    box = Box("net:127.0.0.1")
+    sock = box.connect()
+    sock.sendall(f"CONNECT files.test:{web} HTTP/1.1\r\n\r\n".encode())
+    assert sock.recv(39).startswith(b"HTTP/1.1 200")
+    got = http_get(sock, "files.test")
+    assert len(got) < len(BODY)
+    assert box.said == ["egress stopped: the box moved more than 20000 bytes"]
