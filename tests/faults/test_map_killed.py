@@ -11,6 +11,8 @@ from pathlib import Path
 
 from live_boxes import live_boxes
 
+from quinebox.box.spec import DEFAULT_IMAGE
+
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 KILLS = 20
 
@@ -43,3 +45,5 @@ def test_map_killed_20_times_at_random_then_resumed_runs_every_input_exactly_onc
     while live_boxes(engine) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert live_boxes(engine) == []
+    # Nor the containers a killed map had created to copy the guest runtime out of the image.
+    assert engine.api.containers(all=True, filters={"ancestor": DEFAULT_IMAGE, "status": "created"}) == []

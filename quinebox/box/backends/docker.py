@@ -20,7 +20,8 @@ import docker.errors
 import requests.exceptions
 from docker.utils import kwargs_from_env
 
-from quinebox.box.policy import LABEL_SESSION, ContainerConfig
+from quinebox.box.policy import LABEL_OWNER, LABEL_SESSION, ContainerConfig
+from quinebox.box.spec import owner_id
 from quinebox.errors import EngineError, ImageError
 
 ENGINE_HINT = "start the engine (`dockerd &` as root, or `systemctl start docker`), or set DOCKER_HOST; `quinebox doctor` checks"
@@ -189,9 +190,12 @@ class DockerBackend:
 
     @contextlib.contextmanager
     def archive(self, image: str, path: str) -> Iterator[io.BufferedReader]:
-        """`path` of `image` as a tar stream, read from a container that is created for it and never started."""
+        """`path` of `image` as a tar stream, read from a container that is created for it and never started.
+
+        It is labelled as this process's, so that `gc` removes it if this process dies before it does."""
+        labels = {LABEL_SESSION: "image-copy", LABEL_OWNER: owner_id()}
         try:
-            container = self.api.create_container(image, command=["/nonexistent"], network_disabled=True)["Id"]
+            container = self.api.create_container(image, command=["/nonexistent"], network_disabled=True, labels=labels)["Id"]
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot read {path} from image {image}: {exc.explanation or exc}") from None
         except Exception as exc:
