@@ -29,7 +29,7 @@ from typing import IO, Any, Callable
 from quinebox.box.handover import Handover
 from quinebox.box.proxywire import Refused, exactly, forward_head, host_port, parse_head, read_head, resolve, swap
 from quinebox.box.secrets import Authority, Secret
-from quinebox.netrules import Address, NetRule, verdict
+from quinebox.netrules import Address, NetRule, is_host_name, verdict
 
 #: Connections one box may hold open at once, and bytes it may move in all.
 MAX_CONNECTIONS = 48
@@ -83,7 +83,7 @@ class Egress:
             conn.close()
 
     def handle(self, conn: socket.socket, reader: IO[bytes]) -> None:
-        """One connection from the box's forwarder, its frame already read, until it ends (the caller closes it)."""
+        """One connection the box handed over, until it ends (the caller closes it)."""
         with self._lock:
             full = self._open >= MAX_CONNECTIONS
             self._open += not full
@@ -117,7 +117,7 @@ class Egress:
         except ValueError:
             literal = None
         name = None if literal else host
-        if name is not None and not name.replace("-", "").replace(".", "").isalnum():
+        if name is not None and not is_host_name(name):
             raise Refused(f"egress to {host!r} refused: not a host name", status=400, socks=1)
         addresses = [literal] if literal else resolve(host, port)
         why = f"{host} has no address"
@@ -215,7 +215,7 @@ class Egress:
             swapped = [[name, swap(value, real)] for name, value in headers]
             outside.sendall(forward_head(method, target, version, fields["host"], swapped))
             foreign = {s.placeholder.encode(): s.name for s in self.secrets if host not in s.hosts}
-            self._pump(reader, outside, moved, "up", int(fields.get("content-length") or 0), foreign, host)
+            self._pump(reader, outside, moved, int(fields.get("content-length") or 0), foreign, host)
             while data := outside.recv(CHUNK):
                 if not self._count(len(data)):
                     break
@@ -285,7 +285,7 @@ class Egress:
                 upstream.sendall(first)
             # A request body goes to `facts["host"]` in the clear: no placeholder may ride in it.
             watched = {s.placeholder.encode(): s.name for s in self.secrets} if length >= 0 else {}
-            up = threading.Thread(target=self._pump, args=(reader, upstream, moved, "up", length, watched, facts["host"]), daemon=True)
+            up = threading.Thread(target=self._pump, args=(reader, upstream, moved, length, watched, facts["host"]), daemon=True)
             up.start()
             self._splice(upstream, conn, moved)
             up.join(1.0)
@@ -331,10 +331,8 @@ class Egress:
         except OSError:
             pass
 
-    def _pump(
-        self, source: IO[bytes], sink: socket.socket, moved: dict[str, int], way: str, length: int, watched: dict[bytes, str] | None = None, host: str = ""
-    ) -> None:
-        """Copy `length` bytes (-1: to the end); a placeholder in `watched` stops the copy before it passes, and is recorded."""
+    def _pump(self, source: IO[bytes], sink: socket.socket, moved: dict[str, int], length: int, watched: dict[bytes, str], host: str) -> None:
+        """From the box out: `length` bytes (-1: to the end); a placeholder in `watched` stops the copy before it passes, and is recorded."""
         left = length
         tail = b""
         try:
@@ -352,7 +350,7 @@ class Egress:
                         break
                     tail = seen[-max(map(len, watched)) :]
                 sink.sendall(chunk)
-                moved[way] += len(chunk)
+                moved["up"] += len(chunk)
                 left -= len(chunk) if left > 0 else 0
         except (OSError, ValueError):
             pass
