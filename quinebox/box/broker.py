@@ -73,21 +73,29 @@ def error_frame(code: str, message: str, exit_code: int = ERROR_EXIT) -> dict[st
     return {"kind": "error", "code": code, "message": message, "exit_code": exit_code}
 
 
+def box_socket(path: str, *, backlog: int) -> socket.socket:
+    """A listening Unix socket at `path` (a stale one there is replaced) that the box reaches by bind mount.
+
+    The box's uid may differ from ours, so anyone may connect: the run dir (0700)
+    keeps everyone else out, and the box reaches the socket only through its mount.
+    """
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o666)
+    listener.listen(backlog)
+    return listener
+
+
 class Broker:
     def __init__(self, path: str, handler: Handler | None = None, spawner: Spawner | None = None):
         self.path = path
         self.handler = handler
         self.spawner = spawner
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        self._listener.bind(path)
-        # The box's uid may differ from ours; the run dir (0700) keeps everyone
-        # else out, and the box reaches the socket only through its bind mount.
-        os.chmod(path, 0o666)
-        self._listener.listen(16)
+        self._listener = box_socket(path, backlog=16)
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False

@@ -13,6 +13,8 @@ import stat
 import threading
 from typing import Callable
 
+from quinebox.box.broker import box_socket
+
 
 class Handover:
     """A listening socket at `path`; `serve(conn)` runs on a thread of its own for each TCP socket handed over."""
@@ -20,14 +22,7 @@ class Handover:
     def __init__(self, path: str, serve: Callable[[socket.socket], None]):
         self.path = path
         self._serve = serve
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(path)
-        os.chmod(path, 0o666)  # the box's uid may differ from ours; the run dir (0700) keeps everyone else out
-        self._listener.listen(64)
+        self._listener = box_socket(path, backlog=64)
         threading.Thread(target=self._accept, name=f"handover:{os.path.basename(path)}", daemon=True).start()
 
     def close(self) -> None:

@@ -51,6 +51,14 @@ def _engine_error(exc: Exception, what: str = "a request") -> EngineError:
     return EngineError(f"cannot reach the Docker engine: {text}; {ENGINE_HINT}")
 
 
+def _stream(raw: Any) -> socket.socket:
+    """The socket under a hijacked connection, with no timeout: the client's request timeout would otherwise
+    end the stream after a quiet spell (a box that thinks for a minute before printing)."""
+    sock = getattr(raw, "_sock", raw)
+    sock.settimeout(None)
+    return sock
+
+
 class DockerBackend:
     def __init__(self, api: docker.APIClient, quick: docker.APIClient | None = None):
         self.api = api
@@ -103,11 +111,7 @@ class DockerBackend:
             raise EngineError(f"cannot attach to the box: {exc.explanation or exc}") from None
         except Exception as exc:
             raise _engine_error(exc, "the request to attach to a box") from None
-        sock = getattr(raw, "_sock", raw)
-        # The client's request timeout would otherwise end the stream after a
-        # quiet spell (a box that thinks for a minute before printing).
-        sock.settimeout(None)
-        return sock
+        return _stream(raw)
 
     def events(self, container: str) -> Iterator[dict[str, Any]]:
         """This container's lifecycle events, from now on: oom, die (with exitCode), destroy."""
@@ -247,9 +251,7 @@ class DockerBackend:
             raise EngineError(f"cannot start the command in the box: {exc.explanation or exc}") from None
         except Exception as exc:
             raise _engine_error(exc, "the request to start a command in a box") from None
-        sock = getattr(raw, "_sock", raw)
-        sock.settimeout(None)
-        return sock
+        return _stream(raw)
 
     def exec_exit_code(self, exec_id: str) -> int | None:
         try:
