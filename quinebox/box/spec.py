@@ -107,6 +107,17 @@ def process_start_ticks(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def run_files(session: str, grants: Grants) -> dict[str, str | None]:
+    """Where a box's sockets and trust live on the host, in the run dir: its lifeline always,
+    its egress socket with net grants, its trust directory with secret grants."""
+    here = run_dir()
+    return {
+        "lifeline": str(here / f"{session}.sock"),
+        "tls_dir": str(here / f"{session}.tls") if grants.secrets else None,
+        "egress_socket": str(here / f"{session}.egress") if grants.net else None,
+    }
+
+
 def owner_id() -> str:
     """`host:pid:start` of this process: whose boxes these are, checked by `gc`."""
     pid = os.getpid()
@@ -200,9 +211,7 @@ def build_spec(
         gid=gid,
         workdir=workdir,
         parent=parent,
-        lifeline=str(run_dir() / f"{session}.sock"),
-        tls_dir=str(run_dir() / f"{session}.tls") if resolved.secrets else None,
-        egress_socket=str(run_dir() / f"{session}.egress") if resolved.net else None,
+        **run_files(session, resolved),
         agent=agent,
         world=world_spec,
         tty=tty,

@@ -23,11 +23,11 @@ from quinebox.agent.providers import resolve_model
 from quinebox.box.broker import Channel
 from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
 from quinebox.box.process import PIPE, BoxProcess, Stream
-from quinebox.box.spec import BoxSpec, build_spec, new_session_id, protected_paths
+from quinebox.box.spec import BoxSpec, build_spec, new_session_id, protected_paths, run_files
 from quinebox.errors import GrantError, QuineboxError
 from quinebox.grants import Grants, attenuate, check_mount, parse_duration, read_only_all_the_way, within
 from quinebox.guest.protocol import MAX_PAYLOAD
-from quinebox.state import run_dir, state_dir
+from quinebox.state import state_dir
 from quinebox.worlds.spec import child_world
 
 if TYPE_CHECKING:
@@ -152,9 +152,7 @@ class Node:
                 parent=self.spec.session,
                 cwd=self._host_path(cwd),
                 workdir=workdir,
-                lifeline=str(run_dir() / f"{session}.sock"),
-                tls_dir=str(run_dir() / f"{session}.tls") if grants.secrets else None,
-                egress_socket=str(run_dir() / f"{session}.egress") if grants.net else None,
+                **run_files(session, grants),
                 agent=what == "run",
                 world=child_world(self.world, session, request.get("world")),
                 image=image,
