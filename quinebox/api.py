@@ -59,6 +59,9 @@ class Popen(BoxProcess):
         world_tar: str | None = None,
         pull: str = "missing",
         tty: bool = False,
+        ask: Iterable[str] = (),
+        deny: Iterable[str] = (),
+        ask_timeout: float | str | None = None,
         stdin: Stream | bytes = None,
         stdout: Stream = None,
         stderr: Stream = None,
@@ -66,7 +69,7 @@ class Popen(BoxProcess):
     ):
         spec = build_spec(
             argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir,
-            world=world, world_from=world_from, world_tar=world_tar, pull=pull, tty=tty,
+            world=world, world_from=world_from, world_tar=world_tar, pull=pull, tty=tty, ask=ask, deny=deny, ask_timeout=ask_timeout,
         )
         super().__init__(spec, stdin=stdin, stdout=stdout, stderr=stderr, backend=backend, place=Node.root(spec))
 
@@ -93,6 +96,9 @@ def exec(
     world_from: str | Sequence[str] | None = None,
     world_tar: str | None = None,
     pull: str = "missing",
+    ask: Iterable[str] = (),
+    deny: Iterable[str] = (),
+    ask_timeout: float | str | None = None,
 ) -> ExecResult:
     """Run `argv` in a fresh box and collect its output, like `subprocess.run(capture_output=True)`.
 
@@ -100,9 +106,12 @@ def exec(
     out kills the box and gives returncode 124 rather than raising. The box's
     /world is `world` (a host directory, read-write), copies of the host paths
     in `world_from`, the contents of the archive `world_tar`, or empty.
+    `ask` rules (grant strings) are not held but may be approved by a person
+    (`quinebox approve`, or the terminal) within `ask_timeout`; `deny` rules
+    refuse whatever they cover, held or approved.
     """
     began = time.monotonic()
-    options = {"world": world, "world_from": world_from, "world_tar": world_tar, "pull": pull}
+    options = {"world": world, "world_from": world_from, "world_tar": world_tar, "pull": pull, "ask": ask, "deny": deny, "ask_timeout": ask_timeout}
     proc, code, out, err = _captured(
         lambda **streams: Popen(argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, **options, **streams), input
     )
@@ -144,6 +153,9 @@ def run(
     world_from: str | Sequence[str] | None = None,
     world_tar: str | None = None,
     pull: str = "missing",
+    ask: Iterable[str] = (),
+    deny: Iterable[str] = (),
+    ask_timeout: float | str | None = None,
 ) -> RunResult:
     """Run an agent on `mission` with `input` as its material; collect the deliverable and diagnostics.
 
@@ -153,7 +165,8 @@ def run(
     agent, code, out, err = _captured(
         lambda **streams: start_agent(
             mission, model=model, grants=grants, policy=policy, timeout=timeout, image=image,
-            workdir=workdir, max_turns=max_turns, max_tokens=max_tokens, world=world, world_from=world_from, world_tar=world_tar, pull=pull, **streams,
+            workdir=workdir, max_turns=max_turns, max_tokens=max_tokens, world=world, world_from=world_from, world_tar=world_tar, pull=pull,
+            ask=ask, deny=deny, ask_timeout=ask_timeout, **streams,
         ),
         input,
     )
@@ -175,6 +188,7 @@ def run(
 
 
 WORLD_OPTIONS = ("world", "world_from", "world_tar")
+ASK_OPTIONS = ("ask", "deny", "ask_timeout")
 
 
 class Box:
@@ -197,10 +211,14 @@ class Box:
         max_turns: int | None = None,
         max_tokens: int | None = None,
         pull: str = "missing",
+        ask: Iterable[str] = (),
+        deny: Iterable[str] = (),
+        ask_timeout: float | str | None = None,
     ):
         self.defaults: dict[str, Any] = {
             "image": image, "grants": tuple(grants), "model": model, "timeout": timeout,
             "policy": policy, "max_turns": max_turns, "max_tokens": max_tokens, "pull": pull,
+            "ask": tuple(ask), "deny": tuple(deny), "ask_timeout": ask_timeout,
         }
 
     def _options(self, overrides: dict[str, Any], *names: str) -> dict[str, Any]:
@@ -210,11 +228,11 @@ class Box:
         return {name: merged[name] for name in names if name in merged}
 
     def run(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
-        options = self._options(overrides, "image", "pull", "grants", "model", "timeout", "policy", "max_turns", "max_tokens", "workdir", *WORLD_OPTIONS)
+        options = self._options(overrides, "image", "pull", "grants", "model", "timeout", "policy", "max_turns", "max_tokens", "workdir", *WORLD_OPTIONS, *ASK_OPTIONS)
         return run(mission, input=input, **options)
 
     def exec(self, argv: Sequence[str], *, input: bytes | None = None, **overrides: Any) -> ExecResult:
-        return exec(argv, input=input, **self._options(overrides, "image", "pull", "grants", "timeout", "policy", "workdir", *WORLD_OPTIONS))
+        return exec(argv, input=input, **self._options(overrides, "image", "pull", "grants", "timeout", "policy", "workdir", *WORLD_OPTIONS, *ASK_OPTIONS))
 
     async def spawn(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
         """`run` without blocking the event loop."""

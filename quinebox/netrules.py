@@ -71,7 +71,7 @@ class NetRule:
 
 def parse_rule(spec: str, value: str | None) -> NetRule:
     """`value` is what follows `net:` (None for a bare `net`)."""
-    if value is None:
+    if value is None or value == "*":
         return NetRule("public")
     if value == "bridge":
         return NetRule("bridge")

@@ -7,13 +7,14 @@ host reads and writes it directly, so no byte is copied inside the box. This
 end speaks HTTP proxying (CONNECT, and absolute-form `http://` requests) and
 SOCKS5 on it. Everything is decided here, never in the box: the name is
 resolved here (`QUINEBOX_EGRESS_HOSTS`, a file in /etc/hosts format, is read
-first), every address is checked against the box's `net` grants
-(`netrules.verdict`), and the connection goes to exactly the address checked,
-so a name that changes its answer between check and use changes nothing. A
-plain-HTTP request's Host header must name what its URL names; one request per
-connection, so nothing can follow it unchecked. Refusals answer at once (403
-with the grant that would allow it; a SOCKS refusal) and are said on stderr;
-every decision is recorded.
+first), every address is checked against the tree's deny and ask rules and
+the box's `net` grants (audit/asks.py; an ask waits for a person), and the
+connection goes to exactly the address checked, so a name that changes its
+answer between check and use changes nothing. A plain-HTTP request's Host
+header must name what its URL names; one request per connection, so nothing
+can follow it unchecked. Refusals answer at once (403 with the grant that
+would allow it; a SOCKS refusal) and are said on stderr; every decision goes
+to the audit log and the box's tape.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from typing import IO, Any, Callable
 
 from quinebox.box.handover import Handover
 from quinebox.box.proxywire import Refused, exactly, forward_head, host_port, parse_head, read_head, resolve, swap
+from quinebox.audit import log
+from quinebox.audit.approvals import Decision
+from quinebox.audit.asks import ASK, HOLD, Asks
 from quinebox.box.secrets import Authority, Secret
-from quinebox.netrules import Address, NetRule, is_host_name, verdict
+from quinebox.netrules import Address, NetRule, is_host_name
 
 #: Connections one box may hold open at once, and bytes it may move in all.
 MAX_CONNECTIONS = 48
@@ -40,6 +44,8 @@ SPLICE_CHUNK = 1 << 20
 F_SETPIPE_SZ = 1031
 
 Record = Callable[[dict[str, Any]], None]
+#: Puts a request to a person: (kind, subject, facts) → their decision.
+Approve = Callable[[str, str, dict[str, Any]], Decision]
 
 
 class Egress:
@@ -51,10 +57,16 @@ class Egress:
         *,
         say: Callable[[str], None],
         record: Record | None = None,
+        session: str = "",
         secrets: tuple[Secret, ...] = (),
         authority: Authority | None = None,
+        asks: Asks = Asks(),
+        approve: Approve | None = None,
     ):
         self.rules = rules
+        self.session = session
+        self.asks = asks
+        self._approve = approve
         self.secrets = secrets
         self.authority = authority
         self._handover: Handover | None = None
@@ -121,10 +133,12 @@ class Egress:
             raise Refused(f"egress to {host!r} refused: not a host name", status=400, socks=1)
         addresses = [literal] if literal else resolve(host, port)
         why = f"{host} has no address"
+        approved: str | None = None  # one person's answer serves every address of the name
         for address in addresses:
-            rule, why = verdict(self.rules, name, address, port)
+            rule, why, asked = self._decide(host, name, address, port, approved)
             if rule is None:
                 continue
+            approved = rule if asked else approved
             upstream = socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
             upstream.settimeout(CONNECT_TIMEOUT)
             try:
@@ -134,8 +148,33 @@ class Egress:
                 why = f"{address}:{port} did not accept ({exc.strerror or exc})"
                 continue
             upstream.settimeout(None)
-            return upstream, {"host": host, "port": port, "address": str(address), "allowed": True, "rule": rule.format()}
+            return upstream, {"host": host, "port": port, "address": str(address), "allowed": True, "rule": rule}
         raise Refused(f"egress to {host}:{port} refused: {why}")
+
+    def _decide(self, host: str, name: str | None, address: Address, port: int, approved: str | None) -> tuple[str | None, str, bool]:
+        """(what allows connecting: the grant, or a person's approval; or None, and why not; whether a person was asked)."""
+        outcome, rule = self.asks.egress(self.rules, name, address, port)
+        if outcome == HOLD:
+            return rule, "", False
+        if outcome != ASK:
+            return None, rule, False
+        if approved is not None:
+            return approved, "", True
+        if self._approve is None:
+            return None, f"it needs a person's approval ({rule}) and nobody can be asked here", True
+        target = f"[{address}]" if name is None and address.version == 6 else host
+        decision = self._approve("egress", f"net:{target}:{port}", {"host": host, "address": str(address), "port": port})
+        if not decision.allowed:
+            return None, f"not approved ({rule}; decided by {decision.by})", True
+        return f"{rule} approved {decision.scope} by {decision.by}", "", True
+
+    def _note(self, facts: dict[str, Any]) -> None:
+        """A connection's end or refusal: on the audit log (a secret's name and host, never its value) and the box's tape."""
+        log.record("egress", self.session, **facts)
+        for name in facts.get("secrets") or ():
+            log.record("secret_substituted", self.session, name=name, host=facts.get("host"))
+        if self._record:
+            self._record(facts)
 
     # -- HTTP proxying --------------------------------------------------------------------------
 
@@ -229,8 +268,8 @@ class Egress:
         finally:
             upstream.close()
             box.close()
-            if self._record and not moved["down"] == moved["up"] == 0:
-                self._record({**facts, "secrets": used, **moved})
+            if not moved["down"] == moved["up"] == 0:
+                self._note({**facts, "secrets": used, **moved})
 
     # -- SOCKS5 -----------------------------------------------------------------------------------
 
@@ -261,8 +300,7 @@ class Egress:
     def _refused(self, conn: socket.socket | None, exc: Refused, socks: bool) -> None:
         message = str(exc)
         self._say(message)
-        if self._record:
-            self._record({"allowed": False, "why": message, **({"exfiltration": exc.exfiltration} if exc.exfiltration else {})})
+        self._note({"allowed": False, "why": message, **({"exfiltration": exc.exfiltration} if exc.exfiltration else {})})
         if conn is None:
             return
         if socks:
@@ -273,8 +311,7 @@ class Egress:
             conn.sendall(f"HTTP/1.1 {exc.status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
 
     def _refuse_silently(self, conn: socket.socket, why: str) -> None:
-        if self._record:
-            self._record({"allowed": False, "why": why})
+        self._note({"allowed": False, "why": why})
         conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
 
     def _relay(self, conn: socket.socket, reader: IO[bytes], upstream: socket.socket, facts: dict[str, Any], first: bytes, length: int) -> None:
@@ -291,8 +328,7 @@ class Egress:
             up.join(1.0)
         finally:
             upstream.close()
-            if self._record:
-                self._record({**facts, **moved})
+            self._note({**facts, **moved})
 
     def _count(self, size: int) -> bool:
         """Count `size` more bytes moved by the box; False once it is over its cap (said once)."""

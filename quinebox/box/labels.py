@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from quinebox.audit import log
 from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.spec import process_start_ticks
@@ -150,6 +151,7 @@ def kill_subtree(session: str, backend: DockerBackend | None = None) -> list[str
     rows = [_info(c) for c in backend.boxes()]
     doomed = subtree(rows, session)
     for box in reversed(doomed):
+        log.record("kill", box.session, by=f"quinebox kill (uid {os.getuid()}, pid {os.getpid()})", asked_for=session)
         backend.kill(box.container)
     return [box.session for box in doomed]
 

@@ -120,9 +120,10 @@ def bridged(grants: Grants) -> bool:
     return any(rule.kind == "bridge" for rule in grants.net)
 
 
-def proxied(grants: Grants) -> bool:
-    """Whether the box reaches the network only through the host's egress proxy (any net grant but net:bridge)."""
-    return bool(grants.net) and not bridged(grants)
+def proxied(spec: BoxSpec) -> bool:
+    """Whether the box reaches the network only through the host's egress proxy: any net grant but net:bridge,
+    or net rules a person may be asked about."""
+    return bool(spec.grants.net or spec.asks.ask.net) and not bridged(spec.grants)
 
 
 def environment_for(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
@@ -135,7 +136,7 @@ def environment_for(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
         environment["LANG"] = BOX_LANG
     if spec.grants.net:
         environment["QUINEBOX_NET"] = " ".join(rule.format() for rule in sorted(spec.grants.net))
-    if proxied(spec.grants):
+    if proxied(spec):
         environment["QUINEBOX_EGRESS"] = EGRESS_LISTEN
         for name in ("HTTP_PROXY", "HTTPS_PROXY"):
             environment[name] = environment[name.lower()] = f"http://{EGRESS_LISTEN}"
@@ -195,7 +196,7 @@ def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: 
         mounts.append({"Type": "bind", "Source": spec.lifeline, "Target": HOST_SOCKET, "ReadOnly": True})
     if spec.tls_dir:
         mounts.append({"Type": "bind", "Source": spec.tls_dir, "Target": TLS_DIR, "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}})
-    if spec.egress_socket and proxied(grants):
+    if spec.egress_socket and proxied(spec):
         mounts.append({"Type": "bind", "Source": spec.egress_socket, "Target": EGRESS_SOCKET, "ReadOnly": True})
     labels = {
         LABEL_SESSION: spec.session,

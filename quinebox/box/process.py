@@ -19,6 +19,7 @@ import time
 from dataclasses import replace
 from typing import IO, Any, Callable, Protocol, Union
 
+from quinebox.audit.approvals import Decision
 from quinebox.box import streams, watch
 from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.broker import Broker, Handler, Spawner
@@ -48,11 +49,13 @@ class Place(Spawner, Protocol):
 
     `attach` comes once the box's world is open and before the box starts, so
     the place has the world before the box can ask for a child; `ended` comes
-    once the box is gone and its world closed.
+    once the box is gone, its world closed and its returncode set. `approve`
+    puts to a person what the box asked for and only an ask rule covers.
     """
 
     def attach(self, box: "BoxProcess") -> None: ...
     def ended(self, box: "BoxProcess") -> None: ...
+    def approve(self, kind: str, subject: str, facts: dict[str, Any]) -> Decision: ...
 
 
 class BoxProcess:
@@ -114,9 +117,10 @@ class BoxProcess:
                 raise GrantError(f"nothing to run: image {spec.image} has no entrypoint or command; give one, as in `quinebox exec --image {spec.image} -- CMD`")
             self.spec = spec = replace(spec, argv=(*image.entrypoint, *image.cmd))
             self.args = spec.argv
+        self.image_id = image.id
         runtime = runtime_dir(self._backend, DEFAULT_IMAGE, image_id=image.id if ours else None)
         config = container_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch())
-        egress = self._egress(handler, image.id or spec.image) if proxied(spec.grants) else None
+        egress = self._egress(handler, image.id or spec.image) if proxied(spec) else None
         self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
         self._broker = Broker(self.spec.lifeline, handler, place) if self.spec.lifeline else None
         self._egress_proxy = egress
@@ -156,7 +160,10 @@ class BoxProcess:
     def _egress(self, handler: Handler | None, image: str) -> Egress:
         """The box's way out; with secrets, its own authority, trusted by the box through the files in its tls_dir."""
         secrets, authority = prepare_secrets(self.session, self.spec.grants.secrets, self.spec.tls_dir, self._backend, image)
-        egress = Egress(self.spec.grants.net, say=self._say, record=handler.record_egress if handler else None, secrets=secrets, authority=authority)
+        egress = Egress(
+            self.spec.grants.net, say=self._say, session=self.session, record=handler.record_egress if handler else None, secrets=secrets, authority=authority,
+            asks=self.spec.asks, approve=self.place.approve if self.place else None,
+        )
         egress.listen(self.spec.egress_socket or "")
         return egress
 
@@ -188,22 +195,12 @@ class BoxProcess:
 
     def _guard(self, sink: streams.Sink) -> streams.Sink:
         """A reader that went away stops the box, as SIGPIPE would stop a process."""
-        broken = False
+        return streams.guarded(sink, self._reader_gone)
 
-        def write(data: bytes) -> None:
-            nonlocal broken
-            if broken:
-                return
-            try:
-                sink(data)
-            except BrokenPipeError:
-                broken = True
-                self.broken_pipe = True
-                # Not from this thread: the engine finishes a kill only after
-                # the box's output is drained, and this thread is the drain.
-                threading.Thread(target=self.kill, daemon=True).start()
-
-        return write
+    def _reader_gone(self) -> None:
+        self.broken_pipe = True
+        # Not from this thread: the engine finishes a kill only after the box's output is drained, and this thread is the drain.
+        threading.Thread(target=self.kill, daemon=True).start()
 
     broken_pipe = False
 
@@ -357,10 +354,10 @@ class BoxProcess:
             if self.returncode is None:
                 self._close()
                 self._end_world()
-                if self.place is not None:
-                    self.place.ended(self)
                 code = self._exit_code if self._exit_code is not None else 137
                 self.returncode = EXIT_QUINEBOX if self.engine_lost else EXIT_TIMEOUT if self.timed_out else code
+                if self.place is not None:
+                    self.place.ended(self)
         return self.returncode
 
     def _close(self) -> None:

@@ -11,12 +11,13 @@ import json
 import os
 import secrets
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from quinebox import __version__
+from quinebox.audit.asks import Asks
 from quinebox.errors import GrantError
 from quinebox.grants import Grants, parse_duration, resolve
 from quinebox.resources import resource_path
@@ -84,8 +85,10 @@ class BoxSpec:
     caller: int = 0
     #: With secret grants: the host directory of the box's trust (its authority and bundle), mounted read-only.
     tls_dir: str | None = None
-    #: With net grants: the socket the box hands its outgoing connections to the host's egress proxy over.
+    #: With net grants (or net rules to ask about): the socket the box hands its outgoing connections to the host's egress proxy over.
     egress_socket: str | None = None
+    #: The tree's ask and deny rules: set by whoever started the root, inherited by every box below it.
+    asks: Asks = Asks()
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,14 +110,14 @@ def process_start_ticks(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def run_files(session: str, grants: Grants) -> dict[str, str | None]:
+def run_files(session: str, grants: Grants, asks: Asks) -> dict[str, str | None]:
     """Where a box's sockets and trust live on the host, in the run dir: its lifeline always,
-    its egress socket with net grants, its trust directory with secret grants."""
+    its egress socket with net grants or net rules to ask about, its trust directory with secret grants."""
     here = run_dir()
     return {
         "lifeline": str(here / f"{session}.sock"),
         "tls_dir": str(here / f"{session}.tls") if grants.secrets else None,
-        "egress_socket": str(here / f"{session}.egress") if grants.net else None,
+        "egress_socket": str(here / f"{session}.egress") if grants.net or asks.ask.net else None,
     }
 
 
@@ -124,8 +127,8 @@ def owner_id() -> str:
     return f"{socket.gethostname()}:{pid}:{process_start_ticks(pid)}"
 
 
-def load_policy(name_or_path: str) -> list[str]:
-    """A YAML policy file (or a preset name from sandbox/policies) → its grant strings."""
+def load_policy(name_or_path: str) -> dict[str, list[str]]:
+    """A YAML policy file (or a preset name from sandbox/policies) → its grant strings under grants, ask and deny."""
     from quinebox.documents import read_yaml
 
     path = Path(name_or_path)
@@ -135,12 +138,12 @@ def load_policy(name_or_path: str) -> list[str]:
             raise GrantError(f"policy {name_or_path!r} not found: give a YAML file or a preset ({', '.join(policy_presets())})")
     doc = read_yaml(path, "policy", GrantError)
     if doc is None:
-        return []
-    grants = doc.get("grants", []) if isinstance(doc, dict) else None
-    unknown = set(doc) - {"grants", "description"} if isinstance(doc, dict) else set()
-    if not isinstance(grants, list) or not all(isinstance(g, str) for g in grants) or unknown:
-        raise GrantError(f"bad policy {name_or_path}: expected a mapping with 'grants:' as a list of grant strings")
-    return grants
+        return {"grants": [], "ask": [], "deny": []}
+    lists = {key: doc.get(key, []) for key in ("grants", "ask", "deny")} if isinstance(doc, dict) else {}
+    unknown = set(doc) - {"grants", "ask", "deny", "description"} if isinstance(doc, dict) else set()
+    if not lists or unknown or not all(isinstance(v, list) and all(isinstance(g, str) for g in v) for v in lists.values()):
+        raise GrantError(f"bad policy {name_or_path}: expected a mapping with 'grants:', 'ask:' and 'deny:' as lists of grant strings")
+    return lists
 
 
 def policy_presets() -> list[str]:
@@ -174,6 +177,9 @@ def build_spec(
     world_at: tuple[str, int] | None = None,
     tty: bool = False,
     pull: str = "missing",
+    ask: Iterable[str] = (),
+    deny: Iterable[str] = (),
+    ask_timeout: float | str | None = None,
 ) -> BoxSpec:
     """Parse and check everything about a box before anything is started.
 
@@ -185,13 +191,15 @@ def build_spec(
         raise GrantError(f"bad --pull {pull!r}: use one of {', '.join(PULL_POLICIES)}")
     environ = os.environ if environ is None else environ
     cwd = cwd or os.getcwd()
-    specs = (load_policy(policy) if policy else []) + list(grants)
-    parsed = Grants.parse(specs, cwd=cwd)
+    policy_lists = load_policy(policy) if policy else {}
+    parsed = Grants.parse([*policy_lists.get("grants", []), *grants], cwd=cwd)
+    asks = Asks.parse([*policy_lists.get("ask", []), *ask], [*policy_lists.get("deny", []), *deny], ask_timeout, cwd=cwd)
     if timeout is not None:
         parsed = parsed.merge(Grants(time=parse_duration(str(timeout))))
     if workdir is not None and not workdir.startswith("/"):
         raise GrantError(f"bad workdir {workdir!r}: it must be an absolute path inside the box")
     resolved = resolve(parsed, environ=environ, protected=protected_paths(environ, state_dir()))
+    asks = replace(asks, ask=resolve(asks.ask, environ=environ, protected=protected_paths(environ, state_dir())))
     uid, gid = os.getuid(), os.getgid()
     if uid == 0:
         uid = gid = AGENT_UID
@@ -211,10 +219,11 @@ def build_spec(
         gid=gid,
         workdir=workdir,
         parent=parent,
-        **run_files(session, resolved),
+        **run_files(session, resolved, asks),
         agent=agent,
         world=world_spec,
         tty=tty,
         pull=pull,
         caller=os.getuid(),
+        asks=asks,
     )

@@ -121,3 +121,20 @@ class StdinWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def guarded(sink: Sink, broken: Callable[[], None]) -> Sink:
+    """`sink`, calling `broken` once when its reader has gone away and dropping everything after."""
+    gone = False
+
+    def write(data: bytes) -> None:
+        nonlocal gone
+        if gone:
+            return
+        try:
+            sink(data)
+        except BrokenPipeError:
+            gone = True
+            broken()
+
+    return write

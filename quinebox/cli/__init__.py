@@ -5,13 +5,14 @@
     agents.py   run, fork, ls, show, logs, replay, tree
     fanout.py   map, batch
     worlds.py   world log, diff, export, adopt, commit
+    audit.py    audit, audit verify, approvals, approve, deny, revoke
 
 The CLI may import every layer below it; nothing below imports it.
 """
 
 from __future__ import annotations
 
-from quinebox.cli import agents, box, fanout, worlds  # noqa: F401  (each registers its commands on the app)
+from quinebox.cli import agents, audit, box, fanout, worlds  # noqa: F401  (each registers its commands on the app)
 from quinebox.cli.app import app
 
 __all__ = ["app", "main"]

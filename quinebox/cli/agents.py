@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from quinebox.cli.app import PULL_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, say, supervise
+from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, DENY_HELP, PULL_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, say, supervise
 
 if TYPE_CHECKING:
     from quinebox.tree.agent import Agent
@@ -27,6 +27,9 @@ def run(
     world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
     world_from: List[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
     world_tar: Optional[str] = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
+    ask: List[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
+    deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
+    ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr (the agent's own diagnostics still pass)."),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
 ) -> None:
@@ -37,7 +40,7 @@ def run(
         return start_agent(
             mission, model=model, grants=grant, timeout=timeout, max_turns=max_turns, max_tokens=max_tokens,
             image=image, pull=pull, workdir=workdir, policy=policy, view=make_view(quiet=quiet),
-            world=world, world_from=world_from or None, world_tar=world_tar,
+            world=world, world_from=world_from or None, world_tar=world_tar, ask=ask, deny=deny, ask_timeout=ask_timeout,
         )
 
     raise typer.Exit(supervise(start, json_summary=json_summary))

@@ -71,6 +71,9 @@ WORLD_TAR_HELP = "Build /world from this tar archive (unsafe members refuse the 
 
 
 PULL_HELP = "When to pull the image: missing (default), always, never."
+ASK_HELP = "Not held, but a person may approve it when the box asks (a grant spec: 'net:*', spawn:4, rw:~/src). Repeat the flag."
+DENY_HELP = "Refuse whatever this covers, even when held, asked or remembered as always (a grant spec). Repeat the flag."
+ASK_TIMEOUT_HELP = "How long a request waits for a person before it is denied (default 5m; 0 denies at once, as CI wants)."
 TTY_HELP = "A pseudo-terminal in the box, wired to this terminal (needs a terminal on stdin)."
 
 

@@ -8,6 +8,9 @@ from typing import List, Optional
 import typer
 
 from quinebox.cli.app import (
+    ASK_HELP,
+    ASK_TIMEOUT_HELP,
+    DENY_HELP,
     PULL_HELP,
     TTY_HELP,
     WORLD_FROM_HELP,
@@ -46,6 +49,9 @@ def exec_command(
     world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
     world_from: List[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
     world_tar: Optional[str] = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
+    ask: List[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
+    deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
+    ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
 ) -> None:
     grants = list(grant)
@@ -56,7 +62,10 @@ def exec_command(
     worlds = {"world": world, "world_from": world_from or None, "world_tar": world_tar}
     need_terminal(tty)
     raise typer.Exit(
-        run_box(cmd or [], grants=grants, timeout=timeout, image=image, pull=pull, tty=tty, workdir=workdir, policy=policy, json_summary=json_summary, **worlds)
+        run_box(
+            cmd or [], grants=grants, timeout=timeout, image=image, pull=pull, tty=tty, workdir=workdir, policy=policy, json_summary=json_summary,
+            ask=ask, deny=deny, ask_timeout=ask_timeout, **worlds,
+        )
     )
 
 

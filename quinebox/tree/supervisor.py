@@ -12,6 +12,7 @@ tree's cap on concurrent model calls.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -19,13 +20,16 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from quinebox.agent.budgets import TokenPool
+from quinebox.audit import log
+from quinebox.audit.approvals import Approver, Decision, Request
+from quinebox.audit.asks import ASK, DENY, REFUSE, Asks
 from quinebox.agent.providers import resolve_model
 from quinebox.box.broker import Channel
 from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
 from quinebox.box.process import PIPE, BoxProcess, Stream
 from quinebox.box.spec import BoxSpec, build_spec, new_session_id, protected_paths, run_files
 from quinebox.errors import GrantError, QuineboxError
-from quinebox.grants import Grants, attenuate, check_mount, parse_duration, read_only_all_the_way, within
+from quinebox.grants import Grants, Mount, check_mount, parse_duration, read_only_all_the_way, within
 from quinebox.guest.protocol import MAX_PAYLOAD
 from quinebox.state import state_dir
 from quinebox.worlds.spec import child_world
@@ -39,10 +43,12 @@ DEFAULT_CONCURRENT_CALLS = int(os.environ.get("QUINEBOX_MAX_CONCURRENT_CALLS", "
 
 
 class Tree:
-    def __init__(self, max_concurrent_calls: int = DEFAULT_CONCURRENT_CALLS):
+    def __init__(self, asks: Asks, max_concurrent_calls: int = DEFAULT_CONCURRENT_CALLS):
         self.calls = threading.BoundedSemaphore(max_concurrent_calls)
         self.lock = threading.Lock()
         self.nodes: list[Node] = []
+        #: Puts the requests that only an ask rule covers to a person, one at a time on the root's terminal.
+        self.approver = Approver(asks)
 
 
 def child_model(parent: str | None, requested: str | None) -> str | None:
@@ -68,6 +74,8 @@ class Node:
         g = spec.grants
         self.grants = replace(g, mem=g.mem or DEFAULT_MEM, pids=g.pids or DEFAULT_PIDS, tmp=g.tmp or DEFAULT_TMP)
         self.spawn_left = g.spawn
+        #: Children a person may still approve beyond the spawn budget (an `ask: spawn:N` rule).
+        self.ask_spawn_left = spec.asks.ask.spawn or 0
         #: Shared by this box's own model calls and the budgets it hands its children.
         self.tokens = TokenPool(tokens if tokens is not None else g.tokens)
         self.started = time.monotonic()
@@ -81,7 +89,7 @@ class Node:
 
     @classmethod
     def root(cls, spec: BoxSpec, model: str | None = None, tokens: int | None = None) -> "Node":
-        return cls(Tree(), spec, model=model, tokens=tokens)
+        return cls(Tree(spec.asks), spec, model=model, tokens=tokens)
 
     @property
     def depth(self) -> int:
@@ -101,12 +109,22 @@ class Node:
             self.box = box
         if self.session is not None:  # an agent's session revises the world after its tools
             self.session.world = box.world
+        spec = self.spec
+        described = {"argv": list(spec.argv), "grants": spec.grants.format(), "image": spec.image, "parent": spec.parent, "workdir": spec.workdir, **spec.asks.format()}
+        log.record("box_created", spec.session, spec_digest=hashlib.sha256(log.canonical(described)).hexdigest(), grants=described["grants"],
+                   image=spec.image, image_digest=box.image_id, owner=spec.owner, parent=spec.parent, agent=spec.agent, **spec.asks.format())
 
     def ended(self, box: BoxProcess) -> None:
         """The box is gone; at the root, nothing in the tree may outlive it."""
         self.world = None
+        why = box.engine_lost or box.world_full or ("time" if box.timed_out else "oom" if box.oom_killed else "exit")
+        log.record("box_ended", self.spec.session, exit=box.returncode, termination=why)
         if self.parent is None:
             self.end_tree()
+
+    def approve(self, kind: str, subject: str, facts: dict[str, Any]) -> Decision:
+        """Ask a person (or what they remembered) about what this box asked for; at most until the box's time is up."""
+        return self.tree.approver.decide(Request(self.spec.session, kind, subject, facts), time_left=self.left().time)
 
     def record(self, kind: str, **fields: Any) -> None:
         if self.session is not None:
@@ -131,16 +149,20 @@ class Node:
         image = request.get("image") or self.spec.image
         if not isinstance(image, str):
             raise GrantError("bad image: give an image's name, as in --image python:3.12-slim")
-        with self._lock:  # checked and charged in one step, only for a request that can start
-            try:
-                grants = self._checked(attenuate(self.left(), asked))
-                model = child_model(self.model, request.get("model")) if what == "run" else None
-            except GrantError as exc:
-                self.record("escalation_refused", request={k: v for k, v in request.items() if k != "kind"}, reason=str(exc))
-                raise
-            self.spawn_left = (self.spawn_left or 0) - 1 - (grants.spawn or 0)
-            if grants.tokens is not None:
-                self.tokens.spend(grants.tokens)  # reserved; what the child leaves comes back
+        shown = {k: v for k, v in request.items() if k != "kind"}
+        try:
+            model = child_model(self.model, request.get("model")) if what == "run" else None
+            outcome, _, why = self._classify(asked)
+            if outcome == ASK:
+                decision = self.approve("child", f"a child ({what}) with {' '.join(asked.format()) or 'no grants'}", {**shown, "why": why})
+                if not decision.allowed:
+                    raise GrantError(f"{why}; and a person did not approve it (decided by {decision.by})")
+            with self._lock:  # checked again and charged in one step, only for a request that can start
+                grants, charge = self._charge(asked, approved=outcome == ASK)
+        except GrantError as exc:
+            self.record("escalation_refused", request=shown, reason=str(exc))
+            log.record("child_refused", self.spec.session, request=shown, why=str(exc))
+            raise
         session = new_session_id()
         relay = ChildRelay(channel, detached=bool(request.get("detach")))
         try:
@@ -152,7 +174,7 @@ class Node:
                 parent=self.spec.session,
                 cwd=self._host_path(cwd),
                 workdir=workdir,
-                **run_files(session, grants),
+                **run_files(session, grants, self.spec.asks),
                 agent=what == "run",
                 world=child_world(self.world, session, request.get("world")),
                 image=image,
@@ -163,7 +185,8 @@ class Node:
             node.box = relay.box = node.start(what, request, relay)
         except QuineboxError:
             with self._lock:  # nothing started: the budgets it was charged come back
-                self.spawn_left = (self.spawn_left or 0) + 1 + (grants.spawn or 0)
+                self.spawn_left = (self.spawn_left or 0) + charge[0]
+                self.ask_spawn_left += charge[1]
             if grants.tokens is not None:
                 self.tokens.refund(grants.tokens)
             raise
@@ -172,13 +195,33 @@ class Node:
         if self.session is not None:
             self.session.children.add(session)
         self.record("spawn", child=session, what=what, grants=grants.format(), detached=relay.detached)
+        log.record("child_allowed", self.spec.session, child=session, what=what, grants=grants.format(), by="approval" if outcome == ASK else "grant")
         channel.send({"kind": "spawned", "session": session})
         threading.Thread(target=self._await, args=(node, relay), daemon=True).start()
         return relay
 
-    def _checked(self, grants: Grants) -> Grants:
+    def _classify(self, asked: Grants) -> tuple[str, Grants | None, str]:
+        """What a child's grants come to under the tree's rules, with this box's spawn budgets as they stand."""
+        asks = self.spec.asks
+        return replace(asks, ask=replace(asks.ask, spawn=self.ask_spawn_left or None)).child(self.left(), asked)
+
+    def _charge(self, asked: Grants, approved: bool) -> tuple[Grants, tuple[int, int]]:
+        """The child's grants, checked; its cost taken from the spawn budget first, then from what a person approved."""
+        outcome, grants, why = self._classify(asked)
+        if outcome in (DENY, REFUSE) or grants is None or (outcome == ASK and not approved):
+            raise GrantError(why)
+        grants = self._checked(grants, self.spec.asks.ask.mounts if approved else ())
+        cost = 1 + (grants.spawn or 0)
+        held = min(cost, max(0, self.spawn_left or 0))
+        self.spawn_left = (self.spawn_left or 0) - held
+        self.ask_spawn_left -= cost - held
+        if grants.tokens is not None:
+            self.tokens.spend(grants.tokens)  # reserved; what the child leaves comes back
+        return grants, (held, cost - held)
+
+    def _checked(self, grants: Grants, approved: tuple[Mount, ...] = ()) -> Grants:
         """Host-side checks attenuation cannot make: symlinks inside a grant may point out of it."""
-        held = [os.path.realpath(m.source) for m in self.grants.mounts]
+        held = [os.path.realpath(m.source) for m in (*self.grants.mounts, *approved)]
         mounts = []
         for mount in grants.mounts:
             checked = check_mount(mount, protected=protected_paths(os.environ, state_dir()))
@@ -216,6 +259,8 @@ class Node:
         for child in list(self.children):
             child.kill()
         if self.box is not None:
+            if getattr(getattr(self.box, "proc", self.box), "returncode", 0) is None:
+                log.record("kill", self.spec.session, by="tree", why="its parent or the tree ended it")
             self.box.kill()
 
     def end_tree(self) -> None:
@@ -281,6 +326,9 @@ def start_agent(
     world_tar: str | None = None,
     world_at: tuple[str, int] | None = None,
     pull: str = "missing",
+    ask: Iterable[str] = (),
+    deny: Iterable[str] = (),
+    ask_timeout: float | str | None = None,
     history: list[dict[str, Any]] | None = None,
     forked_from: dict[str, Any] | None = None,
     stdin: Stream | bytes = None,
@@ -293,7 +341,7 @@ def start_agent(
         raise QuineboxError("the mission is empty: say what the agent should do, as in `quinebox run \"summarize this\"`")
     spec = build_spec(
         [*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True,
-        world=world, world_from=world_from, world_tar=world_tar, world_at=world_at, pull=pull,
+        world=world, world_from=world_from, world_tar=world_tar, world_at=world_at, pull=pull, ask=ask, deny=deny, ask_timeout=ask_timeout,
     )
     from quinebox.tree.agent import Agent
 

@@ -22,6 +22,7 @@ PACKAGE = Path(quinebox.__file__).parent
 ROOMS = [
     ("foundation", ("quinebox.errors", "quinebox.resources", "quinebox.documents", "quinebox.state", "quinebox.netrules", "quinebox.grants")),
     ("guest", ("quinebox.guest",)),
+    ("audit", ("quinebox.audit",)),
     ("worlds", ("quinebox.worlds",)),
     ("box", ("quinebox.box",)),
     ("agent", ("quinebox.agent",)),

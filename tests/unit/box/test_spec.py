@@ -10,24 +10,50 @@ from quinebox.grants import Grants
 
 
 @pytest.mark.parametrize(
-    "text, grants",
+    "text, grants, ask, deny",
     [
-        ("grants: [mem:1g, ro:/data]", ["mem:1g", "ro:/data"]),
-        ("description: d\ngrants:\n  - net\n", ["net"]),
-        ("", []),
-        ("grants: []", []),
+        ("grants: [mem:1g, ro:/data]", ["mem:1g", "ro:/data"], [], []),
+        ("description: d\ngrants:\n  - net\n", ["net"], [], []),
+        ("", [], [], []),
+        ("grants: []", [], [], []),
+        ("ask: ['net:*', spawn:4]\ndeny: [net:evil.example]", [], ["net:*", "spawn:4"], ["net:evil.example"]),
     ],
 )
-def test_policy_files(tmp_path, text, grants):
+def test_policy_files(tmp_path, text, grants, ask, deny):
     (tmp_path / "p.yaml").write_text(text)
-    assert load_policy(str(tmp_path / "p.yaml")) == grants
+    assert load_policy(str(tmp_path / "p.yaml")) == {"grants": grants, "ask": ask, "deny": deny}
+
+
+def test_ask_and_deny_rules_from_a_policy_and_flags_reach_the_spec(tmp_path):
+    (tmp_path / "p.yaml").write_text("grants: [mem:1g]\nask: [spawn:2]\ndeny: [net:evil.example]")
+    spec = build_spec(["true"], policy=str(tmp_path / "p.yaml"), ask=["net:*.example.com"], ask_timeout="0", cwd=str(tmp_path))
+    assert spec.asks.ask.format() == ["net:*.example.com", "spawn:2"]
+    assert spec.asks.deny.format() == ["net:evil.example"]
+    assert (spec.asks.timeout, spec.asks.project) == (0.0, str(tmp_path))
+    assert spec.egress_socket is not None  # a box that may be asked about the network reaches the proxy
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"ask": ["bogus:1"]}, "bad --ask rule: unknown grant"),
+        ({"deny": ["rw:/tmp=/x"]}, "bad --deny rule: a mount rule names a host path only"),
+        ({"ask": ["env:HOME"]}, "env and secret grants are given with -g"),
+        ({"ask_timeout": "soon"}, "bad duration 'soon'"),
+        ({"ask": ["rw:/etc"]}, "cannot grant rw:/etc"),
+    ],
+)
+def test_bad_ask_rules_are_refused_before_anything_starts(tmp_path, options, words):
+    with pytest.raises(GrantError, match=words):
+        build_spec(["true"], cwd=str(tmp_path), **options)
 
 
 @pytest.mark.parametrize(
     "text, words",
     [
-        ("grants: mem:1g", "list of grant strings"),
-        ("grants: [1, 2]", "list of grant strings"),
+        ("grants: mem:1g", "lists of grant strings"),
+        ("grants: [1, 2]", "lists of grant strings"),
+        ("ask: net", "lists of grant strings"),
         ("- mem:1g", "expected a mapping"),
         ("grants: []\nimage: x", "expected a mapping"),
         ("grants: [\n", "cannot read policy"),
@@ -40,11 +66,11 @@ def test_bad_policy_files(tmp_path, text, words):
 
 
 def test_presets_by_name():
-    assert "mem:256m" in load_policy("strict")
-    assert "rw:." in load_policy("dev")
-    assert load_policy("pypi") == ["net:pypi.org", "net:files.pythonhosted.org"]
-    assert "net:*.githubusercontent.com" in load_policy("github")
-    assert len(Grants.parse(load_policy("github")).net) == 4
+    assert "mem:256m" in load_policy("strict")["grants"]
+    assert "rw:." in load_policy("dev")["grants"]
+    assert load_policy("pypi")["grants"] == ["net:pypi.org", "net:files.pythonhosted.org"]
+    assert "net:*.githubusercontent.com" in load_policy("github")["grants"]
+    assert len(Grants.parse(load_policy("github")["grants"]).net) == 4
     with pytest.raises(GrantError, match=r"preset \(dev, github, pypi, strict\)"):
         load_policy("lenient")
 

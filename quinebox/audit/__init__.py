@@ -1,0 +1,11 @@
+"""Authority on the record: the hash-chained audit log, and asking a human before a box gets more.
+
+Owns the append-only log of every authority decision (log.py), the `ask:` and
+`deny:` rules and how a request is classified against them (asks.py), the
+pending requests, decisions and remembered rules in the state dir
+(approvals.py), and putting a request to a person on their terminal
+(prompt.py).
+
+May import only the foundation modules: boxes, agents and the tree all record
+here and ask here, so nothing here knows of them.
+"""
