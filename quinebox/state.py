@@ -7,6 +7,8 @@
       objects/                   file contents of every revision, by SHA-256 (worlds/revisions.py)
       run/<id>.sock              each live box's socket (box/broker.py)
       engine.log                 what the engine failed to do, for `quinebox doctor` (box/watch.py)
+      audit/                     the hash-chained audit log and its head; pending requests, decisions and
+                                 remembered rules of approvals (audit/)
 
 It is never grantable to a box. Every layer finds its part here, so this
 module imports nothing of quinebox.

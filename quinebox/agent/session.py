@@ -18,6 +18,7 @@ from quinebox.agent.budgets import Budget
 from quinebox.agent.providers import Provider, ProviderError
 from quinebox.agent.providers.replay import digest
 from quinebox.agent.store import Index, Tape
+from quinebox.audit import log
 from quinebox.box.broker import error_frame
 from quinebox.errors import StateError
 from quinebox.state import session_dir
@@ -203,7 +204,9 @@ class AgentSession:
         if len(json.dumps(plan)) > MAX_JSON // 2:
             yield error_frame("world", f"too much to change in one step ({len(plan['files'])} files); do it in a shell instead"), b""
             return
-        self.tape.append(what, **{k: v[:200] if isinstance(v, list) else v for k, v in plan.items() if k in ("revision", "before", "undone", "adopted")})
+        facts = {k: v[:200] if isinstance(v, list) else v for k, v in plan.items() if k in ("revision", "before", "undone", "adopted")}
+        self.tape.append(what, **facts)
+        log.record("world_restored" if what == "restore_world" else "world_adopted", self.session, by="box", **facts)
         yield plan, b""
         for chunk in data:
             yield {"kind": "world_data"}, chunk

@@ -173,12 +173,13 @@ def lookup(subject: str, project: str) -> dict[str, Any] | None:
 class Approver:
     """The root process's side of asking: one per tree, one question on its terminal at a time."""
 
-    def __init__(self, asks: Asks):
+    def __init__(self, asks: Asks, *, terminal: bool = True):
+        """`terminal` False: never put a question on this process's terminal, only to `quinebox approve`."""
         self.asks = asks
         self._session_allowed: set[tuple[str, str]] = set()
         self._terminal_lock = threading.Lock()
         self._terminal: Terminal | None = None
-        self._terminal_opened = False
+        self._terminal_opened = not terminal
 
     def decide(self, request: Request, time_left: float | None = None) -> Decision:
         """Ask, wait and record; never longer than the ask timeout or the box's own time left."""

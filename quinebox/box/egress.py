@@ -27,11 +27,11 @@ import threading
 import urllib.parse
 from typing import IO, Any, Callable
 
-from quinebox.box.handover import Handover
-from quinebox.box.proxywire import Refused, exactly, forward_head, host_port, parse_head, read_head, resolve, swap
 from quinebox.audit import log
 from quinebox.audit.approvals import Decision
 from quinebox.audit.asks import ASK, HOLD, Asks
+from quinebox.box.handover import Handover
+from quinebox.box.proxywire import Refused, exactly, forward_head, host_port, parse_head, read_head, resolve, swap
 from quinebox.box.secrets import Authority, Secret
 from quinebox.netrules import Address, NetRule, is_host_name
 

@@ -136,6 +136,8 @@ def environment_for(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
         environment["LANG"] = BOX_LANG
     if spec.grants.net:
         environment["QUINEBOX_NET"] = " ".join(rule.format() for rule in sorted(spec.grants.net))
+    if spec.asks.ask != Grants():
+        environment["QUINEBOX_ASK"] = " ".join(spec.asks.ask.format())
     if proxied(spec):
         environment["QUINEBOX_EGRESS"] = EGRESS_LISTEN
         for name in ("HTTP_PROXY", "HTTPS_PROXY"):

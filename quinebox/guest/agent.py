@@ -114,7 +114,7 @@ def main(argv):
     max_turns = int(host.welcome.get("max_turns", 40))
     cycles_left = int(host.welcome.get("cycles_left", 0))
     first = "Begin." if not note else f"You are continuing earlier work. Your note to yourself:\n\n{note}"
-    system = SYSTEM_PROMPT.format(mission=mission, network=network(os.environ.get("QUINEBOX_NET", "")))
+    system = SYSTEM_PROMPT.format(mission=mission, network=network(os.environ.get("QUINEBOX_NET", ""), os.environ.get("QUINEBOX_ASK", "")))
     messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
     history = host.welcome.get("history")
     if cycle == 0 and isinstance(history, list) and history and all(isinstance(m, dict) for m in history):

@@ -18,15 +18,18 @@ Call exec with a note to yourself to continue in a fresh conversation when this 
 
 
 
-def network(granted):
-    """How the box may reach the network, from its grants as QUINEBOX_NET holds them ("" for none)."""
+def network(granted, asked=""):
+    """How the box may reach the network, from its grants as QUINEBOX_NET holds them ("" for none), and what a person
+    may approve when asked, as QUINEBOX_ASK holds it."""
     rules = granted.split()
-    if not rules:
-        return "no network"
     if "net:bridge" in rules:
         return "the container engine's network (net:bridge)"
-    return ("no direct network; through the host's proxy (HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are set) "
-            f"you may reach only what these grants allow: {' '.join(rules)}")
+    said = "no network" if not rules else ("no direct network; through the host's proxy (HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are set) "
+                                          f"you may reach only what these grants allow: {' '.join(rules)}")
+    if asked.split():
+        said += (f". A person may approve, one request at a time, what these rules cover: {asked}; "
+                 "such a request waits for them, and a refusal is a 403 for a connection or exit 125 for a child")
+    return said
 
 
 TOOLS = [

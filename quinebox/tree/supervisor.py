@@ -20,10 +20,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from quinebox.agent.budgets import TokenPool
+from quinebox.agent.providers import resolve_model
 from quinebox.audit import log
 from quinebox.audit.approvals import Approver, Decision, Request
 from quinebox.audit.asks import ASK, DENY, REFUSE, Asks
-from quinebox.agent.providers import resolve_model
 from quinebox.box.broker import Channel
 from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
 from quinebox.box.process import PIPE, BoxProcess, Stream

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import stat
 
+from quinebox.audit import log
 from quinebox.worlds.build import load_spec
 from quinebox.worlds.materialize import carry_out
 from quinebox.worlds.revisions import Changes, WorldError, changes, describe
@@ -38,7 +39,9 @@ def adopt(child: str, *, force: bool = False, parent_running: bool = False) -> t
         refuse_conflicts(child, delta, changes(base, theirs.manifest), force)
         missing = _apply(theirs, delta, uid=parent_meta["uid"], gid=parent_meta["gid"])
         theirs.revise(f"adopt {child}")
-        return parent, describe(base, delta), missing
+        described = describe(base, delta)
+        log.record("world_adopted", parent, by="host", child=child, force=force, changes=len(described), not_made=missing)
+        return parent, described, missing
     finally:
         theirs.close()
 

@@ -12,6 +12,7 @@ from openai_server import exit_, sh, tool
 
 import quinebox
 from quinebox.agent.store import read_tape
+from quinebox.audit.log import AuditLog
 from quinebox.box.policy import LABEL_SESSION
 from quinebox.box.spec import AGENT_UID
 from quinebox.state import session_dir
@@ -84,6 +85,8 @@ def test_adopt_merges_a_childs_exact_bytes_and_refuses_a_conflict_unless_forced(
     assert (world / "blob").read_bytes() == blob and (world / "a.txt").read_text() == "child\n" and not (world / "keep").exists()
     assert os.stat(world / "blob").st_uid == (os.getuid() or AGENT_UID)
     assert RevisionLog(session).records()[-1]["what"] == f"adopt {kid}"
+    [adopted] = [r["facts"] for r in AuditLog().records() if r["kind"] == "world_adopted" and r["session"] == session]
+    assert (adopted["child"], adopted["by"], adopted["force"], adopted["changes"]) == (kid, "host", True, 4)
 
 
 def test_a_race_may_adopt_its_winners_world(tmp_path):
@@ -113,6 +116,8 @@ def test_restore_world_rolls_files_back_and_the_model_keeps_its_conversation(fak
     assert [m["role"] for m in after][:2] == ["system", "user"] and len(after) == 8  # every earlier turn is still there
     log = RevisionLog(result.session).records()
     assert [r.get("command") for r in log[-1:]] == ["restore_world 1"]
+    [restored] = [r["facts"] for r in AuditLog().records() if r["kind"] == "world_restored" and r["session"] == result.session]
+    assert (restored["revision"], restored["before"], restored["by"]) == (1, 2, "box")
 
 
 def test_restore_world_streams_files_larger_than_a_frame_byte_for_byte(fake_openai):

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from proxied_box import ProxiedBox
 
+from quinebox.audit.log import AuditLog
 from quinebox.box.secrets import Authority, Secret, placeholder
 from quinebox.netrules import parse_rule
 
@@ -83,7 +84,7 @@ class Box(ProxiedBox):
         self.authority = Authority("s1")
         self.secret = Secret("API_TOKEN", ("api.test",), placeholder("s1", "API_TOKEN"), REAL)
         rules = frozenset({parse_rule("net:127.0.0.1", "127.0.0.1")})
-        super().__init__(rules, secrets=(self.secret,), authority=self.authority)
+        super().__init__(rules, secrets=(self.secret,), authority=self.authority, session="s1")
 
     def tls(self, port: int, server_name: str = "api.test") -> ssl.SSLSocket:
         sock = self.connect()
@@ -112,6 +113,10 @@ def test_the_real_value_reaches_the_bound_host_and_never_comes_back_to_the_box(a
         time.sleep(0.05)
     [record] = box.records
     assert record["allowed"] and record["secrets"] == ["API_TOKEN"] and REAL not in repr(record)
+    audit = AuditLog()
+    assert REAL.encode() not in audit.path.read_bytes()
+    substituted = [r for r in audit.records() if r["kind"] == "secret_substituted" and r["session"] == "s1"]
+    assert [r["facts"] for r in substituted][-1:] == [{"name": "API_TOKEN", "host": "api.test"}]
 
 
 def test_a_host_header_other_than_the_bound_host_gets_no_secret(api):

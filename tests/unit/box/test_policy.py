@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from quinebox.audit.asks import Asks
 from quinebox.box.policy import (
     DEFAULT_MEM,
     DEFAULT_PIDS,
@@ -309,3 +310,16 @@ def test_a_secret_is_a_placeholder_in_the_box_and_its_trust_is_mounted_read_only
     assert env["NODE_EXTRA_CA_CERTS"] == "/run/quinebox/tls/ca.pem"
     [mount] = [m for m in cfg.host["mounts"] if m["Target"] == "/run/quinebox/tls"]
     assert (mount["Source"], mount["ReadOnly"]) == ("/state/run/s1.tls", True)
+
+
+def test_net_rules_a_person_may_approve_put_the_box_behind_the_proxy_and_are_named_to_it():
+    asks = Asks.parse(["net:*.example.com", "spawn:2"], ["net:10.0.0.0/8"], cwd="/")
+    cfg = config(asks=asks, egress_socket="/state/run/s1.egress")
+    env = cfg.create["environment"]
+    assert cfg.host["network_mode"] == "none"
+    assert env["HTTP_PROXY"] == "http://127.0.0.1:3128" and "QUINEBOX_NET" not in env
+    assert env["QUINEBOX_ASK"] == "net:*.example.com spawn:2"
+    assert [m["Source"] for m in cfg.host["mounts"] if m["Target"] == "/run/quinebox/egress.sock"] == ["/state/run/s1.egress"]
+    only_deny = config(asks=Asks.parse((), ["net:10.0.0.0/8"], cwd="/")).create["environment"]
+    assert "HTTP_PROXY" not in only_deny and "QUINEBOX_ASK" not in only_deny
+    assert "HTTP_PROXY" not in config("net:bridge", asks=asks).create["environment"]
