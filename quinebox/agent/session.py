@@ -206,7 +206,7 @@ class AgentSession:
             return
         facts = {k: v[:200] if isinstance(v, list) else v for k, v in plan.items() if k in ("revision", "before", "undone", "adopted")}
         self.tape.append(what, **facts)
-        log.record("world_restored" if what == "restore_world" else "world_adopted", self.session, by="box", **facts)
+        log.note("world_restored" if what == "restore_world" else "world_adopted", self.session, by="box", **facts)
         yield plan, b""
         for chunk in data:
             yield {"kind": "world_data"}, chunk

@@ -27,6 +27,8 @@ import hashlib
 import hmac
 import json
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -276,10 +278,12 @@ def _read_head(log: AuditLog) -> dict[str, Any] | str | None:
 
 
 _LOGS: dict[tuple[Path, bytes | None], AuditLog] = {}
+_LOSING = threading.Event()
 
 
 def record(kind: str, session: str | None = None, /, **facts: Any) -> None:
-    """Append to this state dir's log, unless QUINEBOX_AUDIT=off (for measuring what the log costs)."""
+    """Append to this state dir's log before acting (unless QUINEBOX_AUDIT=off, for measuring what the log costs):
+    StateError when it cannot be written, so that what cannot be recorded does not happen."""
     if os.environ.get("QUINEBOX_AUDIT") == "off":
         return
     key = audit_key()
@@ -288,3 +292,14 @@ def record(kind: str, session: str | None = None, /, **facts: Any) -> None:
     if log is None:
         log = _LOGS[where] = AuditLog(where[0], key)
     log.append(kind, session, **facts)
+
+
+def note(kind: str, session: str | None = None, /, **facts: Any) -> None:
+    """Append what already happened (a box ended, a connection closed): a full state dir cannot undo it, so it is
+    said once on stderr instead of failing whoever was only reporting."""
+    try:
+        record(kind, session, **facts)
+    except QuineboxError as exc:
+        if not _LOSING.is_set():
+            _LOSING.set()
+            print(f"quinebox: {exc}; audit records are being lost", file=sys.stderr, flush=True)

@@ -76,9 +76,9 @@ class Terminal:
         lines = [f"quinebox: box {escaped(request.session)} asks ({request.kind}, request {request.id}):", f"  | wants: {shown(request.subject)}"]
         lines += [f"  | {escaped(str(name))}: {shown(value)}" for name, value in request.facts.items()]
         lines.append(f"{QUESTION} (default deny, {int(seconds)} s; or `quinebox approve {request.id}` elsewhere) ")
-        self._write("\r\n".join(lines))
-        termios_flush(self.fd)
+        termios_flush(self.fd)  # before the question, never after: an answer typed once it shows must count
         self._typed = b""
+        self._write("\r\n".join(lines))
 
     def answer(self, timeout: float) -> str | None:
         """The scope the person chose, once they pressed Enter; None while they have not."""

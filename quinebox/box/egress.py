@@ -33,6 +33,7 @@ from quinebox.audit.asks import ASK, HOLD, Asks
 from quinebox.box.handover import Handover
 from quinebox.box.proxywire import Refused, exactly, forward_head, host_port, parse_head, read_head, resolve, swap
 from quinebox.box.secrets import Authority, Secret
+from quinebox.errors import QuineboxError
 from quinebox.netrules import Address, NetRule, is_host_name
 
 #: Connections one box may hold open at once, and bytes it may move in all.
@@ -113,6 +114,8 @@ class Egress:
                 self._relay(conn, reader, *opened)
         except (OSError, ValueError, EOFError):
             pass  # the box went away, or spoke nonsense: nothing to answer
+        except QuineboxError as exc:  # an approval that could not be recorded is no approval: the connection is dropped
+            self._say(str(exc))
         finally:
             with self._lock:
                 self._open -= not full
@@ -170,9 +173,9 @@ class Egress:
 
     def _note(self, facts: dict[str, Any]) -> None:
         """A connection's end or refusal: on the audit log (a secret's name and host, never its value) and the box's tape."""
-        log.record("egress", self.session, **facts)
+        log.note("egress", self.session, **facts)
         for name in facts.get("secrets") or ():
-            log.record("secret_substituted", self.session, name=name, host=facts.get("host"))
+            log.note("secret_substituted", self.session, name=name, host=facts.get("host"))
         if self._record:
             self._record(facts)
 

@@ -151,7 +151,7 @@ def kill_subtree(session: str, backend: DockerBackend | None = None) -> list[str
     rows = [_info(c) for c in backend.boxes()]
     doomed = subtree(rows, session)
     for box in reversed(doomed):
-        log.record("kill", box.session, by=f"quinebox kill (uid {os.getuid()}, pid {os.getpid()})", asked_for=session)
+        log.note("kill", box.session, by=f"quinebox kill (uid {os.getuid()}, pid {os.getpid()})", asked_for=session)
         backend.kill(box.container)
     return [box.session for box in doomed]
 

@@ -118,7 +118,7 @@ class Node:
         """The box is gone; at the root, nothing in the tree may outlive it."""
         self.world = None
         why = box.engine_lost or box.world_full or ("time" if box.timed_out else "oom" if box.oom_killed else "exit")
-        log.record("box_ended", self.spec.session, exit=box.returncode, termination=why)
+        log.note("box_ended", self.spec.session, exit=box.returncode, termination=why)
         if self.parent is None:
             self.end_tree()
 
@@ -161,7 +161,7 @@ class Node:
                 grants, charge = self._charge(asked, approved=outcome == ASK)
         except GrantError as exc:
             self.record("escalation_refused", request=shown, reason=str(exc))
-            log.record("child_refused", self.spec.session, request=shown, why=str(exc))
+            log.note("child_refused", self.spec.session, request=shown, why=str(exc))
             raise
         session = new_session_id()
         relay = ChildRelay(channel, detached=bool(request.get("detach")))
@@ -195,7 +195,7 @@ class Node:
         if self.session is not None:
             self.session.children.add(session)
         self.record("spawn", child=session, what=what, grants=grants.format(), detached=relay.detached)
-        log.record("child_allowed", self.spec.session, child=session, what=what, grants=grants.format(), by="approval" if outcome == ASK else "grant")
+        log.note("child_allowed", self.spec.session, child=session, what=what, grants=grants.format(), by="approval" if outcome == ASK else "grant")
         channel.send({"kind": "spawned", "session": session})
         threading.Thread(target=self._await, args=(node, relay), daemon=True).start()
         return relay
@@ -260,7 +260,7 @@ class Node:
             child.kill()
         if self.box is not None:
             if getattr(getattr(self.box, "proc", self.box), "returncode", 0) is None:
-                log.record("kill", self.spec.session, by="tree", why="its parent or the tree ended it")
+                log.note("kill", self.spec.session, by="tree", why="its parent or the tree ended it")
             self.box.kill()
 
     def end_tree(self) -> None:

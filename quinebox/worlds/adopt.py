@@ -40,7 +40,7 @@ def adopt(child: str, *, force: bool = False, parent_running: bool = False) -> t
         missing = _apply(theirs, delta, uid=parent_meta["uid"], gid=parent_meta["gid"])
         theirs.revise(f"adopt {child}")
         described = describe(base, delta)
-        log.record("world_adopted", parent, by="host", child=child, force=force, changes=len(described), not_made=missing)
+        log.note("world_adopted", parent, by="host", child=child, force=force, changes=len(described), not_made=missing)
         return parent, described, missing
     finally:
         theirs.close()

@@ -178,7 +178,7 @@ def prompted(tmp_path, answer: bytes):
         fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
 
     root = subprocess.Popen(
-        [QUINEBOX, "run", "-q", "-m", f"script:{tmp_path / 'parent.yaml'}", "--ask", "spawn:1", "delegate"],
+        [QUINEBOX, "run", "-q", "-m", f"script:{tmp_path / 'parent.yaml'}", "--ask", "spawn:1", "--ask-timeout", "100", "delegate"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=controlling_terminal, pass_fds=(slave,),
     )
     os.close(slave)

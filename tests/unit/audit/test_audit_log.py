@@ -6,6 +6,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -179,11 +180,13 @@ def test_fact_names_may_be_kind_and_session(tmp_path):
 
 WRITER = """
 import sys
+import threading
 from pathlib import Path
 from quinebox.audit.log import AuditLog
 log = AuditLog(Path(sys.argv[1]))
+blob = ["x" * 4000] * int(sys.argv[4]) if len(sys.argv) > 4 else []
 for index in range(int(sys.argv[3])):
-    log.append("egress", sys.argv[2], index=index)
+    log.append("egress", sys.argv[2], index=index, **({"blob": blob} if blob else {}))
 """
 
 
@@ -198,23 +201,27 @@ def test_eight_processes_appending_at_once_make_one_chain_with_every_record(tmp_
 
 
 def test_writers_killed_at_random_moments_never_look_like_tampering(tmp_path):
+    """Records of 1.6 MB take many pages to write, and the kernel stops a write between pages for SIGKILL: some rounds
+    leave a real torn tail (about one in twenty here). Every round must verify, torn or not, and a write repairs it."""
     seed = random.randrange(1 << 30)
-    print(f"seed {seed}")
     chance = random.Random(seed)
     where = str(tmp_path / "audit")
-    for round_ in range(6):
-        writers = [subprocess.Popen([sys.executable, "-c", WRITER, where, f"r{round_}w{n}", "100000"]) for n in range(4)]
-        time.sleep(0.4 + chance.random() * 0.6)
+    torn = 0
+    for round_ in range(8):
+        writers = [subprocess.Popen([sys.executable, "-c", WRITER, where, f"r{round_}w{n}", "100000", "400"]) for n in range(2)]
+        time.sleep(0.3 + chance.random() * 0.4)
         for writer in writers:
             writer.send_signal(signal.SIGKILL)
             writer.wait()
         verdict = verify(AuditLog(tmp_path / "audit"))
-        assert verdict.intact, verdict.line()
+        assert verdict.intact, f"seed {seed}: {verdict.line()}"
+        torn += verdict.torn
+    print(f"seed {seed}: {torn} of 8 rounds left a torn tail")
     log = AuditLog(tmp_path / "audit")
     log.append("box_ended", "after", exit=0)
     verdict = verify(log)
     assert verdict.intact and not verdict.torn
-    assert verdict.records > 100
+    assert verdict.records > 8
 
 
 def test_the_key_must_live_outside_the_state_dir(tmp_path, monkeypatch):
@@ -267,3 +274,18 @@ def edit_one_byte_of(path):
     data = bytearray(path.read_bytes())
     data[data.index(b"mem:1g") + 4] = ord("2")
     path.write_bytes(bytes(data))
+
+
+def test_what_cannot_be_recorded_before_it_happens_does_not_happen_and_what_already_happened_is_said_once(tmp_path, monkeypatch, capsys):
+    from quinebox.audit import log as audit_log
+    from quinebox.errors import StateError
+
+    (tmp_path / "audit").write_text("a file where the audit dir should be")
+    monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr(audit_log, "_LOSING", threading.Event())
+    with pytest.raises(StateError, match="cannot write the audit log in the state dir"):
+        audit_log.record("box_created", "s1")
+    audit_log.note("box_ended", "s1", exit=0)
+    audit_log.note("box_ended", "s2", exit=0)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("quinebox: cannot write the audit log") and err.endswith("audit records are being lost\n")
