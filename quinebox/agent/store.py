@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -121,9 +122,13 @@ class Index:
         self._failed = sqlite3.Error
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(_SCHEMA)
+            # Opened one at a time: two first opens race on the switch to WAL, which SQLite answers with "database is
+            # locked" at once instead of waiting (seen when `map` starts its first agents on a fresh state dir).
+            with open(path.with_name("sessions.db.lock"), "a") as opening:
+                fcntl.flock(opening, fcntl.LOCK_EX)
+                self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute(_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise StateError(unwritable("the sessions index", exc)) from None
 

@@ -93,20 +93,8 @@ class Asks:
             limits[name] = mine if more is None else more if mine is None else max(mine, more)
         spawn = None if left.spawn is None and ask.spawn is None else (left.spawn or 0) + (ask.spawn or 0)
         depth = max(left.depth or 0, ask.depth or (1 if ask.spawn else 0)) or None
-        secrets = {name: set(hosts) for name, hosts in left.secrets}
-        for name, hosts in ask.secrets:
-            secrets.setdefault(name, set()).update(hosts)
-        return replace(
-            left,
-            mounts=tuple(mounts),
-            net=left.net | ask.net,
-            secrets=tuple((name, tuple(sorted(hosts))) for name, hosts in sorted(secrets.items())),
-            env=tuple({**dict(ask.env), **dict(left.env)}.items()),
-            syscalls=left.syscalls | ask.syscalls,
-            spawn=spawn,
-            depth=depth,
-            **limits,
-        )
+        # Ask rules hold no env or secret (`_parse` refuses them): those stay exactly the parent's.
+        return replace(left, mounts=tuple(mounts), net=left.net | ask.net, syscalls=left.syscalls | ask.syscalls, spawn=spawn, depth=depth, **limits)
 
     def _touched(self, asked: Grants) -> str:
         """The ask rule a child's grants fall under even if its parent holds them (ask over allow), or ""."""

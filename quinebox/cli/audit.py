@@ -100,14 +100,10 @@ def approve_command(
     always: bool = typer.Option(False, "--always", help="Remember: allow it without asking from now on, in this project directory."),
     globally: bool = typer.Option(False, "--global", help="With --always: in every directory, not just the run's."),
 ) -> None:
-    from quinebox.audit import approvals
-
     if session and always:
         say("give --session or --always, not both")
         raise typer.Exit(2)
-    with reported():
-        entry = approvals.decide(request, allow=True, scope="always" if always else "session" if session else "once", globally=globally)
-    say(f"approved {entry['id']}: {entry['subject']}")
+    _answer(request, allow=True, scope="always" if always else "session" if session else "once", globally=globally)
 
 
 @app.command("deny", help="Deny a pending request (--always: and remember to deny it from now on).")
@@ -116,11 +112,15 @@ def deny_command(
     always: bool = typer.Option(False, "--always", help="Remember: deny it without asking from now on, in this project directory."),
     globally: bool = typer.Option(False, "--global", help="With --always: in every directory."),
 ) -> None:
+    _answer(request, allow=False, scope="always" if always else "deny", globally=globally)
+
+
+def _answer(request: str, *, allow: bool, scope: str, globally: bool) -> None:
     from quinebox.audit import approvals
 
     with reported():
-        entry = approvals.decide(request, allow=False, scope="always" if always else "deny", globally=globally)
-    say(f"denied {entry['id']}: {entry['subject']}")
+        entry = approvals.decide(request, allow=allow, scope=scope, globally=globally)
+    say(f"{'approved' if allow else 'denied'} {entry['id']}: {entry['subject']}")
 
 
 @app.command("revoke", help="Forget a remembered always/never decision (RULE as `approvals --remembered` shows it).")

@@ -9,7 +9,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from quinebox.cli.app import FORWARDED_SIGNALS, app, reported, say
+from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, DENY_HELP, FORWARDED_SIGNALS, app, reported, say
 
 
 def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool) -> int:
@@ -42,6 +42,18 @@ def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summar
     return code
 
 
+def checked_options(**given: Any) -> Any:
+    """The run's options, its ask and deny rules checked once: a bad rule is one line and nothing starts, not a failure per input."""
+    import os
+
+    from quinebox.audit.asks import Asks
+    from quinebox.tree.fanout import Options
+
+    with reported():
+        Asks.parse(given["ask"], given["deny"], given["ask_timeout"], cwd=os.getcwd())
+    return Options(**given)
+
+
 FANOUT_HELP = "Deliverables go to DIR/NAME.out, diagnostics to DIR/NAME.err, one line per input to DIR/results.jsonl. Exit 0 only when every input succeeded."
 
 
@@ -61,11 +73,17 @@ def map_command(
     retries: int = typer.Option(0, "--retries", min=0, help="Retry temporary failures (exit 75, engine hiccups), never an agent's own."),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first failure, killing what runs."),
     resume: bool = typer.Option(False, "--resume", help="Skip inputs that results.jsonl says succeeded."),
+    ask: List[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
+    deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
+    ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     json_summary: bool = typer.Option(False, "--json", help="One JSON summary line on stderr at the end."),
 ) -> None:
-    from quinebox.tree.fanout import Options, map_jobs
+    from quinebox.tree.fanout import map_jobs
 
-    options = Options(parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens)
+    options = checked_options(
+        parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens,
+        ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout,
+    )
     common = {"grants": tuple(grant), "image": image, "model": model, "timeout": timeout}
     raise typer.Exit(fan_out(lambda: map_jobs(mission, inputs or [], jsonl, **common), out=out, options=options, json_summary=json_summary))
 
@@ -80,9 +98,15 @@ def batch_command(
     retries: int = typer.Option(0, "--retries", min=0),
     fail_fast: bool = typer.Option(False, "--fail-fast"),
     resume: bool = typer.Option(False, "--resume"),
+    ask: List[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
+    deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
+    ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     json_summary: bool = typer.Option(False, "--json"),
 ) -> None:
-    from quinebox.tree.fanout import Options, batch_jobs
+    from quinebox.tree.fanout import batch_jobs
 
-    options = Options(parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens)
+    options = checked_options(
+        parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens,
+        ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout,
+    )
     raise typer.Exit(fan_out(lambda: batch_jobs(jobs_file), out=out, options=options, json_summary=json_summary))

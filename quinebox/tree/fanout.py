@@ -54,6 +54,10 @@ class Options:
     resume: bool = False
     max_turns: int | None = None
     max_tokens: int | None = None
+    #: The ask and deny rules of every agent (a batch runs unattended: `ask_timeout` "0" denies at once).
+    ask: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    ask_timeout: str | None = None
 
 
 @dataclass
@@ -280,6 +284,7 @@ class Runner:
                 agent = start_agent(
                     job.mission, model=job.model, grants=job.grants, image=job.image, timeout=job.timeout,
                     max_turns=self.options.max_turns, max_tokens=self.options.max_tokens,
+                    ask=self.options.ask, deny=self.options.deny, ask_timeout=self.options.ask_timeout,
                     stdin=DEVNULL if stdin is None else stdin, stdout=out, stderr=err,
                 )
             except QuineboxError as exc:

@@ -210,3 +210,17 @@ def test_the_terminal_prompt_denies(tmp_path):
     assert out == b"child 125\n", err
     decided = [r for r in audited() if r["kind"] == "approval_decided"][-1]["facts"]
     assert (decided["allowed"], decided["by"]) == (False, "terminal")
+
+
+def test_map_asks_for_every_agent_and_refuses_a_bad_rule_before_starting(tmp_path):
+    scripts(tmp_path, spawner=[{"sh": "quinebox exec -- true; echo child $? >&4"}, {"exit": "success"}])
+    (tmp_path / "a.txt").write_text("a\n")
+    (tmp_path / "b.txt").write_text("b\n")
+    out = tmp_path / "out"
+    model = ["-m", f"script:{tmp_path / 'spawner.yaml'}"]
+    done = qb("map", "spawn", str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), *model, "-o", str(out), "--ask", "spawn:1", "--ask-timeout", "0")
+    assert done.returncode == 0, done.stderr
+    assert (out / "a.txt.out").read_bytes() == (out / "b.txt.out").read_bytes() == b"child 125\n"
+    bad = qb("map", "spawn", str(tmp_path / "a.txt"), *model, "-o", str(tmp_path / "never"), "--ask", "spawn:lots")
+    assert (bad.returncode, bad.stderr) == (125, b"quinebox: bad --ask rule: bad grant 'spawn:lots': spawn takes a whole number above zero (e.g. spawn:64)\n")
+    assert not (tmp_path / "never").exists()
