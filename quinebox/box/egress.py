@@ -38,7 +38,6 @@ from quinebox.netrules import Address, NetRule, is_host_name
 
 #: Connections one box may hold open at once, and bytes it may move in all.
 MAX_CONNECTIONS = 48
-MAX_BYTES = int(os.environ.get("QUINEBOX_EGRESS_MAX_BYTES", str(16 << 30)))
 CONNECT_TIMEOUT = 10.0
 CHUNK = 1 << 16
 SPLICE_CHUNK = 1 << 20
@@ -76,6 +75,7 @@ class Egress:
         self._lock = threading.Lock()
         self._open = 0
         self.moved = 0
+        self.max_bytes = int(os.environ.get("QUINEBOX_EGRESS_MAX_BYTES", str(16 << 30)))
         self._over = False
 
     def listen(self, path: str) -> None:
@@ -337,10 +337,10 @@ class Egress:
         """Count `size` more bytes moved by the box; False once it is over its cap (said once)."""
         with self._lock:
             self.moved += size
-            over = self.moved > MAX_BYTES and not self._over
+            over = self.moved > self.max_bytes and not self._over
             self._over = self._over or over
         if over:
-            self._say(f"egress stopped: the box moved more than {MAX_BYTES} bytes")
+            self._say(f"egress stopped: the box moved more than {self.max_bytes} bytes")
         return not self._over
 
     def _splice(self, source: socket.socket, sink: socket.socket, moved: dict[str, int]) -> None:

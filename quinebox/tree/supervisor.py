@@ -39,12 +39,10 @@ if TYPE_CHECKING:
     from quinebox.tree.agent import Agent
     from quinebox.worlds.world import World
 
-DEFAULT_CONCURRENT_CALLS = int(os.environ.get("QUINEBOX_MAX_CONCURRENT_CALLS", "8"))
-
 
 class Tree:
-    def __init__(self, asks: Asks, max_concurrent_calls: int = DEFAULT_CONCURRENT_CALLS):
-        self.calls = threading.BoundedSemaphore(max_concurrent_calls)
+    def __init__(self, asks: Asks):
+        self.calls = threading.BoundedSemaphore(int(os.environ.get("QUINEBOX_MAX_CONCURRENT_CALLS", "8")))
         self.lock = threading.Lock()
         self.nodes: list[Node] = []
         #: Puts the requests that only an ask rule covers to a person, one at a time on the root's terminal.

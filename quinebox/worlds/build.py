@@ -20,7 +20,11 @@ from quinebox.worlds.spec import WorldSpec, world_dir
 
 #: An archive may hold at most this many members and bytes (before anything is written).
 MAX_ARCHIVE_MEMBERS = 200_000
-MAX_ARCHIVE_BYTES = int(os.environ.get("QUINEBOX_WORLD_MAX_ARCHIVE", str(8 << 30)))
+
+
+def max_archive_bytes() -> int:
+    """Read when used, not at import: a command server's worker runs with its client's environment."""
+    return int(os.environ.get("QUINEBOX_WORLD_MAX_ARCHIVE", str(8 << 30)))
 
 
 def create(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
@@ -105,8 +109,8 @@ def import_archive(archive: str, into: str) -> None:
                 total += member.size
                 if members > MAX_ARCHIVE_MEMBERS:
                     raise WorldError(f"refused archive {archive}: more than {MAX_ARCHIVE_MEMBERS} members")
-                if total > MAX_ARCHIVE_BYTES:
-                    raise WorldError(f"refused archive {archive}: more than {MAX_ARCHIVE_BYTES} bytes")
+                if total > max_archive_bytes():
+                    raise WorldError(f"refused archive {archive}: more than {max_archive_bytes()} bytes")
                 if member.name.startswith("/"):
                     raise WorldError(f"refused archive {archive}: {member.name} is an absolute name")
                 if member.ischr() or member.isblk() or member.isfifo():

@@ -36,10 +36,19 @@ Entry = dict[str, Any]
 Manifest = dict[str, Entry]
 Changes = dict[str, "Entry | None"]
 
-#: A world may hold at most this many entries; a scan stops there rather than grow without bound.
-MAX_ENTRIES = int(os.environ.get("QUINEBOX_WORLD_MAX_ENTRIES", "200000"))
-#: Larger files are listed (size and all) but their bytes are not kept.
-MAX_FILE = int(os.environ.get("QUINEBOX_WORLD_MAX_FILE", str(1 << 30)))
+
+
+def max_entries() -> int:
+    """A world may hold at most this many entries; a scan stops there rather than grow without bound.
+
+    Settings are read when used, not at import: a command server's worker runs with its client's environment."""
+    return int(os.environ.get("QUINEBOX_WORLD_MAX_ENTRIES", "200000"))
+
+
+def max_file() -> int:
+    """Larger files are listed (size and all) but their bytes are not kept."""
+    return int(os.environ.get("QUINEBOX_WORLD_MAX_FILE", str(1 << 30)))
+
 OPAQUE = "user.overlay.opaque"
 CHUNK = 1 << 20
 #: The special files a world's history makes again (empty, as a restarted program would find them).
@@ -86,7 +95,7 @@ class ObjectStore:
         return self.root / sha[:2] / sha[2:]
 
     def put(self, dir_fd: int, name: str) -> str | None:
-        """Copy a regular file in, hashing as it goes; None when it is over MAX_FILE."""
+        """Copy a regular file in, hashing as it goes; None when it is over max_file()."""
         fd = beneath.open_file(dir_fd, name)
         tmp_dir = self.root / "tmp"
         tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -94,10 +103,10 @@ class ObjectStore:
         out = tempfile.NamedTemporaryFile(dir=tmp_dir, delete=False)
         try:
             with os.fdopen(fd, "rb") as src, out:
-                total = 0
+                total, limit = 0, max_file()
                 while chunk := src.read(CHUNK):
                     total += len(chunk)
-                    if total > MAX_FILE:
+                    if total > limit:
                         return None
                     digest.update(chunk)
                     out.write(chunk)
@@ -124,7 +133,7 @@ class Scanner:
         self.store = store
         self.previous = previous
         self.layer = layer
-        self.limit = MAX_ENTRIES if limit is None else limit
+        self.limit = max_entries() if limit is None else limit
         self.count = 0
 
     def entry(self, dir_fd: int, name: str, rel: str, st: os.stat_result, *, fresh: bool) -> Entry:
@@ -136,7 +145,7 @@ class Scanner:
             old = self.previous.get(rel)
             if not fresh and old and old["type"] == "f" and old["size"] == st.st_size and old.get("mtime") == st.st_mtime_ns:
                 sha = old["sha"]
-            elif st.st_size > MAX_FILE:
+            elif st.st_size > max_file():
                 sha = None
             else:
                 try:

@@ -27,8 +27,12 @@ from quinebox.errors import EngineError, ImageError
 ENGINE_HINT = "start the engine (`dockerd &` as root, or `systemctl start docker`), or set DOCKER_HOST; `quinebox doctor` checks"
 
 
-#: How long one engine request may take.
-ENGINE_TIMEOUT = float(os.environ.get("QUINEBOX_ENGINE_TIMEOUT", "30"))
+
+
+def engine_timeout() -> float:
+    """How long one engine request may take; read when used (a command server's worker has its client's environment)."""
+    return float(os.environ.get("QUINEBOX_ENGINE_TIMEOUT", "30"))
+
 #: Killing, removing and pinging get less: they must never hold up an exit.
 QUICK_TIMEOUT = 10.0
 
@@ -75,10 +79,10 @@ class DockerBackend:
 
     @classmethod
     def connect(cls, timeout: float | None = None) -> "DockerBackend":
-        """`timeout` bounds each request (default ENGINE_TIMEOUT); streams (attach, events) never time out."""
+        """`timeout` bounds each request (default engine_timeout()); streams (attach, events) never time out."""
         options = kwargs_from_env()
         try:
-            api = docker.APIClient(version="auto", timeout=timeout or ENGINE_TIMEOUT, **options)
+            api = docker.APIClient(version="auto", timeout=timeout or engine_timeout(), **options)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise _engine_error(exc, "its version") from None
         return cls(api, docker.APIClient(version=api.api_version, timeout=QUICK_TIMEOUT, **options))

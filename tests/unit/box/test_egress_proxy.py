@@ -261,10 +261,8 @@ def test_a_box_holds_at_most_its_cap_of_connections_and_the_next_is_told_so(serv
 
 
 def test_a_box_past_its_byte_cap_is_cut_off_and_told_once(servers, monkeypatch):
-    from quinebox.box import egress
-
     web, _ = servers
-    monkeypatch.setattr(egress, "MAX_BYTES", 20000)
+    monkeypatch.setenv("QUINEBOX_EGRESS_MAX_BYTES", "20000")
     box = Box("net:127.0.0.1")
     sock = box.connect()
     sock.sendall(f"CONNECT files.test:{web} HTTP/1.1\r\n\r\n".encode())

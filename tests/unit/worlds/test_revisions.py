@@ -126,7 +126,7 @@ def test_files_over_the_size_cap_are_listed_but_not_read(tmp_path, monkeypatch):
     with open(root / "sparse", "wb") as f:
         f.truncate(1 << 40)  # a 1 TB sparse file: listed, never read
     (root / "big").write_bytes(b"x" * 100)
-    monkeypatch.setattr(revisions, "MAX_FILE", 50)
+    monkeypatch.setenv("QUINEBOX_WORLD_MAX_FILE", "50")
     store = ObjectStore(tmp_path / "objects")
     manifest = scan(str(root), store)
     assert manifest["sparse"]["size"] == 1 << 40 and manifest["sparse"]["sha"] is None
@@ -139,7 +139,7 @@ def test_a_world_with_more_entries_than_the_cap_is_refused_not_read_to_the_end(t
     root.mkdir()
     for i in range(150):
         (root / f"f{i}").write_bytes(b"")
-    monkeypatch.setattr(revisions, "MAX_ENTRIES", 100)
+    monkeypatch.setenv("QUINEBOX_WORLD_MAX_ENTRIES", "100")
     with pytest.raises(WorldError, match="more than 100 entries"):
         scan(str(root), ObjectStore(tmp_path / "objects"))
 

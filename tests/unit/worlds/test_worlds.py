@@ -274,7 +274,7 @@ def test_archive_caps_on_members_and_bytes_are_checked_before_anything_is_writte
     with pytest.raises(WorldError, match="more than 10 members"):
         import_archive(str(archive), str(into))
     monkeypatch.setattr(build, "MAX_ARCHIVE_MEMBERS", 1000)
-    monkeypatch.setattr(build, "MAX_ARCHIVE_BYTES", 100)
+    monkeypatch.setenv("QUINEBOX_WORLD_MAX_ARCHIVE", "100")
     with pytest.raises(WorldError, match="more than 100 bytes"):
         import_archive(str(archive), str(into))
     assert list(into.iterdir()) == []
