@@ -6,6 +6,7 @@
       sessions/<id>/world/       the session's world and its revisions (worlds/)
       objects/                   file contents of every revision, by SHA-256 (worlds/revisions.py)
       run/<id>.sock              each live box's socket (box/broker.py)
+      run/serve.sock             the command server's socket (cli/server.py), and serve.log its log
       engine.log                 what the engine failed to do, for `quinebox doctor` (box/watch.py)
       audit/                     the hash-chained audit log and its head; pending requests, decisions and
                                  remembered rules of approvals (audit/)
@@ -33,6 +34,11 @@ def run_dir() -> Path:
     path = state_dir() / "run"
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
+
+
+def serve_socket() -> Path:
+    """Where `quinebox serve` listens for this user's thin clients (cli/server.py, client.py)."""
+    return state_dir() / "run" / "serve.sock"
 
 
 def session_dir(session: str) -> Path:

@@ -12,6 +12,25 @@ def isolated_state_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def command_server(isolated_state_dir):
+    """With QUINEBOX_TEST_SERVE=1 (CI's second pass over the CLI's tests), every `quinebox exec/run/map/batch/shell`
+    the tests run goes through a command server, the thin client's path; at the end it must have served them."""
+    if os.environ.get("QUINEBOX_TEST_SERVE") != "1":
+        yield None
+        return
+    import subprocess
+
+    from commands import QUINEBOX
+
+    started = subprocess.run([QUINEBOX, "serve", "--background"], capture_output=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    yield True
+    status = subprocess.run([QUINEBOX, "serve", "status"], capture_output=True, timeout=60)
+    subprocess.run([QUINEBOX, "serve", "stop"], capture_output=True, timeout=60)
+    assert status.returncode == 0 and b" 0 command(s) served" not in status.stdout, status.stdout + status.stderr
+
+
 @pytest.fixture(scope="session")
 def engine():
     """The real Docker engine and the agent image. Missing either is a failure, never a skip."""

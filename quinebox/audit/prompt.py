@@ -59,8 +59,10 @@ class Terminal:
 
     @classmethod
     def open(cls) -> "Terminal | None":
+        """The controlling terminal; in a command server's worker, its client's (QUINEBOX_TERMINAL_FD)."""
         try:
-            fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+            given = os.environ.get("QUINEBOX_TERMINAL_FD", "")
+            fd = os.dup(int(given)) if given.isdigit() else os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
         except OSError:
             return None  # no controlling terminal: CI, a service, a pipeline under setsid
         try:

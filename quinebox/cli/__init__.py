@@ -6,13 +6,15 @@
     fanout.py   map, batch
     worlds.py   world log, diff, export, adopt, commit
     audit.py    audit, audit verify, approvals, approve, deny, revoke
+    serve.py    serve, serve status, serve stop
+    server.py   the command server: a warm process forking one worker per command (its thin client is ../client.py)
 
 The CLI may import every layer below it; nothing below imports it.
 """
 
 from __future__ import annotations
 
-from quinebox.cli import agents, audit, box, fanout, worlds  # noqa: F401  (each registers its commands on the app)
+from quinebox.cli import agents, audit, box, fanout, serve, worlds  # noqa: F401  (each registers its commands on the app)
 from quinebox.cli.app import app
 
 __all__ = ["app", "main"]
@@ -34,22 +36,7 @@ def ensure_std_fds() -> None:
 
 
 def main() -> None:
-    import errno
-
     ensure_std_fds()
-    from quinebox.cli.app import say
-    from quinebox.errors import EXIT_QUINEBOX, QuineboxError
+    from quinebox.cli.app import run_app
 
-    try:
-        app()
-    except QuineboxError as exc:  # a command that did not say it itself
-        say(str(exc))
-        raise SystemExit(exc.exit_code) from None
-    except OSError as exc:  # a full or read-only filesystem under us: one line, as for quinebox's own errors
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-            raise
-        from quinebox.state import state_dir
-
-        where = f" {exc.filename}" if exc.filename else ""
-        say(f"cannot write{where}: {exc.strerror}; free some space (the state dir is {state_dir()}) and run again")
-        raise SystemExit(EXIT_QUINEBOX) from None
+    run_app()

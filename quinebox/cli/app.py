@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import typer
 
 from quinebox import __version__
-from quinebox.errors import QuineboxError
+from quinebox.errors import EXIT_QUINEBOX, QuineboxError
 
 app = typer.Typer(
     add_completion=False,
@@ -50,6 +50,25 @@ def reported() -> Iterator[None]:
         yield
     except QuineboxError as exc:
         raise fail(exc) from None
+
+
+def run_app() -> None:
+    """The app with every command registered, its failures one line: for `quinebox` itself and a command server's worker."""
+    import errno
+
+    try:
+        app()
+    except QuineboxError as exc:  # a command that did not say it itself
+        say(str(exc))
+        raise SystemExit(exc.exit_code) from None
+    except OSError as exc:  # a full or read-only filesystem under us: one line, as for quinebox's own errors
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        from quinebox.state import state_dir
+
+        where = f" {exc.filename}" if exc.filename else ""
+        say(f"cannot write{where}: {exc.strerror}; free some space (the state dir is {state_dir()}) and run again")
+        raise SystemExit(EXIT_QUINEBOX) from None
 
 
 def version_callback(value: bool) -> None:

@@ -27,7 +27,7 @@ ROOMS = [
     ("box", ("quinebox.box",)),
     ("agent", ("quinebox.agent",)),
     ("tree", ("quinebox.tree",)),
-    ("front", ("quinebox.api", "quinebox.cli", "quinebox")),
+    ("front", ("quinebox.api", "quinebox.cli", "quinebox.client", "quinebox")),
 ]
 MAX_LINES = 400
 

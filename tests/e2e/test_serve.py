@@ -1,0 +1,132 @@
+"""The command server and its thin client, on the real engine: the same behaviour as the CLI, without its start-up.
+
+Every test here starts its own server in a state dir of its own, so the rest
+of the suite never goes through one unless it asks to (QUINEBOX_TEST_SERVE=1,
+a second CI pass over the CLI tests).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import docker
+import pytest
+from commands import QUINEBOX
+
+from quinebox.box.policy import LABEL_SESSION
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A state dir with a command server on it; the environment that reaches it."""
+    env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state")}
+    env.pop("QUINEBOX_SERVE", None)
+    started = subprocess.run([QUINEBOX, "serve", "--background"], env=env, capture_output=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    yield env
+    subprocess.run([QUINEBOX, "serve", "stop"], env=env, capture_output=True, timeout=60)
+
+
+def quinebox(*args, env, **options):
+    return subprocess.run([QUINEBOX, *args], env=env, capture_output=True, timeout=120, **options)
+
+
+def served_count(env) -> int:
+    said = quinebox("serve", "status", env=env)
+    assert said.returncode == 0, said.stderr
+    return int(said.stdout.split(b", ")[-1].split()[0])
+
+
+def test_status_says_whether_a_server_answers(tmp_path):
+    env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state")}
+    none = quinebox("serve", "status", env=env)
+    assert (none.returncode, none.stderr) == (1, b"quinebox: no command server answers: `quinebox serve --background` starts one\n")
+    assert quinebox("serve", "--background", env=env).returncode == 0
+    assert quinebox("serve", "status", env=env).stdout.startswith(b"serving: pid ")
+    second = quinebox("serve", "--background", env=env)
+    assert second.returncode == 125 and b"a command server already answers" in second.stderr
+    assert quinebox("serve", "stop", env=env).returncode == 0
+    assert quinebox("serve", "status", env=env).returncode == 1
+
+
+def test_bytes_exit_codes_errors_and_the_environment_are_the_clis(served):
+    before = served_count(served)
+    done = quinebox("exec", "-g", "env:ONLY_THE_CLIENT", "--json", "--", "sh", "-c", "cat; echo \"$ONLY_THE_CLIENT\" >&2; exit 3",
+                    env={**served, "ONLY_THE_CLIENT": "from-the-client"}, input=b"\x00material\xff")
+    assert (done.returncode, done.stdout) == (3, b"\x00material\xff")
+    lines = done.stderr.decode().splitlines()
+    assert lines[0] == "from-the-client" and json.loads(lines[1])["exit_code"] == 3
+    bad = quinebox("exec", "-g", "bogus", "--", "true", env=served)
+    assert (bad.returncode, bad.stderr.count(b"\n")) == (125, 1) and bad.stderr.startswith(b"quinebox: bad grant 'bogus'")
+    usage = quinebox("exec", "--no-such-flag", env=served)
+    assert usage.returncode == 2
+    cold = quinebox("exec", "--", "sh", "-c", "exit 7", env={**served, "QUINEBOX_SERVE": "off"})
+    assert cold.returncode == 7
+    assert served_count(served) == before + 3  # the cold one did not go through it
+
+
+def test_the_clients_cwd_and_its_relative_grants(served, tmp_path):
+    here = tmp_path / "work"
+    here.mkdir()
+    here.chmod(0o755)
+    (here / "notes").write_text("relative\n")
+    (here / "notes").chmod(0o644)
+    done = quinebox("exec", "-g", "ro:.=/in", "--", "cat", "/in/notes", env=served, cwd=here)
+    assert (done.returncode, done.stdout) == (0, b"relative\n")
+
+
+def boxes_of(session_prefix: str = ""):
+    client = docker.from_env(timeout=10)
+    return [c for c in client.containers.list(all=True, filters={"label": LABEL_SESSION}) if c.labels[LABEL_SESSION].startswith(session_prefix)]
+
+
+def start_sleeper(env):
+    proc = subprocess.Popen([QUINEBOX, "exec", "--json", "--", "sh", "-c", "echo started; sleep 300"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"started\n"
+    [box] = [c for c in boxes_of() if "sleep 300" in " ".join(c.attrs["Config"]["Cmd"] or [])]
+    return proc, box.labels[LABEL_SESSION]
+
+
+def test_sigkill_of_the_client_takes_its_box_within_a_second(served):
+    proc, session = start_sleeper(served)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    until = time.monotonic() + 1.0
+    while boxes_of(session) and time.monotonic() < until:
+        time.sleep(0.05)
+    assert boxes_of(session) == []
+
+
+def test_signals_reach_the_command_as_they_would_the_cli(served):
+    proc, session = start_sleeper(served)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert boxes_of(session) == []
+
+
+def test_stopping_the_server_ends_no_command_it_runs(served):
+    proc = subprocess.Popen([QUINEBOX, "exec", "--", "sh", "-c", "echo started; sleep 2; echo finished"], env=served, stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == b"started\n"
+    assert quinebox("serve", "stop", env=served).returncode == 0
+    assert proc.stdout.read() == b"finished\n" and proc.wait(30) == 0
+    assert quinebox("exec", "--", "echo", "cold", env=served).stdout == b"cold\n"  # no server: the CLI itself
+
+
+def test_a_terminal_through_the_server(served):
+    import select
+
+    master, slave = os.openpty()
+    proc = subprocess.Popen([QUINEBOX, "exec", "-t", "--", "sh", "-c", "test -t 0 && echo tty-in-the-box"], env=served, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    seen = b""
+    until = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < until:
+        if select.select([master], [], [], 0.2)[0]:
+            try:
+                seen += os.read(master, 4096)
+            except OSError:
+                break
+    assert proc.wait(30) == 0
+    assert b"tty-in-the-box" in seen
