@@ -30,6 +30,8 @@ from typing import Any
 from quinebox.state import run_dir, serve_socket
 
 MAX_REQUEST = 4 << 20
+#: A client sends its request as it connects; one that says nothing for this long is dropped (it would hold the server up).
+REQUEST_TIMEOUT = 2.0
 
 
 def warm() -> None:
@@ -86,7 +88,10 @@ class Server:
                         break
                     continue
                 with conn:
-                    self._answer(conn)
+                    try:
+                        self._answer(conn)
+                    except OSError:
+                        pass  # a client that went away, or never said what it wanted: the next one
         finally:
             self.stop()
 
@@ -112,6 +117,8 @@ class Server:
             if os.fork() == 0:
                 code = 125  # unless the worker gets as far as the command's own status
                 try:
+                    if self.listener is not None:
+                        self.listener.close()  # the worker's copy: only the server accepts
                     os.setsid()
                     code = worker(conn, message, fds)
                 finally:
@@ -144,7 +151,7 @@ def _peer_uid(conn: socket.socket) -> int:
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """The client's one request line, and the file descriptors sent with it."""
-    conn.settimeout(10)
+    conn.settimeout(REQUEST_TIMEOUT)
     data, fds = b"", array.array("i")
     while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
         chunk, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * fds.itemsize))

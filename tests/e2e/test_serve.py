@@ -77,16 +77,17 @@ def test_the_clients_cwd_and_its_relative_grants(served, tmp_path):
     assert (done.returncode, done.stdout) == (0, b"relative\n")
 
 
-def boxes_of(session_prefix: str = ""):
-    client = docker.from_env(timeout=10)
-    return [c for c in client.containers.list(all=True, filters={"label": LABEL_SESSION}) if c.labels[LABEL_SESSION].startswith(session_prefix)]
+def boxes_of(session_prefix: str = "") -> list[dict]:
+    """Boxes as the engine lists them (one request: a box removed meanwhile is simply not there)."""
+    listed = docker.from_env(timeout=10).api.containers(all=True, filters={"label": LABEL_SESSION})
+    return [box for box in listed if box["Labels"][LABEL_SESSION].startswith(session_prefix)]
 
 
 def start_sleeper(env):
     proc = subprocess.Popen([QUINEBOX, "exec", "--json", "--", "sh", "-c", "echo started; sleep 300"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline() == b"started\n"
-    [box] = [c for c in boxes_of() if "sleep 300" in " ".join(c.attrs["Config"]["Cmd"] or [])]
-    return proc, box.labels[LABEL_SESSION]
+    [box] = [box for box in boxes_of() if "sleep 300" in box["Command"]]
+    return proc, box["Labels"][LABEL_SESSION]
 
 
 def test_sigkill_of_the_client_takes_its_box_within_a_second(served):
@@ -130,3 +131,20 @@ def test_a_terminal_through_the_server(served):
                 break
     assert proc.wait(30) == 0
     assert b"tty-in-the-box" in seen
+
+
+def test_a_client_that_says_nothing_or_nonsense_does_not_stop_the_server(served):
+    import socket
+
+    from quinebox.state import serve_socket
+
+    path = str(serve_socket()).replace(os.environ["QUINEBOX_STATE_DIR"], served["QUINEBOX_STATE_DIR"])
+    for junk in (b"", b"not json\n", b'{"kind": "run", "argv": ["exec"]}\n', b"\xff" * 70000):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(path)
+            sock.sendall(junk)
+    with socket.socket(socket.AF_UNIX) as silent:  # says nothing until the server gives up on it
+        silent.connect(path)
+        time.sleep(2.5)
+    assert quinebox("exec", "--", "echo", "still-serving", env=served).stdout == b"still-serving\n"
+    assert served_count(served) == 1
