@@ -14,6 +14,7 @@ Every question and answer goes to the audit log.
 from __future__ import annotations
 
 import fcntl
+import functools
 import getpass
 import hashlib
 import json
@@ -46,7 +47,7 @@ class Request:
     facts: dict[str, Any]
     id: str = field(default_factory=lambda: secrets.token_hex(4))
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         """Binds an approval to this exact request: the same subject with other arguments is another request."""
         return hashlib.sha256(log.canonical({"session": self.session, "kind": self.kind, "subject": self.subject, "facts": self.facts})).hexdigest()

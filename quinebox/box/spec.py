@@ -198,14 +198,15 @@ def build_spec(
         parsed = parsed.merge(Grants(time=parse_duration(str(timeout))))
     if workdir is not None and not workdir.startswith("/"):
         raise GrantError(f"bad workdir {workdir!r}: it must be an absolute path inside the box")
-    resolved = resolve(parsed, environ=environ, protected=protected_paths(environ, state_dir()))
-    asks = replace(asks, ask=resolve(asks.ask, environ=environ, protected=protected_paths(environ, state_dir())))
+    protected = protected_paths(environ, state_dir())
+    resolved = resolve(parsed, environ=environ, protected=protected)
+    asks = replace(asks, ask=resolve(asks.ask, environ=environ, protected=protected))
     uid, gid = os.getuid(), os.getgid()
     if uid == 0:
         uid = gid = AGENT_UID
     session = new_session_id()
     world_spec = root_world(
-        session, world=world, world_from=world_from, world_tar=world_tar, world_at=world_at, cwd=cwd, protected=protected_paths(environ, state_dir())
+        session, world=world, world_from=world_from, world_tar=world_tar, world_at=world_at, cwd=cwd, protected=protected
     )
     return BoxSpec(
         argv=tuple(argv),

@@ -108,9 +108,9 @@ class Node:
         if self.session is not None:  # an agent's session revises the world after its tools
             self.session.world = box.world
         spec = self.spec
-        described = {"argv": list(spec.argv), "grants": spec.grants.format(), "image": spec.image, "parent": spec.parent, "workdir": spec.workdir, **spec.asks.format()}
-        log.record("box_created", spec.session, spec_digest=hashlib.sha256(log.canonical(described)).hexdigest(), grants=described["grants"],
-                   image=spec.image, image_digest=box.image_id, owner=spec.owner, parent=spec.parent, agent=spec.agent, **spec.asks.format())
+        rules = {"grants": spec.grants.format(), "image": spec.image, "parent": spec.parent, **spec.asks.format()}
+        digest = hashlib.sha256(log.canonical({"argv": list(spec.argv), "workdir": spec.workdir, **rules})).hexdigest()
+        log.record("box_created", spec.session, spec_digest=digest, image_digest=box.image_id, owner=spec.owner, agent=spec.agent, **rules)
 
     def ended(self, box: BoxProcess) -> None:
         """The box is gone; at the root, nothing in the tree may outlive it."""

@@ -26,15 +26,14 @@ from quinebox.errors import EngineError, ImageError
 
 ENGINE_HINT = "start the engine (`dockerd &` as root, or `systemctl start docker`), or set DOCKER_HOST; `quinebox doctor` checks"
 
-
+#: Killing, removing and pinging get less: they must never hold up an exit.
+QUICK_TIMEOUT = 10.0
 
 
 def engine_timeout() -> float:
     """How long one engine request may take; read when used (a command server's worker has its client's environment)."""
     return float(os.environ.get("QUINEBOX_ENGINE_TIMEOUT", "30"))
 
-#: Killing, removing and pinging get less: they must never hold up an exit.
-QUICK_TIMEOUT = 10.0
 
 _shared: "DockerBackend | None" = None
 
