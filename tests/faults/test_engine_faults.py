@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from live_boxes import live_boxes
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
@@ -48,16 +49,26 @@ def doctor() -> str:
     return subprocess.run([QUINEBOX, "doctor"], capture_output=True, timeout=60).stderr.decode()
 
 
-def test_a_running_exec_exits_125_with_one_line_when_the_engine_is_killed(dockerd, engine):
+@pytest.mark.parametrize(
+    "fault, recover, said, remembered",
+    [
+        ("kill", "start", "quinebox: the Docker engine went away while the box ran (it stopped or restarted); the box is stopped through its lifeline",
+         "the engine failed quinebox: box"),
+        ("freeze", "thaw", "quinebox: the Docker engine stopped answering while the box ran; the box is stopped through its lifeline",
+         "box(es) given up: the Docker engine did not answer a ping in time"),
+    ],
+    ids=["killed", "frozen"],
+)
+def test_a_running_exec_exits_125_with_one_line_when_the_engine_fails_and_the_box_is_gone_once_it_is_back(dockerd, engine, fault, recover, said, remembered):
     proc = started("exec", "--", "sh", "-c", "echo started; sleep 60")
-    dockerd.kill()
+    getattr(dockerd, fault)()
     code, lines, took = ended(proc)
     assert (code, len(lines)) == (125, 1), lines
-    assert lines[0].startswith("quinebox: the Docker engine went away while the box ran (it stopped or restarted); the box is stopped through its lifeline")
+    assert lines[0].startswith(said)
     assert took < WITHIN_S
-    dockerd.start()
+    getattr(dockerd, recover)()
     nothing_left(engine)
-    assert "the engine failed quinebox: box" in doctor()
+    assert remembered in doctor()
 
 
 def test_a_running_agent_exits_125_with_one_line_when_the_engine_stops(dockerd, engine, tmp_path):
@@ -70,18 +81,6 @@ def test_a_running_agent_exits_125_with_one_line_when_the_engine_stops(dockerd, 
     assert took < WITHIN_S
     dockerd.start()
     nothing_left(engine)
-
-
-def test_a_running_exec_gives_up_on_a_frozen_engine_and_the_box_is_gone_once_it_thaws(dockerd, engine):
-    proc = started("exec", "--", "sh", "-c", "echo started; sleep 60")
-    dockerd.freeze()
-    code, lines, took = ended(proc)
-    assert (code, len(lines)) == (125, 1), lines
-    assert lines[0].startswith("quinebox: the Docker engine stopped answering while the box ran; the box is stopped through its lifeline")
-    assert took < WITHIN_S
-    dockerd.thaw()
-    nothing_left(engine)
-    assert "box(es) given up: the Docker engine did not answer a ping in time" in doctor()
 
 
 def test_a_box_cannot_start_on_a_frozen_engine_and_is_refused_in_time_with_one_line(dockerd, engine):
