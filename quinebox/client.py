@@ -14,35 +14,19 @@ makes the thin path fast.
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import signal
 import socket
 import sys
 
+from quinebox import fdpass
 from quinebox.state import serve_socket
 
 #: The commands that go through a server; the rest are quick, or are about the server itself.
 THIN = ("exec", "run", "map", "batch", "shell")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH, signal.SIGUSR1, signal.SIGUSR2)
 EXIT_QUINEBOX = 125
-
-
-def connect() -> socket.socket | None:
-    """A connection to this user's command server, or None when none answers."""
-    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        client.connect(str(serve_socket()))
-    except OSError:
-        client.close()
-        return None
-    return client
-
-
-def send_fds(sock: socket.socket, message: dict, fds: list[int]) -> None:
-    data = json.dumps(message).encode() + b"\n"
-    sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
 
 
 def main() -> None:
@@ -53,7 +37,7 @@ def main() -> None:
                 os.fstat(fd)
             except OSError:
                 os.open(os.devnull, os.O_RDWR)
-        server = connect()
+        server = fdpass.connect(str(serve_socket()))
         if server is not None:
             sys.exit(through(server, argv))
     from quinebox.cli import main as full
@@ -68,7 +52,7 @@ def through(server: socket.socket, argv: list[str]) -> int:
         fds.append(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
     except OSError:
         pass
-    send_fds(server, {"kind": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, fds)
+    fdpass.send(server, {"kind": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, fds)
     for fd in fds[3:]:
         os.close(fd)
 

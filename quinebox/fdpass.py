@@ -1,0 +1,59 @@
+"""One JSON line over a Unix socket, with file descriptors riding along (SCM_RIGHTS).
+
+The thin client hands its stdio to the command server this way, and the pool
+hands a claimed box's sockets to whoever claimed it. Stdlib only: the thin
+client imports it on its fast path.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import socket
+from typing import Any, Sequence
+
+#: A request bigger than this is not one of ours.
+MAX_MESSAGE = 4 << 20
+#: The most descriptors one message carries (stdio and a terminal; a box's three sockets).
+MAX_FDS = 4
+
+
+def connect(path: str) -> socket.socket | None:
+    """A connection to the Unix socket at `path`, or None when nothing answers there."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        return None
+    return conn
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    data = json.dumps(message).encode() + b"\n"
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([data], ancillary)
+
+
+def receive(sock: socket.socket, timeout: float | None) -> tuple[dict[str, Any], list[int]]:
+    """The next line as a JSON object ({} when it is not one), and the descriptors that came with it.
+
+    A peer sends one line and then waits for the answer, so no chunk holds the start of a second message."""
+    sock.settimeout(timeout)
+    data, fds = b"", array.array("i")
+    try:
+        while not data.endswith(b"\n") and len(data) < MAX_MESSAGE:
+            chunk, ancillary, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(MAX_FDS * fds.itemsize))
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        sock.settimeout(None)
+    try:
+        message = json.loads(data)
+    except ValueError:
+        message = {}
+    return (message if isinstance(message, dict) else {}), list(fds)
