@@ -7,6 +7,9 @@
       objects/                   file contents of every revision, by SHA-256 (worlds/revisions.py)
       run/<id>.sock              each live box's socket (box/broker.py)
       run/serve.sock             the command server's socket (cli/server.py), and serve.log its log
+      run/pool.sock              its pool of warm boxes (box/pool.py); run/claimed/<container>.json
+                                 whose session a claimed warm box became (box/claim.py)
+      pool/<box>/                a warm box's empty world until it is claimed
       engine.log                 what the engine failed to do, for `quinebox doctor` (box/watch.py)
       audit/                     the hash-chained audit log and its head; pending requests, decisions and
                                  remembered rules of approvals (audit/)
@@ -39,6 +42,16 @@ def run_dir() -> Path:
 def serve_socket() -> Path:
     """Where `quinebox serve` listens for this user's thin clients (cli/server.py, client.py)."""
     return state_dir() / "run" / "serve.sock"
+
+
+def pool_socket() -> Path:
+    """Where the command server's pool of warm boxes is claimed from (box/pool.py, box/claim.py)."""
+    return state_dir() / "run" / "pool.sock"
+
+
+def pool_dir() -> Path:
+    """Warm boxes' worlds, beside sessions/ (so that a claim moves one into its session by a rename)."""
+    return state_dir() / "pool"
 
 
 def session_dir(session: str) -> Path:

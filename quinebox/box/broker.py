@@ -91,11 +91,12 @@ def box_socket(path: str, *, backlog: int) -> socket.socket:
 
 
 class Broker:
-    def __init__(self, path: str, handler: Handler | None = None, spawner: Spawner | None = None):
+    def __init__(self, path: str, handler: Handler | None = None, spawner: Spawner | None = None, *, listener: socket.socket | None = None):
+        """`listener`: the socket already listening at `path` (a warm box's, handed over when it was claimed)."""
         self.path = path
         self.handler = handler
         self.spawner = spawner
-        self._listener = box_socket(path, backlog=16)
+        self._listener = listener or box_socket(path, backlog=16)
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -107,15 +108,18 @@ class Broker:
                 conn, _ = self._listener.accept()
             except OSError:
                 return  # closed
-            with self._lock:
-                if self._closed:
-                    conn.close()
-                    return
-                if len(self._connections) >= MAX_CONNECTIONS:
-                    conn.close()  # a box cannot make the host spend a thread per connection without bound
-                    continue
-                self._connections.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            if not self.adopt(conn) and self._closed:
+                return
+
+    def adopt(self, conn: socket.socket) -> bool:
+        """Serve a connection from this box (one accepted here, or a warm box's lifeline accepted before its claim)."""
+        with self._lock:
+            if self._closed or len(self._connections) >= MAX_CONNECTIONS:
+                conn.close()  # a box cannot make the host spend a thread per connection without bound
+                return False
+            self._connections.add(conn)
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        return True
 
     def _serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("rb")

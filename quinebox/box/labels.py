@@ -7,6 +7,7 @@ label (`host:pid:start`) is enough to tell whether that process still lives.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import time
@@ -15,9 +16,14 @@ from datetime import datetime, timezone
 
 from quinebox.audit import log
 from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.claim import claimed_as
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
+from quinebox.box.shape import LABEL_POOL, POOL_SESSION
 from quinebox.box.spec import process_start_ticks
-from quinebox.state import run_dir
+from quinebox.state import pool_dir, run_dir
+
+#: What a claim record says over a warm box's labels.
+_RECORDED = {"session": LABEL_SESSION, "owner": LABEL_OWNER, "parent": LABEL_PARENT, "created": LABEL_CREATED}
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,10 @@ def owner_alive(owner: str, hostname: str | None = None) -> bool:
 def _info(container: dict) -> BoxInfo:
     labels = container.get("Labels") or {}
     command = container.get("Command", "")
+    if LABEL_POOL in labels:  # a warm box: once claimed, its record says whose it is now
+        record = claimed_as(container["Id"]) or {}
+        command = record.get("command", command)
+        labels = {**labels, **{label: record[key] for key, label in _RECORDED.items() if key in record}}
     for prefix, shown in ((" ".join(GUEST_PREFIX) + " ", ""), (" ".join(AGENT_COMMAND) + " ", "run: ")):
         if command.startswith(prefix):
             command = shown + command[len(prefix) :]
@@ -74,8 +84,10 @@ def _info(container: dict) -> BoxInfo:
 
 
 def live_boxes(backend: DockerBackend | None = None) -> list[BoxInfo]:
+    """Every box that runs something: warm boxes not yet claimed are the pool's, not anyone's command."""
     backend = backend or DockerBackend.connect()
-    return sorted((_info(c) for c in backend.boxes()), key=lambda b: -b.age_s)
+    boxes = (_info(c) for c in backend.boxes())
+    return sorted((box for box in boxes if not box.session.startswith(POOL_SESSION)), key=lambda b: -b.age_s)
 
 
 def is_running(session: str, backend: DockerBackend | None = None) -> bool:
@@ -89,13 +101,20 @@ def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
     backend = backend or DockerBackend.connect()
     removed = []
     live_sessions = set()
-    for container in backend.boxes():
+    containers = backend.boxes()
+    for container in containers:
         box = _info(container)
         if owner_alive(box.owner):
             live_sessions.add(box.session)
             continue
         backend.remove(container["Id"])
         removed.append(box.session)
+    for record in run_dir().glob("claimed/*.json"):
+        if not any(c["Id"] == record.stem for c in containers):
+            record.unlink(missing_ok=True)
+    for world in pool_dir().glob("*"):
+        if POOL_SESSION + world.name not in live_sessions:
+            shutil.rmtree(world, ignore_errors=True)
     for sock in run_dir().glob("*.sock"):
         if sock.stem not in live_sessions:
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

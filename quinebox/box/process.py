@@ -16,20 +16,20 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import replace
 from typing import IO, Any, Callable, Protocol, Union
 
 from quinebox.audit.approvals import Decision
 from quinebox.box import streams, watch
 from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.broker import Broker, Handler, Spawner
+from quinebox.box.claim import claim, forget
+from quinebox.box.configure import configure
 from quinebox.box.egress import Egress
-from quinebox.box.images import resolve_image
-from quinebox.box.policy import DEFAULT_WORLD, container_config, native_arch, proxied
-from quinebox.box.runtime import runtime_dir
+from quinebox.box.policy import DEFAULT_WORLD, proxied
 from quinebox.box.secrets import prepare_secrets
-from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, seccomp_base
-from quinebox.errors import EXIT_QUINEBOX, EngineError, GrantError, ImageError
+from quinebox.box.shape import claim_frame
+from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec
+from quinebox.errors import EXIT_QUINEBOX, EngineError, ImageError
 from quinebox.worlds.build import discard
 from quinebox.worlds.world import World, end_world, open_world
 
@@ -79,9 +79,7 @@ class BoxProcess:
         handler: Handler | None = None,
         place: Place | None = None,
     ):
-        self.spec = spec
-        self.args = self.spec.argv
-        self.session = self.spec.session
+        self.session = spec.session
         self.returncode: int | None = None
         self.timed_out = False
         self.oom_killed = False
@@ -110,35 +108,38 @@ class BoxProcess:
         self.place = place
 
         self._backend = backend or DockerBackend.shared()
-        ours = spec.image == DEFAULT_IMAGE  # quinebox's own image: never pulled, surely has /bin/sh
-        image = resolve_image(self._backend, spec.image, pull=spec.pull, pullable=not ours)
-        if not spec.argv:
-            if not image.entrypoint and not image.cmd:
-                raise GrantError(f"nothing to run: image {spec.image} has no entrypoint or command; give one, as in `quinebox exec --image {spec.image} -- CMD`")
-            self.spec = spec = replace(spec, argv=(*image.entrypoint, *image.cmd))
-            self.args = spec.argv
+        self.spec, image, config = configure(spec, self._backend)
+        spec = self.spec
+        self.args = spec.argv
         self.image_id = image.id
-        runtime = runtime_dir(self._backend, DEFAULT_IMAGE, image_id=image.id if ours else None)
-        config = container_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch())
         egress = self._egress(handler, image.id or spec.image) if proxied(spec) else None
         self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
-        self._broker = Broker(self.spec.lifeline, handler, place) if self.spec.lifeline else None
+        #: The warm box this one is, when the pool had one of its shape (box/claim.py); else it is made here.
+        self.claimed = claim(spec, config)
         self._egress_proxy = egress
+        self._broker: Broker | None = None
         try:
+            if self.claimed is not None:
+                self.claimed.settle(spec, config.create["command"])
+            listener = self.claimed.listener if self.claimed else None
+            self._broker = Broker(spec.lifeline, handler, place, listener=listener) if spec.lifeline else None
             if self.spec.world is not None:
                 self.world = open_world(
                     spec.session, spec.world, uid=spec.uid, gid=spec.gid, limit=spec.grants.world or DEFAULT_WORLD, on_full=self._world_full
                 )
             if place is not None:
                 place.attach(self)
-            self.id = self._backend.create(config)
-            if spec.agent and not ours and not self._backend.exists(self.id, "/bin/sh"):
+            self.id = self.claimed.container if self.claimed else self._backend.create(config)
+            if spec.agent and spec.image != DEFAULT_IMAGE and not (self.claimed.shell if self.claimed else self._backend.exists(self.id, "/bin/sh")):
                 raise ImageError(f"image {spec.image} has no /bin/sh: an agent's sh tool runs the image's own shell; choose an image that has one")
             self._events = self._backend.events(self.id)
             self._spawn(self._follow_events, "events")
-            self._sock = self._backend.attach(self.id)
+            self._sock = self.claimed.attach if self.claimed else self._backend.attach(self.id)
             self._connect_outputs(stdout, stderr)
-            self._backend.start(self.id)
+            if self.claimed is None:
+                self._backend.start(self.id)
+            else:  # a warm box runs already: its claim tells it what to run, as a cold box's config would have
+                self.claimed.start(claim_frame(spec, config), self._broker)
             self.started = time.monotonic()
             self._watch = watch.watch(self._backend, self._lose_engine)
             self._connect_stdin(stdin)
@@ -149,6 +150,8 @@ class BoxProcess:
         except BaseException as exc:
             if isinstance(exc, EngineError):
                 watch.record_incident(str(exc), session=self.session)
+            if self.claimed is not None:
+                self.claimed.release()
             if self.id:
                 self._backend.remove(self.id)  # if the engine does not answer, `quinebox gc` removes it once it does
             self._close()
@@ -385,6 +388,8 @@ class BoxProcess:
         self._pipe_ends = []
         if self.spec.tls_dir:
             shutil.rmtree(self.spec.tls_dir, ignore_errors=True)
+        if self.claimed is not None:
+            forget(self.claimed.container)
 
     def __enter__(self) -> "BoxProcess":
         return self

@@ -52,12 +52,25 @@ def reported() -> Iterator[None]:
         raise fail(exc) from None
 
 
+_command: Any = None
+
+
+def command() -> Any:
+    """The click command typer builds from the app, once per process: a command server builds it before it forks.
+
+    Calling it is what `app()` does, less the pretty exceptions the app turns off."""
+    global _command
+    if _command is None:
+        _command = typer.main.get_command(app)
+    return _command
+
+
 def run_app() -> None:
     """The app with every command registered, its failures one line: for `quinebox` itself and a command server's worker."""
     import errno
 
     try:
-        app()
+        command()()
     except QuineboxError as exc:  # a command that did not say it itself
         say(str(exc))
         raise SystemExit(exc.exit_code) from None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
+from typing import Optional
 
 import typer
 
@@ -18,14 +20,17 @@ app.add_typer(serve_app, name="serve")
 def serve(
     ctx: typer.Context,
     background: bool = typer.Option(False, "--background", help="Detach, log to the state dir's serve.log, and return once it answers."),
+    pool: Optional[int] = typer.Option(None, "--pool", help="Warm boxes kept per shape (default 4, or `pool:` in config.yaml); 0: none."),
 ) -> None:
     if ctx.invoked_subcommand:
         return
+    from quinebox.agent.providers import load_config
+    from quinebox.box.pool import Settings
     from quinebox.cli.server import Server, status, warm
     from quinebox.state import state_dir
 
-    server = Server()
     with reported():
+        server = Server(Settings.from_config(load_config().get("pool"), pool))
         server.bind()
     warm()
     if background:
@@ -54,15 +59,28 @@ def serve(
 
 
 @serve_app.command("status", help="Exit 0 when a server answers (and say since when and how much it served), 1 when none does.")
-def status_command() -> None:
+def status_command(as_json: bool = typer.Option(False, "--json", help="What the server and its pool say, as one JSON object.")) -> None:
     from quinebox.cli.server import status
 
     answer = status()
     if answer is None:
         say("no command server answers: `quinebox serve --background` starts one")
         raise typer.Exit(1)
+    if as_json:
+        print(json.dumps(answer))
+        return
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(answer.get("since", 0)))
     print(f"serving: pid {answer.get('pid')}, since {since}, {answer.get('served')} command(s) served")
+    pool = answer.get("pool")
+    if not pool:
+        print("pool: none (`quinebox serve --pool N` keeps N warm boxes per shape)")
+        return
+    settings = pool.get("settings", {})
+    print(f"pool: pid {pool.get('pid')}, {settings.get('size')} warm per shape, idle shapes dropped after {settings.get('ttl'):g} s")
+    print(f"{'SHAPE':<17} {'IMAGE':<13} {'WARM':>4} {'MAKING':>6} {'HITS':>6} {'MISSES':>6} {'CLAIM p50/p95/p99 ms':>22}")
+    for shape in pool.get("shapes", []):
+        cuts = "/".join("-" if shape.get(k) is None else f"{shape[k]:.1f}" for k in ("p50_ms", "p95_ms", "p99_ms"))
+        print(f"{shape['shape']:<17} {shape['image']:<13} {shape['warm']:>4} {shape['making']:>6} {shape['hits']:>6} {shape['misses']:>6} {cuts:>22}")
 
 
 @serve_app.command("stop", help="Stop the server; commands it is running go on to their end.")

@@ -11,13 +11,15 @@ in the worker, and a client that goes away (SIGKILL included) is a SIGTERM,
 which kills its boxes. Workers are processes of their own: stopping the server
 ends no command that runs.
 
-The server never starts a thread or an engine connection before it forks, so
-every worker starts clean. Only the owner's uid may connect.
+The server never starts a thread or an engine connection, so every worker
+starts clean: the pool of warm boxes (box/pool.py) lives in a process of its
+own, forked before anything is served. Workers and the pool die with the
+server, however it dies (SIGKILL included), and their boxes with them; `serve
+stop` lets running commands finish first. Only the owner's uid may connect.
 """
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import signal
@@ -25,11 +27,14 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from quinebox.state import run_dir, serve_socket
+from quinebox import fdpass
+from quinebox.state import pool_socket, run_dir, serve_socket
 
-MAX_REQUEST = 4 << 20
+if TYPE_CHECKING:
+    from quinebox.box.pool import Settings
+
 #: A client sends its request as it connects; one that says nothing for this long is dropped (it would hold the server up).
 REQUEST_TIMEOUT = 2.0
 
@@ -37,31 +42,43 @@ REQUEST_TIMEOUT = 2.0
 def warm() -> None:
     """Import what commands load, so that workers inherit it instead of importing it each time.
 
-    Nothing here may start a thread or open a connection (a forked worker would share it), and nothing of quinebox
+    Nothing here may start a thread or keep a connection open (a forked worker would share it), and nothing of quinebox
     may read a setting from the environment at import: settings are read when used, in the worker, from the client's."""
     import importlib
 
     for name in ("docker", "openai", "yaml", "rich.console", "cryptography.x509", "quinebox.cli", "quinebox.api", "quinebox.agent.session",
                  "quinebox.tree.agent", "quinebox.tree.fanout", "quinebox.box.labels", "quinebox.audit.approvals"):
         importlib.import_module(name)
+    from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.spec import seccomp_base
+    from quinebox.cli.app import command
+    from quinebox.errors import EngineError
 
     seccomp_base()
+    command()
+    try:  # the engine's API version, so that a worker's first request is its own; the connection is closed before any fork
+        engine = DockerBackend.connect(timeout=5)
+        DockerBackend.known_version = (os.environ.get("DOCKER_HOST", ""), engine.api.api_version)
+        engine.close()
+    except EngineError:
+        pass  # no engine yet: each worker asks it
 
 
 class Server:
-    def __init__(self) -> None:
+    def __init__(self, pool: "Settings") -> None:
         self.path = str(serve_socket())
         self.started = time.time()
         self.served = 0
         self.listener: socket.socket | None = None
+        self.pool = pool
+        self.keeper: int | None = None
 
     def bind(self) -> None:
         """Listen on the state dir's socket; refuse to take it from a server that answers there."""
         from quinebox.errors import QuineboxError
 
         run_dir()
-        answering = _connect()
+        answering = fdpass.connect(self.path)
         if answering is not None:
             answering.close()
             raise QuineboxError(f"a command server already answers on {self.path}: `quinebox serve stop` first")
@@ -75,10 +92,30 @@ class Server:
         listener.listen(64)
         self.listener = listener
 
+    def keep_pool(self) -> None:
+        """Fork the pool's keeper (it dies with this process), unless the pool's size is 0."""
+        if not self.pool.size:
+            return
+        from quinebox.box.pool import keep
+
+        parent = os.getpid()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 125
+            try:
+                assert self.listener is not None
+                self.listener.close()
+                keep(self.pool, parent)
+            finally:
+                os._exit(code)
+        self.keeper = pid
+
     def serve_forever(self) -> None:
         assert self.listener is not None
-        signal.signal(signal.SIGCHLD, _reap)
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        self.keep_pool()
         try:
             while self.listener is not None:
                 try:
@@ -94,8 +131,10 @@ class Server:
                         pass  # a client that went away, or never said what it wanted: the next one
         finally:
             self.stop()
+            _wait_for_workers()
 
     def stop(self) -> None:
+        """Answer no more; the pool's warm boxes go at once, running commands go on (serve_forever waits for them)."""
         listener, self.listener = self.listener, None
         if listener is not None:
             listener.close()
@@ -103,28 +142,40 @@ class Server:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+        keeper, self.keeper = self.keeper, None
+        if keeper is not None:
+            try:
+                os.kill(keeper, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     def _answer(self, conn: socket.socket) -> None:
         uid = _peer_uid(conn)
         if uid != os.getuid():
             return  # only the owner; the run dir is private anyway
-        message, fds = _receive(conn)
+        _reap()
+        message, fds = fdpass.receive(conn, REQUEST_TIMEOUT)
         kind = message.get("kind")
         if kind == "run" and len(fds) in (3, 4):
             self.served += 1
             sys.stdout.flush()
             sys.stderr.flush()
+            parent = os.getpid()
             if os.fork() == 0:
                 code = 125  # unless the worker gets as far as the command's own status
                 try:
                     if self.listener is not None:
                         self.listener.close()  # the worker's copy: only the server accepts
                     os.setsid()
+                    from quinebox.box.pool import die_with_parent
+
+                    die_with_parent(parent)
                     code = worker(conn, message, fds)
                 finally:
                     os._exit(code)
         elif kind == "status":
-            conn.sendall(json.dumps({"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served}).encode() + b"\n")
+            said = {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "pool": pool_stats()}
+            conn.sendall(json.dumps(said).encode() + b"\n")
         elif kind == "stop":
             conn.sendall(b'{"kind": "stopping"}\n')
             self.stop()
@@ -132,7 +183,8 @@ class Server:
             os.close(fd)
 
 
-def _reap(*_: Any) -> None:
+def _reap() -> None:
+    """Collect the workers that ended (the server waits on them only when it stops)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -142,6 +194,16 @@ def _reap(*_: Any) -> None:
             return
 
 
+def _wait_for_workers() -> None:
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+
+
 def _peer_uid(conn: socket.socket) -> int:
     import struct
 
@@ -149,29 +211,22 @@ def _peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """The client's one request line, and the file descriptors sent with it."""
-    conn.settimeout(REQUEST_TIMEOUT)
-    data, fds = b"", array.array("i")
-    while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
-        chunk, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * fds.itemsize))
-        if not chunk:
-            break
-        data += chunk
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    conn.settimeout(None)
-    try:
-        message = json.loads(data)
-    except ValueError:
-        message = {}
-    return (message if isinstance(message, dict) else {}), list(fds)
+def pool_stats() -> dict[str, Any] | None:
+    """What the pool's keeper says of its shapes, or None when no pool answers."""
+    conn = fdpass.connect(str(pool_socket()))
+    if conn is None:
+        return None
+    with conn:
+        try:
+            fdpass.send(conn, {"kind": "stats"})
+            answer, _ = fdpass.receive(conn, 5)
+        except OSError:
+            return None
+    return answer or None
 
 
 def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
     """In the forked process: become the client's command, run it as the CLI would, report its exit status."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for target, fd in zip((0, 1, 2), fds):
         os.dup2(fd, target)
@@ -227,19 +282,9 @@ def _follow_client(conn: socket.socket) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _connect() -> socket.socket | None:
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(str(serve_socket()))
-    except OSError:
-        conn.close()
-        return None
-    return conn
-
-
 def _ask(kind: str) -> dict[str, Any] | None:
     """One request to the server and its answer; None when no server answers."""
-    conn = _connect()
+    conn = fdpass.connect(str(serve_socket()))
     if conn is None:
         return None
     with conn:

@@ -9,9 +9,15 @@ mapped as a shell would (126 not executable, 127 not found, 128+n signal n).
 The agent loop holds its lifeline itself (`connect` and `watch` below), so an
 agent box runs one interpreter, not two.
 
+A warm box (`--pool`, box/pool.py) starts the same init before it has a
+command: it connects, then waits on the lifeline for its claim — the argv and
+environment a cold box would have been created with — and runs that as
+above; an agent's loop takes the process over instead, lifeline and all.
+
 Runs inside untrusted boxes: stdlib only, small, no state.
 """
 
+import fcntl
 import os
 import select
 import signal
@@ -20,6 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory off sys.path
 import forwarder  # noqa: E402
+import protocol  # noqa: E402
 
 HOST_SOCKET = "/run/quinebox/host.sock"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -76,7 +83,37 @@ def spawn(argv):
         sys.exit(126)
 
 
+def claimed(lifeline):
+    """A warm box's wait for its command: (argv, environment, whether an agent takes over); the host gone ends the box."""
+    reader = lifeline.makefile("rb")  # the host sends nothing after the claim: nothing is read ahead
+    try:
+        claim, _ = protocol.read_frame(reader)
+    except (EOFError, OSError, protocol.ProtocolError):
+        kill_everything()
+    if claim.get("kind") != "claim":
+        kill_everything()
+    return [str(a) for a in claim["argv"]], {str(k): str(v) for k, v in claim["env"].items()}, bool(claim.get("agent"))
+
+
+def engine_environment():
+    """The environment the engine started us with (the image's), before Python's start-up added to it (PEP 538's
+    LC_CTYPE): a cold box's command gets the image's environment and ours, and nothing else."""
+    with open("/proc/self/environ", "rb") as initial:
+        items = initial.read().split(b"\0")
+    return dict(os.fsdecode(item).split("=", 1) for item in items if b"=" in item)
+
+
+def take_over(argv, lifeline):
+    """Become the agent loop, handing it the lifeline as a cold agent box's loop would have connected it."""
+    held = fcntl.fcntl(lifeline.fileno(), fcntl.F_DUPFD, 10)  # above fds 3-5, where the loop moves the box's stdio
+    os.set_inheritable(held, True)
+    cut = argv.index("--")
+    argv[cut:cut] = ["--lifeline", str(held)]
+    os.execv(argv[0], argv)
+
+
 def main(argv):
+    pooled = argv == ["--pool"]  # a command is always given after "--", so no command can be taken for this
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
@@ -86,6 +123,12 @@ def main(argv):
     if lifeline is None:
         say("the host is gone; not starting")
         return 137
+    if pooled:
+        argv, environment, agent = claimed(lifeline)
+        os.environ.clear()
+        os.environ.update({**engine_environment(), **environment})
+        if agent:
+            take_over(argv, lifeline)
     forwarder.start()
     child = spawn(argv)
 

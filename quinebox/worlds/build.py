@@ -37,13 +37,23 @@ def create(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
                 os.mkdir(path, 0o755)
                 _own(path, uid, gid)
         elif spec.kind == "dir":
-            os.mkdir(spec.layer, 0o755)
+            _make_layer(spec)
             _fill(spec, uid, gid)
             _own(spec.layer, uid, gid)
         (here / "meta.json").write_text(json.dumps({"session": session, "uid": uid, "gid": gid, **_spec_fields(spec)}))
     except BaseException:
         discard(session)
         raise
+
+
+def _make_layer(spec: WorldSpec) -> None:
+    """A dir world's directory; one already there is taken only when empty and meant to stay empty:
+    a warm box's world, moved into its session when the box was claimed (box/claim.py)."""
+    try:
+        os.mkdir(spec.layer, 0o755)
+    except FileExistsError:
+        if spec.base or spec.sources or spec.archive or os.listdir(spec.layer):
+            raise WorldError(f"cannot make a world at {spec.layer}: something is there already") from None
 
 
 def _spec_fields(spec: WorldSpec) -> dict[str, Any]:

@@ -93,10 +93,9 @@ def test_sigkill_of_quinebox_run_leaves_no_box_even_mid_tool_call(engine, tmp_pa
     slow = tmp_path / "slow.yaml"
     slow.write_text("turns:\n  - exec: start over\n  - sh: sleep 300\n  - exit: success\n")
     proc = subprocess.Popen([QUINEBOX, "run", "-q", "-m", f"script:{slow}", "wait"], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    label = {"label": "io.quinebox.session"}
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:  # until the sleep runs in the second cycle, after an exec
-        boxes = engine.containers.list(filters=label)
+        boxes = [engine.containers.get(box.id) for box in live_boxes(engine) if box.status == "running"]
         if boxes and b"sleep 300" in boxes[0].top()["Processes"].__repr__().encode():
             break
         time.sleep(0.1)

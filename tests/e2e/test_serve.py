@@ -23,7 +23,8 @@ def served(tmp_path):
     """A state dir with a command server on it; the environment that reaches it."""
     env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state")}
     env.pop("QUINEBOX_SERVE", None)
-    started = subprocess.run([QUINEBOX, "serve", "--background"], env=env, capture_output=True, timeout=60)
+    # No pool: these are the server's and thin client's tests; tests/e2e/test_pool.py is the pool's.
+    started = subprocess.run([QUINEBOX, "serve", "--background", "--pool", "0"], env=env, capture_output=True, timeout=60)
     assert started.returncode == 0, started.stderr
     yield env
     subprocess.run([QUINEBOX, "serve", "stop"], env=env, capture_output=True, timeout=60)
@@ -34,9 +35,9 @@ def quinebox(*args, env, **options):
 
 
 def served_count(env) -> int:
-    said = quinebox("serve", "status", env=env)
+    said = quinebox("serve", "status", "--json", env=env)
     assert said.returncode == 0, said.stderr
-    return int(said.stdout.split(b", ")[-1].split()[0])
+    return json.loads(said.stdout)["served"]
 
 
 def test_status_says_whether_a_server_answers(tmp_path):

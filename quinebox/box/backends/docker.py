@@ -63,6 +63,10 @@ def _stream(raw: Any) -> socket.socket:
 
 
 class DockerBackend:
+    #: (DOCKER_HOST, its engine's API version) when already known (a command server learns it once):
+    #: connecting to that engine then costs no round trip.
+    known_version: tuple[str, str] | None = None
+
     def __init__(self, api: docker.APIClient, quick: docker.APIClient | None = None):
         self.api = api
         #: The same engine with the short deadline, for what must not hold anything up.
@@ -81,10 +85,16 @@ class DockerBackend:
         """`timeout` bounds each request (default engine_timeout()); streams (attach, events) never time out."""
         options = kwargs_from_env()
         try:
-            api = docker.APIClient(version="auto", timeout=timeout or engine_timeout(), **options)
+            known = cls.known_version
+            version = known[1] if known and known[0] == os.environ.get("DOCKER_HOST", "") else "auto"
+            api = docker.APIClient(version=version, timeout=timeout or engine_timeout(), **options)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise _engine_error(exc, "its version") from None
         return cls(api, docker.APIClient(version=api.api_version, timeout=QUICK_TIMEOUT, **options))
+
+    def close(self) -> None:
+        self.api.close()
+        self.quick.close()
 
     def ping(self) -> None:
         """EngineError unless the engine answers within QUICK_TIMEOUT."""

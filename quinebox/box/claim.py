@@ -1,0 +1,125 @@
+"""Claiming a warm box from this user's pool, and the record that says whose box it became.
+
+A request with a shape (box/shape.py) asks the pool on the state dir's
+pool.sock; a hit hands over the warm box's three sockets — the listener of
+its lifeline, the lifeline connection itself and the stream attached to its
+stdio — and from then on this process holds the box exactly as if it had
+started it: when this process dies, so does the box. A miss, no pool, or a
+pool that does not answer in time is a cold start, never an error.
+
+A container's labels cannot change after it is created, so a claimed box's
+session, owner and parent are written to run/claimed/<container>.json, which
+`labels` reads over the labels of a warm box.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quinebox import fdpass
+from quinebox.box.broker import Broker, Channel
+from quinebox.box.policy import ContainerConfig
+from quinebox.box.shape import shape_of
+from quinebox.box.spec import BoxSpec
+from quinebox.errors import EngineError
+from quinebox.state import pool_socket, run_dir
+
+#: A pool that takes longer than this to answer is passed over: a cold start is about this slow.
+CLAIM_TIMEOUT = 2.0
+
+
+def pool_wanted() -> bool:
+    """Whether to ask a pool at all: QUINEBOX_POOL=off (or QUINEBOX_SERVE=off) starts every box cold."""
+    return os.environ.get("QUINEBOX_POOL", "auto") != "off" and os.environ.get("QUINEBOX_SERVE", "auto") != "off"
+
+
+@dataclass
+class Claimed:
+    """A warm box that is now ours: its container, its sockets, and the host paths it was made with."""
+
+    container: str
+    box: str
+    listener: socket.socket
+    lifeline: socket.socket
+    attach: socket.socket
+    socket_path: str
+    world: str | None
+    #: Whether its image has /bin/sh, as the pool saw before the box started.
+    shell: bool
+
+    def settle(self, spec: BoxSpec, command: list[str]) -> None:
+        """Give the box the session's host paths: its socket and its world move to where a cold box's are.
+
+        The box holds both by inode (bind mounts), so it sees no change."""
+        os.rename(self.socket_path, str(spec.lifeline))
+        if self.world is not None and spec.world is not None:
+            Path(spec.world.layer).parent.mkdir(parents=True, exist_ok=True)
+            os.rename(self.world, spec.world.layer)
+            os.rmdir(os.path.dirname(self.world))
+        record = {"session": spec.session, "owner": spec.owner, "parent": spec.parent or "", "created": spec.created, "command": " ".join(command)}
+        path = claim_record(self.container)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path.write_text(json.dumps(record))
+
+    def start(self, frame: dict[str, Any], broker: Broker | None) -> None:
+        """Send the box its claim (it runs the command at once) and serve its lifeline as a cold box's is served."""
+        if broker is None or not Channel(self.lifeline).send(frame):
+            raise EngineError("the warm box was gone when it was claimed")
+        broker.adopt(self.lifeline)
+
+    def release(self) -> None:
+        """Let the box go unused: without its lifeline it kills itself, and the engine removes it."""
+        for sock in (self.lifeline, self.listener, self.attach):
+            sock.close()
+
+
+def claim(spec: BoxSpec, config: ContainerConfig) -> Claimed | None:
+    """A warm box for `spec`, or None when none is to be had (then the caller starts one cold)."""
+    if not pool_wanted():
+        return None
+    shape = shape_of(spec, config)
+    if shape is None:
+        return None
+    conn = fdpass.connect(str(pool_socket()))
+    if conn is None:
+        return None
+    fds: list[int] = []
+    try:
+        fdpass.send(conn, {"kind": "claim", "shape": shape})
+        answer, fds = fdpass.receive(conn, CLAIM_TIMEOUT)
+    except OSError:
+        answer = {}
+    finally:
+        conn.close()
+    if answer.get("kind") != "claimed" or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        return None
+    listener, lifeline, attach = (socket.socket(fileno=fd) for fd in fds)
+    attach.settimeout(None)
+    return Claimed(
+        container=str(answer["container"]), box=str(answer["box"]), listener=listener, lifeline=lifeline, attach=attach,
+        socket_path=str(answer["lifeline"]), world=answer.get("world"), shell=bool(answer.get("shell")),
+    )
+
+
+def claim_record(container: str) -> Path:
+    return run_dir() / "claimed" / f"{container}.json"
+
+
+def claimed_as(container: str) -> dict[str, Any] | None:
+    """Whose a claimed warm box became (session, owner, parent, created), or None for any other box."""
+    try:
+        record = json.loads(claim_record(container).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def forget(container: str) -> None:
+    claim_record(container).unlink(missing_ok=True)

@@ -1,0 +1,146 @@
+"""A box's shape: its container configuration without who it is or what it runs, so a warm box can be made ahead.
+
+Pure functions, table-tested like policy.py. A request's shape is what
+`policy.container_config` gives it, less its identity (name; session, owner,
+parent and created labels), its command and environment, and the host paths
+of its lifeline and empty world, which a warm box has under names of its own.
+Only a request that a warm box can serve exactly as a cold one has a shape:
+no host mounts, no network, no terminal, no secrets, and a world that starts
+empty. Everything that constrains a box — image, user, seccomp, capabilities,
+limits, tmpfs, working directory — is in the shape, so a claimed box's
+configuration is a cold box's (tests/e2e/test_pool.py compares them).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+from quinebox.box.policy import (
+    GUEST_PYTHON,
+    HOST_SOCKET,
+    LABEL_CREATED,
+    LABEL_OWNER,
+    LABEL_PARENT,
+    LABEL_PREFIX,
+    LABEL_SESSION,
+    LABEL_USER,
+    RUNTIME,
+    ContainerConfig,
+    proxied,
+)
+from quinebox.box.spec import BoxSpec
+
+#: On a warm box: the digest of its shape (it holds no session until claimed).
+LABEL_POOL = LABEL_PREFIX + "pool"
+#: What a warm box runs: the guest's init, waiting on its lifeline for the one command it will run.
+POOL_COMMAND = (*GUEST_PYTHON, f"{RUNTIME}/guest/lifeline.py", "--pool")
+#: A warm box's session label is this and its own id; its claim record (box/claim.py) says whose it became.
+POOL_SESSION = "pool-"
+#: Stand-ins, in a shape, for the host paths a warm box has of its own.
+LIFELINE_SOURCE = "{lifeline}"
+WORLD_SOURCE = "{world}"
+
+
+def why_cold(spec: BoxSpec) -> str | None:
+    """Why a warm box cannot serve `spec` exactly as a cold box would; None when one can."""
+    if spec.tty:
+        return "a terminal"
+    if spec.grants.mounts:
+        return "host mounts"
+    if spec.grants.net or proxied(spec) or spec.egress_socket:
+        return "network"
+    if spec.grants.secrets or spec.tls_dir:
+        return "secrets"
+    world = spec.world
+    if world is not None and (world.kind != "dir" or world.base or world.sources or world.archive or world.paths):
+        return "a world that does not start empty"
+    if not spec.lifeline:
+        return "no lifeline"
+    return None
+
+
+def shape_of(spec: BoxSpec, config: ContainerConfig) -> dict[str, Any] | None:
+    """The shape of the box `config` describes for `spec`, or None when only a cold box can serve it."""
+    if why_cold(spec) is not None or config.host.get("network_mode") != "none":
+        return None
+    create = {key: value for key, value in config.create.items() if key not in ("command", "environment", "name", "labels")}
+    create["labels"] = {LABEL_USER: config.create["labels"][LABEL_USER]}
+    host = copy.deepcopy(config.host)
+    world_layer = spec.world.layer if spec.world is not None else None
+    for mount in host["mounts"]:
+        if mount["Target"] == HOST_SOCKET:
+            mount["Source"] = LIFELINE_SOURCE
+        elif mount["Target"] == "/world" and mount["Source"] == world_layer:
+            mount["Source"] = WORLD_SOURCE
+        elif mount["Target"] != RUNTIME:
+            return None
+    return {"create": create, "host": host}
+
+
+def well_formed(shape: Any) -> bool:
+    """Whether what a claimer sent has a shape's form (the pool makes boxes of it only if so)."""
+    if not isinstance(shape, dict) or set(shape) != {"create", "host"}:
+        return False
+    create, host = shape["create"], shape["host"]
+    if not isinstance(create, dict) or not isinstance(host, dict) or not isinstance(create.get("image"), str):
+        return False
+    if not isinstance(create.get("user"), str) or not isinstance(create.get("labels"), dict):
+        return False
+    mounts = host.get("mounts")
+    return isinstance(mounts, list) and all(isinstance(m, dict) and isinstance(m.get("Source"), str) for m in mounts)
+
+
+def shape_key(shape: dict[str, Any]) -> str:
+    """A short digest that names a shape in labels, stats and logs."""
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def has_world(shape: dict[str, Any]) -> bool:
+    """Whether a warm box of this shape needs an empty world directory of its own (else /world is a tmpfs)."""
+    return any(mount["Source"] == WORLD_SOURCE for mount in shape["host"]["mounts"])
+
+
+def box_user(shape: dict[str, Any]) -> tuple[int, int]:
+    uid, _, gid = str(shape["create"]["user"]).partition(":")
+    return int(uid), int(gid or uid)
+
+
+def warm_config(shape: dict[str, Any], *, box: str, lifeline: str, world: str | None, owner: str, created: str) -> ContainerConfig:
+    """The configuration of a warm box `box` of `shape`: its lifeline socket and world at host paths of its own."""
+    create = copy.deepcopy(shape["create"])
+    host = copy.deepcopy(shape["host"])
+    for mount in host["mounts"]:
+        if mount["Source"] == LIFELINE_SOURCE:
+            mount["Source"] = lifeline
+        elif mount["Source"] == WORLD_SOURCE:
+            if world is None:
+                raise ValueError("this shape needs a world directory")
+            mount["Source"] = world
+    create.update(
+        command=list(POOL_COMMAND),
+        environment={},
+        name=f"quinebox-{POOL_SESSION}{box}",
+        labels={
+            **create["labels"],
+            LABEL_SESSION: POOL_SESSION + box,
+            LABEL_OWNER: owner,
+            LABEL_PARENT: "",
+            LABEL_CREATED: created,
+            LABEL_POOL: shape_key(shape),
+        },
+    )
+    return ContainerConfig(create=create, host=host)
+
+
+def claim_frame(spec: BoxSpec, config: ContainerConfig) -> dict[str, Any]:
+    """What a warm box is told when it is claimed: the command and environment a cold box would have had at create.
+
+    An agent's loop takes the box over (it holds the lifeline itself, as in a cold agent box); any other
+    command runs under the lifeline, exactly as `policy.GUEST_PREFIX` runs it."""
+    argv = list(config.create["command"])
+    if not spec.agent:
+        argv = argv[argv.index("--") + 1 :]
+    return {"kind": "claim", "argv": argv, "env": dict(config.create["environment"]), "agent": spec.agent}
