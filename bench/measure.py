@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import IO
+from pathlib import Path
+from typing import IO, Iterator
 
 
 @dataclass(frozen=True)
@@ -38,3 +43,29 @@ def run_child(
             err.seek(0)
             raise SystemExit(f"{' '.join(argv[:4])} … exited {measured.code}: {err.read().decode(errors='replace')[-500:]}")
     return measured
+
+
+@contextlib.contextmanager
+def served(pool: int | None) -> Iterator[dict[str, str] | None]:
+    """With `pool` (warm boxes per shape): the environment of a state dir of its own with `quinebox serve --pool` on it,
+    its default shape warm; without: None (the benchmark runs the CLI as it starts cold)."""
+    if pool is None:
+        yield None
+        return
+    quinebox = str(Path(sys.executable).with_name("quinebox"))
+    state = tempfile.mkdtemp(prefix="quinebox-bench-state-")
+    env = {**os.environ, "QUINEBOX_STATE_DIR": state}
+    env.pop("QUINEBOX_SERVE", None)
+    env.pop("QUINEBOX_POOL", None)
+    subprocess.run([quinebox, "serve", "--background", "--pool", str(pool)], env=env, check=True, capture_output=True)
+    try:
+        until = time.monotonic() + 120
+        while pool and time.monotonic() < until:
+            said = json.loads(subprocess.run([quinebox, "serve", "status", "--json"], env=env, capture_output=True, check=True).stdout)
+            if any(shape["warm"] >= pool for shape in said["pool"]["shapes"]):
+                break
+            time.sleep(0.2)
+        yield env
+    finally:
+        subprocess.run([quinebox, "serve", "stop"], env=env, capture_output=True)
+        shutil.rmtree(state, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Trees of agents, side by side with their baselines, in one run.
 
-    .venv/bin/python bench/tree.py [--fanout 100] [--parallel 16]
+    .venv/bin/python bench/tree.py [--fanout 100] [--parallel 16] [--serve POOL]
 
 1. The 36-session delegation tree of examples/tree (scripted models) vs its
    critical path: depth (3) × the measured latency of one leaf agent.   target ≤ 1.3×
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from measure import run_child
+from measure import run_child, served
 
 from quinebox.box.spec import DEFAULT_IMAGE
 
@@ -39,15 +39,21 @@ def main() -> int:
     parser.add_argument("--fanout", type=int, default=100)
     parser.add_argument("--parallel", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--serve", type=int, metavar="POOL", help="run quinebox through `quinebox serve --pool POOL`")
     args = parser.parse_args()
+    with served(args.serve) as env:
+        return compare(args, env)
+
+
+def compare(args: argparse.Namespace, env: dict[str, str] | None) -> int:
     work = Path(tempfile.mkdtemp(prefix="quinebox-tree-"))
     tree_root = f"script:{ROOT / 'examples' / 'tree' / 'root.yaml'}"
     leaf = f"script:{ROOT / 'examples' / 'tree' / 'leaf.yaml'}"
 
     trees, leaves = [], []
     for _ in range(args.runs):
-        leaves.append(run_child([QUINEBOX, "run", "-q", "-m", leaf, "Survey district a"], stdin=b"a\n").seconds)
-        trees.append(run_child([QUINEBOX, "run", "-q", "-m", tree_root, "-g", "spawn:35", "-g", "depth:2", "Survey the ten regions"]).seconds)
+        leaves.append(run_child([QUINEBOX, "run", "-q", "-m", leaf, "Survey district a"], stdin=b"a\n", env=env).seconds)
+        trees.append(run_child([QUINEBOX, "run", "-q", "-m", tree_root, "-g", "spawn:35", "-g", "depth:2", "Survey the ten regions"], env=env).seconds)
     critical = 3 * statistics.median(leaves)
     tree_ratio = statistics.median(trees) / critical
 
@@ -57,7 +63,7 @@ def main() -> int:
     parent = script(work, "parent", {"sh": inside}, {"exit": "success"})
     fans, dockers = [], []
     for _ in range(args.runs):
-        fans.append(run_child([QUINEBOX, "run", "-q", "-m", parent, "-g", f"spawn:{args.fanout}", "-g", "depth:1", "fan out"]).seconds)
+        fans.append(run_child([QUINEBOX, "run", "-q", "-m", parent, "-g", f"spawn:{args.fanout}", "-g", "depth:1", "fan out"], env=env).seconds)
         count = "".join(f"{i}\n" for i in range(args.fanout)).encode()
         dockers.append(run_child(["xargs", f"-P{args.parallel}", "-I{}", DOCKER, "run", "--rm", "--network", "none", DEFAULT_IMAGE, "true"], stdin=count).seconds)
     fan_ratio = statistics.median(fans) / statistics.median(dockers)
@@ -72,9 +78,10 @@ def main() -> int:
     hold_name = Path(hold[len("script:") :]).name
     children = [{"mission": f"hold {i}", "model": f"script:{hold_name}"} for i in range(args.fanout)]
     holder = script(work, "holder", {"fork": {"mode": "wait", "children": children}}, {"exit": "success"})
-    held = run_child([QUINEBOX, "run", "-q", "-m", holder, "-g", f"spawn:{args.fanout}", "-g", "depth:1", "hold them all"])
+    held = run_child([QUINEBOX, "run", "-q", "-m", holder, "-g", f"spawn:{args.fanout}", "-g", "depth:1", "hold them all"], env=env)
     peak = held.peak_kib
-    print(f"{f'root RSS with {args.fanout} live agents':<46} {peak / 1024:6.1f} MB  (target < 150 MB; all alive at once for 8 s, {held.seconds:.1f} s in all)")
+    whose = " (the thin client's: the tree runs in the server)" if env else ""
+    print(f"{f'root RSS with {args.fanout} live agents':<46} {peak / 1024:6.1f} MB{whose}  (target < 150 MB; all alive at once for 8 s, {held.seconds:.1f} s in all)")
     shutil.rmtree(work)
     met = tree_ratio <= 1.3 and fan_ratio <= 1.3 and peak / 1024 < 150
     print("\nall targets met" if met else "\nSOME TARGETS MISSED")

@@ -37,9 +37,12 @@ def main() -> None:
                 os.fstat(fd)
             except OSError:
                 os.open(os.devnull, os.O_RDWR)
-        server = fdpass.connect(str(serve_socket()))
+        server = fdpass.connect(serve_socket())
         if server is not None:
-            sys.exit(through(server, argv))
+            code = through(server, argv)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # nothing is left to clean up, and a thin client's exit should be as quick as its start
     from quinebox.cli import main as full
 
     full()

@@ -10,7 +10,10 @@ from __future__ import annotations
 import array
 import json
 import socket
-from typing import Any, Sequence
+
+TYPE_CHECKING = False  # typing itself is not imported: the thin client's start-up counts
+if TYPE_CHECKING:
+    from typing import Any, Sequence
 
 #: A request bigger than this is not one of ours.
 MAX_MESSAGE = 4 << 20

@@ -21,15 +21,25 @@ module imports nothing of quinebox.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+TYPE_CHECKING = False  # typing itself is not imported: the thin client imports this module on its fast path
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def state_root() -> str:
+    """The state dir's path, by os.path alone: the thin client finds the server's socket without importing pathlib."""
+    override = os.environ.get("QUINEBOX_STATE_DIR")
+    if override:
+        return os.path.join(os.getcwd(), os.path.expanduser(override))
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "quinebox")
 
 
 def state_dir() -> Path:
-    override = os.environ.get("QUINEBOX_STATE_DIR")
-    if override:
-        return Path(override).expanduser().absolute()
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(base) / "quinebox"
+    from pathlib import Path
+
+    return Path(state_root())
 
 
 def run_dir() -> Path:
@@ -39,9 +49,9 @@ def run_dir() -> Path:
     return path
 
 
-def serve_socket() -> Path:
+def serve_socket() -> str:
     """Where `quinebox serve` listens for this user's thin clients (cli/server.py, client.py)."""
-    return state_dir() / "run" / "serve.sock"
+    return os.path.join(state_root(), "run", "serve.sock")
 
 
 def pool_socket() -> Path:

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from quinebox import fdpass
+from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.broker import Broker, Channel
 from quinebox.box.policy import ContainerConfig
-from quinebox.box.shape import shape_of
+from quinebox.box.shape import shape_of, updates
 from quinebox.box.spec import BoxSpec
 from quinebox.errors import EngineError
 from quinebox.state import pool_socket, run_dir
@@ -78,8 +79,8 @@ class Claimed:
             sock.close()
 
 
-def claim(spec: BoxSpec, config: ContainerConfig) -> Claimed | None:
-    """A warm box for `spec`, or None when none is to be had (then the caller starts one cold)."""
+def claim(spec: BoxSpec, config: ContainerConfig, backend: DockerBackend) -> Claimed | None:
+    """A warm box for `spec`, its limits set as `config` says, or None when none is to be had (then the caller starts one cold)."""
     if not pool_wanted():
         return None
     shape = shape_of(spec, config)
@@ -102,10 +103,18 @@ def claim(spec: BoxSpec, config: ContainerConfig) -> Claimed | None:
         return None
     listener, lifeline, attach = (socket.socket(fileno=fd) for fd in fds)
     attach.settimeout(None)
-    return Claimed(
+    claimed = Claimed(
         container=str(answer["container"]), box=str(answer["box"]), listener=listener, lifeline=lifeline, attach=attach,
         socket_path=str(answer["lifeline"]), world=answer.get("world"), shell=bool(answer.get("shell")),
     )
+    limits = updates(config)
+    if limits:
+        try:
+            backend.update(claimed.container, limits)
+        except EngineError:
+            claimed.release()  # it dies unused; a cold start says what the engine refused, if it still does
+            return None
+    return claimed
 
 
 def claim_record(container: str) -> Path:

@@ -115,7 +115,7 @@ class BoxProcess:
         egress = self._egress(handler, image.id or spec.image) if proxied(spec) else None
         self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
         #: The warm box this one is, when the pool had one of its shape (box/claim.py); else it is made here.
-        self.claimed = claim(spec, config)
+        self.claimed = claim(spec, config, self._backend)
         self._egress_proxy = egress
         self._broker: Broker | None = None
         try:

@@ -7,8 +7,10 @@ of its lifeline and empty world, which a warm box has under names of its own.
 Only a request that a warm box can serve exactly as a cold one has a shape:
 no host mounts, no network, no terminal, no secrets, and a world that starts
 empty. Everything that constrains a box — image, user, seccomp, capabilities,
-limits, tmpfs, working directory — is in the shape, so a claimed box's
-configuration is a cold box's (tests/e2e/test_pool.py compares them).
+limits, tmpfs, working directory — is in the shape, but for the memory limit,
+which the engine changes on a running box: a warm box has the default and a
+claim sets the request's. So a claimed box's configuration is a cold box's
+(tests/e2e/test_pool.py compares them).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 from typing import Any
 
 from quinebox.box.policy import (
+    DEFAULT_MEM,
     GUEST_PYTHON,
     HOST_SOCKET,
     LABEL_CREATED,
@@ -39,6 +42,8 @@ LABEL_POOL = LABEL_PREFIX + "pool"
 POOL_COMMAND = (*GUEST_PYTHON, f"{RUNTIME}/guest/lifeline.py", "--pool")
 #: A warm box's session label is this and its own id; its claim record (box/claim.py) says whose it became.
 POOL_SESSION = "pool-"
+#: What a warm box is made with and a claim sets as the request says: the memory limit (and swap, the same).
+UPDATABLE = ("mem_limit", "memswap_limit")
 #: Stand-ins, in a shape, for the host paths a warm box has of its own.
 LIFELINE_SOURCE = "{lifeline}"
 WORLD_SOURCE = "{world}"
@@ -68,7 +73,7 @@ def shape_of(spec: BoxSpec, config: ContainerConfig) -> dict[str, Any] | None:
         return None
     create = {key: value for key, value in config.create.items() if key not in ("command", "environment", "name", "labels")}
     create["labels"] = {LABEL_USER: config.create["labels"][LABEL_USER]}
-    host = copy.deepcopy(config.host)
+    host = {**copy.deepcopy(config.host), **dict.fromkeys(UPDATABLE, DEFAULT_MEM)}  # set at the claim, as the engine allows
     world_layer = spec.world.layer if spec.world is not None else None
     for mount in host["mounts"]:
         if mount["Target"] == HOST_SOCKET:
@@ -78,6 +83,13 @@ def shape_of(spec: BoxSpec, config: ContainerConfig) -> dict[str, Any] | None:
         elif mount["Target"] != RUNTIME:
             return None
     return {"create": create, "host": host}
+
+
+def updates(config: ContainerConfig) -> dict[str, int]:
+    """The limits a claimed box must be given (the engine's `update`) to be configured as `config` says: its memory,
+    when not a warm box's. The engine updates no other limit of a running box that a shape holds."""
+    wanted = {key: config.host[key] for key in UPDATABLE}
+    return {} if all(value == DEFAULT_MEM for value in wanted.values()) else wanted
 
 
 def well_formed(shape: Any) -> bool:

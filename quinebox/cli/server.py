@@ -46,8 +46,9 @@ def warm() -> None:
     may read a setting from the environment at import: settings are read when used, in the worker, from the client's."""
     import importlib
 
-    for name in ("docker", "openai", "yaml", "rich.console", "cryptography.x509", "quinebox.cli", "quinebox.api", "quinebox.agent.session",
-                 "quinebox.tree.agent", "quinebox.tree.fanout", "quinebox.box.labels", "quinebox.audit.approvals"):
+    for name in ("docker", "openai", "yaml", "rich.console", "cryptography.x509", "sqlite3", "quinebox.cli", "quinebox.api", "quinebox.agent.session",
+                 "quinebox.tree.agent", "quinebox.tree.fanout", "quinebox.box.labels", "quinebox.audit.approvals", "quinebox.worlds.tracker",
+                 "quinebox.agent.diagnostics", "quinebox.agent.providers.script", "quinebox.agent.providers.openai", "typer._click.decorators"):
         importlib.import_module(name)
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.spec import seccomp_base

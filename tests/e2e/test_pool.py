@@ -85,18 +85,20 @@ def own_paths(inspect: dict) -> dict:
     return {"host": host, "config": config}
 
 
-def test_a_claimed_box_is_configured_and_behaves_exactly_as_a_cold_one(pooled, monkeypatch, engine):
+@pytest.mark.parametrize("grants", [[], ["mem:300M"]], ids=["default", "memory-set-at-the-claim"])
+def test_a_claimed_box_is_configured_and_behaves_exactly_as_a_cold_one(pooled, monkeypatch, engine, grants):
     monkeypatch.setenv("QUINEBOX_STATE_DIR", pooled["QUINEBOX_STATE_DIR"])
     monkeypatch.delenv("QUINEBOX_POOL", raising=False)
     before = hits(pooled)
-    warm = quinebox.Popen(["sleep", "60"], stdin=quinebox.DEVNULL)
+    warm = quinebox.Popen(["sleep", "60"], grants=grants, stdin=quinebox.DEVNULL)
     monkeypatch.setenv("QUINEBOX_POOL", "off")
-    cold = quinebox.Popen(["sleep", "60"], stdin=quinebox.DEVNULL)
+    cold = quinebox.Popen(["sleep", "60"], grants=grants, stdin=quinebox.DEVNULL)
     try:
         assert warm.claimed is not None and cold.claimed is None
         assert hits(pooled) == before + 1
         claimed, started = (engine.api.inspect_container(box.id) for box in (warm, cold))
         assert own_paths(claimed) == own_paths(started)
+        assert claimed["HostConfig"]["Memory"] == (300 << 20 if grants else 1 << 30)
         assert claimed["Config"]["Cmd"] == list(POOL_COMMAND)  # what it was told to run came after, over its lifeline
     finally:
         warm.kill()
@@ -105,9 +107,10 @@ def test_a_claimed_box_is_configured_and_behaves_exactly_as_a_cold_one(pooled, m
     # What a command sees inside, warm or cold: the same environment, user, directory, capabilities, limits and mounts.
     monkeypatch.delenv("QUINEBOX_POOL")
     wait_for(lambda: warm_count(pooled) == 2, "the pool to refill")
-    seen_warm = quinebox.exec(["sh", "-c", PROBE], grants=["env:GIVEN=by-the-caller"])
+    probe = PROBE + "; cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+    seen_warm = quinebox.exec(["sh", "-c", probe], grants=["env:GIVEN=by-the-caller", *grants])
     monkeypatch.setenv("QUINEBOX_POOL", "off")
-    seen_cold = quinebox.exec(["sh", "-c", PROBE], grants=["env:GIVEN=by-the-caller"])
+    seen_cold = quinebox.exec(["sh", "-c", probe], grants=["env:GIVEN=by-the-caller", *grants])
     assert hits(pooled) == before + 2
     assert seen_warm.returncode == seen_cold.returncode == 0, seen_warm.stderr + seen_cold.stderr
     assert b"GIVEN=by-the-caller" in seen_warm.stdout
@@ -168,13 +171,13 @@ def test_what_a_warm_box_cannot_serve_starts_cold_and_works(pooled, args, tmp_pa
 
 
 def test_a_new_shape_is_a_miss_then_kept_warm_and_status_shows_its_claims(pooled):
-    first = quinebox_cli("exec", "-g", "mem:300M", "--", "sh", "-c", "cat /sys/fs/cgroup/memory/memory.limit_in_bytes", env=pooled)
-    assert (first.returncode, first.stdout) == (0, b"314572800\n"), first.stderr
+    first = quinebox_cli("exec", "-g", "pids:64", "--", "sh", "-c", "cat /sys/fs/cgroup/pids/pids.max", env=pooled)
+    assert (first.returncode, first.stdout) == (0, b"64\n"), first.stderr
     [mem] = [s for s in shapes(pooled) if s["misses"] == 1]
     assert mem["hits"] == 0
     wait_for(lambda: [s for s in shapes(pooled) if s["shape"] == mem["shape"]][0]["warm"] == 2, "the new shape's warm boxes")
-    second = quinebox_cli("exec", "-g", "mem:300M", "--", "sh", "-c", "cat /sys/fs/cgroup/memory/memory.limit_in_bytes", env=pooled)
-    assert (second.returncode, second.stdout) == (0, b"314572800\n")
+    second = quinebox_cli("exec", "-g", "pids:64", "--", "sh", "-c", "cat /sys/fs/cgroup/pids/pids.max", env=pooled)
+    assert (second.returncode, second.stdout) == (0, b"64\n")
     [mem] = [s for s in shapes(pooled) if s["shape"] == mem["shape"]]
     assert (mem["hits"], mem["misses"]) == (1, 1) and 0 <= mem["p50_ms"] <= mem["p99_ms"]
     shown = quinebox_cli("serve", "status", env=pooled).stdout.decode()

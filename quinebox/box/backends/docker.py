@@ -143,6 +143,15 @@ class DockerBackend:
         except Exception as exc:
             raise _engine_error(exc, "the request to start a box") from None
 
+    def update(self, container: str, limits: dict[str, int]) -> None:
+        """Change a running box's limits (those the engine changes: memory)."""
+        try:
+            self.api.update_container(container, **limits)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"the engine could not set the box's limits: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc, "the request to set a box's limits") from None
+
     def kill(self, container: str) -> bool:
         """Whether the engine took the kill (or the box had stopped already); False when it did not answer.
 

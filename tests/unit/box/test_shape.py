@@ -14,6 +14,7 @@ from quinebox.box.shape import (
     has_world,
     shape_key,
     shape_of,
+    updates,
     warm_config,
     well_formed,
     why_cold,
@@ -84,7 +85,6 @@ def test_a_shape_is_the_same_for_every_session_parent_command_and_environment():
 @pytest.mark.parametrize(
     "change",
     [
-        {"grants": Grants.parse(["mem:256M"], cwd="/")},
         {"grants": Grants.parse(["pids:64"], cwd="/")},
         {"grants": Grants.parse(["cpus:0.5"], cwd="/")},
         {"grants": Grants.parse(["tmp:64M"], cwd="/")},
@@ -97,6 +97,14 @@ def test_a_shape_is_the_same_for_every_session_parent_command_and_environment():
 )
 def test_what_constrains_a_box_is_in_its_shape(change):
     assert shape_key(shape(spec(**change))) != shape_key(shape(spec()))
+
+
+@pytest.mark.parametrize("mem, limits", [(None, {}), ("1G", {}), ("256M", {"mem_limit": 256 << 20, "memswap_limit": 256 << 20}), ("4G", {"mem_limit": 4 << 30, "memswap_limit": 4 << 30})])
+def test_memory_is_set_at_the_claim_so_every_memory_limit_shares_the_shape(mem, limits):
+    box = spec(*([f"mem:{mem}"] if mem else []))
+    assert shape_key(shape(box)) == shape_key(shape(spec()))
+    assert shape(box)["host"]["mem_limit"] == shape(box)["host"]["memswap_limit"] == 1 << 30
+    assert updates(configured(box)) == limits
 
 
 def test_a_shape_holds_no_identity_command_environment_or_session_path():
