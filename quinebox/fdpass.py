@@ -1,4 +1,4 @@
-"""One JSON line over a Unix socket, with file descriptors riding along (SCM_RIGHTS).
+"""Unix sockets between quinebox's own processes: one JSON line, with file descriptors riding along (SCM_RIGHTS).
 
 The thin client hands its stdio to the command server this way, and the pool
 hands a claimed box's sockets to whoever claimed it. Stdlib only: the thin
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import json
+import os
 import socket
 
 TYPE_CHECKING = False  # typing itself is not imported: the thin client's start-up counts
@@ -19,6 +20,19 @@ if TYPE_CHECKING:
 MAX_MESSAGE = 4 << 20
 #: The most descriptors one message carries (stdio and a terminal; a box's three sockets).
 MAX_FDS = 4
+
+
+def listen(path: str, *, mode: int, backlog: int) -> socket.socket:
+    """A socket listening at `path` (a stale one there is replaced), its file given `mode`."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, mode)
+    listener.listen(backlog)
+    return listener
 
 
 def connect(path: str) -> socket.socket | None:

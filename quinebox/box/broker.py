@@ -18,6 +18,7 @@ import socket
 import threading
 from typing import Any, Iterator, Protocol
 
+from quinebox import fdpass
 from quinebox.errors import QuineboxError
 from quinebox.guest import protocol
 
@@ -79,15 +80,7 @@ def box_socket(path: str, *, backlog: int) -> socket.socket:
     The box's uid may differ from ours, so anyone may connect: the run dir (0700)
     keeps everyone else out, and the box reaches the socket only through its mount.
     """
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    os.chmod(path, 0o666)
-    listener.listen(backlog)
-    return listener
+    return fdpass.listen(path, mode=0o666, backlog=backlog)
 
 
 class Broker:

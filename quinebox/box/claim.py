@@ -40,8 +40,8 @@ def pool_wanted() -> bool:
 
 
 @dataclass
-class Claimed:
-    """A warm box that is now ours: its container, its sockets, and the host paths it was made with."""
+class WarmBox:
+    """A started box waiting on its lifeline: its container, the three sockets a claim hands over, its host paths."""
 
     container: str
     box: str
@@ -50,8 +50,17 @@ class Claimed:
     attach: socket.socket
     socket_path: str
     world: str | None
-    #: Whether its image has /bin/sh, as the pool saw before the box started.
+    #: Whether its image has /bin/sh (an agent's sh tool needs it), seen before it started: the engine cannot
+    #: always read a path from a running box (a relative symlink, as busybox's /bin/sh, is a 404 there).
     shell: bool
+
+    def close_sockets(self) -> None:
+        for sock in (self.lifeline, self.listener, self.attach):
+            sock.close()
+
+
+class Claimed(WarmBox):
+    """A warm box that is now ours."""
 
     def settle(self, spec: BoxSpec, command: list[str]) -> None:
         """Give the box the session's host paths: its socket and its world move to where a cold box's are.
@@ -75,8 +84,7 @@ class Claimed:
 
     def release(self) -> None:
         """Let the box go unused: without its lifeline it kills itself, and the engine removes it."""
-        for sock in (self.lifeline, self.listener, self.attach):
-            sock.close()
+        self.close_sockets()
 
 
 def claim(spec: BoxSpec, config: ContainerConfig, backend: DockerBackend) -> Claimed | None:

@@ -37,6 +37,7 @@ from typing import Any
 from quinebox import fdpass
 from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.broker import box_socket
+from quinebox.box.claim import WarmBox
 from quinebox.box.configure import configure
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, shape_key, shape_of, warm_config, well_formed
 from quinebox.box.spec import build_spec, new_session_id, owner_id
@@ -77,19 +78,9 @@ class Settings:
 
 
 @dataclass
-class Warm:
-    """A started box waiting on its lifeline, with the three sockets its claimer takes."""
+class Warm(WarmBox):
+    """A warm box in the pool, since when."""
 
-    box: str
-    container: str
-    listener: socket.socket
-    lifeline: socket.socket
-    attach: socket.socket
-    socket_path: str
-    world: str | None
-    #: Whether its image has /bin/sh (an agent's sh tool needs it), seen before it started: the engine cannot
-    #: always read a path from a running box (a relative symlink, as busybox's /bin/sh, is a 404 there).
-    shell: bool
     since: float = field(default_factory=time.monotonic)
 
     def alive(self) -> bool:
@@ -104,14 +95,9 @@ class Warm:
         except OSError:
             return False
 
-    def handed_over(self) -> None:
-        """Our copies of its sockets go; the claimer holds its own, and its paths are the claimer's to move."""
-        for sock in (self.lifeline, self.listener, self.attach):
-            sock.close()
-
     def discard(self) -> None:
         """Let it go unclaimed: without its lifeline it kills itself and the engine removes it."""
-        self.handed_over()
+        self.close_sockets()
         try:
             os.unlink(self.socket_path)
         except FileNotFoundError:
@@ -298,15 +284,7 @@ def keep(settings: Settings, parent: int) -> None:
     backend = DockerBackend.connect()
     pool = Pool(settings, backend)
     signal.signal(signal.SIGTERM, lambda *_: (pool.close(), os._exit(0)))
-    path = str(pool_socket())
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    os.chmod(path, 0o600)
-    listener.listen(64)
+    listener = fdpass.listen(str(pool_socket()), mode=0o600, backlog=64)
     if settings.size:
         try:
             shape = default_shape(backend)
@@ -347,4 +325,4 @@ def _answer(pool: Pool, conn: socket.socket) -> None:
         except OSError:
             box.discard()  # the claimer went away: nobody holds it
             return
-        box.handed_over()
+        box.close_sockets()  # the claimer holds its own copies, and the box's paths are the claimer's to move

@@ -11,8 +11,8 @@ in the worker, and a client that goes away (SIGKILL included) is a SIGTERM,
 which kills its boxes. Workers are processes of their own: stopping the server
 ends no command that runs.
 
-The server never starts a thread or an engine connection, so every worker
-starts clean: the pool of warm boxes (box/pool.py) lives in a process of its
+The server never starts a thread or keeps an engine connection, so every
+worker starts clean: the pool of warm boxes (box/pool.py) lives in a process of its
 own, forked before anything is served. Workers and the pool die with the
 server, however it dies (SIGKILL included), and their boxes with them; `serve
 stop` lets running commands finish first. Only the owner's uid may connect.
@@ -83,15 +83,7 @@ class Server:
         if answering is not None:
             answering.close()
             raise QuineboxError(f"a command server already answers on {self.path}: `quinebox serve stop` first")
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(self.path)
-        os.chmod(self.path, 0o600)
-        listener.listen(64)
-        self.listener = listener
+        self.listener = fdpass.listen(self.path, mode=0o600, backlog=64)
 
     def keep_pool(self) -> None:
         """Fork the pool's keeper (it dies with this process), unless the pool's size is 0."""
