@@ -41,7 +41,7 @@ from quinebox.box.claim import WarmBox
 from quinebox.box.configure import configure
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, shape_key, shape_of, warm_config, well_formed
 from quinebox.box.spec import build_spec, new_session_id, owner_id
-from quinebox.errors import QuineboxError
+from quinebox.errors import EngineError, QuineboxError
 from quinebox.state import pool_dir, pool_socket, run_dir
 
 #: How long a warm box may take from create to holding its lifeline.
@@ -281,7 +281,15 @@ def default_shape(backend: DockerBackend) -> dict[str, Any] | None:
 def keep(settings: Settings, parent: int) -> None:
     """The keeper's life, in a process forked for it: serve claims on pool.sock until the server goes."""
     die_with_parent(parent)
-    backend = DockerBackend.connect()
+    backend, waited = None, False
+    while backend is None:  # an engine not up yet: boxes start cold (no pool.sock) until it is
+        try:
+            backend = DockerBackend.connect()
+        except EngineError as exc:
+            if not waited:
+                print(f"quinebox pool: waiting for the engine: {exc}", file=sys.stderr, flush=True)
+            waited = True
+            time.sleep(BACKOFF)
     pool = Pool(settings, backend)
     signal.signal(signal.SIGTERM, lambda *_: (pool.close(), os._exit(0)))
     listener = fdpass.listen(str(pool_socket()), mode=0o600, backlog=64)
