@@ -65,7 +65,7 @@ def through(server: socket.socket, argv: list[str]) -> int:
         if signum != signal.SIGWINCH:
             forwarded.append(signum)
         try:
-            server.sendall(json.dumps({"kind": "signal", "signal": signum}).encode() + b"\n")
+            fdpass.send(server, {"kind": "signal", "signal": signum})
         except OSError:
             pass
 

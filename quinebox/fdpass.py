@@ -46,6 +46,31 @@ def connect(path: str) -> socket.socket | None:
     return conn
 
 
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end (SO_PEERCRED): servers answer their owner only."""
+    import struct
+
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def ask(path: str, message: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    """One message to the server at `path` and its answer: None when nothing answers there, {} when the answer
+    is not one (or does not come in time)."""
+    conn = connect(path)
+    if conn is None:
+        return None
+    with conn:
+        try:
+            send(conn, message)
+            answer, fds = receive(conn, timeout)
+        except OSError:
+            return {}
+    for fd in fds:
+        os.close(fd)
+    return answer
+
+
 def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
     data = json.dumps(message).encode() + b"\n"
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []

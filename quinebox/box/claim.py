@@ -25,7 +25,7 @@ from quinebox import fdpass
 from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.broker import Broker, Channel
 from quinebox.box.policy import ContainerConfig
-from quinebox.box.shape import shape_of, updates
+from quinebox.box.shape import shape_of, updates, why_cold
 from quinebox.box.spec import BoxSpec
 from quinebox.errors import EngineError
 from quinebox.state import pool_socket, run_dir
@@ -89,20 +89,20 @@ class Claimed(WarmBox):
 
 def claim(spec: BoxSpec, config: ContainerConfig, backend: DockerBackend) -> Claimed | None:
     """A warm box for `spec`, its limits set as `config` says, or None when none is to be had (then the caller starts one cold)."""
-    if not pool_wanted():
+    if not pool_wanted() or why_cold(spec) is not None:
         return None
-    shape = shape_of(spec, config)
-    if shape is None:
-        return None
-    conn = fdpass.connect(str(pool_socket()))
+    conn = fdpass.connect(str(pool_socket()))  # before the shape is worked out: with no server, that is all a cold box pays
     if conn is None:
         return None
+    answer: dict[str, Any] = {}
     fds: list[int] = []
     try:
-        fdpass.send(conn, {"kind": "claim", "shape": shape})
-        answer, fds = fdpass.receive(conn, CLAIM_TIMEOUT)
+        shape = shape_of(spec, config)
+        if shape is not None:
+            fdpass.send(conn, {"kind": "claim", "shape": shape})
+            answer, fds = fdpass.receive(conn, CLAIM_TIMEOUT)
     except OSError:
-        answer = {}
+        pass  # a pool that went away meanwhile: a cold start
     finally:
         conn.close()
     if answer.get("kind") != "claimed" or len(fds) != 3:

@@ -109,8 +109,9 @@ def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
             continue
         backend.remove(container["Id"])
         removed.append(box.session)
+    present = {container["Id"] for container in containers}
     for record in run_dir().glob("claimed/*.json"):
-        if not any(c["Id"] == record.stem for c in containers):
+        if record.stem not in present:
             record.unlink(missing_ok=True)
     for world in pool_dir().glob("*"):
         if POOL_SESSION + world.name not in live_sessions:

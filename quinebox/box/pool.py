@@ -25,12 +25,11 @@ import shutil
 import signal
 import socket
 import statistics
-import struct
 import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -71,7 +70,7 @@ class Settings:
         except (TypeError, ValueError):
             raise QuineboxError("bad `pool:` in config.yaml: size and creates are whole numbers, ttl is seconds") from None
         if size is not None:
-            settings = cls(size=size, ttl=settings.ttl, creates=settings.creates)
+            settings = replace(settings, size=size)
         if settings.size < 0 or settings.ttl <= 0 or settings.creates < 1:
             raise QuineboxError("bad pool settings: size ≥ 0, ttl > 0 and creates ≥ 1")
         return settings
@@ -307,8 +306,7 @@ def keep(settings: Settings, parent: int) -> None:
 
 def _answer(pool: Pool, conn: socket.socket) -> None:
     with conn:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        if struct.unpack("3i", creds)[1] != os.getuid():
+        if fdpass.peer_uid(conn) != os.getuid():
             return
         try:
             message, fds = fdpass.receive(conn, 2.0)
@@ -320,10 +318,7 @@ def _answer(pool: Pool, conn: socket.socket) -> None:
             fdpass.send(conn, {"kind": "stats", "pid": os.getpid(), "settings": pool.settings.__dict__, "shapes": pool.stats()})
             return
         shape = message.get("shape")
-        if message.get("kind") != "claim" or not well_formed(shape) or pool.settings.size == 0:
-            fdpass.send(conn, {"kind": "miss"})
-            return
-        box = pool.claim(shape)
+        box = pool.claim(shape) if message.get("kind") == "claim" and well_formed(shape) and pool.settings.size else None
         if box is None:
             fdpass.send(conn, {"kind": "miss"})
             return

@@ -143,8 +143,7 @@ class Server:
                 pass
 
     def _answer(self, conn: socket.socket) -> None:
-        uid = _peer_uid(conn)
-        if uid != os.getuid():
+        if fdpass.peer_uid(conn) != os.getuid():
             return  # only the owner; the run dir is private anyway
         _reap()
         message, fds = fdpass.receive(conn, REQUEST_TIMEOUT)
@@ -167,10 +166,10 @@ class Server:
                 finally:
                     os._exit(code)
         elif kind == "status":
-            said = {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "pool": pool_stats()}
-            conn.sendall(json.dumps(said).encode() + b"\n")
+            pool = fdpass.ask(str(pool_socket()), {"kind": "stats"}, 5) or None
+            fdpass.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "pool": pool})
         elif kind == "stop":
-            conn.sendall(b'{"kind": "stopping"}\n')
+            fdpass.send(conn, {"kind": "stopping"})
             self.stop()
         for fd in fds:
             os.close(fd)
@@ -195,27 +194,6 @@ def _wait_for_workers() -> None:
             return
         except InterruptedError:
             continue
-
-
-def _peer_uid(conn: socket.socket) -> int:
-    import struct
-
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
-
-
-def pool_stats() -> dict[str, Any] | None:
-    """What the pool's keeper says of its shapes, or None when no pool answers."""
-    conn = fdpass.connect(str(pool_socket()))
-    if conn is None:
-        return None
-    with conn:
-        try:
-            fdpass.send(conn, {"kind": "stats"})
-            answer, _ = fdpass.receive(conn, 5)
-        except OSError:
-            return None
-    return answer or None
 
 
 def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
@@ -257,7 +235,7 @@ def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
 
 def _report(conn: socket.socket, code: int) -> None:
     try:
-        conn.sendall(json.dumps({"kind": "exit", "code": code}).encode() + b"\n")
+        fdpass.send(conn, {"kind": "exit", "code": code})
     except OSError:
         pass
 
@@ -275,25 +253,10 @@ def _follow_client(conn: socket.socket) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _ask(kind: str) -> dict[str, Any] | None:
-    """One request to the server and its answer; None when no server answers."""
-    conn = fdpass.connect(str(serve_socket()))
-    if conn is None:
-        return None
-    with conn:
-        conn.sendall(json.dumps({"kind": kind}).encode() + b"\n")
-        conn.settimeout(5)
-        try:
-            answer = json.loads(conn.makefile("rb").readline())
-        except (OSError, ValueError):
-            return {}
-    return answer if isinstance(answer, dict) else {}
-
-
 def status() -> dict[str, Any] | None:
     """What the server says of itself, or None when no server answers."""
-    return _ask("status") or None
+    return fdpass.ask(serve_socket(), {"kind": "status"}, 5) or None
 
 
 def stop() -> bool:
-    return _ask("stop") is not None
+    return fdpass.ask(serve_socket(), {"kind": "stop"}, 5) is not None
