@@ -132,6 +132,8 @@ def import_archive(archive: str, into: str) -> None:
             tar.extractall(into, filter="data")
     except (tarfile.TarError, EOFError, KeyError) as exc:  # KeyError: a hard link to a member that is not there
         raise WorldError(f"bad archive {archive}: {exc}") from None
+    except RecursionError:  # tarfile follows a hard link that cannot be made to its target, and so on round a cycle
+        raise WorldError(f"refused archive {archive}: its hard links form a cycle (a link to itself, say)") from None
     except OSError as exc:  # a member the filter let through that cannot be made (a file named ".", say)
         raise WorldError(f"refused archive {archive}: cannot unpack {os.path.basename(exc.filename or '') or 'a member'}: {exc.strerror}") from None
 
