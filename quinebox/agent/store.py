@@ -11,7 +11,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Iterator
 
 from quinebox.errors import StateError
@@ -147,6 +147,17 @@ class Index:
             "UPDATE sessions SET ended = ?, exit_code = ?, termination = ?, tokens = ?, turns = ? WHERE id = ?",
             (time.time(), exit_code, termination, tokens, turns, session),
         )
+
+    def put(self, row: SessionRow) -> None:
+        """A whole row as another machine's index holds it: a session run on a cluster node, brought home."""
+        self._write("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", astuple(row))
+
+    def subtree(self, session: str) -> list[SessionRow]:
+        """The session and every session below it, parents before their children."""
+        rows = [row for row in [self.get(session)] if row is not None and row.id == session]
+        for row in rows:  # grows as it goes: breadth first
+            rows.extend(self.children(row.id))
+        return rows
 
     def get(self, session: str) -> SessionRow | None:
         rows = self._select("WHERE id = ? OR id LIKE ?", (session, f"{session}%"))

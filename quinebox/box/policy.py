@@ -206,6 +206,7 @@ def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: 
         LABEL_PARENT: spec.parent or "",
         LABEL_CREATED: spec.created,
         LABEL_USER: str(spec.caller),
+        **{LABEL_PREFIX + name: value for name, value in spec.tags},
     }
     host: dict[str, Any] = {
         "auto_remove": True,

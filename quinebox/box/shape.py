@@ -64,6 +64,8 @@ def why_cold(spec: BoxSpec) -> str | None:
         return "a world that does not start empty"
     if not spec.lifeline:
         return "no lifeline"
+    if spec.tags:
+        return "labels of its own"  # a claimed box keeps the labels it was created with
     return None
 
 

@@ -25,6 +25,8 @@ from quinebox.state import run_dir, state_dir
 from quinebox.worlds.spec import WorldSpec, root_world
 
 DEFAULT_IMAGE = f"quinebox/agent:{__version__}"
+#: The labels a caller may give a tree's boxes (as io.quinebox.NAME), beside those quinebox sets itself.
+TAGS = ("run", "input", "attempt")
 #: The uid a box runs as when the caller is root: the image's `agent` user.
 AGENT_UID = 1000
 #: When to pull a box's image: only when it is not here (as docker run), every time, or never.
@@ -89,6 +91,8 @@ class BoxSpec:
     egress_socket: str | None = None
     #: The tree's ask and deny rules: set by whoever started the root, inherited by every box below it.
     asks: Asks = Asks()
+    #: Labels of the boxes' own (name, value), shared by the whole tree: a cluster attempt's run, input and attempt number.
+    tags: tuple[tuple[str, str], ...] = ()
 
 
 @functools.lru_cache(maxsize=1)
@@ -180,6 +184,7 @@ def build_spec(
     ask: Iterable[str] = (),
     deny: Iterable[str] = (),
     ask_timeout: float | str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> BoxSpec:
     """Parse and check everything about a box before anything is started.
 
@@ -187,6 +192,8 @@ def build_spec(
     """
     if not argv and not image:
         raise GrantError("nothing to run: give a command, as in `quinebox exec -- CMD [ARGS...]`")
+    if tags and not set(tags) <= set(TAGS):
+        raise GrantError(f"bad box labels {sorted(set(tags) - set(TAGS))}: a caller may set only {', '.join(TAGS)}")
     if pull not in PULL_POLICIES:
         raise GrantError(f"bad --pull {pull!r}: use one of {', '.join(PULL_POLICIES)}")
     environ = os.environ if environ is None else environ
@@ -227,4 +234,5 @@ def build_spec(
         pull=pull,
         caller=os.getuid(),
         asks=asks,
+        tags=tuple(sorted((tags or {}).items())),
     )

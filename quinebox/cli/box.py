@@ -170,10 +170,22 @@ def gc_command() -> None:
 
 
 @app.command("doctor", help="Check the engine, the image and kernel support, and say how to fix what is missing.")
-def doctor_command() -> None:
-    from quinebox.box import doctor
+def doctor_command(
+    cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help="Check every node of this Ray cluster instead: which can run boxes, and why not."),
+    image: Optional[str] = typer.Option(None, "--image", help="With --cluster: the image the nodes need (default quinebox's own)."),
+) -> None:
+    if cluster is None:
+        from quinebox.box import doctor
 
-    raise typer.Exit(doctor.run())
+        raise typer.Exit(doctor.run())
+    from quinebox.cluster.connect import connect
+
+    with reported():
+        reports = connect(cluster).check_nodes(image)
+    for report in sorted(reports, key=lambda r: (r["why"] is not None, r["host"], r["node"])):
+        where = f"node {report['node'][:12]} ({report['host']})"
+        say(f"ok    {where} runs boxes" if report["why"] is None else f"FAIL  {where}: {report['why']}")
+    raise typer.Exit(0 if reports and all(r["why"] is None for r in reports) else 1)
 
 
 @image_app.command("build", help="Build the agent image (bootstrapping the base offline when no registry is reachable).")

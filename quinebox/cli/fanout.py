@@ -12,16 +12,32 @@ import typer
 from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, DENY_HELP, FORWARDED_SIGNALS, app, reported, say
 
 
-def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool) -> int:
-    """Run jobs with progress on stderr; signals stop new starts and kill what runs."""
+def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool, cluster: str | None = None, forward_env: List[str] = ()) -> int:
+    """Run jobs with progress on stderr, here or on a cluster; signals stop new starts and kill what runs."""
     from quinebox.tree.fanout import Runner
     from quinebox.tree.progress import make_progress
 
     with reported():
         jobs = jobs_from()
+        connected = None
+        if cluster is not None:
+            from quinebox.cluster.connect import connect
+
+            connected = connect(cluster, forward_env)
+        elif forward_env:
+            from quinebox.errors import QuineboxError
+
+            raise QuineboxError("--forward-env is for --cluster: here the agents' broker already sees this environment")
+        if options.parallel is None:
+            options.parallel = connected.capacity() if connected else LOCAL_PARALLEL
     received: list[int] = []
     with make_progress(len(jobs)) as progress:
-        runner = Runner(jobs, out, options, progress)
+        if connected is not None:
+            from quinebox.cluster.driver import ClusterRunner
+
+            runner: Runner = ClusterRunner(jobs, out, options, progress, connected)
+        else:
+            runner = Runner(jobs, out, options, progress)
 
         def on_signal(signum: int, _frame: object) -> None:
             received.append(signum)
@@ -54,6 +70,10 @@ def checked_options(**given: Any) -> Any:
     return Options(**given)
 
 
+LOCAL_PARALLEL = 4
+PARALLEL_HELP = f"Agents at once (default {LOCAL_PARALLEL}; with --cluster, the cluster's capacity)."
+CLUSTER_HELP = "Run on a Ray cluster: ray://HOST:PORT, the head's HOST:PORT, or auto (RAY_ADDRESS, or `ray start` here). Needs quinebox[ray]."
+FORWARD_HELP = "With --cluster: hand this environment variable (say, the provider's key) to the nodes' brokers; nothing is forwarded unless named."
 FANOUT_HELP = "Deliverables go to DIR/NAME.out, diagnostics to DIR/NAME.err, one line per input to DIR/results.jsonl. Exit 0 only when every input succeeded."
 
 
@@ -62,7 +82,7 @@ def map_command(
     mission: str = typer.Argument(..., help="The mission, the same for every input."),
     inputs: List[str] = typer.Argument(None, metavar="INPUTS...", help="Files or globs."),
     jsonl: Optional[str] = typer.Option(None, "--jsonl", metavar="FILE", help="One material per line, as a JSON string."),
-    parallel: int = typer.Option(4, "--parallel", "-P", min=1, help="Agents at once."),
+    parallel: Optional[int] = typer.Option(None, "--parallel", "-P", min=1, help=PARALLEL_HELP),
     out: str = typer.Option("quinebox-out", "--out", "-o", metavar="DIR", help="Where outputs and results.jsonl go."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="As for run."),
     grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant for every agent."),
@@ -77,6 +97,8 @@ def map_command(
     deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
     ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     json_summary: bool = typer.Option(False, "--json", help="One JSON summary line on stderr at the end."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help=CLUSTER_HELP),
+    forward_env: List[str] = typer.Option([], "--forward-env", metavar="NAME", help=FORWARD_HELP),
 ) -> None:
     from quinebox.tree.fanout import map_jobs
 
@@ -85,13 +107,13 @@ def map_command(
         ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout,
     )
     common = {"grants": tuple(grant), "image": image, "model": model, "timeout": timeout}
-    raise typer.Exit(fan_out(lambda: map_jobs(mission, inputs or [], jsonl, **common), out=out, options=options, json_summary=json_summary))
+    raise typer.Exit(fan_out(lambda: map_jobs(mission, inputs or [], jsonl, **common), out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env))
 
 
 @app.command("batch", help="Run the jobs of a YAML file (mission, material or input, grants, image, model per job). " + FANOUT_HELP)
 def batch_command(
     jobs_file: str = typer.Argument(..., metavar="JOBS.yaml"),
-    parallel: int = typer.Option(4, "--parallel", "-P", min=1),
+    parallel: Optional[int] = typer.Option(None, "--parallel", "-P", min=1, help=PARALLEL_HELP),
     out: str = typer.Option("quinebox-out", "--out", "-o", metavar="DIR"),
     max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1),
@@ -102,6 +124,8 @@ def batch_command(
     deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
     ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     json_summary: bool = typer.Option(False, "--json"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help=CLUSTER_HELP),
+    forward_env: List[str] = typer.Option([], "--forward-env", metavar="NAME", help=FORWARD_HELP),
 ) -> None:
     from quinebox.tree.fanout import batch_jobs
 
@@ -109,4 +133,4 @@ def batch_command(
         parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens,
         ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout,
     )
-    raise typer.Exit(fan_out(lambda: batch_jobs(jobs_file), out=out, options=options, json_summary=json_summary))
+    raise typer.Exit(fan_out(lambda: batch_jobs(jobs_file), out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env))

@@ -48,7 +48,8 @@ class Job:
 
 @dataclass
 class Options:
-    parallel: int = 4
+    #: None: the caller's default (4 here; a cluster's capacity there).
+    parallel: int | None = 4
     retries: int = 0
     fail_fast: bool = False
     resume: bool = False
@@ -74,6 +75,20 @@ class Tally:
 
 
 Progress = Callable[[Tally, dict[str, Any] | None], None]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How one try at a job ended, wherever it ran."""
+
+    exit_code: int
+    session: str | None = None
+    tokens: int = 0
+    termination: str | None = None
+    #: The engine (or the node running it) failed, not the agent: worth trying again once it answers.
+    engine_failed: bool = False
+    #: Tries it took: on a cluster, those whose node died or could not run boxes count too.
+    tries: int = 1
 
 
 def _check_names(jobs: list[Job]) -> list[Job]:
@@ -184,7 +199,7 @@ class Runner:
         self._results = open(results, "a" if self.options.resume else "w")
         self.progress(self.tally, None)
         try:
-            with ThreadPoolExecutor(max_workers=max(1, self.options.parallel)) as pool:
+            with ThreadPoolExecutor(max_workers=max(1, self.options.parallel or 1)) as pool:
                 for future in [pool.submit(self._job, job) for job in todo]:
                     future.result()
         finally:
@@ -221,30 +236,30 @@ class Runner:
             self.tally.running += 1
         self.progress(self.tally, None)
         began = time.monotonic()
-        attempts = 0
+        attempts = rounds = 0
         while True:
-            attempts += 1
-            code, agent, error = self._attempt(job)
-            engine = isinstance(error, EngineError) or bool(agent and agent.proc.engine_lost)
-            if not (engine or code == EXIT_UNAVAILABLE) or attempts > self.options.retries or self.stopping.is_set():
+            rounds += 1
+            attempt = self._attempt(job)
+            attempts += attempt.tries
+            if not (attempt.engine_failed or attempt.exit_code == EXIT_UNAVAILABLE) or rounds > self.options.retries or self.stopping.is_set():
                 break
-            if engine:
+            if attempt.engine_failed:
                 self._await_engine()
             else:
-                time.sleep(RETRY_PAUSE * attempts)
+                time.sleep(RETRY_PAUSE * rounds)
+        code = attempt.exit_code
         if self.stopping.is_set() and code != 0:
             with self._lock:
                 self.tally.running -= 1
             return  # killed by a stop: not a result, so a resume runs it again
-        outcome = (agent.outcome if agent else None) or {}
         record = {
             "input": job.source,
             "name": job.name,
             "exit_code": code,
             "duration_s": round(time.monotonic() - began, 3),
-            "tokens": outcome.get("tokens", 0),
-            "session": agent.session.session if agent else None,
-            "termination": outcome.get("termination") or (str(error) if error else None),
+            "tokens": attempt.tokens,
+            "session": attempt.session,
+            "termination": attempt.termination,
             "attempts": attempts,
         }
         with self._lock:
@@ -270,7 +285,7 @@ class Runner:
             except QuineboxError:
                 self.stopping.wait(RETRY_PAUSE)
 
-    def _attempt(self, job: Job) -> tuple[int, Any, QuineboxError | None]:
+    def _attempt(self, job: Job) -> Attempt:
         from quinebox.box.process import DEVNULL
         from quinebox.tree.supervisor import start_agent
 
@@ -289,13 +304,19 @@ class Runner:
                 )
             except QuineboxError as exc:
                 err.write(f"quinebox: {exc}\n".encode())
-                return exc.exit_code, None, exc
+                return Attempt(exc.exit_code, termination=str(exc), engine_failed=isinstance(exc, EngineError))
             with self._lock:
                 self._agents.add(agent)
             if self.stopping.is_set():
                 agent.kill()
             try:
-                return agent.wait(), agent, None
+                return attempt_of(agent, agent.wait())
             finally:
                 with self._lock:
                     self._agents.discard(agent)
+
+
+def attempt_of(agent: Any, code: int) -> Attempt:
+    """What an ended agent's tree says of its try."""
+    outcome = agent.outcome or {}
+    return Attempt(code, agent.session.session, outcome.get("tokens", 0), outcome.get("termination"), bool(agent.proc.engine_lost))

@@ -333,6 +333,7 @@ def start_agent(
     stdout: Stream = None,
     stderr: Stream = None,
     view: "View | None" = None,
+    tags: dict[str, str] | None = None,
 ) -> "Agent":
     """A root agent from the caller's options: its box checked, the root of a tree of its own."""
     if not mission.strip():
@@ -340,6 +341,7 @@ def start_agent(
     spec = build_spec(
         [*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True,
         world=world, world_from=world_from, world_tar=world_tar, world_at=world_at, pull=pull, ask=ask, deny=deny, ask_timeout=ask_timeout,
+        tags=tags,
     )
     from quinebox.tree.agent import Agent
 

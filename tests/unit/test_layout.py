@@ -27,6 +27,7 @@ ROOMS = [
     ("box", ("quinebox.box",)),
     ("agent", ("quinebox.agent",)),
     ("tree", ("quinebox.tree",)),
+    ("cluster", ("quinebox.cluster",)),
     ("front", ("quinebox.api", "quinebox.cli", "quinebox.client", "quinebox")),
 ]
 MAX_LINES = 400

@@ -54,9 +54,16 @@ def provider_for(model: str) -> Provider:
     from quinebox.agent.providers.openai import OpenAIProvider
 
     config = load_config()
+    api_key = os.environ.get("OPENAI_API_KEY") or config.get("api_key")
+    base_url = os.environ.get("OPENAI_BASE_URL") or config.get("base_url")
+    if not api_key and not base_url:  # nothing would answer but OpenAI's own service, and it would refuse: ask before sending anything
+        raise QuineboxError(
+            f"no API key for model {model}: set OPENAI_API_KEY (or OPENAI_BASE_URL for a local endpoint); "
+            "on a cluster, set it on each node or pass --forward-env OPENAI_API_KEY"
+        )
     return OpenAIProvider(
         model,
-        api_key=os.environ.get("OPENAI_API_KEY") or config.get("api_key"),
-        base_url=os.environ.get("OPENAI_BASE_URL") or config.get("base_url"),
+        api_key=api_key,
+        base_url=base_url,
         max_retries=int(os.environ.get("QUINEBOX_MAX_RETRIES") or config.get("max_retries") or 4),
     )

@@ -1,0 +1,8 @@
+"""`map`, `batch` and `Box.map` on a Ray cluster: Ray places the inputs, each node runs boxes on its own engine.
+
+    connect.py  the driver's link to a cluster: the address, Ray itself, the capacity, the forwarded environment
+    node.py     what runs on a worker node: its readiness check and one attempt at one input
+    driver.py   the driver: each input dispatched as a Ray task, its outputs streamed back and committed once
+
+Nothing here is imported unless a cluster is asked for, so Ray stays an optional extra.
+"""

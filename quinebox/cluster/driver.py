@@ -1,0 +1,202 @@
+"""The driver: each input a Ray task on some node, its outputs streamed home, landed exactly once.
+
+Ray places every task (one unit of the `quinebox` resource each); quinebox schedules nothing. What
+Ray cannot know the driver does: an attempt whose node or worker died is tried again (Ray's own
+retries are off, so every attempt has a number of ours, on its boxes' labels and its staging
+files), and a node that cannot run boxes is kept out of that input's next placement. Results,
+`--resume`, retries of temporary failures and Ctrl-C are the local runner's (tree/fanout.py); a stop
+also cancels the cluster's tasks, which kills their workers and so their boxes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Collection
+
+from quinebox.cluster.commit import Commits, Staged
+from quinebox.cluster.connect import RESOURCE, Cluster
+from quinebox.cluster.node import CHUNK, attempt
+from quinebox.state import state_dir
+from quinebox.tree.fanout import RETRY_PAUSE, Attempt, Job, Options, Progress, Runner
+
+#: Tries at one input whose nodes died under it before the input fails (Ray's own default is three retries).
+NODE_TRIES = 4
+
+
+#: Pieces a node may stream ahead of the driver taking them.
+AHEAD = 4
+
+
+class NodeLost(Exception):
+    """The attempt's node, or its worker, died before the attempt came home whole."""
+
+
+@dataclass(frozen=True)
+class Unready:
+    """The node the attempt landed on cannot run boxes (no engine, no image)."""
+
+    node: str
+    why: str
+
+
+class Dispatch:
+    """Runs numbered attempts as Ray tasks and streams each one home into staging files."""
+
+    def __init__(self, cluster: Cluster, out: Path, run: str, options: Options):
+        self.cluster = cluster
+        self.out = out
+        self.run = run
+        self.agent_options = {
+            "max_turns": options.max_turns, "max_tokens": options.max_tokens,
+            "ask": options.ask, "deny": options.deny, "ask_timeout": options.ask_timeout,
+        }
+        self.task = cluster.ray.remote(attempt)
+        self.staging = state_dir() / "cluster" / run
+        self.inflight: set[Any] = set()
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        """Kill every running attempt's worker, and with it its boxes."""
+        with self._lock:
+            running = list(self.inflight)
+        for generator in running:
+            try:
+                self.cluster.ray.cancel(generator, force=True)
+            except Exception:  # it ended meanwhile
+                pass
+
+    def run_attempt(self, job: Job, number: int, avoid: Collection[str] = ()) -> Staged | Unready:
+        """Attempt `number` at `job`, on any node but those in `avoid`; raises NodeLost."""
+        ray = self.cluster.ray
+        sent = time.time()
+        options: dict[str, Any] = {
+            "resources": {RESOURCE: 1}, "num_cpus": 0, "max_retries": 0, "num_returns": "streaming",
+            "_generator_backpressure_num_objects": AHEAD,  # the node waits for the driver, instead of filling the object store
+        }
+        if avoid:
+            from ray.util.scheduling_strategies import NodeLabelSchedulingStrategy, NotIn
+
+            options["scheduling_strategy"] = NodeLabelSchedulingStrategy(hard={"ray.io/node-id": NotIn(*avoid)})
+        if self.cluster.forwarded:
+            options["runtime_env"] = {"env_vars": self.cluster.forwarded}
+        wire = {"mission": job.mission, "model": job.model, "grants": list(job.grants), "image": job.image, "timeout": job.timeout}
+        tags = {"run": self.run, "input": job.name, "attempt": str(number)}
+        generator = self.task.options(**options).remote(wire, self._material(job), tags, self.agent_options)
+        with self._lock:
+            self.inflight.add(generator)
+        try:
+            return self._receive(job, number, iter(generator), sent)
+        except ray.exceptions.RayTaskError:
+            raise  # quinebox's own code failed on the node: a bug to see, not a node to retry
+        except ray.exceptions.RayError as exc:
+            raise NodeLost(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
+        finally:
+            with self._lock:
+                self.inflight.discard(generator)
+
+    def _material(self, job: Job) -> bytes | list[Any] | None:
+        """Small material goes with the task; larger goes through the object store in CHUNK pieces."""
+        material = job.material
+        if material is None or (isinstance(material, bytes) and len(material) <= CHUNK):
+            return material
+        if isinstance(material, bytes):
+            return [self.cluster.ray.put(material[at : at + CHUNK]) for at in range(0, len(material), CHUNK)]
+        if material.stat().st_size <= CHUNK:
+            return material.read_bytes()
+        refs = []
+        with open(material, "rb") as source:
+            while piece := source.read(CHUNK):
+                refs.append(self.cluster.ray.put(piece))
+        return refs
+
+    def _receive(self, job: Job, number: int, stream: Any, sent: float) -> Staged | Unready:
+        get = self.cluster.ray.get
+        started = get(next(stream))
+        news = get(next(stream))
+        if news["kind"] == "unready":
+            return Unready(started["node"], news["why"])
+        label = f"{self.run}-{number}"
+        staged = Staged(
+            name=job.name, number=number, node=started["node"], attempt=Attempt(**news["attempt"]),
+            out=self.out / f".{job.name}.out.{label}.part", err=self.out / f".{job.name}.err.{label}.part",
+            tapes=self.staging / f"{job.name}-{number}", sessions=news["sessions"],
+        )
+        staged.tapes.mkdir(parents=True, exist_ok=True)
+        files: dict[str, Any] = {}
+        try:
+            for ref in stream:
+                kind, piece = get(ref)
+                if kind not in files:
+                    path = staged.out if kind == "out" else staged.err if kind == "err" else staged.tapes / f"{kind.removeprefix('tape:')}.tape"
+                    files[kind] = open(path, "wb")
+                files[kind].write(piece)
+                del ref, piece
+        except BaseException:
+            for file in files.values():
+                file.close()
+            staged.discard()
+            raise
+        for file in files.values():
+            file.close()
+        staged.overhead_s = max(0.0, time.time() - sent - news["ran_s"])
+        return staged
+
+
+class ClusterRunner(Runner):
+    """The local runner's results, resume and stops, with each attempt run on the cluster."""
+
+    def __init__(self, jobs: list[Job], out_dir: str, options: Options, progress: Progress, cluster: Cluster):
+        super().__init__(jobs, out_dir, options, progress)
+        self.cluster = cluster
+        self.dispatch = Dispatch(cluster, self.out, secrets.token_hex(4), options)
+        self.commits = Commits(self.out)
+        #: Per landed input, what the cluster added to its time (bench/cluster.py reports the median).
+        self.overheads: list[float] = []
+        self._numbers: dict[str, int] = {}
+
+    def run(self) -> int:
+        try:
+            return super().run()
+        finally:
+            shutil.rmtree(self.dispatch.staging, ignore_errors=True)
+
+    def stop(self, *, interrupted: bool = False) -> None:
+        super().stop(interrupted=interrupted)
+        self.dispatch.cancel()
+
+    def _await_engine(self) -> None:
+        self.stopping.wait(RETRY_PAUSE)  # the engine of some node: the retry may well land on another
+
+    def _number(self, job: Job) -> int:
+        with self._lock:
+            self._numbers[job.name] = self._numbers.get(job.name, 0) + 1
+            return self._numbers[job.name]
+
+    def _attempt(self, job: Job) -> Attempt:
+        avoid: set[str] = set()
+        lost = 0
+        tries = 0
+        while not self.stopping.is_set():
+            tries += 1
+            try:
+                got = self.dispatch.run_attempt(job, self._number(job), avoid)
+            except NodeLost as exc:
+                lost += 1
+                if lost >= NODE_TRIES or self.stopping.is_set():
+                    return Attempt(125, termination=f"{lost} attempts lost their node: {exc}", engine_failed=True, tries=tries)
+                continue
+            if isinstance(got, Unready):
+                avoid.add(got.node)
+                if not set(self.cluster.box_nodes()) - avoid:
+                    return Attempt(125, termination=f"no node of the cluster can run it: {got.why}", engine_failed=True, tries=tries)
+                continue
+            if self.commits.commit(got):
+                with self._lock:
+                    self.overheads.append(got.overhead_s)
+            return Attempt(**{**got.attempt.__dict__, "tries": tries})
+        return Attempt(130, termination="stopped", tries=tries)
