@@ -10,9 +10,11 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Sequence
 
 from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.policy import AGENT_COMMAND
 from quinebox.box.process import DEVNULL, PIPE, BoxProcess, Stream
 from quinebox.box.spec import build_spec
 from quinebox.tree.supervisor import Node, start_agent
@@ -198,6 +200,9 @@ class Box:
         result = box.run("review this diff", input=diff)
         async for index, result in box.map("summarize", documents, parallel=8):
             ...
+
+    With `cluster` (a Ray address, as for `quinebox map --cluster`) `run` and `map` place
+    their agents on the cluster's nodes; `forward_env` names what the nodes' brokers are given.
     """
 
     def __init__(
@@ -214,7 +219,11 @@ class Box:
         ask: Iterable[str] = (),
         deny: Iterable[str] = (),
         ask_timeout: float | str | None = None,
+        cluster: str | None = None,
+        forward_env: Iterable[str] = (),
     ):
+        self.cluster = cluster
+        self.forward_env = tuple(forward_env)
         self.defaults: dict[str, Any] = {
             "image": image, "grants": tuple(grants), "model": model, "timeout": timeout,
             "policy": policy, "max_turns": max_turns, "max_tokens": max_tokens, "pull": pull,
@@ -228,6 +237,8 @@ class Box:
         return {name: merged[name] for name in names if name in merged}
 
     def run(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
+        if self.cluster is not None:
+            return next(self._on_cluster(mission, [input], 1, overrides))[1]
         options = self._options(overrides, "image", "pull", "grants", "model", "timeout", "policy", "max_turns", "max_tokens", "workdir", *WORLD_OPTIONS, *ASK_OPTIONS)
         return run(mission, input=input, **options)
 
@@ -243,6 +254,16 @@ class Box:
     async def map(self, mission: str, inputs: Iterable[bytes], *, parallel: int = 4, **overrides: Any) -> AsyncIterator[tuple[int, RunResult]]:
         """One agent per input, `parallel` at a time; yields (input index, result) as each finishes."""
         import asyncio
+
+        if self.cluster is not None:
+            loop = asyncio.get_running_loop()
+            results = self._on_cluster(mission, list(inputs), parallel, overrides)
+            try:
+                while (item := await loop.run_in_executor(None, next, results, None)) is not None:
+                    yield item
+            finally:
+                await loop.run_in_executor(None, results.close)
+            return
         from concurrent.futures import ThreadPoolExecutor
 
         loop = asyncio.get_running_loop()
@@ -259,6 +280,59 @@ class Box:
             finally:
                 for task in tasks:
                     task.cancel()
+
+    def _on_cluster(self, mission: str, inputs: list[bytes | None], parallel: int, overrides: dict[str, Any]) -> Iterator[tuple[int, RunResult]]:
+        """The cluster's runner over `inputs`, its results as they land; closing this stops what still runs."""
+        import queue
+        import tempfile
+        import threading
+
+        from quinebox.agent.store import Index
+        from quinebox.cluster.connect import connect
+        from quinebox.cluster.driver import ClusterRunner
+        from quinebox.errors import QuineboxError
+        from quinebox.tree.fanout import Job, Options
+
+        options = {**self.defaults, **overrides, "grants": self._options(overrides, "grants")["grants"]}
+        local_only = [name for name in ("policy", "workdir", *WORLD_OPTIONS) if options.get(name)]
+        if local_only:
+            raise QuineboxError(f"{', '.join(local_only)} cannot go to a cluster's nodes: drop them, or run without cluster=")
+        cluster = connect(self.cluster, self.forward_env)
+        timeout = None if options["timeout"] is None else str(options["timeout"])
+        jobs = [
+            Job(name=f"{index:06d}", source=str(index), mission=mission, material=data, grants=tuple(options["grants"]),
+                image=options["image"], model=options["model"], timeout=timeout)
+            for index, data in enumerate(inputs)
+        ]
+        landed: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        asks = {name: tuple(options[name]) for name in ("ask", "deny")}
+        run_options = Options(parallel=parallel, max_turns=options["max_turns"], max_tokens=options["max_tokens"], ask_timeout=options["ask_timeout"], **asks)
+        with tempfile.TemporaryDirectory(prefix="quinebox-map-") as out:
+            runner = ClusterRunner(jobs, out, run_options, lambda _tally, record: record and landed.put(record), cluster)
+
+            def drive() -> None:
+                try:
+                    runner.run()
+                finally:
+                    landed.put(None)
+
+            worker = threading.Thread(target=drive, name="quinebox-cluster-map", daemon=True)
+            worker.start()
+            try:
+                while (record := landed.get()) is not None:
+                    stdout, stderr = (Path(out, f"{record['name']}.{kind}").read_bytes() for kind in ("out", "err"))
+                    index = Index()
+                    row = index.get(record["session"]) if record["session"] else None
+                    index.close()
+                    yield int(record["input"]), RunResult(
+                        argv=(*AGENT_COMMAND, mission), returncode=record["exit_code"], stdout=stdout, stderr=stderr,
+                        timed_out=record["exit_code"] == 124, oom_killed=record["termination"] == "oom", session=record["session"] or "",
+                        duration_s=record["duration_s"], mission=mission, termination=str(record["termination"]),
+                        tokens=record["tokens"], turns=row.turns if row else 0,
+                    )
+            finally:
+                runner.stop()
+                worker.join()
 
 
 __all__ = ["exec", "run", "Box", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"]

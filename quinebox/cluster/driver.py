@@ -55,7 +55,13 @@ class Dispatch:
             "max_turns": options.max_turns, "max_tokens": options.max_tokens,
             "ask": options.ask, "deny": options.deny, "ask_timeout": options.ask_timeout,
         }
-        self.task = cluster.ray.remote(attempt)
+        options: dict[str, Any] = {
+            "resources": {RESOURCE: 1}, "num_cpus": 0, "max_retries": 0, "num_returns": "streaming",
+            "_generator_backpressure_num_objects": AHEAD,  # the node waits for the driver, instead of filling the object store
+        }
+        if cluster.forwarded:
+            options["runtime_env"] = {"env_vars": cluster.forwarded}
+        self.task = cluster.ray.remote(**options)(attempt)
         self.staging = state_dir() / "cluster" / run
         self.inflight: set[Any] = set()
         self._lock = threading.Lock()
@@ -74,19 +80,14 @@ class Dispatch:
         """Attempt `number` at `job`, on any node but those in `avoid`; raises NodeLost."""
         ray = self.cluster.ray
         sent = time.time()
-        options: dict[str, Any] = {
-            "resources": {RESOURCE: 1}, "num_cpus": 0, "max_retries": 0, "num_returns": "streaming",
-            "_generator_backpressure_num_objects": AHEAD,  # the node waits for the driver, instead of filling the object store
-        }
+        task = self.task
         if avoid:
             from ray.util.scheduling_strategies import NodeLabelSchedulingStrategy, NotIn
 
-            options["scheduling_strategy"] = NodeLabelSchedulingStrategy(hard={"ray.io/node-id": NotIn(*avoid)})
-        if self.cluster.forwarded:
-            options["runtime_env"] = {"env_vars": self.cluster.forwarded}
+            task = task.options(scheduling_strategy=NodeLabelSchedulingStrategy(hard={"ray.io/node-id": NotIn(*avoid)}))
         wire = {"mission": job.mission, "model": job.model, "grants": list(job.grants), "image": job.image, "timeout": job.timeout}
         tags = {"run": self.run, "input": job.name, "attempt": str(number)}
-        generator = self.task.options(**options).remote(wire, self._material(job), tags, self.agent_options)
+        generator = task.remote(wire, self._material(job), tags, self.agent_options)
         with self._lock:
             self.inflight.add(generator)
         try:
@@ -116,26 +117,25 @@ class Dispatch:
 
     def _receive(self, job: Job, number: int, stream: Any, sent: float) -> Staged | Unready:
         get = self.cluster.ray.get
-        started = get(next(stream))
         news = get(next(stream))
         if news["kind"] == "unready":
-            return Unready(started["node"], news["why"])
+            return Unready(news["node"], news["why"])
         label = f"{self.run}-{number}"
         staged = Staged(
-            name=job.name, number=number, node=started["node"], attempt=Attempt(**news["attempt"]),
+            name=job.name, number=number, node=news["node"], attempt=Attempt(**news["attempt"]),
             out=self.out / f".{job.name}.out.{label}.part", err=self.out / f".{job.name}.err.{label}.part",
             tapes=self.staging / f"{job.name}-{number}", sessions=news["sessions"],
         )
         staged.tapes.mkdir(parents=True, exist_ok=True)
         files: dict[str, Any] = {}
         try:
-            for ref in stream:
-                kind, piece = get(ref)
+            pieces = news["inline"].items() if news["inline"] is not None else (get(ref) for ref in stream)
+            for kind, piece in pieces:
                 if kind not in files:
                     path = staged.out if kind == "out" else staged.err if kind == "err" else staged.tapes / f"{kind.removeprefix('tape:')}.tape"
                     files[kind] = open(path, "wb")
                 files[kind].write(piece)
-                del ref, piece
+                del piece
         except BaseException:
             for file in files.values():
                 file.close()

@@ -1,9 +1,10 @@
 """What a worker node runs: its readiness check, and one attempt at one input.
 
-An attempt is a Ray streaming generator, so what it sends home is a sequence of small objects:
-first where it runs and whether the node can run boxes at all, then how the agent ended and which
-sessions its tree made, then the deliverable, the diagnostics and each session's tape in pieces of
-at most CHUNK bytes. No process ever holds a whole deliverable. The boxes run as in a local `map`
+An attempt is a Ray streaming generator. Its first object says where it ran and how: that the
+node cannot run boxes at all (its engine or the image failed the box's start), or how the agent ended and which sessions its tree made. When the
+deliverable, the diagnostics and the sessions' tapes are small together they ride along in that
+object; otherwise they follow in pieces of at most CHUNK bytes, so no process ever holds a whole
+deliverable. The boxes run as in a local `map`
 (their owner is this Ray worker, so they die with it through their lifelines) and carry the run,
 input and attempt as labels. Everything spooled here is gone when the attempt is.
 """
@@ -19,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from quinebox.errors import EngineError, QuineboxError
+from quinebox.errors import EngineError, ImageError, QuineboxError
 from quinebox.state import session_dir, state_dir
 
 #: The most any one object of an attempt's stream holds.
@@ -47,7 +48,7 @@ def unready(image: str | None) -> str | None:
 
     name = image or DEFAULT_IMAGE
     try:
-        backend = DockerBackend.connect()
+        backend = DockerBackend.shared()
         backend.ping()
         if not image_exists(backend, name):
             return f"image {name} is not on node {host_name()}: build or load it there (`quinebox image build` for quinebox's own)"
@@ -65,11 +66,6 @@ def check(image: str | None = None) -> dict[str, Any]:
 
 def attempt(job: dict[str, Any], material: bytes | list[Any] | None, tags: dict[str, str], options: dict[str, Any]) -> Iterator[Any]:
     """One try at one input. `material` is the bytes themselves, or the object refs of its chunks."""
-    yield {"kind": "started", "node": node_id(), "t": time.time()}
-    why = unready(job.get("image"))
-    if why is not None:
-        yield {"kind": "unready", "why": why}
-        return
     spool = state_dir() / "cluster"
     spool.mkdir(parents=True, exist_ok=True)
     here = Path(tempfile.mkdtemp(prefix=f"{tags['run']}-{tags['attempt']}-", dir=spool))
@@ -77,11 +73,19 @@ def attempt(job: dict[str, Any], material: bytes | list[Any] | None, tags: dict[
         began = time.time()
         result, sessions = _run(job, _material(material, here), tags, options, here)
         ran = time.time() - began
-        yield {"kind": "ended", "attempt": asdict(result), "sessions": [asdict(row) for row in sessions], "ran_s": ran, "t": time.time()}
-        yield from _chunks("out", here / "out")
-        yield from _chunks("err", here / "err")
-        for row in sessions:
-            yield from _chunks("tape:" + row.id, session_dir(row.id) / "tape.jsonl")
+        if isinstance(result, str):
+            yield {"kind": "unready", "node": node_id(), "why": result}
+            return
+        files = {"out": here / "out", "err": here / "err", **{"tape:" + row.id: session_dir(row.id) / "tape.jsonl" for row in sessions}}
+        sizes = {kind: path.stat().st_size if path.exists() else 0 for kind, path in files.items()}
+        small = sum(sizes.values()) <= CHUNK  # the usual case: everything in the one object that says how it ended
+        yield {
+            "kind": "ended", "node": node_id(), "attempt": asdict(result), "sessions": [asdict(row) for row in sessions], "ran_s": ran,
+            "inline": {kind: path.read_bytes() if sizes[kind] else b"" for kind, path in files.items()} if small else None,
+        }
+        if not small:
+            for kind, path in files.items():
+                yield from _chunks(kind, path)
     finally:
         shutil.rmtree(here, ignore_errors=True)
 
@@ -100,6 +104,7 @@ def _material(material: bytes | list[Any] | None, here: Path) -> bytes | Path | 
 
 
 def _run(job: dict[str, Any], material: bytes | Path | None, tags: dict[str, str], options: dict[str, Any], here: Path) -> tuple[Any, list[Any]]:
+    """How the agent ended and the sessions of its tree; or, when this node cannot run boxes at all, why not (and no sessions)."""
     from quinebox.agent.store import Index
     from quinebox.box.process import DEVNULL
     from quinebox.tree.fanout import Attempt, attempt_of
@@ -114,9 +119,11 @@ def _run(job: dict[str, Any], material: bytes | Path | None, tags: dict[str, str
                 job["mission"], model=job.get("model"), grants=job.get("grants", ()), image=job.get("image"), timeout=job.get("timeout"),
                 stdin=DEVNULL if stdin is None else stdin, stdout=out, stderr=err, tags=tags, **options,
             )
+        except (EngineError, ImageError) as exc:  # the node's engine or image, not the input: another node may do
+            return f"node {host_name()}: {exc}", []
         except QuineboxError as exc:
             err.write(f"quinebox: {exc}\n".encode())
-            return Attempt(exc.exit_code, termination=str(exc), engine_failed=isinstance(exc, EngineError)), []
+            return Attempt(exc.exit_code, termination=str(exc)), []
         result = attempt_of(agent, agent.wait())
     index = Index()
     try:

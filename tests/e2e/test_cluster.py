@@ -344,3 +344,24 @@ def test_a_large_deliverable_streams_home_in_pieces(cluster, tmp_path):
     # The driver never held the deliverable whole: it grew by a few pieces at most.
     print(f"driver peak private memory: {baseline >> 20} MiB for a 2-byte deliverable, {peak >> 20} MiB for {size >> 20} MiB")
     assert peak - baseline < size / 8, f"driver peak private memory {peak >> 20} MiB against {baseline >> 20} MiB"
+
+
+def test_the_python_api_runs_and_maps_on_the_cluster(cluster, tmp_path):
+    import asyncio
+
+    import quinebox
+
+    box = quinebox.Box(model=COUNT, cluster=cluster.address)
+    one = box.run("Count the lines", input=b"a\nb\n")
+    assert (one.returncode, one.stdout, one.termination, one.turns) == (0, b"The material has 2 lines.\n", "exit_success", 3)
+
+    async def gather() -> dict:
+        return {index: result async for index, result in box.map("Count the lines", [b"x\n" * n for n in range(1, 9)], parallel=4)}
+
+    results = asyncio.run(gather())
+    assert sorted(results) == list(range(8))
+    assert all(results[i].stdout == f"The material has {i + 1} lines.\n".encode() and results[i].returncode == 0 for i in range(8))
+    assert len({r.session for r in results.values()}) == 8
+
+    with pytest.raises(quinebox.QuineboxError, match="cannot go to a cluster"):
+        box.run("Count", input=b"", world=str(tmp_path))

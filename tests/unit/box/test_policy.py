@@ -323,3 +323,25 @@ def test_net_rules_a_person_may_approve_put_the_box_behind_the_proxy_and_are_nam
     only_deny = config(asks=Asks.parse((), ["net:10.0.0.0/8"], cwd="/")).create["environment"]
     assert "HTTP_PROXY" not in only_deny and "QUINEBOX_ASK" not in only_deny
     assert "HTTP_PROXY" not in config("net:bridge", asks=asks).create["environment"]
+
+
+@pytest.mark.parametrize(
+    "tags, expected",
+    [
+        ((), {}),
+        ((("attempt", "2"), ("input", "doc.txt"), ("run", "ab12")), {"io.quinebox.attempt": "2", "io.quinebox.input": "doc.txt", "io.quinebox.run": "ab12"}),
+    ],
+)
+def test_a_callers_tags_become_labels_beside_quineboxs_own(tags, expected):
+    labels = config(tags=tags).create["labels"]
+    assert {k: v for k, v in labels.items() if k.rsplit(".", 1)[1] in ("run", "input", "attempt")} == expected
+    assert labels[LABEL_SESSION] == "s1" and labels[LABEL_OWNER] == "host:42:1000"
+
+
+@pytest.mark.parametrize("tags", [{"session": "x"}, {"owner": "h:1:2"}, {"run": "r", "pool": "1"}, {"anything": "y"}])
+def test_tags_cannot_name_quineboxs_own_labels(tags):
+    from quinebox.box.spec import build_spec
+    from quinebox.errors import GrantError
+
+    with pytest.raises(GrantError, match="a caller may set only run, input, attempt"):
+        build_spec(["true"], tags=tags)

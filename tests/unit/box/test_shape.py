@@ -68,6 +68,7 @@ def shape(box: BoxSpec):
         (spec(world=WorldSpec(kind="dir", layer="/t", archive="/home/u/a.tar")), "a world that does not start empty"),
         (spec(world=WorldSpec(kind="dir", layer="/t", base=("p0", 2), paths=("a",))), "a world that does not start empty"),
         (spec(lifeline=None), "no lifeline"),
+        (spec(tags=(("run", "r1"),)), "labels of its own"),
     ],
 )
 def test_which_requests_a_warm_box_serves(box, reason):
