@@ -59,6 +59,11 @@ def pool_socket() -> Path:
     return state_dir() / "run" / "pool.sock"
 
 
+def cluster_dir() -> Path:
+    """Cluster runs' staging (on a driver) and attempts' spools (on a node), each under its owner's `PID-START`, so `gc` knows whose."""
+    return state_dir() / "cluster"
+
+
 def pool_dir() -> Path:
     """Warm boxes' worlds, beside sessions/ (so that a claim moves one into its session by a rename)."""
     return state_dir() / "pool"

@@ -20,7 +20,7 @@ from quinebox.box.claim import claimed_as
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
 from quinebox.box.spec import process_start_ticks
-from quinebox.state import pool_dir, run_dir
+from quinebox.state import cluster_dir, pool_dir, run_dir
 
 #: What a claim record says over a warm box's labels.
 _RECORDED = {"session": LABEL_SESSION, "owner": LABEL_OWNER, "parent": LABEL_PARENT, "created": LABEL_CREATED}
@@ -116,6 +116,10 @@ def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
     for world in pool_dir().glob("*"):
         if POOL_SESSION + world.name not in live_sessions:
             shutil.rmtree(world, ignore_errors=True)
+    for spool in cluster_dir().glob("*"):  # a cluster driver's staging, a node's attempts: PID-START of their process
+        pid, _, start = spool.name.partition("-")
+        if not owner_alive(f"{socket.gethostname()}:{pid}:{start}"):
+            shutil.rmtree(spool, ignore_errors=True)
     for sock in run_dir().glob("*.sock"):
         if sock.stem not in live_sessions:
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -131,6 +131,12 @@ def owner_id() -> str:
     return f"{socket.gethostname()}:{pid}:{process_start_ticks(pid)}"
 
 
+def owner_tag() -> str:
+    """`PID-START` of this process, for naming what it leaves on disk (see state.cluster_dir)."""
+    pid = os.getpid()
+    return f"{pid}-{process_start_ticks(pid)}"
+
+
 def load_policy(name_or_path: str) -> dict[str, list[str]]:
     """A YAML policy file (or a preset name from sandbox/policies) → its grant strings under grants, ask and deny."""
     from quinebox.documents import read_yaml

@@ -1,7 +1,7 @@
 """What lands on the driver, once per input: an attempt's staged outputs, its sessions and their tapes.
 
 An attempt streams home into staging files (hidden ones beside DIR's outputs, its tapes under the
-state dir's `cluster/RUN/`), so landing is a rename on one filesystem. The first attempt of an input
+state dir's `cluster/`), so landing is a rename on one filesystem. The first attempt of an input
 to land wins; any later one (Ray ran the task again, or a retry raced a slow node) is thrown away.
 """
 
@@ -47,6 +47,12 @@ class Commits:
         self.out = out
         self.landed: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._index: Any = None  # the sessions index, opened at the first landing and kept: one open per run, not per input
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+            self._index = None
 
     def commit(self, staged: Staged) -> bool:
         """Land `staged` if no attempt at its input has; False (and nothing of it kept) if one has."""
@@ -55,17 +61,17 @@ class Commits:
                 staged.discard()
                 return False
             self.landed[staged.name] = staged.number
-        from quinebox.agent.store import Index, SessionRow
+            if self._index is None:
+                from quinebox.agent.store import Index
 
-        index = Index()
-        try:
-            for row in staged.sessions:
-                tape = session_dir(row["id"]) / "tape.jsonl"
-                tape.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staged.tapes / f"{row['id']}.tape", tape)
-                index.put(SessionRow(**row))
-        finally:
-            index.close()
+                self._index = Index()
+        from quinebox.agent.store import SessionRow
+
+        for row in staged.sessions:
+            tape = session_dir(row["id"]) / "tape.jsonl"
+            tape.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged.tapes / f"{row['id']}.tape", tape)
+            self._index.put(SessionRow(**row))
         os.replace(staged.err, self.out / f"{staged.name}.err")
         os.replace(staged.out, self.out / f"{staged.name}.out")
         shutil.rmtree(staged.tapes, ignore_errors=True)

@@ -10,6 +10,7 @@ also cancels the cluster's tasks, which kills their workers and so their boxes.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
 import threading
@@ -21,7 +22,8 @@ from typing import Any, Collection
 from quinebox.cluster.commit import Commits, Staged
 from quinebox.cluster.connect import RESOURCE, Cluster
 from quinebox.cluster.node import CHUNK, attempt
-from quinebox.state import state_dir
+from quinebox.box.spec import owner_tag
+from quinebox.state import cluster_dir
 from quinebox.tree.fanout import RETRY_PAUSE, Attempt, Job, Options, Progress, Runner
 
 #: Tries at one input whose nodes died under it before the input fails (Ray's own default is three retries).
@@ -62,7 +64,7 @@ class Dispatch:
         if cluster.forwarded:
             options["runtime_env"] = {"env_vars": cluster.forwarded}
         self.task = cluster.ray.remote(**options)(attempt)
-        self.staging = state_dir() / "cluster" / run
+        self.staging = cluster_dir() / owner_tag() / run
         self.inflight: set[Any] = set()
         self._lock = threading.Lock()
 
@@ -163,7 +165,10 @@ class ClusterRunner(Runner):
         try:
             return super().run()
         finally:
+            self.commits.close()
             shutil.rmtree(self.dispatch.staging, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.dispatch.staging.parent.rmdir()  # this process's, when no other run of it stages there
 
     def stop(self, *, interrupted: bool = False) -> None:
         super().stop(interrupted=interrupted)

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from quinebox.errors import EngineError, ImageError, QuineboxError
-from quinebox.state import session_dir, state_dir
+from quinebox.box.spec import owner_tag
+from quinebox.state import cluster_dir, session_dir
 
 #: The most any one object of an attempt's stream holds.
 CHUNK = 4 << 20
@@ -66,7 +67,7 @@ def check(image: str | None = None) -> dict[str, Any]:
 
 def attempt(job: dict[str, Any], material: bytes | list[Any] | None, tags: dict[str, str], options: dict[str, Any]) -> Iterator[Any]:
     """One try at one input. `material` is the bytes themselves, or the object refs of its chunks."""
-    spool = state_dir() / "cluster"
+    spool = cluster_dir() / owner_tag()
     spool.mkdir(parents=True, exist_ok=True)
     here = Path(tempfile.mkdtemp(prefix=f"{tags['run']}-{tags['attempt']}-", dir=spool))
     try:

@@ -169,6 +169,7 @@ def test_a_node_lost_mid_run_loses_no_input_and_duplicates_none(cluster, engine,
     assert gc.returncode == 0, gc.stderr
     wait_for(lambda: not [b for b in boxes_of_runs(engine) if b.labels[RUN_LABEL] in runs], timeout=30)
     assert not list((victim.state / "run").glob("*.sock"))
+    assert not list((victim.state / "cluster").glob("*"))  # its attempts' spools, whose worker is gone
 
 
 def test_an_input_run_twice_lands_once(cluster, connected, tmp_path):
@@ -196,6 +197,7 @@ def test_an_input_run_twice_lands_once(cluster, connected, tmp_path):
     assert commits.commit(second) is True
     assert commits.commit(first) is False
     assert commits.landed == {"x": 2}
+    commits.close()
     assert sorted(os.listdir(out)) == ["x.err", "x.out"]
     assert (out / "x.out").read_bytes() == b"The material has 3 lines.\n"
     assert not first.tapes.exists() and not second.tapes.exists()
@@ -235,6 +237,11 @@ def test_a_driver_killed_mid_run_is_finished_by_resume(cluster, engine, tmp_path
     for i, doc in enumerate(docs):
         assert (tmp_path / "out" / f"{doc.name}.out").read_bytes() == f"{i + 1}\n".encode()
     assert not any(name.endswith(".part") for name in os.listdir(tmp_path / "out"))
+    # What the killed driver was staging is its gc's to remove; the resumed one left nothing.
+    staged = Path(os.environ["QUINEBOX_STATE_DIR"]) / "cluster"
+    assert [p.name for p in staged.glob(f"{driver.pid}-*")]
+    assert qb("gc").returncode == 0
+    assert not [p.name for p in staged.glob(f"{driver.pid}-*")]
 
 
 def test_a_node_that_cannot_run_boxes_is_reported_and_avoided(cluster, connected, tmp_path):
