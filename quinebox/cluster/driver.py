@@ -19,17 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection
 
+from quinebox.box.spec import owner_tag
 from quinebox.cluster.commit import Commits, Staged
 from quinebox.cluster.connect import RESOURCE, Cluster
 from quinebox.cluster.node import CHUNK, attempt
-from quinebox.box.spec import owner_tag
+from quinebox.errors import QuineboxError
 from quinebox.state import cluster_dir
 from quinebox.tree.fanout import RETRY_PAUSE, Attempt, Job, Options, Progress, Runner
 
 #: Tries at one input whose nodes died under it before the input fails (Ray's own default is three retries).
 NODE_TRIES = 4
-
-
 #: Pieces a node may stream ahead of the driver taking them.
 AHEAD = 4
 
@@ -57,13 +56,13 @@ class Dispatch:
             "max_turns": options.max_turns, "max_tokens": options.max_tokens,
             "ask": options.ask, "deny": options.deny, "ask_timeout": options.ask_timeout,
         }
-        options: dict[str, Any] = {
+        placement: dict[str, Any] = {
             "resources": {RESOURCE: 1}, "num_cpus": 0, "max_retries": 0, "num_returns": "streaming",
             "_generator_backpressure_num_objects": AHEAD,  # the node waits for the driver, instead of filling the object store
         }
         if cluster.forwarded:
-            options["runtime_env"] = {"env_vars": cluster.forwarded}
-        self.task = cluster.ray.remote(**options)(attempt)
+            placement["runtime_env"] = {"env_vars": cluster.forwarded}
+        self.task = cluster.ray.remote(**placement)(attempt)
         self.staging = cluster_dir() / owner_tag() / run
         self.inflight: set[Any] = set()
         self._lock = threading.Lock()
@@ -94,10 +93,10 @@ class Dispatch:
             self.inflight.add(generator)
         try:
             return self._receive(job, number, iter(generator), sent)
-        except ray.exceptions.RayTaskError:
-            raise  # quinebox's own code failed on the node: a bug to see, not a node to retry
+        except ray.exceptions.RayTaskError as exc:  # quinebox's own code failed on the node (its disk full, say): the input fails, the run goes on
+            raise QuineboxError(f"the node failed the attempt: {_first_line(exc.cause if exc.cause is not None else exc)}") from None
         except ray.exceptions.RayError as exc:
-            raise NodeLost(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
+            raise NodeLost(_first_line(exc)) from None
         finally:
             with self._lock:
                 self.inflight.discard(generator)
@@ -149,6 +148,11 @@ class Dispatch:
         return staged
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class ClusterRunner(Runner):
     """The local runner's results, resume and stops, with each attempt run on the cluster."""
 
@@ -177,6 +181,13 @@ class ClusterRunner(Runner):
     def _await_engine(self) -> None:
         self.stopping.wait(RETRY_PAUSE)  # the engine of some node: the retry may well land on another
 
+    def _failed(self, job: Job, why: str, tries: int, *, nodes: bool = False) -> Attempt:
+        """An input that failed before any attempt came home: its .err says why, as a local map's would.
+        `nodes`: the cluster's nodes failed it, not quinebox or the input, so `--retries` may try again."""
+        (self.out / f"{job.name}.out").write_bytes(b"")
+        (self.out / f"{job.name}.err").write_text(f"quinebox: {why}\n")
+        return Attempt(QuineboxError.exit_code, termination=why, engine_failed=nodes, tries=tries)
+
     def _number(self, job: Job) -> int:
         with self._lock:
             self._numbers[job.name] = self._numbers.get(job.name, 0) + 1
@@ -192,13 +203,19 @@ class ClusterRunner(Runner):
                 got = self.dispatch.run_attempt(job, self._number(job), avoid)
             except NodeLost as exc:
                 lost += 1
-                if lost >= NODE_TRIES or self.stopping.is_set():
-                    return Attempt(125, termination=f"{lost} attempts lost their node: {exc}", engine_failed=True, tries=tries)
+                if self.stopping.is_set():
+                    break  # cancelled by the stop: not a result, so a resume runs it again
+                if lost >= NODE_TRIES:
+                    return self._failed(job, f"{lost} attempts lost their node: {exc}", tries, nodes=True)
+                if not self.cluster.box_nodes():  # Ray would hold the retry until a node came back
+                    return self._failed(job, "no node of the cluster runs boxes any more", tries, nodes=True)
                 continue
+            except QuineboxError as exc:
+                return self._failed(job, str(exc), tries)
             if isinstance(got, Unready):
                 avoid.add(got.node)
                 if not set(self.cluster.box_nodes()) - avoid:
-                    return Attempt(125, termination=f"no node of the cluster can run it: {got.why}", engine_failed=True, tries=tries)
+                    return self._failed(job, f"no node of the cluster can run it: {got.why}", tries, nodes=True)
                 continue
             if self.commits.commit(got):
                 with self._lock:

@@ -20,8 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from quinebox.errors import EngineError, ImageError, QuineboxError
 from quinebox.box.spec import owner_tag
+from quinebox.errors import EngineError, ImageError, QuineboxError
 from quinebox.state import cluster_dir, session_dir
 
 #: The most any one object of an attempt's stream holds.

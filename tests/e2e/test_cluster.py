@@ -244,6 +244,26 @@ def test_a_driver_killed_mid_run_is_finished_by_resume(cluster, engine, tmp_path
     assert not [p.name for p in staged.glob(f"{driver.pid}-*")]
 
 
+def test_ctrl_c_cancels_the_clusters_tasks_and_keeps_what_finished(cluster, engine, tmp_path):
+    slow = scripts(tmp_path, slow=[{"sh": "sleep 3; wc -l <&3 >&4"}, {"exit": "success"}]) / "slow.yaml"
+    inputs(tmp_path / "in", 10)
+    args = ["map", "-m", f"script:{slow}", "count", str(tmp_path / "in" / "*.txt"), "--out", str(tmp_path / "out"), "--cluster", cluster.address, "-P", "3"]
+    driver = subprocess.Popen([QUINEBOX, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: (tmp_path / "out" / "results.jsonl").exists() and results(tmp_path / "out"), timeout=180)
+        runs = wait_for(lambda: {b.labels[RUN_LABEL] for b in boxes_of_runs(engine)}, timeout=60)
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=60)
+    finally:
+        driver.kill()
+    assert driver.returncode == 130, err[-3000:]
+    assert b"--resume runs the rest" in err
+    kept = results(tmp_path / "out")
+    assert 1 <= len(kept) < 10 and all(r["exit_code"] == 0 for r in kept)
+    # Cancelled tasks' workers are killed, and their boxes with them.
+    wait_for(lambda: not [b for b in boxes_of_runs(engine) if b.labels[RUN_LABEL] in runs], timeout=30)
+
+
 def test_a_node_that_cannot_run_boxes_is_reported_and_avoided(cluster, connected, tmp_path):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
