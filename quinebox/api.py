@@ -238,7 +238,11 @@ class Box:
 
     def run(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
         if self.cluster is not None:
-            return next(self._on_cluster(mission, [input], 1, overrides))[1]
+            results = self._on_cluster(mission, [input], 1, overrides)
+            try:
+                return next(results)[1]
+            finally:
+                results.close()
         options = self._options(overrides, "image", "pull", "grants", "model", "timeout", "policy", "max_turns", "max_tokens", "workdir", *WORLD_OPTIONS, *ASK_OPTIONS)
         return run(mission, input=input, **options)
 
@@ -310,9 +314,13 @@ class Box:
         with tempfile.TemporaryDirectory(prefix="quinebox-map-") as out:
             runner = ClusterRunner(jobs, out, run_options, lambda _tally, record: record and landed.put(record), cluster)
 
+            failed: list[BaseException] = []
+
             def drive() -> None:
                 try:
                     runner.run()
+                except BaseException as exc:  # raised again in the caller's thread, below
+                    failed.append(exc)
                 finally:
                     landed.put(None)
 
@@ -330,6 +338,8 @@ class Box:
                         duration_s=record["duration_s"], mission=mission, termination=str(record["termination"]),
                         tokens=record["tokens"], turns=row.turns if row else 0,
                     )
+                if failed:
+                    raise failed[0]
             finally:
                 runner.stop()
                 worker.join()
