@@ -54,6 +54,19 @@ class Cluster:
                 reports.append({"node": node, "host": "?", "why": f"its check failed: {str(exc).strip().splitlines()[0]}"})
         return reports
 
+    def collect_garbage(self, timeout: float = 60.0) -> None:
+        """Run `quinebox gc` on every node that runs boxes, and wait (up to `timeout`) for them all; a node that fails it is left to its own gc."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from quinebox.cluster.node import collect_garbage
+
+        remote = self.ray.remote(collect_garbage)
+        pending = [
+            remote.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+            for node in self.box_nodes()
+        ]
+        self.ray.wait(pending, num_returns=len(pending), timeout=timeout)
+
     def box_nodes(self) -> list[str]:
         """The ids of the live nodes that advertise the resource."""
         return [node["NodeID"] for node in self.ray.nodes() if node.get("Alive") and node.get("Resources", {}).get(RESOURCE, 0) > 0]

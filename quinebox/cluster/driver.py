@@ -169,6 +169,8 @@ class ClusterRunner(Runner):
         try:
             return super().run()
         finally:
+            if self.stopping.is_set():  # the cancelled attempts' workers are dead by now; a box one left created is its node's gc's
+                self.cluster.collect_garbage()
             self.commits.close()
             shutil.rmtree(self.dispatch.staging, ignore_errors=True)
             with contextlib.suppress(OSError):

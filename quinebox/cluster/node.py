@@ -65,6 +65,13 @@ def check(image: str | None = None) -> dict[str, Any]:
     return {"node": node_id(), "host": host_name(), "why": unready(image)}
 
 
+def collect_garbage() -> list[str]:
+    """This node's `quinebox gc`, after a stop: a worker killed between a box's create and its start leaves it created, never run."""
+    from quinebox.box.labels import collect_garbage as collect
+
+    return collect()
+
+
 def attempt(job: dict[str, Any], material: bytes | list[Any] | None, tags: dict[str, str], options: dict[str, Any]) -> Iterator[Any]:
     """One try at one input. `material` is the bytes themselves, or the object refs of its chunks."""
     spool = cluster_dir() / owner_tag()

@@ -222,8 +222,12 @@ def test_a_driver_killed_mid_run_is_finished_by_resume(cluster, engine, tmp_path
         driver.kill()
     finished = {r["input"]: r for r in results(tmp_path / "out") if r["exit_code"] == 0}
     assert 3 <= len(finished) < len(docs)
-    # The cluster ends a dead driver's tasks, and their workers' boxes with them.
-    wait_for(lambda: not [b for b in boxes_of_runs(engine) if b.labels[RUN_LABEL] in runs], timeout=90)
+    # The cluster ends a dead driver's tasks, and their workers' boxes with them (through their lifelines);
+    # a box a worker had created but not yet started is its node's gc's.
+    wait_for(lambda: not [b for b in boxes_of_runs(engine) if b.labels[RUN_LABEL] in runs and b.status == "running"], timeout=90)
+    for node in cluster.nodes.values():
+        assert qb("gc", env={**os.environ, "QUINEBOX_STATE_DIR": str(node.state)}).returncode == 0
+    assert not [b for b in boxes_of_runs(engine) if b.labels[RUN_LABEL] in runs]
 
     resumed = qb(*args, "--resume", "--json", timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -260,7 +264,8 @@ def test_ctrl_c_cancels_the_clusters_tasks_and_keeps_what_finished(cluster, engi
     assert b"--resume runs the rest" in err
     kept = results(tmp_path / "out")
     assert 1 <= len(kept) < 10 and all(r["exit_code"] == 0 for r in kept)
-    # Cancelled tasks' workers are killed, and their boxes with them.
+    # Cancelled tasks' workers are killed, and their boxes with them; the driver has each node's gc reap
+    # a box a killed worker had created but not yet started.
     wait_for(lambda: not [b for b in boxes_of_runs(engine) if b.labels[RUN_LABEL] in runs], timeout=30)
 
 
