@@ -28,10 +28,10 @@ class Staged:
     attempt: Attempt
     out: Path
     err: Path
-    #: Where the attempt's work sat on the driver: its staging directory, holding each session's tape as SESSION.tape.
+    #: Its staging directory on the driver, holding each session's tape as SESSION.tape.
     tapes: Path
     sessions: list[dict[str, Any]] = field(default_factory=list)
-    #: What the cluster added to this input's time: dispatch, the node's check, streaming home.
+    #: What the cluster added to this input's time: dispatch and streaming home, less the node's run of the agent.
     overhead_s: float = 0.0
 
     def discard(self) -> None:
