@@ -287,6 +287,7 @@ class Box:
 
     def _on_cluster(self, mission: str, inputs: list[bytes | None], parallel: int, overrides: dict[str, Any]) -> Iterator[tuple[int, RunResult]]:
         """The cluster's runner over `inputs`, its results as they land; closing this stops what still runs."""
+        import contextlib
         import queue
         import tempfile
         import threading
@@ -311,7 +312,8 @@ class Box:
         landed: queue.Queue[dict[str, Any] | None] = queue.Queue()
         asks = {name: tuple(options[name]) for name in ("ask", "deny")}
         run_options = Options(parallel=parallel, max_turns=options["max_turns"], max_tokens=options["max_tokens"], ask_timeout=options["ask_timeout"], **asks)
-        with tempfile.TemporaryDirectory(prefix="quinebox-map-") as out:
+        sessions = Index()  # the driver's, where each landed session's row now is
+        with contextlib.closing(sessions), tempfile.TemporaryDirectory(prefix="quinebox-map-") as out:
             runner = ClusterRunner(jobs, out, run_options, lambda _tally, record: record and landed.put(record), cluster)
 
             failed: list[BaseException] = []
@@ -329,9 +331,7 @@ class Box:
             try:
                 while (record := landed.get()) is not None:
                     stdout, stderr = (Path(out, f"{record['name']}.{kind}").read_bytes() for kind in ("out", "err"))
-                    index = Index()
-                    row = index.get(record["session"]) if record["session"] else None
-                    index.close()
+                    row = sessions.get(record["session"]) if record["session"] else None
                     yield int(record["input"]), RunResult(
                         argv=(*AGENT_COMMAND, mission), returncode=record["exit_code"], stdout=stdout, stderr=stderr,
                         timed_out=record["exit_code"] == 124, oom_killed=record["termination"] == "oom", session=record["session"] or "",

@@ -36,40 +36,44 @@ class Cluster:
 
     def check_nodes(self, image: str | None = None, timeout: float = 60.0) -> list[dict[str, Any]]:
         """Each live node that advertises the resource, checked on the node itself: {node, host, why} (why None: ready)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         from quinebox.cluster.node import check
 
-        remote = self.ray.remote(check)
-        pending = {
-            node: remote.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(image)
-            for node in self.box_nodes()
-        }
+        pending = self._on_each_node(check, image)
         ready, _ = self.ray.wait(list(pending.values()), num_returns=len(pending), timeout=timeout)
         reports = []
         for node, ref in pending.items():
             try:
                 reports.append(self.ray.get(ref) if ref in ready else {"node": node, "host": "?", "why": f"it did not answer within {timeout:.0f} s"})
             except self.ray.exceptions.RayError as exc:
-                reports.append({"node": node, "host": "?", "why": f"its check failed: {str(exc).strip().splitlines()[0]}"})
+                reports.append({"node": node, "host": "?", "why": f"its check failed: {first_line(exc)}"})
         return reports
 
     def collect_garbage(self, timeout: float = 60.0) -> None:
         """Run `quinebox gc` on every node that runs boxes, and wait (up to `timeout`) for them all; a node that fails it is left to its own gc."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         from quinebox.cluster.node import collect_garbage
 
-        remote = self.ray.remote(collect_garbage)
-        pending = [
-            remote.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
-            for node in self.box_nodes()
-        ]
+        pending = list(self._on_each_node(collect_garbage).values())
         self.ray.wait(pending, num_returns=len(pending), timeout=timeout)
+
+    def _on_each_node(self, function: Any, *args: Any) -> dict[str, Any]:
+        """`function(*args)` as a task pinned to each node that runs boxes: its ref per node id."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        remote = self.ray.remote(function)
+        return {
+            node: remote.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(*args)
+            for node in self.box_nodes()
+        }
 
     def box_nodes(self) -> list[str]:
         """The ids of the live nodes that advertise the resource."""
         return [node["NodeID"] for node in self.ray.nodes() if node.get("Alive") and node.get("Resources", {}).get(RESOURCE, 0) > 0]
+
+
+def first_line(exc: BaseException) -> str:
+    """Ray's errors run to many lines (tracebacks, hints): the first is what a one-line report needs."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def forwarded_env(names: Iterable[str], environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -116,8 +120,7 @@ def _init(ray: Any, target: str, address: str) -> None:
     if not done.wait(CONNECT_TIMEOUT):
         raise QuineboxError(f"the Ray cluster at {address} did not answer within {CONNECT_TIMEOUT:.0f} s: is its head running there (`ray status`)?")
     if failed:
-        text = str(failed[0]).strip()
-        raise QuineboxError(f"cannot reach the Ray cluster at {address}: {text.splitlines()[0] if text else type(failed[0]).__name__}")
+        raise QuineboxError(f"cannot reach the Ray cluster at {address}: {first_line(failed[0])}")
 
 
 def connect(address: str, forward: Iterable[str] = ()) -> Cluster:

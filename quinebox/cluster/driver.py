@@ -21,7 +21,7 @@ from typing import Any, Collection
 
 from quinebox.box.spec import owner_tag
 from quinebox.cluster.commit import Commits, Staged
-from quinebox.cluster.connect import RESOURCE, Cluster
+from quinebox.cluster.connect import RESOURCE, Cluster, first_line
 from quinebox.cluster.node import CHUNK, attempt
 from quinebox.errors import QuineboxError
 from quinebox.state import cluster_dir
@@ -94,9 +94,9 @@ class Dispatch:
         try:
             return self._receive(job, number, iter(generator), sent)
         except ray.exceptions.RayTaskError as exc:  # quinebox's own code failed on the node (its disk full, say): the input fails, the run goes on
-            raise QuineboxError(f"the node failed the attempt: {_first_line(exc.cause if exc.cause is not None else exc)}") from None
+            raise QuineboxError(f"the node failed the attempt: {first_line(exc.cause if exc.cause is not None else exc)}") from None
         except ray.exceptions.RayError as exc:
-            raise NodeLost(_first_line(exc)) from None
+            raise NodeLost(first_line(exc)) from None
         finally:
             with self._lock:
                 self.inflight.discard(generator)
@@ -146,11 +146,6 @@ class Dispatch:
             file.close()
         staged.overhead_s = max(0.0, time.time() - sent - news["ran_s"])
         return staged
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class ClusterRunner(Runner):

@@ -1,10 +1,10 @@
 """What a worker node runs: its readiness check, and one attempt at one input.
 
 An attempt is a Ray streaming generator. Its first object says where it ran and how: that the
-node cannot run boxes at all (its engine or the image failed the box's start), or how the agent ended and which sessions its tree made. When the
-deliverable, the diagnostics and the sessions' tapes are small together they ride along in that
-object; otherwise they follow in pieces of at most CHUNK bytes, so no process ever holds a whole
-deliverable. The boxes run as in a local `map`
+node cannot run boxes at all (its engine or the image failed the box's start), or how the agent
+ended and which sessions its tree made. When the deliverable, the diagnostics and the sessions'
+tapes are small together they ride along in that object; otherwise they follow in pieces of at
+most CHUNK bytes, so no process ever holds a whole deliverable. The boxes run as in a local `map`
 (their owner is this Ray worker, so they die with it through their lifelines) and carry the run,
 input and attempt as labels. Everything spooled here is gone when the attempt is.
 """
