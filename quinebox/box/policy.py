@@ -2,7 +2,10 @@
 
 A pure function, in the spirit of nsjail's single config: no Docker, no
 filesystem, so every control can be checked by a table test. The safe defaults
-live here and nowhere else; grants only ever widen them by name.
+live here and nowhere else; grants only ever widen them by name. Each backend
+renders the same decisions: the engine's HostConfig here (`container_config`),
+an OCI runtime's config.json in policy_oci.py, both from the constants and the
+neutral mount list (`box_mounts`) below.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quinebox.box.secrets import BUNDLE_VARIABLES, TLS_DIR, placeholder
-from quinebox.box.spec import BoxSpec, ImageInfo, WorldSpec
+from quinebox.box.spec import BoxSpec, ImageInfo
 from quinebox.grants import Grants, format_size
 
 DEFAULT_MEM = 1 << 30
@@ -40,6 +43,48 @@ EGRESS_LISTEN = "127.0.0.1:3128"
 EGRESS_SOCKET = "/run/quinebox/egress.sock"
 BOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BOX_LANG = "C.UTF-8"
+
+HOSTNAME = "box"
+#: The kernel's OOM killer takes a box's processes before the host's.
+OOM_SCORE_ADJ = 500
+#: Every box process's limits (name, soft, hard): no core dumps; a bounded fd table (this machine's hard
+#: nofile is 20000: a runtime config asking for more fails).
+RLIMITS = (("core", 0, 0), ("nofile", 1024, 8192))
+#: The CFS period a `cpus:` grant's quota is a share of (the engine's nano_cpus, as a runtime says it).
+CPU_PERIOD = 100_000
+#: What the engine mounts in every container before the box's own (moby oci/defaults.go; /dev/shm at the
+#: engine's default 64 MiB), as (destination, type, source, options). /sys and its cgroups are read-only.
+SYSTEM_MOUNTS = (
+    ("/proc", "proc", "proc", ("nosuid", "noexec", "nodev")),
+    ("/dev", "tmpfs", "tmpfs", ("nosuid", "strictatime", "mode=755", "size=65536k")),
+    ("/dev/pts", "devpts", "devpts", ("nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5")),
+    ("/dev/shm", "tmpfs", "shm", ("nosuid", "noexec", "nodev", "mode=1777", "size=65536k")),
+    ("/dev/mqueue", "mqueue", "mqueue", ("nosuid", "noexec", "nodev")),
+    ("/sys", "sysfs", "sysfs", ("nosuid", "noexec", "nodev", "ro")),
+    ("/sys/fs/cgroup", "cgroup", "cgroup", ("nosuid", "noexec", "nodev", "relatime", "ro")),
+)
+#: What the engine hides (masks) and makes read-only under /proc and /sys (Docker 20.10's oci/defaults.go).
+MASKED_PATHS = (
+    "/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
+)
+READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+#: The device cgroup as the engine leaves it on runc, in order, as (allow, type, major, minor, access), None any:
+#: Docker's list (moby oci/defaults.go: all denied, then null zero urandom random tty console, fuse denied), then
+#: the list runc appends to every container (libcontainer/specconv AllowedDevices: mknod of any node, null random
+#: full tty zero urandom, pts ptmx, tun). Opening a node needs its rule; making one needs CAP_MKNOD, which no box has.
+DEVICE_RULES = (
+    (False, "a", None, None, "rwm"),
+    *((True, "c", major, minor, "rwm") for major, minor in ((1, 5), (1, 3), (1, 9), (1, 8), (5, 0), (5, 1))),
+    (False, "c", 10, 229, "rwm"),
+    (True, "c", None, None, "m"),
+    (True, "b", None, None, "m"),
+    *((True, "c", major, minor, "rwm") for major, minor in ((1, 3), (1, 8), (1, 7), (5, 0), (1, 5), (1, 9), (136, None), (5, 2), (10, 200))),
+)
+#: Grants the OCI runtime cannot give as the engine does, and why such a box runs on the engine.
+_ENGINE_ONLY = (
+    (lambda spec: bridged(spec.grants), "net:bridge needs the engine's bridge network"),
+)
 
 LABEL_PREFIX = "io.quinebox."
 LABEL_SESSION = LABEL_PREFIX + "session"
@@ -69,6 +114,23 @@ class ContainerConfig:
     host: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class BoxMount:
+    """One of a box's own mounts, before a backend renders it.
+
+    kind "bind": the host path `source` at `dest`, read-only unless `writable`; `socket` for a single socket file
+    (no propagation of its own). "tmpfs": a fresh tmpfs with `options`. "overlay": a copy-on-write world, `options`
+    its lowerdir, upperdir, workdir and userxattr.
+    """
+
+    kind: str
+    dest: str
+    source: str = ""
+    writable: bool = False
+    options: tuple[str, ...] = ()
+    socket: bool = False
+
+
 def native_arch() -> str:
     """This machine's architecture as seccomp names it."""
     return _ARCHITECTURES[platform.machine().lower()][1]
@@ -78,6 +140,11 @@ def native_machine() -> str:
     """This machine's architecture as an image's config names it."""
     machine = platform.machine().lower()
     return _ARCHITECTURES[machine][0] if machine in _ARCHITECTURES else machine
+
+
+def image_arch(arch: str) -> str:
+    """A seccomp architecture as an image's config (and the engine's profile conditions) name it."""
+    return next((machine for machine, scmp in _ARCHITECTURES.values() if scmp == arch), arch)
 
 
 def seccomp_profile(base: dict[str, Any], grants: Grants, arch: str) -> dict[str, Any]:
@@ -152,24 +219,86 @@ def environment_for(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
     return environment
 
 
-def world_mount(world: WorldSpec, session: str) -> dict[str, Any]:
-    """/world: a bind mount of the world's directory, or an overlay the engine mounts over its parent's.
+def tmpfs_options(size: int, *extra: str) -> tuple[str, ...]:
+    """A box's tmpfs: writable, executable, no set-uid files or devices, `size` bytes at most."""
+    return ("rw", "exec", "nosuid", "nodev", f"size={format_size(size)}", *extra)
 
-    The overlay is an anonymous volume of the local driver, so the engine (not
-    quinebox) needs the privilege to mount it and removes it with the box.
-    `userxattr` keeps overlay's own markers readable by the world's owner.
-    """
+
+def world_mount(spec: BoxSpec) -> BoxMount:
+    """/world: a bind mount of the world's directory; an overlay over its parent's, mounted by the engine or
+    runtime (not quinebox) in the box's own mount namespace, `userxattr` keeping overlay's own markers readable
+    by the world's owner; or with no world, a scratch tmpfs that keeps nothing."""
+    world = spec.world
+    if world is None:
+        return BoxMount("tmpfs", "/world", options=tmpfs_options(spec.grants.tmp or DEFAULT_TMP, "mode=0755", f"uid={spec.uid}", f"gid={spec.gid}"))
     if world.kind in ("dir", "bind"):
-        return {"Type": "bind", "Source": world.layer, "Target": "/world", "ReadOnly": False, "BindOptions": {"Propagation": "rprivate"}}
-    options = f"lowerdir={':'.join(world.lowers)},upperdir={world.layer},workdir={world.work},userxattr"
+        return BoxMount("bind", "/world", world.layer, writable=True)
+    overlay = (f"lowerdir={':'.join(world.lowers)}", f"upperdir={world.layer}", f"workdir={world.work}", "userxattr")
+    return BoxMount("overlay", "/world", "overlay", writable=True, options=overlay)
+
+
+def box_mounts(spec: BoxSpec, runtime: str) -> list[BoxMount]:
+    """The box's own mounts, in order: /tmp, the granted host paths, /world, the guest's runtime, then its sockets
+    and trust. Read-only unless granted rw (a world is always writable)."""
+    mounts = [BoxMount("tmpfs", "/tmp", options=tmpfs_options(spec.grants.tmp or DEFAULT_TMP, "mode=1777"))]
+    mounts += [BoxMount("bind", m.dest, m.source, writable=m.writable) for m in spec.grants.mounts]
+    mounts.append(world_mount(spec))
+    mounts.append(BoxMount("bind", RUNTIME, runtime))
+    if spec.lifeline:
+        mounts.append(BoxMount("bind", HOST_SOCKET, spec.lifeline, socket=True))
+    if spec.tls_dir:
+        mounts.append(BoxMount("bind", TLS_DIR, spec.tls_dir))
+    if spec.egress_socket and proxied(spec):
+        mounts.append(BoxMount("bind", EGRESS_SOCKET, spec.egress_socket, socket=True))
+    return mounts
+
+
+def nano_cpus(cpus: float) -> int:
+    """A `cpus:` grant in billionths of a CPU (the engine's unit; a runtime's quota is this share of CPU_PERIOD)."""
+    return int(cpus * 1e9)
+
+
+def labels_for(spec: BoxSpec) -> dict[str, str]:
+    """Whose box this is (the engine's labels, a runtime's annotations): `ps`, `kill`, `enter` and `gc` read them."""
     return {
-        "Type": "volume",
-        "Target": "/world",
-        "VolumeOptions": {
-            "DriverConfig": {"Name": "local", "Options": {"type": "overlay", "device": "overlay", "o": options}},
-            "Labels": {LABEL_SESSION: session},
-        },
+        LABEL_SESSION: spec.session,
+        LABEL_OWNER: spec.owner,
+        LABEL_PARENT: spec.parent or "",
+        LABEL_CREATED: spec.created,
+        LABEL_USER: str(spec.caller),
+        **{LABEL_PREFIX + name: value for name, value in spec.tags},
     }
+
+
+def full_environment(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
+    """Everything the box's first process starts with, as the engine builds it: its own PATH, HOSTNAME and (on a
+    terminal) TERM, then the image's, then ours (`environment_for`); a grant without a value unsets the name."""
+    environment: dict[str, str | None] = {"PATH": BOX_PATH, "HOSTNAME": HOSTNAME, **({"TERM": "xterm"} if spec.tty else {})}
+    environment.update(dict(image.env))
+    environment.update(environment_for(spec, image))
+    return {name: value for name, value in environment.items() if value is not None}
+
+
+def oci_command(spec: BoxSpec, image: ImageInfo) -> list[str]:
+    """What an OCI runtime's box runs: as on the engine, but with no engine init the lifeline is PID 1 of every
+    box, an agent's included."""
+    return [*GUEST_PREFIX, *spec.argv] if spec.agent else command_for(spec, image)
+
+
+def oci_refusal(spec: BoxSpec) -> str | None:
+    """Why `spec` must run on the engine, in one line; None when an OCI runtime gives it everything."""
+    return next((why for applies, why in _ENGINE_ONLY if applies(spec)), None)
+
+
+def _engine_mount(mount: BoxMount, session: str) -> dict[str, Any]:
+    """A mount as the engine takes it; an overlay is an anonymous volume of the local driver, removed with the box."""
+    if mount.kind == "overlay":
+        driver = {"Name": "local", "Options": {"type": "overlay", "device": "overlay", "o": ",".join(mount.options)}}
+        return {"Type": "volume", "Target": mount.dest, "VolumeOptions": {"DriverConfig": driver, "Labels": {LABEL_SESSION: session}}}
+    rendered = {"Type": "bind", "Source": mount.source, "Target": mount.dest, "ReadOnly": not mount.writable}
+    if not mount.socket:
+        rendered["BindOptions"] = {"Propagation": "rprivate"}
+    return rendered
 
 
 def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[str, Any], arch: str) -> ContainerConfig:
@@ -180,34 +309,7 @@ def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: 
     """
     grants = spec.grants
     mem = grants.mem or DEFAULT_MEM
-    tmp = grants.tmp or DEFAULT_TMP
-    mounts = [
-        {
-            "Type": "bind",
-            "Source": m.source,
-            "Target": m.dest,
-            "ReadOnly": not m.writable,
-            "BindOptions": {"Propagation": "rprivate"},
-        }
-        for m in grants.mounts
-    ]
-    if spec.world is not None:
-        mounts.append(world_mount(spec.world, spec.session))
-    mounts.append({"Type": "bind", "Source": runtime, "Target": RUNTIME, "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}})
-    if spec.lifeline:
-        mounts.append({"Type": "bind", "Source": spec.lifeline, "Target": HOST_SOCKET, "ReadOnly": True})
-    if spec.tls_dir:
-        mounts.append({"Type": "bind", "Source": spec.tls_dir, "Target": TLS_DIR, "ReadOnly": True, "BindOptions": {"Propagation": "rprivate"}})
-    if spec.egress_socket and proxied(spec):
-        mounts.append({"Type": "bind", "Source": spec.egress_socket, "Target": EGRESS_SOCKET, "ReadOnly": True})
-    labels = {
-        LABEL_SESSION: spec.session,
-        LABEL_OWNER: spec.owner,
-        LABEL_PARENT: spec.parent or "",
-        LABEL_CREATED: spec.created,
-        LABEL_USER: str(spec.caller),
-        **{LABEL_PREFIX + name: value for name, value in spec.tags},
-    }
+    own = box_mounts(spec, runtime)
     host: dict[str, Any] = {
         "auto_remove": True,
         "network_mode": "bridge" if bridged(grants) else "none",
@@ -222,25 +324,23 @@ def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: 
         "pids_limit": grants.pids or DEFAULT_PIDS,
         "mem_limit": mem,
         "memswap_limit": mem,
-        "oom_score_adj": 500,
-        "tmpfs": {"/tmp": f"rw,exec,nosuid,nodev,size={format_size(tmp)},mode=1777"},
-        "mounts": mounts,
-        "ulimits": [{"name": "core", "soft": 0, "hard": 0}],
+        "oom_score_adj": OOM_SCORE_ADJ,
+        "tmpfs": {m.dest: ",".join(m.options) for m in own if m.kind == "tmpfs"},
+        "mounts": [_engine_mount(m, spec.session) for m in own if m.kind != "tmpfs"],
+        "ulimits": [{"name": name, "soft": soft, "hard": hard} for name, soft, hard in RLIMITS],
         "log_config": {"type": "none"},
     }
-    if spec.world is None:  # a scratch world that keeps nothing
-        host["tmpfs"]["/world"] = f"rw,exec,nosuid,nodev,size={format_size(tmp)},mode=0755,uid={spec.uid},gid={spec.gid}"
     if grants.cpus is not None:
-        host["nano_cpus"] = int(grants.cpus * 1e9)
+        host["nano_cpus"] = nano_cpus(grants.cpus)
     create: dict[str, Any] = {
         "image": image.id or spec.image,
         "command": command_for(spec, image),
         "name": f"quinebox-{spec.session}",
-        "hostname": "box",
+        "hostname": HOSTNAME,
         "user": f"{spec.uid}:{spec.gid}",
         "working_dir": workdir_for(spec, image),
         "environment": environment_for(spec, image),
-        "labels": labels,
+        "labels": labels_for(spec),
         "stdin_open": True,
         "tty": spec.tty,
         "detach": False,

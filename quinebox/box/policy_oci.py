@@ -1,0 +1,131 @@
+"""The box policy.py describes, as an OCI runtime's config.json (runc, crun, runsc): the engine's controls, said out.
+
+A pure function beside `policy.container_config`, rendering the same decisions
+(constants, `box_mounts`, limits) in the runtime's schema. What the engine adds
+to every container on its own — its system mounts, masked and read-only paths,
+device cgroup, default environment — is written here explicitly, since no
+engine is on the path; what needs the engine itself is `policy.oci_refusal`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from quinebox.box.policy import (
+    CPU_PERIOD,
+    DEFAULT_MEM,
+    DEFAULT_PIDS,
+    DEVICE_RULES,
+    HOSTNAME,
+    MASKED_PATHS,
+    OOM_SCORE_ADJ,
+    READONLY_PATHS,
+    RLIMITS,
+    SYSTEM_MOUNTS,
+    BoxMount,
+    box_mounts,
+    full_environment,
+    image_arch,
+    labels_for,
+    nano_cpus,
+    oci_command,
+    seccomp_profile,
+    workdir_for,
+)
+from quinebox.box.spec import BoxSpec, ImageInfo
+
+OCI_VERSION = "1.0.2"
+#: Every box's own namespaces; never a user namespace (the box's uid is the host's, and holds nothing).
+NAMESPACES = ("pid", "network", "ipc", "uts", "mount", "cgroup")
+#: What OCI's seccomp schema knows, at the top, in a rule and in an argument.
+_SECCOMP_KEYS = ("defaultAction", "defaultErrnoRet", "architectures", "flags", "syscalls")
+_RULE_KEYS = ("names", "action", "errnoRet", "args")
+_ARG_KEYS = ("index", "value", "valueTwo", "op")
+
+
+def oci_seccomp(profile: dict[str, Any], arch: str) -> dict[str, Any]:
+    """`profile` in OCI's schema, as the engine converts it for a box with no capabilities on `arch`.
+
+    A rule the engine applies only to holders of a capability goes (a box holds none), as does one for other
+    architectures; what the schema does not know (comments) is left out. A condition the engine would weigh
+    that this cannot (a kernel version) is refused, never dropped: dropping a condition widens the rule.
+    """
+    rules = []
+    for rule in profile["syscalls"]:
+        includes, excludes = rule.get("includes") or {}, rule.get("excludes") or {}
+        if set(includes) - {"caps", "arches"} or set(excludes) - {"caps", "arches"}:
+            raise ValueError(f"seccomp rule for {rule.get('names')}: conditions {sorted({*includes, *excludes})} cannot be resolved here")
+        arches = {arch, image_arch(arch)}
+        if includes.get("caps") or (includes.get("arches") and not arches & set(includes["arches"])) or arches & set(excludes.get("arches") or ()):
+            continue
+        names = rule["names"] if "names" in rule else [rule["name"]]
+        out = {key: rule[key] for key in _RULE_KEYS if key in rule} | {"names": list(names)}
+        if "args" in rule:
+            out["args"] = [{key: arg[key] for key in _ARG_KEYS if key in arg} for arg in rule["args"]]
+        rules.append(out)
+    return {key: profile[key] for key in _SECCOMP_KEYS if key in profile} | {"syscalls": rules}
+
+
+def _mount(mount: BoxMount) -> dict[str, Any]:
+    """A box mount in the runtime's form; read-only binds are read-only all the way down (rro: runc ≥ 1.1)."""
+    if mount.kind in ("tmpfs", "overlay"):
+        return {"destination": mount.dest, "type": mount.kind, "source": mount.source or mount.kind, "options": list(mount.options)}
+    mode = ["rw"] if mount.writable else ["ro", "rro"]
+    return {"destination": mount.dest, "type": "bind", "source": mount.source, "options": ["rbind", "rprivate", *mode]}
+
+
+def _depth(mount: BoxMount) -> int:
+    """How deep a destination lies: as the engine does, shallower mounts go first so deeper ones land on them."""
+    return os.path.normpath(mount.dest).count("/")
+
+
+def _device(allow: bool, kind: str, major: int | None, minor: int | None, access: str) -> dict[str, Any]:
+    rule: dict[str, Any] = {"allow": allow, "type": kind, "access": access}
+    rule.update({name: number for name, number in (("major", major), ("minor", minor)) if number is not None})
+    return rule
+
+
+def oci_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[str, Any], arch: str, rootfs: str) -> dict[str, Any]:
+    """The same box as container_config, as an OCI runtime config (config.json) for runc/crun/runsc.
+
+    `runtime` is the host directory of the guest's runtime (at /.quinebox, read-only) and `rootfs` the host
+    path of the image's unpacked root, mounted read-only.
+    """
+    grants = spec.grants
+    mem = grants.mem or DEFAULT_MEM
+    resources: dict[str, Any] = {
+        "devices": [_device(*rule) for rule in DEVICE_RULES],
+        "memory": {"limit": mem, "swap": mem},  # swap is memory + swap: equal means none
+        "pids": {"limit": grants.pids or DEFAULT_PIDS},
+    }
+    if grants.cpus is not None:
+        resources["cpu"] = {"period": CPU_PERIOD, "quota": nano_cpus(grants.cpus) * CPU_PERIOD // 1_000_000_000}
+    system = [{"destination": dest, "type": kind, "source": source, "options": list(options)} for dest, kind, source, options in SYSTEM_MOUNTS]
+    own = sorted(box_mounts(spec, runtime), key=_depth)
+    return {
+        "ociVersion": OCI_VERSION,
+        "root": {"path": rootfs, "readonly": True},
+        "hostname": HOSTNAME,
+        "process": {
+            "terminal": spec.tty,
+            "user": {"uid": spec.uid, "gid": spec.gid, "umask": 0o022},
+            "args": oci_command(spec, image),
+            "env": [f"{name}={value}" for name, value in full_environment(spec, image).items()],
+            "cwd": workdir_for(spec, image),
+            "capabilities": {name: [] for name in ("bounding", "effective", "inheritable", "permitted", "ambient")},
+            "noNewPrivileges": True,
+            "rlimits": [{"type": f"RLIMIT_{name.upper()}", "soft": soft, "hard": hard} for name, soft, hard in RLIMITS],
+            "oomScoreAdj": OOM_SCORE_ADJ,
+        },
+        "mounts": system + [_mount(m) for m in own],
+        "annotations": labels_for(spec),
+        "linux": {
+            "namespaces": [{"type": name} for name in NAMESPACES],
+            "maskedPaths": list(MASKED_PATHS),
+            "readonlyPaths": list(READONLY_PATHS),
+            "resources": resources,
+            "seccomp": oci_seccomp(seccomp_profile(seccomp, grants, arch), arch),
+            "cgroupsPath": f"/quinebox/{spec.session}",
+        },
+    }
