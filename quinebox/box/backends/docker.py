@@ -237,6 +237,57 @@ class DockerBackend:
         finally:
             self.remove(container)
 
+    @contextlib.contextmanager
+    def export_image(self, image: str) -> Iterator[io.BufferedReader]:
+        """`image`'s whole filesystem, flattened, as one tar stream (`docker export` of a container created for it and never started).
+
+        Labelled as this process's, like `archive`'s, so that `gc` removes it if this process dies first.
+        Each read of the stream has the engine's deadline: an engine that stops answering mid-way is an EngineError."""
+        labels = {LABEL_SESSION: "image-export", LABEL_OWNER: owner_id()}
+        what = f"the request to export image {image}"
+        try:
+            container = self.api.create_container(image, command=["/nonexistent"], network_disabled=True, labels=labels)["Id"]
+        except docker.errors.ImageNotFound:
+            raise ImageError(f"image {image} not found: build it with `quinebox image build`, or `docker pull` it") from None
+        except docker.errors.APIError as exc:
+            raise EngineError(f"cannot export image {image}: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc, what) from None
+        try:
+            try:
+                # Not api.export: it starts only when first read and takes the deadline off the socket.
+                response = self.api._get(self.api._url("/containers/{0}/export", container), stream=True)
+                self.api._raise_for_status(response)
+            except docker.errors.APIError as exc:
+                raise EngineError(f"cannot export image {image}: {exc.explanation or exc}") from None
+            except Exception as exc:
+                raise _engine_error(exc, what) from None
+            try:
+                yield io.BufferedReader(_Chunks(self._engine_chunks(response.iter_content(1 << 20), image)), buffer_size=1 << 20)
+            finally:
+                response.close()
+        finally:
+            self.remove(container)
+
+    @staticmethod
+    def _engine_chunks(chunks: Iterable[bytes], image: str) -> Iterator[bytes]:
+        """`chunks` of image's export, with a failure to read the next one (the engine gone, or silent past its deadline) as an EngineError."""
+        try:
+            yield from chunks
+        except Exception as exc:
+            if _timed_out(exc) or "timed out" in str(exc).lower():
+                raise EngineError(f"the Docker engine stopped sending image {image} mid-way: it may be wedged (`quinebox doctor` checks)") from None
+            raise _engine_error(exc, f"the request to export image {image}") from None
+
+    def image_ids(self) -> set[str]:
+        """The ids of every image the engine holds (intermediate ones too)."""
+        try:
+            return set(self.api.images(all=True, quiet=True))
+        except docker.errors.APIError as exc:
+            raise EngineError(f"cannot list images: {exc.explanation or exc}") from None
+        except Exception as exc:
+            raise _engine_error(exc, "the request to list images") from None
+
     def exists(self, container: str, path: str) -> bool:
         """Whether `path` exists in a (created, maybe not started) container, links not followed."""
         try:

@@ -1,0 +1,289 @@
+"""Images unpacked once into read-only root filesystems, so that starting a box needs no engine.
+
+An OCI runtime starts a box from a directory, not an image. Each image is
+unpacked once per image id, from wherever it comes: the engine's store
+(`docker export` of a container created for it and never started, which
+flattens its layers for us), a `docker save` tarball or an OCI image layout
+(box/archives.py, their layers applied by box/layers.py). Once unpacked, a box of it costs one
+stat and no engine call, so a frozen or stopped engine stops no such box.
+
+    images/<hex of the image id>/rootfs/       the tree, mounted read-only in every box of the image
+    images/<hex of the image id>/image.json    what a box takes from the image (spec.ImageInfo)
+    images/refs/<name, %-quoted>.json          which id a name meant when last unpacked or resolved
+    images/.making-<PID-START>-XXXX/           an unpacking under way (or its maker's remains)
+
+`images/` is private to its owner: the tree keeps the image's owners (a file
+of uid 1000 would otherwise be writable by the host's uid 1000). An unpacking
+is made in a scratch directory and renamed into place, so concurrent first
+uses agree and a crash leaves only a scratch directory, which `prune` removes
+once its maker is dead. Ids from tarballs and layouts are their config
+blob's digest, as Docker computes them, and each layer is checked against
+the config's diff ids, so no archive can pass for another image in the cache.
+
+Names: the engine's own table of names (repositories.json, read as a file
+when the engine is local and it is readable, no engine call) wins for the
+names it holds; a name it has dropped is not served from here either. Where
+it cannot be read, refs/ is used: a name re-tagged in the engine keeps its old
+id until it is next resolved through the engine (`remember`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import urllib.parse
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from quinebox.box.layers import Tree
+from quinebox.box.spec import ImageInfo, owner_tag, process_start_ticks
+from quinebox.errors import ImageError, QuineboxError
+from quinebox.state import state_dir, unwritable
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
+
+ROOTFS = "rootfs"
+IMAGE_JSON = "image.json"
+SCRATCH = ".making-"
+#: Where a local engine keeps its names (its data root, then `image/<storage driver>/repositories.json`).
+DOCKER_ROOT = "/var/lib/docker"
+DOCKER_CONFIG = "/etc/docker/daemon.json"
+_LOCAL_SOCKETS = ("", "unix:///var/run/docker.sock", "unix:///run/docker.sock")
+HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def images_root() -> Path:
+    return state_dir() / "images"
+
+
+def id_hex(image_id: str) -> str:
+    """The 64 hex digits of a `sha256:` image id: the name of its directory."""
+    hex_part = image_id.split(":", 1)[1] if image_id.startswith("sha256:") else image_id
+    if not HEX.fullmatch(hex_part):
+        raise ImageError(f"bad image id {image_id!r}: expected sha256: and 64 hex digits")
+    return hex_part
+
+
+def unpacked(image_id: str) -> Path | None:
+    """The image's root filesystem when it is unpacked (one stat: a rootfs/ appears only complete)."""
+    path = images_root() / id_hex(image_id) / ROOTFS
+    return path if os.path.isdir(path) else None
+
+
+def image_info(image_id: str) -> ImageInfo | None:
+    """What a box takes from an unpacked image, read from its image.json; None when it is not unpacked."""
+    try:
+        doc = json.loads((images_root() / id_hex(image_id) / IMAGE_JSON).read_text())
+        return ImageInfo(
+            name=doc["name"], id=doc["id"], env=tuple((k, v) for k, v in doc["env"]), workdir=doc["workdir"],
+            entrypoint=tuple(doc["entrypoint"]), cmd=tuple(doc["cmd"]), arch=doc["arch"],
+        )  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def familiar(name: str) -> str:
+    """A name as Docker writes it in its table: `busybox` is `busybox:latest`, `docker.io/library/` is left out."""
+    for prefix in ("docker.io/library/", "index.docker.io/library/", "docker.io/", "index.docker.io/"):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    if "@" not in name and ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    return name
+
+
+def lookup(name: str) -> ImageInfo | None:
+    """The unpacked image `name` (a name or an image id) means now, with no engine call; None when there is none."""
+    if name.startswith("sha256:"):
+        return image_info(name)
+    key = familiar(name)
+    engine = engine_names()
+    ref = _read_ref(key)
+    if engine is not None and key in engine:
+        image_id = engine[key]
+    elif ref is not None and (engine is None or ref.get("source") != "engine"):
+        image_id = ref["id"]
+    else:
+        return None
+    info = image_info(image_id)
+    return replace(info, name=name) if info else None
+
+
+def engine_names() -> dict[str, str] | None:
+    """The local engine's names → image ids, read from its repositories.json; None when it is not ours to read."""
+    if os.environ.get("DOCKER_HOST", "") not in _LOCAL_SOCKETS:
+        return None
+    root = DOCKER_ROOT
+    try:
+        with open(DOCKER_CONFIG) as file:
+            root = json.load(file).get("data-root") or root
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        tables = sorted(Path(root, "image").glob("*/repositories.json"), key=lambda p: p.stat().st_mtime)
+        if not tables:
+            return None
+        repositories = json.loads(tables[-1].read_text()).get("Repositories") or {}
+        return {name: image_id for names in repositories.values() for name, image_id in names.items()}
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def remember(info: ImageInfo, source: str = "engine") -> None:
+    """Record that `info.name` means `info.id` (`source`: engine, docker-archive or oci-layout); written only when it changes."""
+    if info.name.startswith("sha256:") or not info.name:
+        return
+    key = familiar(info.name)
+    record = {"name": key, "id": info.id, "source": source}
+    if _read_ref(key) == record:
+        return
+    refs = _root() / "refs"
+    try:
+        refs.mkdir(exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=refs, prefix=".new-", delete=False) as file:
+            json.dump(record, file)
+        os.replace(file.name, _ref_path(key))
+    except OSError as exc:
+        raise ImageError(unwritable(f"the name of image {info.name}", exc)) from None
+
+
+def _ref_path(key: str) -> Path:
+    return images_root() / "refs" / (urllib.parse.quote(key, safe="") + ".json")
+
+
+def _read_ref(key: str) -> dict[str, str] | None:
+    try:
+        return json.loads(_ref_path(key).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _refs() -> Iterator[tuple[Path, dict[str, str]]]:
+    for path in sorted((images_root() / "refs").glob("*.json")):
+        try:
+            yield path, json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+
+
+# -- sources ---------------------------------------------------------------------------------
+
+
+def from_engine(backend: DockerBackend, info: ImageInfo) -> Path:
+    """The rootfs of `info` (as the engine resolved it, see images.resolve_image), exported from the engine the first time."""
+    path = unpacked(info.id)
+    if path is None:
+
+        def fill(root: Path) -> None:
+            tree = Tree(str(root), f"image {info.name}")
+            with backend.export_image(info.id) as stream:
+                tree.layer(stream, whiteouts=False)
+            tree.close()
+
+        path = unpack(info, "engine", fill)
+    remember(info, "engine")
+    return path
+
+
+# -- the cache -------------------------------------------------------------------------------
+
+
+def _root() -> Path:
+    root = images_root()
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(root, 0o700)
+    except OSError as exc:
+        raise ImageError(unwritable("unpacked images", exc)) from None
+    return root
+
+
+def unpack(info: ImageInfo, source: str, fill: Callable[[Path], None]) -> Path:
+    """The image's rootfs, made by `fill(path)` (a layers.Tree at path) in a scratch directory renamed into place.
+
+    Whoever renames first wins; the others discard theirs."""
+    root = _root()
+    final = root / id_hex(info.id)
+    if (final / ROOTFS).is_dir():
+        return final / ROOTFS
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{owner_tag()}-", dir=root))
+    except OSError as exc:
+        raise ImageError(unwritable(f"image {info.name}", exc)) from None
+    try:
+        fill(scratch / ROOTFS)
+        (scratch / IMAGE_JSON).write_text(json.dumps({**asdict(info), "source": source}, indent=1) + "\n")
+        os.chmod(scratch, 0o755)
+        try:
+            os.rename(scratch, final)
+        except OSError:
+            if not (final / ROOTFS).is_dir():
+                raise
+    except QuineboxError:
+        raise
+    except OSError as exc:
+        raise ImageError(unwritable(f"image {info.name}", exc)) from None
+    finally:
+        _discard(scratch)
+    return final / ROOTFS
+
+
+def _discard(path: Path) -> None:
+    """Remove a tree, its read-only directories included when not running as root."""
+    if not os.path.lexists(path):
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        for top, dirs, _ in os.walk(path):
+            for name in dirs:
+                try:
+                    os.chmod(os.path.join(top, name), 0o700, follow_symlinks=False)
+                except OSError:
+                    pass
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def current_ids(engine_ids: set[str] | None) -> set[str]:
+    """The ids some name still means: every tarball's or layout's, and the engine's images (`engine_ids`, from
+    DockerBackend.image_ids); with None (no engine to ask), every name's that refs/ or the engine's table holds."""
+    ids = {record["id"] for _, record in _refs() if engine_ids is None or record.get("source") != "engine"}
+    if engine_ids is not None:
+        return ids | set(engine_ids)
+    return ids | set((engine_names() or {}).values())
+
+
+def prune(in_use: set[str], current: set[str]) -> list[str]:
+    """Remove unpacked images no live box uses (`in_use`) and no name means (`current`, see current_ids), the names
+    that meant only them, and scratch directories of dead makers; what was removed, by directory name."""
+    root = images_root()
+    if not root.is_dir():
+        return []
+    keep = {id_hex(i) for i in in_use | current if HEX.fullmatch(i.split(":", 1)[-1])}
+    removed = []
+    for path in sorted(root.iterdir()):
+        if path.name.startswith(SCRATCH):
+            pid, _, rest = path.name[len(SCRATCH) :].partition("-")
+            start = rest.partition("-")[0]
+            if not (pid.isdigit() and process_start_ticks(int(pid)) == start):
+                _discard(path)
+                removed.append(path.name)
+        elif HEX.fullmatch(path.name) and path.name not in keep:
+            # Out of sight first (a box never finds half a tree); a crash mid-way leaves a dead maker's scratch directory.
+            gone = root / f"{SCRATCH}{owner_tag()}-gone-{path.name}"
+            try:
+                os.rename(path, gone)
+            except OSError:
+                continue
+            _discard(gone)
+            removed.append(path.name)
+    for path, record in _refs():
+        image_id = str(record.get("id", ""))
+        if image_id not in current and (not HEX.fullmatch(image_id.split(":", 1)[-1]) or unpacked(image_id) is None):
+            path.unlink(missing_ok=True)
+    return removed
