@@ -5,6 +5,7 @@ One place turns a missing or malformed file into one clear line.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,3 +22,14 @@ def read_yaml(path: str | Path, what: str, error: type[QuineboxError] = Quinebox
         raise error(f"{what} {path} not found") from None
     except (OSError, yaml.YAMLError) as exc:
         raise error(f"cannot read {what} {path}: {str(exc).splitlines()[0]}") from None
+
+
+def load_config() -> dict[str, Any]:
+    """~/.config/quinebox/config.yaml (model, base_url, max_retries, pool, backend, runtime); the environment wins over it."""
+    path = os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "quinebox", "config.yaml")
+    if not os.path.exists(path):
+        return {}
+    doc = read_yaml(path, "config file") or {}
+    if not isinstance(doc, dict):
+        raise QuineboxError(f"{path} must be a YAML mapping (model:, base_url:, max_retries:, backend:, runtime:)")
+    return doc

@@ -48,13 +48,26 @@ if ! engine_up; then
     fi
 fi
 
-# 3. The agent image; without a registry it is bootstrapped with debootstrap.
+# 3. OCI runtimes: runc runs boxes without the engine on their path (the default backend where it can), and
+#    gVisor's runsc is the stronger alternative the tests also run on.
+runtimes=()
+command -v runc >/dev/null || [ -x /usr/sbin/runc ] || runtimes+=(runc)
+command -v runsc >/dev/null || [ -x /usr/bin/runsc ] || runtimes+=(runsc)
+if [ "${#runtimes[@]}" -gt 0 ]; then
+    if is_root && have_apt; then
+        say "installing ${runtimes[*]} (OCI runtimes)"; apt_install "${runtimes[@]}"
+    else
+        say "missing ${runtimes[*]}: boxes run on the Docker engine only (apt-get install ${runtimes[*]})"
+    fi
+fi
+
+# 4. The agent image; without a registry it is bootstrapped with debootstrap.
 if is_root && have_apt && ! command -v debootstrap >/dev/null && [ ! -x /usr/sbin/debootstrap ]; then
     say "installing debootstrap (to build the base image without a registry)"; apt_install debootstrap
 fi
 .venv/bin/quinebox image build
 
-# 4. What the demo and the tests build images of their own from (no registry):
+# 5. What the demo and the tests build images of their own from (no registry):
 #    a static busybox, musl's loader and compiler wrapper, and a C compiler.
 missing=()
 command -v busybox >/dev/null || [ -x /bin/busybox ] || missing+=(busybox-static)

@@ -3,27 +3,67 @@
 Shared by `BoxProcess`, which starts the box, and the pool, which works out
 the shape of the boxes it keeps warm the same way, so both agree by
 construction on what a box of a given request looks like.
+
+On an OCI runtime the image is an unpacked root filesystem (rootfs.py): once it is unpacked, configuring a box
+asks the engine nothing, and the guest runtime is the agent image's own /.quinebox, mounted from its rootfs.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.images import resolve_image
-from quinebox.box.policy import ContainerConfig, container_config, native_arch
-from quinebox.box.runtime import runtime_dir
+from quinebox.box.policy import RUNTIME, ContainerConfig, container_config, native_arch
+from quinebox.box.policy_oci import oci_config
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, ImageInfo, seccomp_base
 from quinebox.errors import GrantError
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
 
 
 def configure(spec: BoxSpec, backend: DockerBackend) -> tuple[BoxSpec, ImageInfo, ContainerConfig]:
     """(the spec, its argv filled from the image when it had none; the image; the container configuration)."""
+    from quinebox.box.runtime import runtime_dir
+
     ours = spec.image == DEFAULT_IMAGE  # quinebox's own image: never pulled, surely has /bin/sh
     image = resolve_image(backend, spec.image, pull=spec.pull, pullable=not ours)
-    if not spec.argv:
-        if not image.entrypoint and not image.cmd:
-            raise GrantError(f"nothing to run: image {spec.image} has no entrypoint or command; give one, as in `quinebox exec --image {spec.image} -- CMD`")
-        spec = replace(spec, argv=(*image.entrypoint, *image.cmd))
+    spec = with_argv(spec, image)
     runtime = runtime_dir(backend, DEFAULT_IMAGE, image_id=image.id if ours else None)
     return spec, image, container_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch())
+
+
+def configure_oci(spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
+    """The same for an OCI runtime: (the spec, the image, its config.json), the image unpacked on first use."""
+    image, rootfs = unpacked_image(spec.image, pull=spec.pull)
+    spec = with_argv(spec, image)
+    agent_root = rootfs if spec.image == DEFAULT_IMAGE else unpacked_image(DEFAULT_IMAGE, pull="never")[1]
+    runtime = f"{agent_root}{RUNTIME}"
+    return spec, image, oci_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs)
+
+
+def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
+    """(the image, its unpacked root): with no engine call once it is unpacked (unless --pull always)."""
+    from quinebox.box import rootfs
+
+    if pull != "always":
+        known = rootfs.lookup(name)
+        if known is not None:
+            root = rootfs.unpacked(known.id)
+            if root is not None:
+                return known, str(root)
+    from quinebox.box.backends.docker import DockerBackend
+
+    backend = DockerBackend.shared()
+    image = resolve_image(backend, name, pull=pull, pullable=name != DEFAULT_IMAGE)
+    return image, str(rootfs.from_engine(backend, image))
+
+
+def with_argv(spec: BoxSpec, image: ImageInfo) -> BoxSpec:
+    """A spec with no argv runs its image's entrypoint and command."""
+    if spec.argv:
+        return spec
+    if not image.entrypoint and not image.cmd:
+        raise GrantError(f"nothing to run: image {spec.image} has no entrypoint or command; give one, as in `quinebox exec --image {spec.image} -- CMD`")
+    return replace(spec, argv=(*image.entrypoint, *image.cmd))

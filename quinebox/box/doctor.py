@@ -27,6 +27,16 @@ def run() -> int:
     for incident in recent_incidents():
         when = datetime.fromtimestamp(incident["t"]).strftime("%Y-%m-%d %H:%M:%S")
         console.print(f"note  {when} the engine failed quinebox: {incident.get('what')}", markup=False, soft_wrap=True)
+    from quinebox.box.backends.choice import choose, usable
+
+    try:
+        choice = choose(None)
+        check(True, f"backend: {choice.why}")
+    except QuineboxError as exc:
+        check(False, "backend: the OCI runtime asked for can run boxes here", str(exc))
+    for name in ("runc", "crun", "runsc"):
+        problem = usable(name)
+        console.print(f"note  OCI runtime {name}: {'can run boxes here' if problem is None else problem}", markup=False, soft_wrap=True)
     try:
         from quinebox.box.backends.docker import DockerBackend
 

@@ -1,4 +1,4 @@
-"""Entering a live box: one command run inside it (the engine's exec), as the box's user, within its limits.
+"""Entering a live box: one command run inside it (the engine's or the runtime's exec), as the box's user, within its limits.
 
 To see what an agent sees: its /world, its processes, its tools. Only whoever
 started a box may enter it; the command gets the box's own user, environment,
@@ -8,13 +8,20 @@ box, whichever comes first.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import threading
+from typing import TYPE_CHECKING
 
 from quinebox.box import streams
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.ocibox import oci_runtime
 from quinebox.box.labels import BoxInfo, live_boxes
-from quinebox.errors import QuineboxError
+from quinebox.errors import EngineError, QuineboxError
+from quinebox.state import run_dir
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
 
 #: The exit status when the engine cannot say how the command ended (the box was killed under it).
 EXIT_LOST = 137
@@ -57,6 +64,27 @@ class Entered:
         return EXIT_LOST if code is None else code
 
 
+class EnteredRuntime:
+    """The same on an OCI runtime: its own `exec`, with this process's stdin, stdout and stderr (a terminal
+    included: the runtime sizes the box's terminal after this one, now and on every SIGWINCH)."""
+
+    def __init__(self, box: BoxInfo, argv: list[str], *, tty: bool):
+        self.session = box.session
+        runtime = oci_runtime(box.backend)
+        try:
+            process = json.loads((run_dir() / f"{box.session}.oci" / "config.json").read_text())["process"]
+        except (OSError, ValueError, KeyError):
+            raise EngineError(f"box {box.session} is going away: its bundle is gone") from None
+        user = f"{process['user']['uid']}:{process['user']['gid']}"
+        self._process = subprocess.Popen(runtime.exec_argv(box.container, argv, tty=tty, user=user, cwd=process.get("cwd")))
+
+    def resize(self, rows: int, cols: int) -> None:
+        pass  # the runtime follows this terminal's size itself
+
+    def wait(self) -> int:
+        return self._process.wait()
+
+
 def find_box(session: str, boxes: list[BoxInfo]) -> BoxInfo:
     """The one live box whose session starts with `session`, if the caller started it."""
     matches = [box for box in boxes if box.session.startswith(session)]
@@ -68,6 +96,10 @@ def find_box(session: str, boxes: list[BoxInfo]) -> BoxInfo:
     return box
 
 
-def enter_box(session: str, argv: list[str], *, tty: bool, backend: DockerBackend | None = None) -> Entered:
-    backend = backend or DockerBackend.connect()
-    return Entered(backend, find_box(session, live_boxes(backend)), argv, tty=tty)
+def enter_box(session: str, argv: list[str], *, tty: bool, backend: DockerBackend | None = None) -> Entered | EnteredRuntime:
+    box = find_box(session, live_boxes(backend))
+    if box.backend != "docker":
+        return EnteredRuntime(box, argv, tty=tty)
+    from quinebox.box.backends.docker import DockerBackend
+
+    return Entered(backend or DockerBackend.connect(), box, argv, tty=tty)

@@ -1,7 +1,9 @@
-"""The boxes on the engine, seen through their labels: listing and garbage collection.
+"""The boxes of every backend, seen through their labels: listing and garbage collection.
 
 There is no daemon: each quinebox process owns its boxes, and a box's owner
 label (`host:pid:start`) is enough to tell whether that process still lives.
+On the engine the labels are the container's; on an OCI runtime they are the
+same names as annotations, which the runtime's `list` shows (ocibox.oci_containers).
 """
 
 from __future__ import annotations
@@ -14,13 +16,19 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from typing import TYPE_CHECKING, Any
+
 from quinebox.audit import log
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.ocibox import oci_containers, oci_runtime
 from quinebox.box.claim import claimed_as
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
 from quinebox.box.spec import process_start_ticks
+from quinebox.errors import EngineError
 from quinebox.state import cluster_dir, pool_dir, run_dir
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
 
 #: What a claim record says over a warm box's labels.
 _RECORDED = {"session": LABEL_SESSION, "owner": LABEL_OWNER, "parent": LABEL_PARENT, "created": LABEL_CREATED}
@@ -37,6 +45,8 @@ class BoxInfo:
     age_s: float
     #: The uid of whoever started it ("" for a box from before quinebox recorded it).
     user: str = ""
+    #: "docker", or the OCI runtime it runs on.
+    backend: str = "docker"
 
 
 def owner_alive(owner: str, hostname: str | None = None) -> bool:
@@ -73,42 +83,76 @@ def _info(container: dict) -> BoxInfo:
         age = time.time() - container.get("Created", time.time())
     return BoxInfo(
         session=labels.get(LABEL_SESSION, "?"),
-        container=container["Id"][:12],
+        container=container["Id"] if "Runtime" in container else container["Id"][:12],
         command=command,
         state=container.get("State", "?"),
         owner=labels.get(LABEL_OWNER, "?"),
         parent=labels.get(LABEL_PARENT, ""),
         age_s=max(0.0, age),
         user=labels.get(LABEL_USER, ""),
+        backend=container.get("Runtime", "docker"),
     )
+
+
+def _containers(backend: DockerBackend | None, *, engine: bool = True) -> list[dict[str, Any]]:
+    """Every quinebox box, on the engine (unless `engine` is False) and on each OCI runtime used here. An engine
+    that does not answer is an error only when nothing else can be listed: a machine may run boxes with no engine."""
+    on_runtimes = oci_containers()
+    if backend is None and not engine:
+        return on_runtimes
+    try:
+        if backend is None:
+            from quinebox.box.backends.docker import DockerBackend
+
+            backend = DockerBackend.connect()
+        return backend.boxes() + on_runtimes
+    except EngineError:
+        if on_runtimes or backend is None and os.environ.get("QUINEBOX_BACKEND") == "oci":
+            return on_runtimes
+        raise
+
+
+def _kill(box: BoxInfo, backend: DockerBackend | None) -> None:
+    if box.backend != "docker":
+        oci_runtime(box.backend).kill(box.container)
+    elif backend is not None:
+        backend.kill(box.container)
+
+
+def _remove(container: dict[str, Any], backend: DockerBackend | None) -> None:
+    runtime = container.get("Runtime", "docker")
+    if runtime != "docker":
+        oci_runtime(runtime).delete(container["Id"])
+        shutil.rmtree(run_dir() / f"{container['Labels'].get(LABEL_SESSION, '?')}.oci", ignore_errors=True)
+    elif backend is not None:
+        backend.remove(container["Id"])
 
 
 def live_boxes(backend: DockerBackend | None = None) -> list[BoxInfo]:
     """Every box that runs something: warm boxes not yet claimed are the pool's, not anyone's command."""
-    backend = backend or DockerBackend.connect()
-    boxes = (_info(c) for c in backend.boxes())
+    boxes = (_info(c) for c in _containers(backend))
     return sorted((box for box in boxes if not box.session.startswith(POOL_SESSION)), key=lambda b: -b.age_s)
 
 
 def is_running(session: str, backend: DockerBackend | None = None) -> bool:
     """Whether the box of `session` is still there (its world may still change)."""
-    backend = backend or DockerBackend.connect()
-    return any(_info(c).session == session for c in backend.boxes())
+    return any(_info(c).session == session for c in _containers(backend))
 
 
 def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
     """Remove boxes (and sockets) whose owner is gone; return their session ids."""
-    backend = backend or DockerBackend.connect()
+    backend = _engine(backend)
     removed = []
     live_sessions = set()
-    containers = backend.boxes()
+    containers = _containers(backend, engine=False)
     for container in containers:
         box = _info(container)
         if owner_alive(box.owner):
             live_sessions.add(box.session)
             continue
-        backend.remove(container["Id"])
+        _remove(container, backend)
         removed.append(box.session)
+    _prune_images(containers, backend)
     present = {container["Id"] for container in containers}
     for record in run_dir().glob("claimed/*.json"):
         if record.stem not in present:
@@ -130,6 +174,30 @@ def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
             finally:
                 probe.close()
     return removed
+
+
+def _engine(backend: DockerBackend | None) -> DockerBackend | None:
+    """The engine, if one answers: killing and collecting go on for the runtimes' boxes without it."""
+    if backend is not None:
+        return backend
+    from quinebox.box.backends.docker import DockerBackend
+
+    try:
+        return DockerBackend.connect()
+    except EngineError:
+        return None
+
+
+def _prune_images(containers: list[dict[str, Any]], backend: DockerBackend | None) -> list[str]:
+    """Unpacked images that no live box uses and whose image is gone or replaced (see rootfs.prune)."""
+    from quinebox.box import rootfs
+
+    in_use = {os.path.basename(os.path.dirname(c["Rootfs"])) for c in containers if c.get("Rootfs")}
+    try:
+        engine_ids = backend.image_ids() if backend is not None else None
+    except EngineError:
+        engine_ids = None
+    return rootfs.prune(in_use, rootfs.current_ids(engine_ids))
 
 
 def _age(seconds: float) -> str:
@@ -171,12 +239,12 @@ def subtree(rows: list[BoxInfo], session: str) -> list[BoxInfo]:
 
 def kill_subtree(session: str, backend: DockerBackend | None = None) -> list[str]:
     """Kill a box and its descendants, whoever owns them; their owners see them die."""
-    backend = backend or DockerBackend.connect()
-    rows = [_info(c) for c in backend.boxes()]
+    backend = _engine(backend)
+    rows = [_info(c) for c in _containers(backend, engine=False)]
     doomed = subtree(rows, session)
     for box in reversed(doomed):
         log.note("kill", box.session, by=f"quinebox kill (uid {os.getuid()}, pid {os.getpid()})", asked_for=session)
-        backend.kill(box.container)
+        _kill(box, backend)
     return [box.session for box in doomed]
 
 

@@ -4,6 +4,8 @@ A box's lifetime, in order: spec (checked), policy (pure), lifeline socket,
 create, subscribe to its events, attach, start; then streams flow until the
 engine reports `die` (with the exit code) and `destroy` (the box is gone).
 The engine's events, not the box, are the authority on exit code and OOM.
+On an OCI runtime (backends/ocibox.py) the box holds the caller's streams
+itself (direct.py), and its init's exit status and its cgroup are the authority.
 
 A box knows nothing of the tree it may belong to: whoever starts it hands it
 a `Place` (tree.Node), which starts the box's children and hears when the box
@@ -16,32 +18,34 @@ import os
 import shutil
 import threading
 import time
-from typing import IO, Any, Callable, Protocol, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Protocol
 
 from quinebox.audit.approvals import Decision
 from quinebox.box import streams, watch
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.attached import AttachedStdio
+from quinebox.box.backends.choice import Choice, choose
+from quinebox.box.backends.ocibox import OciBox, oci_runtime
 from quinebox.box.broker import Broker, Handler, Spawner
 from quinebox.box.claim import claim, forget
-from quinebox.box.configure import configure
+from quinebox.box.configure import configure, configure_oci
+from quinebox.box.direct import DEVNULL, PIPE, DirectStdio, Stream  # noqa: F401 - PIPE and DEVNULL are taken from here, as from subprocess
 from quinebox.box.egress import Egress
-from quinebox.box.policy import DEFAULT_WORLD, proxied
-from quinebox.box.secrets import prepare_secrets
+from quinebox.box.policy import DEFAULT_WORLD, oci_refusal, proxied
+from quinebox.box.secrets import engine_reader, prepare_secrets, rootfs_reader
 from quinebox.box.shape import claim_frame
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec
 from quinebox.errors import EXIT_QUINEBOX, EngineError, ImageError
 from quinebox.worlds.build import discard
 from quinebox.worlds.world import World, end_world, open_world
 
-PIPE = -1
-DEVNULL = -3
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
+
 EXIT_TIMEOUT = 124
 #: How long the engine may take to remove a box after it stopped before we insist.
 REMOVAL_GRACE = 10.0
 #: After a kill that was not ours, how long to watch whether the engine is on its way down.
 SHUTDOWN_GRACE = 3.0
-
-Stream = Union[None, int, IO[Any], Callable[[bytes], None]]
 
 
 class Place(Spawner, Protocol):
@@ -90,9 +94,7 @@ class BoxProcess:
         self._exit_code: int | None = None
         self._died = threading.Event()
         self._destroyed = threading.Event()
-        self._pipe_ends: list[int] = []
-        self._demux: threading.Thread | None = None
-        self._pump: threading.Thread | None = None
+        self._attached: AttachedStdio | None = None
         self._deadline: threading.Timer | None = None
         self._closed = False
         self._killing = False  # a kill event is ours, not the engine's own
@@ -106,16 +108,27 @@ class BoxProcess:
         #: The box's world while it runs: the host side of its /world.
         self.world: World | None = None
         self.place = place
+        self._oci: OciBox | None = None
+        self._direct: DirectStdio | None = None
 
-        self._backend = backend or DockerBackend.shared()
-        self.spec, image, config = configure(spec, self._backend)
+        #: Where the box runs, and why there (`--verbose` and `doctor` say it).
+        self.choice = Choice("docker", None, "a Docker backend was handed over") if backend else choose(oci_refusal(spec), backend=spec.backend, runtime=spec.runtime)
+        if self.choice.backend == "oci":
+            self.spec, image, config = configure_oci(spec)
+        else:
+            from quinebox.box.backends.docker import DockerBackend
+
+            self._backend = backend or DockerBackend.shared()
+            self.spec, image, config = configure(spec, self._backend)
         spec = self.spec
         self.args = spec.argv
         self.image_id = image.id
-        egress = self._egress(handler, image.id or spec.image) if proxied(spec) else None
+        oci = self.choice.backend == "oci"
+        read = rootfs_reader(config["root"]["path"]) if oci else engine_reader(self._backend, image.id or spec.image)
+        egress = self._egress(handler, image.id or spec.image, read) if proxied(spec) else None
         self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
         #: The warm box this one is, when the pool had one of its shape (box/claim.py); else it is made here.
-        self.claimed = claim(spec, config, self._backend)
+        self.claimed = None if oci else claim(spec, config, self._backend)
         self._egress_proxy = egress
         self._broker: Broker | None = None
         try:
@@ -129,20 +142,10 @@ class BoxProcess:
                 )
             if place is not None:
                 place.attach(self)
-            self.id = self.claimed.container if self.claimed else self._backend.create(config)
-            if spec.agent and spec.image != DEFAULT_IMAGE and not (self.claimed.shell if self.claimed else self._backend.exists(self.id, "/bin/sh")):
-                raise ImageError(f"image {spec.image} has no /bin/sh: an agent's sh tool runs the image's own shell; choose an image that has one")
-            self._events = self._backend.events(self.id)
-            self._spawn(self._follow_events, "events")
-            self._sock = self.claimed.attach if self.claimed else self._backend.attach(self.id)
-            self._connect_outputs(stdout, stderr)
-            if self.claimed is None:
-                self._backend.start(self.id)
-            else:  # a warm box runs already: its claim tells it what to run, as a cold box's config would have
-                self.claimed.start(claim_frame(spec, config), self._broker)
-            self.started = time.monotonic()
-            self._watch = watch.watch(self._backend, self._lose_engine)
-            self._connect_stdin(stdin)
+            if self.choice.backend == "oci":
+                self._start_oci(config, stdin, stdout, stderr)
+            else:
+                self._start_docker(spec, config, stdin, stdout, stderr)
             if self.spec.grants.time:
                 self._deadline = threading.Timer(self.spec.grants.time, self._expire)
                 self._deadline.daemon = True
@@ -152,17 +155,55 @@ class BoxProcess:
                 watch.record_incident(str(exc), session=self.session)
             if self.claimed is not None:
                 self.claimed.release()
-            if self.id:
+            if self._direct is not None:
+                self._direct.close()
+            if self.id and self._oci is None:
                 self._backend.remove(self.id)  # if the engine does not answer, `quinebox gc` removes it once it does
             self._close()
             self._end_world(started=False)
             raise
 
+    def _start_oci(self, config: dict[str, Any], stdin: Stream | bytes, stdout: Stream, stderr: Stream) -> None:
+        """The box made and started on its runtime, holding the streams itself; the engine is not asked anything."""
+        self._direct = direct = DirectStdio(stdin, stdout, stderr)
+        self.stdin, self.stdout, self.stderr = direct.stdin, direct.stdout, direct.stderr  # type: ignore[assignment]
+        self._err = direct.say
+        self._oci = OciBox(oci_runtime(self.choice.runtime or "runc"), self.session, config, stdio=direct.fds, ended=self._oci_ended)
+        self.id = self._oci.id
+        direct.started()
+        self.started = time.monotonic()
+
+    def _oci_ended(self, code: int, oom: bool) -> None:
+        self._exit_code, self.oom_killed = code, oom
+        if self._direct is not None:
+            self._direct.box_gone()
+        self._died.set()
+        self._destroyed.set()
+
+    def _start_docker(self, spec: BoxSpec, config: Any, stdin: Stream | bytes, stdout: Stream, stderr: Stream) -> None:
+        """The box created (or a warm one claimed) on the engine, its events followed, its streams attached, started."""
+        self.id = self.claimed.container if self.claimed else self._backend.create(config)
+        if spec.agent and spec.image != DEFAULT_IMAGE and not (self.claimed.shell if self.claimed else self._backend.exists(self.id, "/bin/sh")):
+            raise ImageError(f"image {spec.image} has no /bin/sh: an agent's sh tool runs the image's own shell; choose an image that has one")
+        self._events = self._backend.events(self.id)
+        self._spawn(self._follow_events, "events")
+        self._sock = self.claimed.attach if self.claimed else self._backend.attach(self.id)
+        self._attached = attached = AttachedStdio(self._sock, stdout, stderr, tty=spec.tty, broken=self._reader_gone, name=self.session)
+        self.stdout, self.stderr, self._err = attached.stdout, attached.stderr, attached.err
+        if self.claimed is None:
+            self._backend.start(self.id)
+        else:  # a warm box runs already: its claim tells it what to run, as a cold box's config would have
+            self.claimed.start(claim_frame(spec, config), self._broker)
+        self.started = time.monotonic()
+        self._watch = watch.watch(self._backend, self._lose_engine)
+        attached.connect_stdin(stdin, self._stop_r)
+        self.stdin = attached.stdin
+
     # -- wiring -----------------------------------------------------------------
 
-    def _egress(self, handler: Handler | None, image: str) -> Egress:
+    def _egress(self, handler: Handler | None, image: str, read: Callable[[str], bytes]) -> Egress:
         """The box's way out; with secrets, its own authority, trusted by the box through the files in its tls_dir."""
-        secrets, authority = prepare_secrets(self.session, self.spec.grants.secrets, self.spec.tls_dir, self._backend, image)
+        secrets, authority = prepare_secrets(self.session, self.spec.grants.secrets, self.spec.tls_dir, read, image)
         egress = Egress(
             self.spec.grants.net, say=self._say, session=self.session, record=handler.record_egress if handler else None, secrets=secrets, authority=authority,
             asks=self.spec.asks, approve=self.place.approve if self.place else None,
@@ -175,62 +216,12 @@ class BoxProcess:
         thread.start()
         return thread
 
-    def _sink(self, target: Stream, fd: int, attr: str) -> streams.Sink:
-        if target is None:
-            return streams.fd_sink(fd)
-        if target == DEVNULL:
-            return streams.discard
-        if target == PIPE:
-            read_end, write_end = os.pipe()
-            setattr(self, attr, os.fdopen(read_end, "rb"))
-            self._pipe_ends.append(write_end)
-            return streams.fd_sink(write_end)
-        if callable(target):
-            return target
-        return streams.fd_sink(target if isinstance(target, int) else target.fileno())
-
-    def _connect_outputs(self, stdout: Stream, stderr: Stream) -> None:
-        out = self._guard(self._sink(stdout, 1, "stdout"))
-        err = self._err = self._guard(self._sink(stderr, 2, "stderr"))
-        reader = self._sock.makefile("rb", buffering=streams.CHUNK)
-        # A terminal has one output, not multiplexed: all of it is the box's stdout.
-        self._demux = self._spawn(self._relay, "demux", reader, out, None if self.spec.tty else err)
-
-    def _guard(self, sink: streams.Sink) -> streams.Sink:
-        """A reader that went away stops the box, as SIGPIPE would stop a process."""
-        return streams.guarded(sink, self._reader_gone)
-
     def _reader_gone(self) -> None:
         self.broken_pipe = True
         # Not from this thread: the engine finishes a kill only after the box's output is drained, and this thread is the drain.
         threading.Thread(target=self.kill, daemon=True).start()
 
     broken_pipe = False
-
-    def _relay(self, reader: IO[bytes], out: streams.Sink, err: streams.Sink | None) -> None:
-        try:
-            if err is None:
-                streams.copy(reader, out)
-            else:
-                streams.demux(reader, out, err)
-        except OSError:
-            pass
-        finally:
-            reader.close()
-            for fd in self._pipe_ends:
-                os.close(fd)
-            self._pipe_ends = []
-
-    def _connect_stdin(self, stdin: Stream | bytes) -> None:
-        if stdin == PIPE:
-            self.stdin = streams.StdinWriter(self._sock)
-        elif stdin == DEVNULL:
-            streams.StdinWriter(self._sock).close()
-        elif isinstance(stdin, (bytes, bytearray, memoryview)):
-            self._pump = self._spawn(streams.pump_bytes, "stdin", bytes(stdin), self._sock)
-        else:
-            fd = 0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno()
-            self._pump = self._spawn(streams.pump_fd, "stdin", fd, self._sock, self._stop_r)
 
     def _follow_events(self) -> None:
         destroyed = outside = False
@@ -313,16 +304,19 @@ class BoxProcess:
 
     def resize(self, rows: int, cols: int) -> None:
         """The box's terminal takes this size (with a tty only)."""
-        if self.id and self.spec.tty and not self._died.is_set():
+        if self.id and self.spec.tty and not self._died.is_set() and self._oci is None:
             self._backend.resize(self.id, rows, cols)
 
     def kill(self) -> None:
         """SIGKILL everything in the box; the engine then removes it."""
         if self.id and not self._died.is_set():
             self._killing = True
-            self._backend.kill(self.id)
+            self._oci.kill() if self._oci else self._backend.kill(self.id)
 
     terminate = kill
+
+    def _remove(self) -> None:
+        self._oci.remove() if self._oci else self._backend.remove(self.id)
 
     def poll(self) -> int | None:
         if self.returncode is None and self._destroyed.is_set():
@@ -342,15 +336,17 @@ class BoxProcess:
             while not self._died.wait(0.05 if limit is None else max(0.0, min(0.05, limit - time.monotonic()))):
                 if limit is not None and time.monotonic() >= limit:
                     raise TimeoutError(f"box {self.session} still running after {timeout} s")
-            if self._demux is not None and not self.engine_lost:  # a wedged engine may never end the stream
-                self._demux.join(REMOVAL_GRACE)
+            if self._attached is not None and not self.engine_lost:  # a wedged engine may never end the stream
+                self._attached.drain(REMOVAL_GRACE)
+            if self._direct is not None:
+                self._direct.finish(REMOVAL_GRACE)
             if not self._destroyed.wait(REMOVAL_GRACE):
-                self._backend.remove(self.id)
+                self._remove()
         except TimeoutError:
             raise
         except BaseException:
             self.kill()
-            self._destroyed.wait(REMOVAL_GRACE) or self._backend.remove(self.id)
+            self._destroyed.wait(REMOVAL_GRACE) or self._remove()
             self._close()
             raise
         with self._finishing:  # a parent's node and the tree's end may wait on one box at once
@@ -373,8 +369,8 @@ class BoxProcess:
         if self._deadline:
             self._deadline.cancel()
         os.write(self._stop_w, b"x")
-        if self._pump is not None:
-            self._pump.join(1.0)  # it leaves as soon as it sees the stop
+        if self._attached is not None:
+            self._attached.close()
         os.close(self._stop_w)
         os.close(self._stop_r)
         for closer in (getattr(self, "_events", None), getattr(self, "_sock", None), self._broker, self._egress_proxy):
@@ -383,9 +379,6 @@ class BoxProcess:
                     closer.close()
                 except OSError:
                     pass
-        for fd in self._pipe_ends:
-            os.close(fd)
-        self._pipe_ends = []
         if self.spec.tls_dir:
             shutil.rmtree(self.spec.tls_dir, ignore_errors=True)
         if self.claimed is not None:

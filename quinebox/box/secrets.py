@@ -18,7 +18,7 @@ import os
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from quinebox.errors import GrantError
 
@@ -130,20 +130,16 @@ class Authority:
         return context
 
 
-def image_roots(backend: Any, image: str) -> bytes:
-    """The image's own trusted roots (b"" when it has none), read once per image."""
-    import tarfile
-
+def image_roots(read: Callable[[str], bytes], image: str) -> bytes:
+    """The image's own trusted roots (b"" when it has none), read once per image (`read(path)` raises when there is
+    no regular file at `path`)."""
     with _roots_lock:
         if image in _roots_cache:
             return _roots_cache[image]
     found = b""
     for path in ROOTS:
         try:
-            with backend.archive(image, path) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
-                member = next(iter(tar), None)
-                if member is not None and member.isfile():
-                    found = tar.extractfile(member).read()  # type: ignore[union-attr]
+            found = read(path)
         except Exception:  # noqa: BLE001 - not there (or not a file): try the next place
             continue
         if found:
@@ -151,6 +147,40 @@ def image_roots(backend: Any, image: str) -> bytes:
     with _roots_lock:
         _roots_cache[image] = found
     return found
+
+
+def engine_reader(backend: Any, image: str) -> Callable[[str], bytes]:
+    """A regular file of `image`, read through the engine."""
+    import tarfile
+
+    def read(path: str) -> bytes:
+        with backend.archive(image, path) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+            member = next(iter(tar), None)
+            if member is None or not member.isfile():
+                raise FileNotFoundError(path)
+            return tar.extractfile(member).read()  # type: ignore[union-attr]
+
+    return read
+
+
+def rootfs_reader(rootfs: str) -> Callable[[str], bytes]:
+    """A regular file of an unpacked image, found beneath its root with no link followed (the image chose its links)."""
+    from quinebox.worlds import beneath
+
+    def read(path: str) -> bytes:
+        root = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            parent, name = beneath.open_parent(root, path.lstrip("/"))
+            try:
+                fd = beneath.open_file(parent, name)
+            finally:
+                os.close(parent)
+            with os.fdopen(fd, "rb") as f:
+                return f.read()
+        finally:
+            os.close(root)
+
+    return read
 
 
 def write_trust(directory: str, authority: Authority, roots: bytes) -> None:
@@ -163,12 +193,12 @@ def write_trust(directory: str, authority: Authority, roots: bytes) -> None:
 
 
 def prepare_secrets(
-    session: str, granted: tuple[tuple[str, tuple[str, ...]], ...], tls_dir: str | None, backend: Any, image: str
+    session: str, granted: tuple[tuple[str, tuple[str, ...]], ...], tls_dir: str | None, read: Callable[[str], bytes], image: str
 ) -> tuple[tuple[Secret, ...], Authority | None]:
     """A box's secrets and its own authority, the box's trust written to `tls_dir`; nothing without secret grants."""
     if not granted or not tls_dir:
         return (), None
     secrets = secrets_for(session, granted, os.environ)
     authority = Authority(session)
-    write_trust(tls_dir, authority, image_roots(backend, image))
+    write_trust(tls_dir, authority, image_roots(read, image))
     return secrets, authority

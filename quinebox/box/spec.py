@@ -93,6 +93,9 @@ class BoxSpec:
     asks: Asks = Asks()
     #: Labels of the boxes' own (name, value), shared by the whole tree: a cluster attempt's run, input and attempt number.
     tags: tuple[tuple[str, str], ...] = ()
+    #: The backend and OCI runtime asked for (by argument or policy file); None: the environment's or config.yaml's (backends/choice.py).
+    backend: str | None = None
+    runtime: str | None = None
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,8 +140,9 @@ def owner_tag() -> str:
     return f"{pid}-{process_start_ticks(pid)}"
 
 
-def load_policy(name_or_path: str) -> dict[str, list[str]]:
-    """A YAML policy file (or a preset name from sandbox/policies) → its grant strings under grants, ask and deny."""
+def load_policy(name_or_path: str) -> dict[str, Any]:
+    """A YAML policy file (or a preset name from sandbox/policies) → its grant strings under grants, ask and deny,
+    and the backend and runtime it requires, if it says (`runtime: runsc` to require gVisor)."""
     from quinebox.documents import read_yaml
 
     path = Path(name_or_path)
@@ -150,9 +154,16 @@ def load_policy(name_or_path: str) -> dict[str, list[str]]:
     if doc is None:
         return {"grants": [], "ask": [], "deny": []}
     lists = {key: doc.get(key, []) for key in ("grants", "ask", "deny")} if isinstance(doc, dict) else {}
-    unknown = set(doc) - {"grants", "ask", "deny", "description"} if isinstance(doc, dict) else set()
+    unknown = set(doc) - {"grants", "ask", "deny", "description", "backend", "runtime"} if isinstance(doc, dict) else set()
     if not lists or unknown or not all(isinstance(v, list) and all(isinstance(g, str) for g in v) for v in lists.values()):
-        raise GrantError(f"bad policy {name_or_path}: expected a mapping with 'grants:', 'ask:' and 'deny:' as lists of grant strings")
+        raise GrantError(
+            f"bad policy {name_or_path}: expected a mapping with 'grants:', 'ask:' and 'deny:' as lists of grant strings (and optionally 'backend:', 'runtime:')"
+        )
+    for key in ("backend", "runtime"):
+        if key in doc:
+            if not isinstance(doc[key], str) or not doc[key]:
+                raise GrantError(f"bad policy {name_or_path}: '{key}:' must name one, as in '{key}: {'oci' if key == 'backend' else 'runsc'}'")
+            lists[key] = doc[key]
     return lists
 
 
@@ -191,6 +202,8 @@ def build_spec(
     deny: Iterable[str] = (),
     ask_timeout: float | str | None = None,
     tags: Mapping[str, str] | None = None,
+    backend: str | None = None,
+    runtime: str | None = None,
 ) -> BoxSpec:
     """Parse and check everything about a box before anything is started.
 
@@ -205,6 +218,7 @@ def build_spec(
     environ = os.environ if environ is None else environ
     cwd = cwd or os.getcwd()
     policy_lists = load_policy(policy) if policy else {}
+    backend, runtime = required_backend(policy_lists, backend, runtime)
     parsed = Grants.parse([*policy_lists.get("grants", []), *grants], cwd=cwd)
     asks = Asks.parse([*policy_lists.get("ask", []), *ask], [*policy_lists.get("deny", []), *deny], ask_timeout, cwd=cwd)
     if timeout is not None:
@@ -241,4 +255,21 @@ def build_spec(
         caller=os.getuid(),
         asks=asks,
         tags=tuple(sorted((tags or {}).items())),
+        backend=backend,
+        runtime=runtime,
     )
+
+
+def required_backend(policy: Mapping[str, Any], backend: str | None, runtime: str | None) -> tuple[str | None, str | None]:
+    """The backend and runtime asked for, a policy's requirement included; asking for another than a policy requires is an error."""
+    from quinebox.box.backends.choice import BACKENDS
+
+    if backend is not None and backend not in BACKENDS:
+        raise GrantError(f"bad backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    for key, asked in (("backend", backend), ("runtime", runtime)):
+        required = policy.get(key)
+        if required and asked and asked != required:
+            raise GrantError(f"the policy requires {key} {required}, and {asked} was asked for: drop --{key} or use another policy")
+    if policy.get("runtime") and (policy.get("backend") or backend) == "docker":
+        raise GrantError(f"the policy requires the OCI runtime {policy['runtime']}, which the Docker backend does not use")
+    return policy.get("backend") or backend or (("oci" if policy.get("runtime") else None)), policy.get("runtime") or runtime

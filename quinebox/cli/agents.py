@@ -6,7 +6,10 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, DENY_HELP, PULL_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, say, supervise
+from quinebox.cli.app import (
+    ASK_HELP, ASK_TIMEOUT_HELP, BACKEND_HELP, DENY_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP,
+    app, reported, say, supervise, use_backend,
+)
 
 if TYPE_CHECKING:
     from quinebox.tree.agent import Agent
@@ -32,10 +35,13 @@ def run(
     ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr (the agent's own diagnostics still pass)."),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
+    backend: Optional[str] = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    runtime: Optional[str] = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
 ) -> None:
     from quinebox.agent.diagnostics import make_view
     from quinebox.tree.supervisor import start_agent
 
+    use_backend(backend, runtime)
     def start() -> Agent:
         return start_agent(
             mission, model=model, grants=grant, timeout=timeout, max_turns=max_turns, max_tokens=max_tokens,

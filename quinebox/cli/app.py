@@ -109,6 +109,26 @@ ASK_TIMEOUT_HELP = "How long a request waits for a person before it is denied (d
 TTY_HELP = "A pseudo-terminal in the box, wired to this terminal (needs a terminal on stdin)."
 
 
+BACKEND_HELP = "Where boxes run: auto (an OCI runtime where one can run boxes here, else the engine), oci, docker."
+RUNTIME_HELP = "The OCI runtime: runc (default), crun, runsc (gVisor), or a path to any OCI runtime binary."
+
+
+def use_backend(backend: str | None, runtime: str | None) -> None:
+    """--backend and --runtime for this command: they win over QUINEBOX_BACKEND/QUINEBOX_RUNTIME and config.yaml,
+    for this box and every box below it (children inherit their parent's environment of choice)."""
+    from quinebox.box.backends.choice import BACKENDS
+
+    if backend is not None and backend not in BACKENDS:
+        say(f"bad --backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        raise typer.Exit(2)
+    import os
+
+    if backend:
+        os.environ["QUINEBOX_BACKEND"] = backend
+    if runtime:
+        os.environ["QUINEBOX_RUNTIME"] = runtime
+
+
 def need_terminal(tty: bool) -> None:
     """`-t` without a terminal to give the box is a usage error, said at once (never a hang)."""
     if tty and not sys.stdin.isatty():
@@ -145,7 +165,7 @@ def follow_window(box: Any) -> None:
     resize()
 
 
-def supervise(start: Callable[[], Any], *, json_summary: bool, tty: bool = False) -> int:
+def supervise(start: Callable[[], Any], *, json_summary: bool, tty: bool = False, verbose: bool = False) -> int:
     """Start one box wired to this process's stdio and map how it ended to our exit status.
 
     Signals we receive kill the box; we exit 128+n only once it is removed.
@@ -172,6 +192,8 @@ def supervise(start: Callable[[], Any], *, json_summary: bool, tty: bool = False
             box.kill()
         code = box.wait()
     proc = getattr(box, "proc", box)
+    if verbose:
+        say(proc.choice.why)
     if proc.timed_out:
         say(f"time limit of {proc.spec.grants.time:g} s reached; the box was killed")
     if proc.world_full:
@@ -195,6 +217,7 @@ def supervise(start: Callable[[], Any], *, json_summary: bool, tty: bool = False
             "oom_killed": proc.oom_killed,
             "duration_s": round(time.monotonic() - began, 3),
             "session": proc.session,
+            "backend": proc.choice.runtime or proc.choice.backend,
         }
         outcome = getattr(box, "outcome", None)
         if outcome:

@@ -10,8 +10,10 @@ import typer
 from quinebox.cli.app import (
     ASK_HELP,
     ASK_TIMEOUT_HELP,
+    BACKEND_HELP,
     DENY_HELP,
     PULL_HELP,
+    RUNTIME_HELP,
     TTY_HELP,
     WORLD_FROM_HELP,
     WORLD_HELP,
@@ -24,6 +26,7 @@ from quinebox.cli.app import (
     reported,
     say,
     supervise,
+    use_backend,
 )
 
 
@@ -53,7 +56,11 @@ def exec_command(
     deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
     ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
+    backend: Optional[str] = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    runtime: Optional[str] = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Say where the box runs (which backend and runtime) and why."),
 ) -> None:
+    use_backend(backend, runtime)
     grants = list(grant)
     grants += [f"mem:{memory}"] if memory else []
     grants += [f"cpus:{cpus}"] if cpus else []
@@ -64,15 +71,15 @@ def exec_command(
     raise typer.Exit(
         run_box(
             cmd or [], grants=grants, timeout=timeout, image=image, pull=pull, tty=tty, workdir=workdir, policy=policy, json_summary=json_summary,
-            ask=ask, deny=deny, ask_timeout=ask_timeout, **worlds,
+            ask=ask, deny=deny, ask_timeout=ask_timeout, verbose=verbose, **worlds,
         )
     )
 
 
-def run_box(cmd: List[str], *, json_summary: bool, tty: bool = False, **options: object) -> int:
+def run_box(cmd: List[str], *, json_summary: bool, tty: bool = False, verbose: bool = False, **options: object) -> int:
     from quinebox.api import Popen
 
-    return supervise(lambda: Popen(cmd, tty=tty, **options), json_summary=json_summary, tty=tty)  # type: ignore[arg-type]
+    return supervise(lambda: Popen(cmd, tty=tty, **options), json_summary=json_summary, tty=tty, verbose=verbose)  # type: ignore[arg-type]
 
 
 def shell_argv(tty: bool) -> list[str]:

@@ -30,6 +30,8 @@ import protocol  # noqa: E402
 
 HOST_SOCKET = "/run/quinebox/host.sock"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+#: How often the box's init (on an OCI runtime, where it is pid 1) waits for orphans that have exited.
+REAP_EVERY = 0.5
 #: On a terminal the kernel sends these to the foreground processes, the command included: not ours to forward.
 FROM_THE_TERMINAL = (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 
@@ -81,6 +83,19 @@ def spawn(argv):
     except (PermissionError, IsADirectoryError, OSError) as exc:
         say(f"{argv[0]}: cannot execute: {exc.strerror}")
         sys.exit(126)
+
+
+def reap_orphans(child):
+    """As the box's init: wait for every process that has exited; the command's status if it is among them."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if pid == 0:
+            return None
+        if pid == child:
+            return status
 
 
 def claimed(lifeline):
@@ -144,15 +159,20 @@ def main(argv):
         for signum in FROM_THE_TERMINAL:
             signal.signal(signum, signal.SIG_IGN)
     pidfd = os.pidfd_open(child)
+    init = os.getpid() == 1  # on an OCI runtime no init stands in front of us: orphans are ours to reap
     while True:
         try:
-            ready, _, _ = select.select([lifeline, pidfd], [], [])
+            ready, _, _ = select.select([lifeline, pidfd], [], [], REAP_EVERY if init else None)
         except InterruptedError:
             continue
-        if pidfd in ready:
+        status = reap_orphans(child) if init else None
+        if status is None and pidfd in ready:
             _, status = os.waitpid(child, 0)
+        if status is not None:
             code = os.waitstatus_to_exitcode(status)
             return code if code >= 0 else 128 - code
+        if lifeline not in ready:
+            continue
         try:
             data = lifeline.recv(65536)
         except OSError:

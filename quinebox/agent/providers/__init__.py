@@ -8,27 +8,15 @@ ends the agent. Providers run on the host only.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from quinebox.agent.providers.base import EXIT_UNAVAILABLE, Completion, ContextOverflow, Provider, ProviderError, Rejected, Unavailable
+from quinebox.documents import load_config
 from quinebox.errors import QuineboxError
 
 __all__ = [
     "EXIT_UNAVAILABLE", "Completion", "ContextOverflow", "Provider", "ProviderError", "Rejected", "Unavailable",
     "load_config", "provider_for", "resolve_model",
 ]
-
-def load_config() -> dict[str, Any]:
-    """~/.config/quinebox/config.yaml (model, base_url, max_retries); the environment wins over it."""
-    path = os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "quinebox", "config.yaml")
-    if not os.path.exists(path):
-        return {}
-    from quinebox.documents import read_yaml
-
-    doc = read_yaml(path, "config file") or {}
-    if not isinstance(doc, dict):
-        raise QuineboxError(f"{path} must be a YAML mapping (model:, base_url:, max_retries:)")
-    return doc
 
 
 def resolve_model(model: str | None) -> str:

@@ -1,0 +1,95 @@
+"""Which backend a box runs on, and why: an OCI runtime wherever one can run boxes here, else the Docker engine.
+
+Asked for by `--backend auto|oci|docker` and `--runtime NAME|PATH` (or a policy file's `backend:`/`runtime:`), by
+QUINEBOX_BACKEND / QUINEBOX_RUNTIME, or by `backend:`/`runtime:` in config.yaml, in that order. `auto` probes,
+it does not assume: the OCI runtime is used when this process may create boxes with it (root), its binary is
+there, the images live on this machine (no remote engine), and a probe box of the runtime ran once here (the
+result is kept per runtime binary in the state dir). A box the runtime cannot give the same way (policy.oci_refusal)
+runs on the engine, and `why` says so in one line; nothing is ever silently weaker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from quinebox.documents import load_config
+from quinebox.errors import GrantError, QuineboxError
+from quinebox.state import state_dir
+
+BACKENDS = ("auto", "oci", "docker")
+DEFAULT_RUNTIME = "runc"
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str  # "oci" or "docker"
+    runtime: str | None  # the OCI runtime's name or path, with backend "oci"
+    why: str
+
+
+def requested(backend: str | None = None, runtime: str | None = None) -> tuple[str, str | None]:
+    """(the backend asked for, the runtime asked for or None), from the arguments, the environment, config.yaml."""
+    config: dict = {}
+    if not backend and not os.environ.get("QUINEBOX_BACKEND") or not runtime and not os.environ.get("QUINEBOX_RUNTIME"):
+        config = load_config()
+    chosen = backend or os.environ.get("QUINEBOX_BACKEND") or str(config.get("backend") or "auto")
+    if chosen not in BACKENDS:
+        raise GrantError(f"bad backend {chosen!r}: use one of {', '.join(BACKENDS)} (--backend, QUINEBOX_BACKEND or backend: in config.yaml)")
+    named = runtime or os.environ.get("QUINEBOX_RUNTIME") or config.get("runtime")
+    return chosen, str(named) if named else None
+
+
+def choose(refusal: str | None, *, backend: str | None = None, runtime: str | None = None, probe: Callable[[str], str | None] | None = None) -> Choice:
+    """The backend for one box. `refusal`: why this box cannot run on an OCI runtime (policy.oci_refusal), if it cannot.
+
+    `probe(runtime)` → None when the runtime can run boxes here, else why not (default: `usable`)."""
+    asked, named = requested(backend, runtime)
+    if asked == "docker":
+        return Choice("docker", None, "the Docker backend was asked for")
+    name = named or DEFAULT_RUNTIME
+    if refusal:
+        if named:  # a runtime asked for by name (a policy may require gVisor) is never quietly swapped for the engine
+            raise QuineboxError(f"the OCI runtime {name} cannot run this box: {refusal}; drop the runtime, or the grant")
+        return Choice("docker", None, f"this box runs on the Docker engine: {refusal}")
+    if asked == "oci":
+        return Choice("oci", name, f"the OCI backend was asked for ({name})")
+    problem = (probe or usable)(name)
+    if problem:
+        if named:  # a runtime named outright that cannot run boxes is an error, never a quiet fallback
+            raise QuineboxError(f"OCI runtime {name} cannot run boxes here: {problem}")
+        return Choice("docker", None, f"boxes run on the Docker engine: {problem}")
+    return Choice("oci", name, f"boxes run on the OCI runtime {name}")
+
+
+def usable(name: str) -> str | None:
+    """None when the OCI runtime `name` can run boxes here, else the reason, found once per runtime binary."""
+    from quinebox.box.backends.oci import Runtime
+
+    if os.geteuid() != 0:
+        return "not root (rootless runtimes need user namespaces and a delegated cgroup v2; see the README)"
+    if os.environ.get("DOCKER_HOST", "unix://").split("://")[0] not in ("unix", ""):
+        return f"the engine at {os.environ['DOCKER_HOST']} is remote: its images are not on this machine"
+    try:
+        found = Runtime.named(name)
+    except QuineboxError as exc:
+        return str(exc)
+    mark = f"{found.binary}:{os.stat(found.binary).st_mtime_ns}"
+    record = state_dir() / "oci" / f"{found.name}.probe"
+    try:
+        known = json.loads(record.read_text())
+        if known.get("binary") == mark:
+            return known.get("problem")
+    except (OSError, ValueError):
+        pass
+    from quinebox.box.backends.probe import probe_runtime
+
+    problem = probe_runtime(found)
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"binary": mark, "problem": problem}))
+    except OSError:
+        pass
+    return problem

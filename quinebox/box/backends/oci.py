@@ -1,0 +1,167 @@
+"""The thin layer over an OCI runtime's command line: runc by default, crun, gVisor's runsc, or any binary that
+speaks the same verbs (create, start, state, kill, delete, list, exec).
+
+Each method is one runtime invocation with a deadline (`QUINEBOX_RUNTIME_TIMEOUT`, 30 s; killing and deleting
+10 s), its failure turned into one line of quinebox's own. Nothing here knows what a box is for: the bundle
+(config.json, rendered by `policy.oci_config`) says everything a box may do.
+
+Each runtime keeps its containers' state under the state dir (`oci/<runtime>/`), so boxes of one state dir are
+found, listed and swept by that state dir's quinebox, as the engine's labels find its boxes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from quinebox.errors import EngineError
+from quinebox.state import state_dir
+
+#: Killing and deleting get less: they must never hold up an exit.
+QUICK_TIMEOUT = 10.0
+#: Runtimes quinebox knows by name, with the global flags each needs here. runsc: the ptrace platform (Debian's
+#: 2022 build cannot use systrap) and no network stack of its own (a box has only loopback).
+KNOWN = {
+    "runc": (),
+    "crun": (),
+    "runsc": ("--platform=ptrace", "--network=none"),
+}
+RUNTIME_HINT = "install it (`apt-get install runc`), name another with --runtime, or use --backend docker"
+
+
+def runtime_timeout() -> float:
+    return float(os.environ.get("QUINEBOX_RUNTIME_TIMEOUT", "30"))
+
+
+def container_id(session: str) -> str:
+    return f"quinebox-{session}"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One OCI runtime binary and the directory it keeps its containers' state in."""
+
+    name: str
+    binary: str
+    flags: tuple[str, ...] = ()
+
+    @classmethod
+    def named(cls, name: str) -> "Runtime":
+        """`runc`, `crun`, `runsc`, or a path to any runtime binary; EngineError when it is not installed."""
+        binary = name if "/" in name else shutil.which(name) or next(
+            (f"{d}/{name}" for d in ("/usr/sbin", "/usr/bin", "/sbin", "/usr/local/sbin", "/usr/local/bin") if os.access(f"{d}/{name}", os.X_OK)), None
+        )
+        if not binary or not os.access(binary, os.X_OK):
+            raise EngineError(f"OCI runtime {name!r} not found: {RUNTIME_HINT}")
+        base = os.path.basename(binary)
+        return cls(name=base, binary=binary, flags=KNOWN.get(base, ()))
+
+    @property
+    def root(self) -> Path:
+        return state_dir() / "oci" / self.name
+
+    @property
+    def gvisor(self) -> bool:
+        return self.name == "runsc"
+
+    def argv(self, *args: str) -> list[str]:
+        return [self.binary, "--root", str(self.root), *self.flags, *args]
+
+    def _run(self, args: Sequence[str], what: str, *, timeout: float | None = None, **kwargs: Any) -> subprocess.CompletedProcess:
+        try:
+            done = subprocess.run(self.argv(*args), timeout=timeout or runtime_timeout(), stdout=kwargs.pop("stdout", subprocess.PIPE),
+                                  stderr=subprocess.PIPE, **kwargs)
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)") from None
+        except OSError as exc:
+            raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {RUNTIME_HINT}") from None
+        if done.returncode != 0:
+            raise EngineError(f"the OCI runtime {self.name} could not {what}: {_reason(done.stderr)}")
+        return done
+
+    def create(self, cid: str, bundle: str, *, stdio: tuple[int, int, int], pid_file: str, console_socket: str | None = None) -> None:
+        """The box's init, stopped before it runs the command: `stdio` become its own fds 0, 1 and 2.
+
+        The runtime's own process leaves once the box is created, so its init is reparented to the nearest
+        subreaper: the caller, which must be one to wait for the box's exit status."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The runtime's errors go to a file of ours, not to the box's stderr (which is the caller's).
+        log = os.path.join(bundle, "runtime.log")
+        extra = ["--console-socket", console_socket] if console_socket else []
+        argv = self.argv("--log", log, "--log-format", "json", "create", "--bundle", bundle, "--pid-file", pid_file, *extra, cid)
+        try:
+            done = subprocess.run(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], timeout=runtime_timeout(), start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"the OCI runtime {self.name} did not create the box in time: it may be wedged (`quinebox doctor` checks)") from None
+        except OSError as exc:
+            raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {RUNTIME_HINT}") from None
+        if done.returncode != 0:
+            raise EngineError(f"the OCI runtime {self.name} could not create the box: {_logged_reason(log)}")
+
+    def start(self, cid: str) -> None:
+        self._run(["start", cid], "start the box")
+
+    def kill(self, cid: str, signal: str = "KILL") -> bool:
+        """Signal every process of the box. False only when the runtime did not answer in time: a box that has
+        stopped or is gone already is not running either way."""
+        return self._quietly(["kill", "--all", cid, signal], "kill the box")
+
+    def delete(self, cid: str) -> bool:
+        """Remove the box, killed first if it still runs; its cgroup and state go with it. False when the runtime did not answer."""
+        return self._quietly(["delete", "--force", cid], "remove the box")
+
+    def _quietly(self, args: list[str], what: str) -> bool:
+        try:
+            self._run(args, what, timeout=QUICK_TIMEOUT)
+        except EngineError as exc:
+            return "in time" not in str(exc)
+        return True
+
+    def state(self, cid: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self._run(["state", cid], "say the box's state", timeout=QUICK_TIMEOUT).stdout)
+        except (EngineError, ValueError):
+            return None
+
+    def containers(self) -> list[dict[str, Any]]:
+        """Every container of this runtime's root: id, pid, status, bundle, annotations."""
+        if not self.root.is_dir():
+            return []
+        listed = self._run(["list", "--format", "json"], "list its boxes", timeout=QUICK_TIMEOUT).stdout
+        try:
+            return json.loads(listed or b"null") or []
+        except ValueError:
+            return []
+
+    def exec_argv(self, cid: str, argv: Sequence[str], *, tty: bool, user: str, cwd: str | None = None, env: Sequence[str] = ()) -> list[str]:
+        """The command line that runs `argv` in a live box, as `user`, within the box's namespaces, cgroup and seccomp."""
+        options = ["--user", user, *(["--cwd", cwd] if cwd else []), *(a for e in env for a in ("--env", e))]
+        return self.argv("exec", *(["--tty"] if tty else []), *options, cid, *argv)
+
+
+def _reason(stderr: bytes) -> str:
+    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "no reason given"
+
+
+def _logged_reason(log: str) -> str:
+    """The last error the runtime logged (runc logs JSON lines with a msg)."""
+    try:
+        lines = Path(log).read_text(errors="replace").splitlines()
+    except OSError:
+        return "no reason given"
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if line.strip():
+                return line.strip()
+            continue
+        if record.get("level") in ("error", "fatal") or "error" in str(record.get("msg", "")):
+            return str(record.get("msg", line)).strip()
+    return lines[-1].strip() if lines else "no reason given"

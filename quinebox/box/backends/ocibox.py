@@ -1,0 +1,177 @@
+"""One box on an OCI runtime: its bundle, its creation with the caller's file descriptors, its exit and its removal.
+
+The runtime is handed the box's stdin, stdout and stderr themselves, so the box's process reads and writes them
+with no relay in between: every channel is byte-exact and runs at pipe speed. `runtime create` leaves once the
+box's init is made, and the init is reparented to this process (a child subreaper), which waits for it: its exit
+status is the box's. An OOM kill is read from the box's memory cgroup before `runtime delete` removes it.
+
+The keeper (keeper.py) is told of each box before it is created, and removes whatever this process still holds
+when this process dies, SIGKILL included.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from quinebox.box.backends.oci import Runtime, container_id
+from quinebox.box.policy import LABEL_SESSION
+from quinebox.errors import EngineError
+from quinebox.state import run_dir, state_dir
+
+PR_SET_CHILD_SUBREAPER = 36
+#: Where each cgroup hierarchy says how often the kernel killed a process for memory (v1, then v2).
+_OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup", "memory.events"), ("/sys/fs/cgroup/unified", "memory.events"))
+
+Ended = Callable[[int, bool], None]
+
+_subreaper = 0  # the pid that became one: the attribute is not inherited across fork
+_keeper: tuple[int, subprocess.Popen] | None = None
+_keeper_lock = threading.Lock()
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants — a box's init once its runtime leaves — become this process's children, to wait for."""
+    global _subreaper
+    if _subreaper != os.getpid():
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise EngineError(f"cannot wait for boxes of an OCI runtime: prctl(PR_SET_CHILD_SUBREAPER) failed ({os.strerror(ctypes.get_errno())})")
+        _subreaper = os.getpid()
+
+
+def tell_keeper(runtime: Runtime, line: str) -> None:
+    """One line to this process's keeper, started the first time (and again in a forked child, which needs its own)."""
+    global _keeper
+    with _keeper_lock:
+        if _keeper is None or _keeper[0] != os.getpid() or _keeper[1].poll() is not None:
+            script = Path(__file__).with_name("keeper.py")
+            keeper = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(script), json.dumps(runtime.argv())],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+            _keeper = (os.getpid(), keeper)
+        pipe = _keeper[1].stdin
+        assert pipe is not None
+        try:
+            pipe.write(line.encode() + b"\n")
+            pipe.flush()
+        except OSError:
+            pass  # a keeper that died leaves these boxes to `quinebox gc`
+
+
+def oom_kills(cgroup: str) -> int:
+    """How many processes the kernel killed for memory in `cgroup` (its path below each hierarchy's root)."""
+    for root, name in _OOM_FILES:
+        try:
+            text = Path(root, cgroup.lstrip("/"), name).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    return 0
+
+
+_runtimes: dict[str, Runtime] = {}
+
+
+def oci_runtime(name: str) -> Runtime:
+    """The runtime of this name, found once per process."""
+    if name not in _runtimes:
+        _runtimes[name] = Runtime.named(name)
+    return _runtimes[name]
+
+
+def oci_containers() -> list[dict[str, Any]]:
+    """quinebox's boxes on every OCI runtime this state dir has used, in the engine's listing shape (Id, Labels,
+    Command, State, Runtime), so that ps, kill and gc treat boxes of every backend alike."""
+    found = []
+    roots = state_dir() / "oci"
+    for root in sorted(roots.iterdir()) if roots.is_dir() else ():
+        if not root.is_dir():
+            continue
+        try:
+            runtime = oci_runtime(root.name)
+            listed = runtime.containers()
+        except EngineError:
+            continue  # a runtime no longer installed, or not answering: `gc` tries again later
+        for entry in listed:
+            labels = entry.get("annotations") or {}
+            if LABEL_SESSION not in labels:
+                continue
+            try:
+                args = json.loads(Path(entry.get("bundle", ""), "config.json").read_text())["process"]["args"]
+            except (OSError, ValueError, KeyError):
+                args = []
+            found.append({"Id": entry["id"], "Labels": labels, "Command": " ".join(args), "State": entry.get("status", "?"), "Runtime": runtime.name,
+                          "Rootfs": entry.get("rootfs", "")})
+    return found
+
+
+class OciBox:
+    """A box created and started on `runtime`; `ended(exit_code, oom_killed)` is called once it has exited and is removed."""
+
+    def __init__(self, runtime: Runtime, session: str, config: dict[str, Any], *, stdio: tuple[int, int, int], ended: Ended):
+        self.runtime = runtime
+        self.id = container_id(session)
+        self.pid: int | None = None
+        self._pidfd: int | None = None
+        self._pidfd_lock = threading.Lock()  # never signal through an fd number that was closed and reused
+        self._ended = ended
+        self._cgroup = config.get("linux", {}).get("cgroupsPath", "")
+        self.bundle = run_dir() / f"{session}.oci"
+        become_subreaper()
+        self.bundle.mkdir(mode=0o700)
+        try:
+            (self.bundle / "config.json").write_text(json.dumps(config, separators=(",", ":")))
+            tell_keeper(runtime, f"+ {self.id} {self.bundle}")
+            pid_file = str(self.bundle / "init.pid")
+            runtime.create(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file)
+            self.pid = int(Path(pid_file).read_text())
+            self._pidfd = os.pidfd_open(self.pid)  # ours until we reap it; the fd keeps naming it after that
+            runtime.start(self.id)
+        except BaseException:
+            self.remove()
+            raise
+        threading.Thread(target=self._wait, name=f"oci-wait:{session}", daemon=True).start()
+
+    def _wait(self) -> None:
+        assert self.pid is not None
+        try:
+            _, status = os.waitpid(self.pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # not ours after all (no subreaper took it): the runtime says how it ended
+            code = -signal.SIGKILL
+        oom = oom_kills(self._cgroup) > 0
+        self.remove()
+        with self._pidfd_lock:
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+        self._ended(code if code >= 0 else 128 - code, oom)
+
+    def kill(self) -> None:
+        """SIGKILL the box's init: the kernel then kills everything else in its pid namespace."""
+        with self._pidfd_lock:
+            if self._pidfd is not None:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                except OSError:
+                    pass  # exited already
+                return
+        if self.pid is None:
+            self.runtime.kill(self.id)
+
+    def remove(self) -> None:
+        self.runtime.delete(self.id)
+        shutil.rmtree(self.bundle, ignore_errors=True)
+        tell_keeper(self.runtime, f"- {self.id}")

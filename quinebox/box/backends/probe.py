@@ -1,0 +1,72 @@
+"""Whether an OCI runtime can run a hardened box on this machine: one tiny box, tried once and remembered.
+
+The probe asks for what every box asks for — new namespaces, a memory and pids cgroup, no capabilities,
+NoNewPrivs, a seccomp filter, a read-only root, a non-root user — so a runtime that refuses this machine
+(crun under a hybrid cgroup hierarchy, a runsc platform the kernel lacks) is found here and not by a user's box.
+Its root is an empty directory with the host's /usr bound read-only (and /bin, /lib… as the host has them:
+directories bound, merged-/usr links copied), running /bin/true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+
+from quinebox.box.backends.oci import Runtime, runtime_timeout
+
+_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
+
+
+def probe_config(rootfs: str, cgroup: str) -> dict:
+    mounts = [{"destination": "/proc", "type": "proc", "source": "proc"},
+              {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}]
+    mounts += [{"destination": path, "type": "bind", "source": os.path.realpath(path), "options": ["rbind", "ro", "rprivate"]}
+               for path in _BINDS if os.path.isdir(path) and not os.path.islink(path)]
+    return {
+        "ociVersion": "1.0.2",
+        "process": {"args": ["/bin/true"], "cwd": "/", "env": ["PATH=/usr/bin:/bin"], "user": {"uid": 1000, "gid": 1000},
+                    "noNewPrivileges": True, "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")}},
+        "root": {"path": rootfs, "readonly": True},
+        "hostname": "probe",
+        "mounts": mounts,
+        "linux": {
+            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "cgroup")],
+            "resources": {"memory": {"limit": 64 << 20, "swap": 64 << 20}, "pids": {"limit": 128}},
+            "cgroupsPath": cgroup,
+            "seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [], "syscalls": [{"names": ["ptrace"], "action": "SCMP_ACT_ERRNO"}]},
+        },
+    }
+
+
+def probe_runtime(runtime: Runtime) -> str | None:
+    """None when a hardened box ran to exit 0 on `runtime`, else the runtime's own reason, in one line."""
+    with tempfile.TemporaryDirectory(prefix="quinebox-probe-") as bundle:
+        rootfs = os.path.join(bundle, "rootfs")
+        os.mkdir(rootfs)
+        for path in _BINDS:  # mount points in a root that is read-only once the runtime has it
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.mkdir(os.path.join(rootfs, path.lstrip("/")))
+            elif os.path.islink(path):
+                os.symlink(os.readlink(path), os.path.join(rootfs, path.lstrip("/")))
+        os.mkdir(os.path.join(rootfs, "proc"))
+        os.mkdir(os.path.join(rootfs, "dev"))
+        cid = f"quinebox-probe-{os.getpid()}"
+        config = probe_config(rootfs, f"/quinebox/{cid}")
+        with open(os.path.join(bundle, "config.json"), "w") as out:
+            json.dump(config, out)
+        runtime.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            done = subprocess.run(runtime.argv("run", "--bundle", bundle, cid), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, timeout=runtime_timeout())
+        except subprocess.TimeoutExpired:
+            runtime.delete(cid)
+            return f"{runtime.name} did not run a probe box in {runtime_timeout():g} s"
+        except OSError as exc:
+            return f"cannot run {runtime.binary}: {exc.strerror}"
+        runtime.delete(cid)
+        if done.returncode != 0:
+            lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
+            return f"{runtime.name} could not run a probe box (exit {done.returncode}): {lines[-1] if lines else 'no reason given'}"
+    return None

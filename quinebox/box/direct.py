@@ -1,0 +1,134 @@
+"""A box's stdin, stdout and stderr as file descriptors the box's process holds itself (the OCI runtime's way).
+
+`BoxProcess` takes stream arguments as `subprocess.Popen` does; on the engine they are relayed over the attach
+connection (streams.py), on an OCI runtime each becomes a file descriptor handed to the box: the caller's own
+(None, an fd, a file), /dev/null, or a pipe whose other end is ours — `.stdin` / `.stdout` / `.stderr` for PIPE,
+a thread for bytes given as input or a callable that takes each chunk. Only those last two copy bytes, as
+Popen's own `communicate` would.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import IO, Any, Callable, Union
+
+from quinebox.box import streams
+
+PIPE = -1
+DEVNULL = -3
+
+Stream = Union[None, int, IO[Any], Callable[[bytes], None]]
+
+
+class DirectStdio:
+    def __init__(self, stdin: Stream | bytes, stdout: Stream, stderr: Stream):
+        self.stdin: IO[bytes] | None = None
+        self.stdout: IO[bytes] | None = None
+        self.stderr: IO[bytes] | None = None
+        self._box_ends: list[int] = []  # ours to close once the box holds its copies
+        self._threads: list[tuple[threading.Thread, int]] = []  # each copier and the end of ours it owns
+        self.fds = (self._input(stdin), self._output(stdout, 1, "stdout"), self._output(stderr, 2, "stderr"))
+        #: Our own copy of the box's stderr, for the host's diagnostics about the box, until the box is gone.
+        self._say_fd: int | None = os.dup(self.fds[2])
+        self._say_lock = threading.Lock()
+
+    def _devnull(self, flags: int) -> int:
+        fd = os.open(os.devnull, flags)
+        self._box_ends.append(fd)
+        return fd
+
+    def _thread(self, target: Callable[..., None], fd: int, *args: Any) -> None:
+        self._threads.append((threading.Thread(target=target, args=(fd, *args), daemon=True), fd))
+
+    def _input(self, stdin: Stream | bytes) -> int:
+        if stdin is None:
+            return 0
+        if stdin == DEVNULL:
+            return self._devnull(os.O_RDONLY)
+        if isinstance(stdin, (bytes, bytearray, memoryview)) or stdin == PIPE:
+            read_end, write_end = os.pipe()
+            self._box_ends.append(read_end)
+            if stdin == PIPE:
+                self.stdin = os.fdopen(write_end, "wb", buffering=0)
+            else:
+                self._thread(_feed, write_end, bytes(stdin))  # type: ignore[arg-type]
+            return read_end
+        return stdin if isinstance(stdin, int) else stdin.fileno()  # type: ignore[union-attr]
+
+    def _output(self, target: Stream, default: int, attr: str) -> int:
+        if target is None:
+            return default
+        if target == DEVNULL:
+            return self._devnull(os.O_WRONLY)
+        if target == PIPE or callable(target):
+            read_end, write_end = os.pipe()
+            self._box_ends.append(write_end)
+            if target == PIPE:
+                setattr(self, attr, os.fdopen(read_end, "rb"))
+            else:
+                self._thread(_drain, read_end, target)
+            return write_end
+        return target if isinstance(target, int) else target.fileno()  # type: ignore[union-attr]
+
+    def started(self) -> None:
+        """The box holds its ends now: close ours (so EOF comes when the box closes them), start the copiers."""
+        for fd in self._box_ends:
+            os.close(fd)
+        self._box_ends = []
+        for thread, _ in self._threads:
+            thread.start()
+
+    def say(self, data: bytes) -> None:
+        """A line from the host into the box's stderr, as if the box had written it."""
+        with self._say_lock:
+            if self._say_fd is not None:
+                try:
+                    streams.fd_sink(self._say_fd)(data)
+                except OSError:
+                    pass
+
+    def box_gone(self) -> None:
+        """No more diagnostics: the box's stderr ends (its reader sees EOF) once ours is closed too."""
+        with self._say_lock:
+            fd, self._say_fd = self._say_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def finish(self, timeout: float) -> None:
+        """Wait for the copiers: the outputs are drained once the box is gone."""
+        for thread, _ in self._threads:
+            if thread.ident is not None:
+                thread.join(timeout)
+
+    def close(self) -> None:
+        """A box that never started: nothing will read or write our ends."""
+        self.box_gone()
+        for fd in self._box_ends + [fd for thread, fd in self._threads if thread.ident is None]:
+            os.close(fd)
+        self._box_ends, self._threads = [], []
+        for stream in (self.stdin, self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _feed(fd: int, data: bytes) -> None:
+    try:
+        streams.fd_sink(fd)(data)
+    except OSError:
+        pass  # the box stopped reading: nothing more to deliver
+    finally:
+        os.close(fd)
+
+
+def _drain(fd: int, sink: Callable[[bytes], None]) -> None:
+    try:
+        while True:
+            data = os.read(fd, streams.CHUNK)
+            if not data:
+                return
+            sink(data)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
