@@ -34,13 +34,14 @@ def configure(spec: BoxSpec, backend: DockerBackend) -> tuple[BoxSpec, ImageInfo
     return spec, image, container_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch())
 
 
-def configure_oci(spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
+def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
     """The same for an OCI runtime: (the spec, the image, its config.json), the image unpacked on first use."""
     image, rootfs = unpacked_image(spec.image, pull=spec.pull)
     spec = with_argv(spec, image)
     agent_root = rootfs if spec.image == DEFAULT_IMAGE else unpacked_image(DEFAULT_IMAGE, pull="never")[1]
     runtime = f"{agent_root}{RUNTIME}"
-    return spec, image, oci_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs)
+    config = oci_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs, recursive_ro=runtime_name != "runsc")
+    return spec, image, config
 
 
 def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:

@@ -67,11 +67,12 @@ def oci_seccomp(profile: dict[str, Any], arch: str) -> dict[str, Any]:
     return {key: profile[key] for key in _SECCOMP_KEYS if key in profile} | {"syscalls": rules}
 
 
-def _mount(mount: BoxMount) -> dict[str, Any]:
-    """A box mount in the runtime's form; read-only binds are read-only all the way down (rro: runc ≥ 1.1)."""
+def _mount(mount: BoxMount, recursive_ro: bool) -> dict[str, Any]:
+    """A box mount in the runtime's form; read-only binds are read-only all the way down: rro (runc ≥ 1.1), or
+    without it (gVisor, whose own file system makes the whole of a read-only mount read-only) plain ro."""
     if mount.kind in ("tmpfs", "overlay"):
         return {"destination": mount.dest, "type": mount.kind, "source": mount.source or mount.kind, "options": list(mount.options)}
-    mode = ["rw"] if mount.writable else ["ro", "rro"]
+    mode = ["rw"] if mount.writable else ["ro", "rro"] if recursive_ro else ["ro"]
     return {"destination": mount.dest, "type": "bind", "source": mount.source, "options": ["rbind", "rprivate", *mode]}
 
 
@@ -86,11 +87,13 @@ def _device(allow: bool, kind: str, major: int | None, minor: int | None, access
     return rule
 
 
-def oci_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[str, Any], arch: str, rootfs: str) -> dict[str, Any]:
+def oci_config(
+    spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[str, Any], arch: str, rootfs: str, recursive_ro: bool = True
+) -> dict[str, Any]:
     """The same box as container_config, as an OCI runtime config (config.json) for runc/crun/runsc.
 
     `runtime` is the host directory of the guest's runtime (at /.quinebox, read-only) and `rootfs` the host
-    path of the image's unpacked root, mounted read-only.
+    path of the image's unpacked root, mounted read-only. `recursive_ro`: the runtime knows the rro option.
     """
     grants = spec.grants
     mem = grants.mem or DEFAULT_MEM
@@ -118,7 +121,7 @@ def oci_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[s
             "rlimits": [{"type": f"RLIMIT_{name.upper()}", "soft": soft, "hard": hard} for name, soft, hard in RLIMITS],
             "oomScoreAdj": OOM_SCORE_ADJ,
         },
-        "mounts": system + [_mount(m) for m in own],
+        "mounts": system + [_mount(m, recursive_ro) for m in own],
         "annotations": labels_for(spec),
         "linux": {
             "namespaces": [{"type": name} for name in NAMESPACES],

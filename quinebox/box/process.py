@@ -27,10 +27,12 @@ from quinebox.box.backends.choice import Choice, choose
 from quinebox.box.backends.ocibox import OciBox, oci_runtime
 from quinebox.box.broker import Broker, Handler, Spawner
 from quinebox.box.claim import claim, forget
+from quinebox.box.console import ConsoleRelay
 from quinebox.box.configure import configure, configure_oci
-from quinebox.box.direct import DEVNULL, PIPE, DirectStdio, Stream  # noqa: F401 - PIPE and DEVNULL are taken from here, as from subprocess
+from quinebox.box.direct import DEVNULL, PIPE, DirectStdio, Stream  # noqa: F401 - PIPE is taken from here, as from subprocess
 from quinebox.box.egress import Egress
 from quinebox.box.policy import DEFAULT_WORLD, oci_refusal, proxied
+from quinebox.box.rootfs import in_rootfs
 from quinebox.box.secrets import engine_reader, prepare_secrets, rootfs_reader
 from quinebox.box.shape import claim_frame
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec
@@ -44,8 +46,6 @@ if TYPE_CHECKING:
 EXIT_TIMEOUT = 124
 #: How long the engine may take to remove a box after it stopped before we insist.
 REMOVAL_GRACE = 10.0
-#: After a kill that was not ours, how long to watch whether the engine is on its way down.
-SHUTDOWN_GRACE = 3.0
 
 
 class Place(Spawner, Protocol):
@@ -110,11 +110,12 @@ class BoxProcess:
         self.place = place
         self._oci: OciBox | None = None
         self._direct: DirectStdio | None = None
+        self._console: ConsoleRelay | None = None
 
         #: Where the box runs, and why there (`--verbose` and `doctor` say it).
         self.choice = Choice("docker", None, "a Docker backend was handed over") if backend else choose(oci_refusal(spec), backend=spec.backend, runtime=spec.runtime)
         if self.choice.backend == "oci":
-            self.spec, image, config = configure_oci(spec)
+            self.spec, image, config = configure_oci(spec, oci_runtime(self.choice.runtime or "runc").name)
         else:
             from quinebox.box.backends.docker import DockerBackend
 
@@ -165,10 +166,20 @@ class BoxProcess:
 
     def _start_oci(self, config: dict[str, Any], stdin: Stream | bytes, stdout: Stream, stderr: Stream) -> None:
         """The box made and started on its runtime, holding the streams itself; the engine is not asked anything."""
+        if self.spec.agent and self.spec.image != DEFAULT_IMAGE and not in_rootfs(config["root"]["path"], "/bin/sh"):
+            raise ImageError(f"image {self.spec.image} has no /bin/sh: an agent's sh tool runs the image's own shell; choose an image that has one")
+        if self.spec.tty:  # the runtime makes the terminal, and hands us its master: a relay, as the engine's attach is
+            self._console = ConsoleRelay(stdin, stdout, self._stop_r)
+            self.stdin, self.stdout = self._console.stdin, self._console.stdout  # type: ignore[assignment]
+            stdin = stdout = DEVNULL
         self._direct = direct = DirectStdio(stdin, stdout, stderr)
-        self.stdin, self.stdout, self.stderr = direct.stdin, direct.stdout, direct.stderr  # type: ignore[assignment]
-        self._err = direct.say
-        self._oci = OciBox(oci_runtime(self.choice.runtime or "runc"), self.session, config, stdio=direct.fds, ended=self._oci_ended)
+        if not self.spec.tty:
+            self.stdin, self.stdout = direct.stdin, direct.stdout  # type: ignore[assignment]
+        self.stderr, self._err = direct.stderr, direct.say
+        self._oci = OciBox(
+            oci_runtime(self.choice.runtime or "runc"), self.session, config, stdio=direct.fds, ended=self._oci_ended,
+            console=self._console.attach if self._console else None,
+        )
         self.id = self._oci.id
         direct.started()
         self.started = time.monotonic()
@@ -241,33 +252,11 @@ class BoxProcess:
         except Exception:
             pass  # the engine closed the stream
         finally:
-            if not self._closed and self._engine_went_away(destroyed=destroyed, outside=outside):
+            if not self._closed and watch.engine_went_away(self._backend, died=self._died.is_set(), destroyed=destroyed, outside=outside):
                 self.engine_lost = self.engine_lost or "the Docker engine went away while the box ran (it stopped or restarted)"
                 watch.record_incident(f"box {self.session} given up: its event stream ended before it did", session=self.session)
             self._died.set()
             self._destroyed.set()
-
-    def _engine_went_away(self, *, destroyed: bool, outside: bool) -> bool:
-        """Whether the box's end was the engine's: its stream ended first, or the engine killed it on its way down
-        (a stopping engine stops its boxes, then closes its API)."""
-        if not self._died.is_set():
-            return True
-        if not destroyed:
-            return not self._engine_answers()
-        if outside:  # a kill we did not send: the engine shutting down, or someone's `docker stop`
-            until = time.monotonic() + SHUTDOWN_GRACE
-            while time.monotonic() < until:
-                if not self._engine_answers():
-                    return True
-                time.sleep(0.25)
-        return False
-
-    def _engine_answers(self) -> bool:
-        try:
-            self._backend.ping()
-            return True
-        except EngineError:
-            return False
 
     def _lose_engine(self, reason: str) -> None:
         """The engine stopped answering: end the wait now; the box dies once its lifeline is let go."""
@@ -304,7 +293,9 @@ class BoxProcess:
 
     def resize(self, rows: int, cols: int) -> None:
         """The box's terminal takes this size (with a tty only)."""
-        if self.id and self.spec.tty and not self._died.is_set() and self._oci is None:
+        if self._console is not None:
+            self._console.resize(rows, cols)
+        elif self.id and self.spec.tty and not self._died.is_set():
             self._backend.resize(self.id, rows, cols)
 
     def kill(self) -> None:
@@ -340,6 +331,8 @@ class BoxProcess:
                 self._attached.drain(REMOVAL_GRACE)
             if self._direct is not None:
                 self._direct.finish(REMOVAL_GRACE)
+            if self._console is not None:
+                self._console.drain(REMOVAL_GRACE)
             if not self._destroyed.wait(REMOVAL_GRACE):
                 self._remove()
         except TimeoutError:
@@ -369,8 +362,9 @@ class BoxProcess:
         if self._deadline:
             self._deadline.cancel()
         os.write(self._stop_w, b"x")
-        if self._attached is not None:
-            self._attached.close()
+        for stdio in (self._attached, self._console):
+            if stdio is not None:
+                stdio.close()
         os.close(self._stop_w)
         os.close(self._stop_r)
         for closer in (getattr(self, "_events", None), getattr(self, "_sock", None), self._broker, self._egress_proxy):

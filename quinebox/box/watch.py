@@ -23,6 +23,8 @@ from quinebox.errors import QuineboxError
 from quinebox.state import state_dir
 
 PING_EVERY = 2.0
+#: After a kill that was not ours, how long to watch whether the engine is on its way down.
+SHUTDOWN_GRACE = 3.0
 #: What `doctor` shows: incidents of the last day, the newest few.
 RECENT_S = 24 * 3600
 
@@ -68,6 +70,30 @@ class EngineWatch:
                 record_incident(f"{len(told)} box(es) given up: {exc}", boxes=len(told))
                 for lost in told:
                     lost("the Docker engine stopped answering while the box ran")
+
+
+def engine_went_away(backend: Any, *, died: bool, destroyed: bool, outside: bool) -> bool:
+    """Whether a box's end was the engine's: its event stream ended first, or the engine killed it on its way
+    down (a stopping engine stops its boxes, then closes its API)."""
+    if not died:
+        return True
+    if not destroyed:
+        return not _answers(backend)
+    if outside:  # a kill we did not send: the engine shutting down, or someone's `docker stop`
+        until = time.monotonic() + SHUTDOWN_GRACE
+        while time.monotonic() < until:
+            if not _answers(backend):
+                return True
+            time.sleep(0.25)
+    return False
+
+
+def _answers(backend: Any) -> bool:
+    try:
+        backend.ping()
+        return True
+    except QuineboxError:
+        return False
 
 
 _watches: "weakref.WeakKeyDictionary[Any, EngineWatch]" = weakref.WeakKeyDictionary()

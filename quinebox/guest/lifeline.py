@@ -85,6 +85,26 @@ def spawn(argv):
         sys.exit(126)
 
 
+_keep = []
+
+
+def exited_fd(child):
+    """Something select() finds readable once `child` has exited: its pidfd, or where the kernel has none
+    (gVisor's, 2022) a socket that each SIGCHLD writes to."""
+    try:
+        return os.pidfd_open(child)
+    except OSError:
+        pass
+    wake_r, wake_w = socket.socketpair()
+    for end in (wake_r, wake_w):
+        end.setblocking(False)
+    _keep.append(wake_w)  # the kernel's signal writes go to it for as long as we live
+    signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    os.kill(os.getpid(), signal.SIGCHLD)  # it may have exited before the handler was there: look once at once
+    return wake_r
+
+
 def reap_orphans(child):
     """As the box's init: wait for every process that has exited; the command's status if it is among them."""
     while True:
@@ -158,16 +178,19 @@ def main(argv):
     if os.isatty(0):
         for signum in FROM_THE_TERMINAL:
             signal.signal(signum, signal.SIG_IGN)
-    pidfd = os.pidfd_open(child)
+    pidfd = exited_fd(child)
     init = os.getpid() == 1  # on an OCI runtime no init stands in front of us: orphans are ours to reap
     while True:
         try:
             ready, _, _ = select.select([lifeline, pidfd], [], [], REAP_EVERY if init else None)
         except InterruptedError:
             continue
+        if pidfd in ready and not isinstance(pidfd, int):
+            pidfd.recv(4096)  # a SIGCHLD woke us: whose, waitpid says
         status = reap_orphans(child) if init else None
         if status is None and pidfd in ready:
-            _, status = os.waitpid(child, 0)
+            pid, status = os.waitpid(child, 0 if isinstance(pidfd, int) else os.WNOHANG)
+            status = status if pid == child else None
         if status is not None:
             code = os.waitstatus_to_exitcode(status)
             return code if code >= 0 else 128 - code

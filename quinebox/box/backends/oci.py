@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -25,11 +26,12 @@ from quinebox.state import state_dir
 #: Killing and deleting get less: they must never hold up an exit.
 QUICK_TIMEOUT = 10.0
 #: Runtimes quinebox knows by name, with the global flags each needs here. runsc: the ptrace platform (Debian's
-#: 2022 build cannot use systrap) and no network stack of its own (a box has only loopback).
+#: 2022 build cannot use systrap), no network stack of its own (a box has only loopback), and connecting to the
+#: Unix sockets its mounts show (the box's host socket and egress socket are such mounts; as under runc).
 KNOWN = {
     "runc": (),
     "crun": (),
-    "runsc": ("--platform=ptrace", "--network=none"),
+    "runsc": ("--platform=ptrace", "--network=none", "--host-uds=open"),
 }
 RUNTIME_HINT = "install it (`apt-get install runc`), name another with --runtime, or use --backend docker"
 
@@ -72,10 +74,10 @@ class Runtime:
     def argv(self, *args: str) -> list[str]:
         return [self.binary, "--root", str(self.root), *self.flags, *args]
 
-    def _run(self, args: Sequence[str], what: str, *, timeout: float | None = None, **kwargs: Any) -> subprocess.CompletedProcess:
+    def _run(self, args: Sequence[str], what: str, *, timeout: float | None = None) -> subprocess.CompletedProcess:
+        """A verb whose output is read (list, state): its output may be large, so it is read as it comes."""
         try:
-            done = subprocess.run(self.argv(*args), timeout=timeout or runtime_timeout(), stdout=kwargs.pop("stdout", subprocess.PIPE),
-                                  stderr=subprocess.PIPE, **kwargs)
+            done = subprocess.run(self.argv(*args), timeout=timeout or runtime_timeout(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except subprocess.TimeoutExpired:
             raise EngineError(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)") from None
         except OSError as exc:
@@ -83,6 +85,31 @@ class Runtime:
         if done.returncode != 0:
             raise EngineError(f"the OCI runtime {self.name} could not {what}: {_reason(done.stderr)}")
         return done
+
+    def _call(self, argv: list[str], what: str, *, timeout: float, stdio: tuple[Any, Any, Any] | None = None, new_session: bool = False) -> bytes:
+        """A verb on a box's path (create, start, kill, delete): waited for on a pidfd, so its end is seen at once
+        (subprocess's own deadline polls, up to 50 ms late); its stderr, unless `stdio` says where it goes."""
+        try:
+            proc = subprocess.Popen(argv, stdin=stdio[0] if stdio else subprocess.DEVNULL, stdout=stdio[1] if stdio else subprocess.DEVNULL,
+                                    stderr=stdio[2] if stdio else subprocess.PIPE, start_new_session=new_session)
+        except OSError as exc:
+            raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {RUNTIME_HINT}") from None
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            ready = select.poll()
+            ready.register(pidfd, select.POLLIN)
+            if not ready.poll(timeout * 1000):
+                proc.kill()
+                proc.wait()
+                raise EngineError(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)")
+        finally:
+            os.close(pidfd)
+        err = proc.stderr.read() if proc.stderr else b""
+        if proc.stderr:
+            proc.stderr.close()
+        if proc.wait() != 0:
+            raise EngineError(f"the OCI runtime {self.name} could not {what}: {_reason(err)}")
+        return err
 
     def create(self, cid: str, bundle: str, *, stdio: tuple[int, int, int], pid_file: str, console_socket: str | None = None) -> None:
         """The box's init, stopped before it runs the command: `stdio` become its own fds 0, 1 and 2.
@@ -95,16 +122,14 @@ class Runtime:
         extra = ["--console-socket", console_socket] if console_socket else []
         argv = self.argv("--log", log, "--log-format", "json", "create", "--bundle", bundle, "--pid-file", pid_file, *extra, cid)
         try:
-            done = subprocess.run(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], timeout=runtime_timeout(), start_new_session=True)
-        except subprocess.TimeoutExpired:
-            raise EngineError(f"the OCI runtime {self.name} did not create the box in time: it may be wedged (`quinebox doctor` checks)") from None
-        except OSError as exc:
-            raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {RUNTIME_HINT}") from None
-        if done.returncode != 0:
-            raise EngineError(f"the OCI runtime {self.name} could not create the box: {_logged_reason(log)}")
+            self._call(argv, "create the box", timeout=runtime_timeout(), stdio=stdio, new_session=True)
+        except EngineError as exc:
+            if "in time" in str(exc):
+                raise
+            raise EngineError(f"the OCI runtime {self.name} could not create the box: {_logged_reason(log)}") from None
 
     def start(self, cid: str) -> None:
-        self._run(["start", cid], "start the box")
+        self._call(self.argv("start", cid), "start the box", timeout=runtime_timeout())
 
     def kill(self, cid: str, signal: str = "KILL") -> bool:
         """Signal every process of the box. False only when the runtime did not answer in time: a box that has
@@ -117,7 +142,7 @@ class Runtime:
 
     def _quietly(self, args: list[str], what: str) -> bool:
         try:
-            self._run(args, what, timeout=QUICK_TIMEOUT)
+            self._call(self.argv(*args), what, timeout=QUICK_TIMEOUT)
         except EngineError as exc:
             return "in time" not in str(exc)
         return True
@@ -136,6 +161,17 @@ class Runtime:
         try:
             return json.loads(listed or b"null") or []
         except ValueError:
+            return []
+
+    def helper_pids(self, cid: str) -> list[int]:
+        """The processes besides the box's init that the runtime leaves to its caller once `create` returns, to
+        wait for when the box ends: runsc's gofer (its state file says which). runc leaves none."""
+        if not self.gvisor:
+            return []
+        try:
+            state = json.loads((self.root / f"{cid}_sandbox:{cid}.state").read_text())
+            return [int(state["goferPid"])] if state.get("goferPid") else []
+        except (OSError, ValueError, KeyError, TypeError):
             return []
 
     def exec_argv(self, cid: str, argv: Sequence[str], *, tty: bool, user: str, cwd: str | None = None, env: Sequence[str] = ()) -> list[str]:

@@ -19,10 +19,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 from quinebox.box.backends.oci import Runtime, container_id
+from quinebox.box.console import ConsoleSocket, console_path
 from quinebox.box.policy import LABEL_SESSION
 from quinebox.errors import EngineError
 from quinebox.state import run_dir, state_dir
@@ -117,14 +119,36 @@ def oci_containers() -> list[dict[str, Any]]:
     return found
 
 
+def reap(pids: list[int], grace: float = 2.0) -> None:
+    """Wait for processes that are ours (reparented to this subreaper) and on their way out; kill what lingers."""
+    until = time.monotonic() + grace
+    for pid in pids:
+        while True:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
+            except ChildProcessError:
+                break
+            if time.monotonic() > until:
+                os.kill(pid, signal.SIGKILL)
+                until = time.monotonic() + grace
+            time.sleep(0.005)
+
+
 class OciBox:
     """A box created and started on `runtime`; `ended(exit_code, oom_killed)` is called once it has exited and is removed."""
 
-    def __init__(self, runtime: Runtime, session: str, config: dict[str, Any], *, stdio: tuple[int, int, int], ended: Ended):
+    def __init__(
+        self, runtime: Runtime, session: str, config: dict[str, Any], *, stdio: tuple[int, int, int], ended: Ended, console: Callable[[int], None] | None = None
+    ):
+        """`console`: with a terminal, given the master of the box's pty (its stdin, stdout and stderr)."""
         self.runtime = runtime
         self.id = container_id(session)
         self.pid: int | None = None
         self._pidfd: int | None = None
+        #: The runtime's own processes left to us with the box (runsc's gofer): reaped when it ends, or the
+        #: runtime's delete waits for them to go.
+        self._helpers: list[int] = []
         self._pidfd_lock = threading.Lock()  # never signal through an fd number that was closed and reused
         self._ended = ended
         self._cgroup = config.get("linux", {}).get("cgroupsPath", "")
@@ -135,12 +159,26 @@ class OciBox:
             (self.bundle / "config.json").write_text(json.dumps(config, separators=(",", ":")))
             tell_keeper(runtime, f"+ {self.id} {self.bundle}")
             pid_file = str(self.bundle / "init.pid")
-            runtime.create(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file)
-            self.pid = int(Path(pid_file).read_text())
+            terminal = ConsoleSocket(console_path(str(self.bundle))) if console else None
+            try:
+                runtime.create(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file, console_socket=terminal.path if terminal else None)
+                self.pid = int(Path(pid_file).read_text())
+                self._helpers = runtime.helper_pids(self.id)
+                if terminal is not None and console is not None:
+                    console(terminal.master())  # queued on the socket while the box was created
+            finally:
+                if terminal is not None:
+                    terminal.close()
             self._pidfd = os.pidfd_open(self.pid)  # ours until we reap it; the fd keeps naming it after that
             runtime.start(self.id)
         except BaseException:
+            self.kill()
             self.remove()
+            if self.pid is not None:  # ours (a subreaper's) to reap, once it is dead
+                try:
+                    os.waitpid(self.pid, 0)
+                except ChildProcessError:
+                    pass
             raise
         threading.Thread(target=self._wait, name=f"oci-wait:{session}", daemon=True).start()
 
@@ -152,6 +190,7 @@ class OciBox:
         except ChildProcessError:  # not ours after all (no subreaper took it): the runtime says how it ended
             code = -signal.SIGKILL
         oom = oom_kills(self._cgroup) > 0
+        reap(self._helpers)
         self.remove()
         with self._pidfd_lock:
             if self._pidfd is not None:
