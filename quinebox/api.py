@@ -11,13 +11,15 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator, Sequence
 
-from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.policy import AGENT_COMMAND
 from quinebox.box.process import DEVNULL, PIPE, BoxProcess, Stream
 from quinebox.box.spec import build_spec
 from quinebox.tree.supervisor import Node, start_agent
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
 
 
 @dataclass(frozen=True)

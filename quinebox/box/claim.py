@@ -19,16 +19,18 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quinebox import fdpass
-from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.broker import Broker, Channel
 from quinebox.box.policy import ContainerConfig
 from quinebox.box.shape import shape_of, updates, why_cold
 from quinebox.box.spec import BoxSpec
 from quinebox.errors import EngineError
 from quinebox.state import pool_socket, run_dir
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
 
 #: A pool that takes longer than this to answer is passed over: a cold start is about this slow.
 CLAIM_TIMEOUT = 2.0

@@ -11,12 +11,14 @@ quinebox runs native code only (its seccomp profile is for one architecture).
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.policy import native_machine
 from quinebox.box.spec import ImageInfo
 from quinebox.errors import ImageError
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
 
 Progress = Callable[[str], None]
 

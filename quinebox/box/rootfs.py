@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import re
 import shutil
 import tempfile
@@ -73,6 +74,35 @@ def unpacked(image_id: str) -> Path | None:
     """The image's root filesystem when it is unpacked (one stat: a rootfs/ appears only complete)."""
     path = images_root() / id_hex(image_id) / ROOTFS
     return path if os.path.isdir(path) else None
+
+
+def in_rootfs(root: str, path: str) -> bool:
+    """Whether an unpacked image holds `path`, its links resolved as the box would see them (inside its root:
+    busybox's /bin/sh and a merged /usr's /bin are links); only looked at, never opened."""
+    parts, seen, hops = [p for p in path.split("/") if p], [], 0
+    while parts:
+        name = parts.pop(0)
+        if name == "..":
+            seen = seen[:-1]
+            continue
+        if name == ".":
+            continue
+        here = os.path.join(root, *seen, name)
+        try:
+            info = os.lstat(here)
+        except OSError:
+            return False
+        if stat.S_ISLNK(info.st_mode):
+            hops += 1
+            if hops > 40:
+                return False
+            target = os.readlink(here)
+            parts = [p for p in target.split("/") if p] + parts
+            if target.startswith("/"):
+                seen = []
+            continue
+        seen.append(name)
+    return True
 
 
 def image_info(image_id: str) -> ImageInfo | None:

@@ -17,11 +17,14 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.policy import RUNTIME as MOUNT
 from quinebox.errors import ImageError
 from quinebox.state import state_dir
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
 
 
 def runtime_root() -> Path:

@@ -204,3 +204,30 @@ def image_build_command(
 
     with reported():
         build_image(DockerBackend.connect(timeout=600), base=base)
+
+
+@image_app.command("load", help="Unpack an image from a `docker save` tarball or an OCI layout (directory or tar): boxes of it then need no engine.")
+def image_load_command(
+    path: str = typer.Argument(..., help="The tarball (`docker save -o FILE IMAGE`) or the OCI image layout."),
+    name: Optional[str] = typer.Option(None, "--name", help="Which image, when it holds several (a tag, or an OCI ref.name)."),
+) -> None:
+    import os
+
+    from quinebox.box.archives import from_docker_archive, from_oci_layout
+
+    with reported():
+        layout = os.path.isdir(path) or _holds_oci_index(path)
+        info = (from_oci_layout if layout else from_docker_archive)(path, name)
+        print(f"{info.name or info.id} {info.id}")
+
+
+def _holds_oci_index(path: str) -> bool:
+    """Whether a tar is an OCI layout (index.json and oci-layout at its top) rather than `docker save`'s."""
+    import tarfile
+
+    try:
+        with tarfile.open(path) as tar:
+            names = {member.name.lstrip("./") for member in tar.getmembers()[:64]}
+    except (OSError, tarfile.TarError):
+        return False
+    return "oci-layout" in names and "manifest.json" not in names

@@ -51,7 +51,7 @@ def choose(refusal: str | None, *, backend: str | None = None, runtime: str | No
         return Choice("docker", None, "the Docker backend was asked for")
     name = named or DEFAULT_RUNTIME
     if refusal:
-        if named:  # a runtime asked for by name (a policy may require gVisor) is never quietly swapped for the engine
+        if named and name != DEFAULT_RUNTIME:  # a runtime asked for by name (a policy may require gVisor) is never swapped for the engine's runc
             raise QuineboxError(f"the OCI runtime {name} cannot run this box: {refusal}; drop the runtime, or the grant")
         return Choice("docker", None, f"this box runs on the Docker engine: {refusal}")
     if asked == "oci":
@@ -65,7 +65,18 @@ def choose(refusal: str | None, *, backend: str | None = None, runtime: str | No
 
 
 def usable(name: str) -> str | None:
-    """None when the OCI runtime `name` can run boxes here, else the reason, found once per runtime binary."""
+    """None when the OCI runtime `name` can run boxes here, else the reason, found once per runtime binary
+    (and asked of the state dir once per process: a command server's worker asks it anew)."""
+    key = (name, os.getpid(), state_dir())
+    if key not in _known:
+        _known[key] = _usable(name)
+    return _known[key]
+
+
+_known: dict[tuple[str, int, object], str | None] = {}
+
+
+def _usable(name: str) -> str | None:
     from quinebox.box.backends.oci import Runtime
 
     if os.geteuid() != 0:
