@@ -1,6 +1,8 @@
-"""What the engine holds of quinebox's boxes, as the tests look at it."""
+"""What the engine and the OCI runtimes hold of quinebox's boxes, as the tests look at it."""
 
 from types import SimpleNamespace
+
+from quinebox.box.backends.ocibox import oci_containers
 
 from quinebox.box.claim import claimed_as
 from quinebox.box.policy import LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
@@ -23,5 +25,30 @@ def live_boxes(engine, label: str = "io.quinebox.session") -> list:
             if record is None:
                 continue
             labels = {**labels, LABEL_SESSION: record["session"], LABEL_OWNER: record["owner"], LABEL_PARENT: record["parent"]}
-        boxes.append(SimpleNamespace(status=container["State"], labels=labels, id=container["Id"]))
+        boxes.append(SimpleNamespace(status=container["State"], labels=labels, id=container["Id"], backend="docker"))
+    key, _, value = label.partition("=")
+    for container in oci_containers():  # the test session's state dir: every box of the runtimes these tests ran
+        labels = container["Labels"]
+        if key in labels and (not value or labels[key] == value):
+            status = {"stopped": "exited"}.get(container["State"], container["State"])
+            boxes.append(SimpleNamespace(status=status, labels=labels, id=container["Id"], backend=container["Runtime"]))
     return boxes
+
+
+def runs_in(box, needle: bytes) -> bool:
+    """Whether a process whose command line holds `needle` runs in `box`, as the host's /proc shows it: its
+    cgroup is the box's (the container's id on the engine, the session on an OCI runtime)."""
+    import os
+
+    mark = box.id if box.backend == "docker" else box.labels[LABEL_SESSION]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if needle not in f.read().replace(b"\0", b" "):
+                    continue
+            with open(f"/proc/{pid}/cgroup") as f:
+                if mark in f.read():
+                    return True
+        except OSError:
+            continue
+    return False

@@ -95,7 +95,7 @@ def test_oom_with_surviving_pid_1_says_so_and_json_reports_it(engine):
     assert any("out of memory" in line for line in lines)
     summary = json.loads(lines[-1])
     assert summary["oom_killed"] is True and summary["exit_code"] == 0 and summary["timed_out"] is False
-    assert set(summary) == {"exit_code", "timed_out", "oom_killed", "duration_s", "session"}
+    assert set(summary) == {"exit_code", "timed_out", "oom_killed", "duration_s", "session", "backend"}
 
 
 def test_refusals_are_one_line_and_create_nothing(engine):
@@ -108,7 +108,8 @@ def test_refusals_are_one_line_and_create_nothing(engine):
 
 
 def test_unreachable_engine_is_125_with_a_hint(engine):
-    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    """On the Docker backend (on an OCI runtime a box of an unpacked image needs no engine: test_oci_backend.py)."""
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock", "QUINEBOX_BACKEND": "docker"}
     done = qb("exec", "--", "true", env=env)
     assert done.returncode == 125
     assert done.stderr.startswith(b"quinebox: cannot reach the Docker engine") and b"doctor" in done.stderr

@@ -18,6 +18,14 @@ import quinebox
 from quinebox.box.policy import HOST_SOCKET, LABEL_OWNER, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_COMMAND
 
+
+@pytest.fixture(autouse=True)
+def docker_backend(monkeypatch):
+    """The warm pool is the Docker backend's: it keeps engine boxes started, since the engine is what is slow
+    (on an OCI runtime a box starts cold as fast as a claim would)."""
+    monkeypatch.setenv("QUINEBOX_BACKEND", "docker")
+
+
 PROBE = "env | sort; id; pwd; grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status; ulimit -a; mount | grep -E ' /(world|tmp) '"
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from live_boxes import live_boxes
+from live_boxes import live_boxes, runs_in
 
 from quinebox.agent.store import read_tape
 
@@ -95,8 +95,7 @@ def test_sigkill_of_quinebox_run_leaves_no_box_even_mid_tool_call(engine, tmp_pa
     proc = subprocess.Popen([QUINEBOX, "run", "-q", "-m", f"script:{slow}", "wait"], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:  # until the sleep runs in the second cycle, after an exec
-        boxes = [engine.containers.get(box.id) for box in live_boxes(engine) if box.status == "running"]
-        if boxes and b"sleep 300" in boxes[0].top()["Processes"].__repr__().encode():
+        if any(runs_in(box, b"sleep 300") for box in live_boxes(engine) if box.status == "running"):
             break
         time.sleep(0.1)
     else:

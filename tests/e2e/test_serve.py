@@ -15,6 +15,7 @@ import docker
 import pytest
 from commands import QUINEBOX
 
+from quinebox.box.backends.ocibox import oci_containers
 from quinebox.box.policy import LABEL_SESSION
 
 
@@ -78,16 +79,23 @@ def test_the_clients_cwd_and_its_relative_grants(served, tmp_path):
     assert (done.returncode, done.stdout) == (0, b"relative\n")
 
 
-def boxes_of(session_prefix: str = "") -> list[dict]:
-    """Boxes as the engine lists them (one request: a box removed meanwhile is simply not there)."""
+def boxes_of(env: dict, session_prefix: str = "") -> list[dict]:
+    """Boxes as the engine and the OCI runtimes of `env`'s state dir list them (one request each: a box removed
+    meanwhile is simply not there)."""
     listed = docker.from_env(timeout=10).api.containers(all=True, filters={"label": LABEL_SESSION})
+    mine = os.environ["QUINEBOX_STATE_DIR"]
+    os.environ["QUINEBOX_STATE_DIR"] = env["QUINEBOX_STATE_DIR"]
+    try:
+        listed += oci_containers()
+    finally:
+        os.environ["QUINEBOX_STATE_DIR"] = mine
     return [box for box in listed if box["Labels"][LABEL_SESSION].startswith(session_prefix)]
 
 
 def start_sleeper(env):
     proc = subprocess.Popen([QUINEBOX, "exec", "--json", "--", "sh", "-c", "echo started; sleep 300"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline() == b"started\n"
-    [box] = [box for box in boxes_of() if "sleep 300" in box["Command"]]
+    [box] = [box for box in boxes_of(env) if "sleep 300" in box["Command"]]
     return proc, box["Labels"][LABEL_SESSION]
 
 
@@ -96,16 +104,16 @@ def test_sigkill_of_the_client_takes_its_box_within_a_second(served):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     until = time.monotonic() + 1.0
-    while boxes_of(session) and time.monotonic() < until:
+    while boxes_of(served, session) and time.monotonic() < until:
         time.sleep(0.05)
-    assert boxes_of(session) == []
+    assert boxes_of(served, session) == []
 
 
 def test_signals_reach_the_command_as_they_would_the_cli(served):
     proc, session = start_sleeper(served)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 128 + signal.SIGTERM
-    assert boxes_of(session) == []
+    assert boxes_of(served, session) == []
 
 
 def test_stopping_the_server_ends_no_command_it_runs(served):

@@ -15,6 +15,14 @@ from pathlib import Path
 import pytest
 from live_boxes import live_boxes
 
+
+@pytest.fixture(autouse=True)
+def docker_backend(monkeypatch):
+    """These are the Docker backend's faults: on an OCI runtime a box of an unpacked image asks no engine anything
+    (tests/integration/test_oci_backend.py starts one with the engine unreachable)."""
+    monkeypatch.setenv("QUINEBOX_BACKEND", "docker")
+
+
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 #: How soon a running box's command must give up on an engine that went away or went quiet.
 WITHIN_S = 15

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
-SIZE = "96m"  # the guest runtime (about 35 MB) and room to fill
+SIZE = "320m"  # the agent image unpacked for an OCI runtime (about 160 MB; the engine's guest runtime, 35 MB), and room to fill
 
 
 @pytest.fixture
@@ -73,7 +73,8 @@ def test_a_full_state_dir_is_one_clear_line_and_the_next_run_works_once_there_is
 
 
 def test_a_box_that_fills_the_state_dir_mid_run_ends_with_one_line_and_a_whole_tape(small_state, tmp_path):
-    turns = [{"sh": "head -c 200000000 /dev/zero > big; echo wrote"}, {"sh": "echo after >&4"}, {"exit": "success"}]
+    # To the last page (a write that does not fit leaves what it could not use): the host's next write must fail.
+    turns = [{"sh": "head -c 400000000 /dev/zero > big; dd if=/dev/zero of=small bs=4096 2>/dev/null; echo wrote"}, {"sh": "echo after >&4"}, {"exit": "success"}]
     (tmp_path / "m.yaml").write_text(json.dumps({"turns": turns}))
     done = qb(small_state, "run", "-q", "-m", f"script:{tmp_path / 'm.yaml'}", "fill it")
     lines = done.stderr.decode().splitlines()

@@ -6,6 +6,7 @@ run from the runtime mounted at /.quinebox all the same.
 """
 
 import hashlib
+import json
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ import quinebox
 from images import ALL, BUSYBOX, MUSL, NOPYTHON, STATIC, load_foreign
 from quinebox.box.policy import native_machine
 from quinebox.box.spec import DEFAULT_IMAGE
+from quinebox.state import run_dir
 
 MISSIONS = Path(__file__).resolve().parents[2] / "examples" / "missions"
 IDS = [image.name.split("/")[1] for image in ALL]
@@ -76,14 +78,33 @@ def test_the_seccomp_profile_refuses_the_same_calls(image):
 
 def running_box(engine, image: str, argv: list[str]):
     box = quinebox.Popen(argv, image=image, stdin=quinebox.DEVNULL)
+    if box.choice.backend == "oci":
+        return box, json.loads((run_dir() / f"{box.session}.oci" / "config.json").read_text())
     return box, engine.api.inspect_container(box.id)
 
 
+#: What an OCI box's config says of its hardening, whatever its image: all of it but its command, environment and root.
+def oci_hardening(config: dict) -> dict:
+    process = {k: v for k, v in config["process"].items() if k not in ("args", "env", "cwd")}
+    mounts = [(m["destination"], m["type"], m.get("options")) for m in config["mounts"] if m["destination"] != "/world"]
+    linux = {k: v for k, v in config["linux"].items() if k != "cgroupsPath"}
+    return {"process": process, "mounts": mounts, "linux": linux, "readonly": config["root"]["readonly"], "hostname": config["hostname"]}
+
+
+@pytest.mark.parametrize("backend", ["docker", "oci"])
 @pytest.mark.parametrize("image", ALL, ids=IDS)
-def test_the_hardening_is_identical_to_the_agent_images(engine, image):
+def test_the_hardening_is_identical_to_the_agent_images(engine, image, backend, monkeypatch):
+    monkeypatch.setenv("QUINEBOX_BACKEND", backend)
     ours, ours_info = running_box(engine, DEFAULT_IMAGE, ["sleep", "20"])
     theirs, theirs_info = running_box(engine, image.name, [image.probe, "sleep", "20"])
     try:
+        assert ours.choice.backend == theirs.choice.backend == backend
+        if backend == "oci":
+            assert oci_hardening(ours_info) == oci_hardening(theirs_info)
+            assert theirs_info["process"]["user"]["uid"] != 0 and theirs_info["root"]["readonly"] is True
+            [runtime] = [m for m in theirs_info["mounts"] if m["destination"] == "/.quinebox"]
+            assert "ro" in runtime["options"]
+            return
         for key in HARDENING:
             assert ours_info["HostConfig"][key] == theirs_info["HostConfig"][key], key
         assert ours_info["Config"]["User"] == theirs_info["Config"]["User"] != "0"

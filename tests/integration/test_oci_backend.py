@@ -1,0 +1,213 @@
+"""The OCI-runtime backend on the real runtimes: what the engine gave, given with no engine on the box's path.
+
+Each test says which backend and runtime it means (QUINEBOX_BACKEND / QUINEBOX_RUNTIME), so the file means
+the same whatever the suite's default is.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import quinebox
+from quinebox.box.backends.ocibox import oci_containers
+from quinebox.state import run_dir, state_dir
+
+QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
+#: What a box's start must never import: the engine's client and what it drags in, and what only other commands use.
+HEAVY = ("docker", "requests", "urllib3", "rich", "yaml", "openai", "cryptography", "ray")
+
+
+@pytest.fixture
+def oci(monkeypatch, engine):
+    """Boxes on runc; the engine is there only to unpack the agent image the first time."""
+    monkeypatch.setenv("QUINEBOX_BACKEND", "oci")
+    monkeypatch.setenv("QUINEBOX_RUNTIME", "runc")
+    quinebox.exec(["true"])  # the agent image unpacked once, so every test below starts with no engine call
+
+
+def cli(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([QUINEBOX, *argv], capture_output=True, timeout=60, **kwargs)
+
+
+def cgroups_of(session: str) -> list[str]:
+    return [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/quinebox/{session}") if p.exists()]
+
+
+def test_the_channels_are_byte_exact_and_the_status_passes(oci):
+    data = os.urandom(1 << 20) + b"\0\r\n\xff"
+    result = quinebox.exec(["sh", "-c", "cat; printf 'to stderr' >&2; exit 7"], input=data)
+    assert (result.returncode, result.stdout, result.stderr) == (7, data, b"to stderr")
+
+
+def test_the_box_holds_the_callers_own_pipe(oci):
+    """No relay: the box's stdout is the very pipe the caller gave it (same inode), so bytes move at pipe speed."""
+    read_end, write_end = os.pipe()
+    proc = quinebox.Popen(["readlink", "/proc/self/fd/1"], stdin=quinebox.DEVNULL, stdout=write_end)
+    os.close(write_end)
+    shown = os.read(read_end, 200)
+    assert proc.wait() == 0
+    assert shown.strip() == f"pipe:[{os.fstat(read_end).st_ino}]".encode()
+    os.close(read_end)
+
+
+def test_oom_time_limit_and_a_gone_reader_end_as_on_the_engine(oci):
+    hog = quinebox.exec(["python3", "-c", "b = bytearray(256 << 20)"], grants=["mem:64m"])
+    assert (hog.returncode, hog.oom_killed) == (137, True)
+    slow = quinebox.exec(["sleep", "30"], timeout="1s")
+    assert (slow.returncode, slow.timed_out) == (124, True)
+    piped = subprocess.run(f"{QUINEBOX} exec -- yes | head -c 3; exit ${{PIPESTATUS[0]}}", shell=True, executable="/bin/bash", capture_output=True, timeout=60)
+    assert (piped.returncode, piped.stdout) == (141, b"y\ny")
+
+
+def test_the_kernel_refuses_what_the_policy_refuses(oci):
+    script = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.unshare(0x10000000), ctypes.get_errno())\nprint(os.getuid(), len(os.listdir('/sys/class/net')))"
+    )
+    result = quinebox.exec(["python3", "-c", script])
+    assert result.stdout == b"-1 1\n1000 1\n", result.stderr  # unshare(CLONE_NEWUSER): EPERM from seccomp; uid 1000; only lo
+    assert quinebox.exec(["sh", "-c", "echo x > /etc/x"]).returncode != 0  # a read-only root
+
+
+def test_sigkill_of_quinebox_leaves_nothing_within_a_second(oci):
+    proc = subprocess.Popen([QUINEBOX, "exec", "--", "sleep", "300"], stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not oci_containers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [box] = oci_containers()
+    session = box["Labels"]["io.quinebox.session"]
+    assert cgroups_of(session)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed = time.monotonic()
+    while (oci_containers() or cgroups_of(session)) and time.monotonic() < killed + 1.0:
+        time.sleep(0.02)
+    assert oci_containers() == [] and cgroups_of(session) == []
+    assert not (run_dir() / f"{session}.oci").exists()
+    assert not list((state_dir() / "oci" / "runc").glob(f"quinebox-{session}"))
+
+
+def test_gc_sweeps_what_a_crash_of_everything_left(oci):
+    """quinebox and its keeper both gone (as after a crash of the machine): gc removes the runtime's state and the bundle."""
+    proc = subprocess.Popen([QUINEBOX, "exec", "--", "sleep", "300"], stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not oci_containers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [box] = oci_containers()
+    session = box["Labels"]["io.quinebox.session"]
+    keepers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"keeper.py {json.dumps(_runtime_argv())}")]
+    for pid in keepers:
+        os.kill(pid, signal.SIGKILL)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while any(c["State"] == "running" for c in oci_containers()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [c["State"] for c in oci_containers()] in ([], ["stopped"])  # the lifeline ended its processes
+    done = cli("gc")
+    assert done.returncode == 0, done.stderr
+    assert oci_containers() == [] and cgroups_of(session) == []
+    assert not (run_dir() / f"{session}.oci").exists()
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _runtime_argv() -> list[str]:
+    from quinebox.box.backends.ocibox import oci_runtime
+
+    return oci_runtime("runc").argv()
+
+
+def test_ps_enter_and_kill_see_a_runtime_box(oci):
+    proc = quinebox.Popen(["sleep", "60"], stdin=quinebox.DEVNULL)
+    try:
+        listed = cli("ps")
+        assert proc.session.encode() in listed.stdout and b"sleep 60" in listed.stdout
+        entered = cli("enter", proc.session, "--", "sh", "-c", "id -u; cat /proc/1/cmdline | tr '\\0' ' '")
+        assert entered.returncode == 0, entered.stderr
+        assert entered.stdout.startswith(b"1000\n") and b"lifeline.py -- sleep 60" in entered.stdout
+        assert cli("kill", proc.session).returncode == 0
+        assert proc.wait(10) == 137
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_box_of_an_unpacked_image_starts_with_the_engine_unreachable(oci, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    result = quinebox.exec(["sh", "-c", "echo no engine needed"])
+    assert (result.returncode, result.stdout) == (0, b"no engine needed\n")
+    done = cli("exec", "--", "true", env={**os.environ, "QUINEBOX_SERVE": "off"})
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_hot_path_imports_no_engine_client(oci):
+    done = subprocess.run([sys.executable, "-X", "importtime", QUINEBOX, "exec", "--", "true"], capture_output=True, timeout=60,
+                          env={**os.environ, "QUINEBOX_SERVE": "off"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.decode().splitlines() if line.startswith("import time:")}
+    assert "quinebox.box.process" in imported  # the measurement saw the box start
+    assert {name for name in imported if name.split(".")[0] in HEAVY} == set()
+
+
+def test_verbose_and_json_say_where_the_box_ran(oci, monkeypatch):
+    done = cli("exec", "-v", "--json", "--", "true")
+    assert done.returncode == 0
+    assert b"quinebox: the OCI backend was asked for (runc)" in done.stderr
+    assert json.loads(done.stderr.splitlines()[-1])["backend"] == "runc"
+    monkeypatch.delenv("QUINEBOX_RUNTIME")
+    bridged = cli("exec", "-v", "-g", "net:bridge", "--", "true")
+    assert bridged.returncode == 0, bridged.stderr
+    assert b"this box runs on the Docker engine: net:bridge needs the engine's bridge network" in bridged.stderr
+
+
+def test_a_named_runtime_that_cannot_run_boxes_is_one_line_and_125(oci, tmp_path):
+    fake = tmp_path / "brokenrt"
+    fake.write_text("#!/bin/sh\necho 'this runtime refuses' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    done = cli("exec", "--backend", "auto", "--runtime", str(fake), "--", "true")
+    assert done.returncode == 125
+    assert done.stderr.count(b"\n") == 1 and b"this runtime refuses" in done.stderr
+    assert cli("exec", "--backend", "nope", "--", "true").returncode == 2
+
+
+def test_gvisor_runs_the_same_box(oci, monkeypatch):
+    monkeypatch.setenv("QUINEBOX_RUNTIME", "runsc")
+    result = quinebox.exec(["sh", "-c", "cat; dmesg | head -1; id -u"], input=b"material\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(b"material\n") and b"gVisor" in result.stdout and result.stdout.endswith(b"1000\n")
+    slow = quinebox.exec(["sleep", "30"], timeout="1s")
+    assert (slow.returncode, slow.timed_out) == (124, True)
+
+
+def test_a_policy_can_require_gvisor(oci, tmp_path, monkeypatch):
+    monkeypatch.delenv("QUINEBOX_RUNTIME")
+    policy = tmp_path / "gvisor.yaml"
+    policy.write_text("runtime: runsc\ngrants: []\n")
+    result = quinebox.exec(["dmesg"], policy=str(policy))
+    assert result.returncode == 0 and b"gVisor" in result.stdout
+    with pytest.raises(quinebox.QuineboxError, match="cannot run this box: net:bridge"):
+        quinebox.exec(["true"], policy=str(policy), grants=["net:bridge"])
+
+
+def test_an_image_from_a_docker_save_tarball(oci, tmp_path, test_images):
+    from images import BUSYBOX
+
+    archive = tmp_path / "busybox.tar"
+    subprocess.run(["docker", "save", "-o", str(archive), BUSYBOX.name], check=True, timeout=60)
+    loaded = cli("image", "load", str(archive))
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split()[0] == BUSYBOX.name.encode()
+    result = quinebox.exec([BUSYBOX.probe, "say", "from the tarball", "-"], image=BUSYBOX.name)
+    assert (result.returncode, result.stdout) == (0, b"from the tarball\n")
