@@ -13,6 +13,24 @@ if [ "$status" = 0 ] && [ $# = 0 ]; then
         tests/e2e/test_cli.py tests/e2e/test_run_cli.py tests/e2e/test_terminals.py tests/e2e/test_approvals.py tests/e2e/test_fanout.py
     status=$?
 fi
+if [ "$status" = 0 ] && [ $# = 0 ]; then
+    # The default backend is an OCI runtime here: the box tests and the e2e suite once more on the Docker
+    # backend (its engine-only tests, the pool and the cluster's, already pin it and ran above).
+    echo "test: the box and e2e tests again, on the Docker backend" >&2
+    QUINEBOX_BACKEND=docker .venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_isolation.py \
+        tests/integration/test_seccomp.py tests/integration/test_any_image.py tests/integration/test_exec_api.py tests/e2e \
+        --ignore=tests/e2e/test_cluster.py --ignore=tests/e2e/test_pool.py
+    status=$?
+fi
+if [ "$status" = 0 ] && [ $# = 0 ]; then
+    # gVisor's kernel answers the box's system calls itself: what it refuses, how it says a mount is read-only,
+    # what its /proc shows differ (tests/integration/test_gvisor.py says what holds there); the rest is the same.
+    echo "test: the image, terminal and agent tests again, on gVisor (runsc)" >&2
+    QUINEBOX_BACKEND=oci QUINEBOX_RUNTIME=runsc .venv/bin/python -m pytest -q -p no:cacheprovider \
+        tests/integration/test_gvisor.py tests/integration/test_any_image.py tests/integration/test_agent.py tests/e2e/test_terminals.py \
+        -k "not seccomp_profile_refuses and not foreign_image_through and not 20_mb_of_material and not read_only_refuses"
+    status=$?
+fi
 set -e
 if [ "$status" = 5 ]; then
     echo "test: pytest collected no tests; that is a failure" >&2

@@ -16,11 +16,25 @@ serve_app = typer.Typer(help="A per-user command server: exec, run, map, batch a
 app.add_typer(serve_app, name="serve")
 
 
+def pool_unneeded() -> bool:
+    """The warm pool keeps engine boxes started because the engine is what is slow; where boxes run on an OCI
+    runtime, a cold box starts sooner than a claim answers (bench/oci.py, bench/serve.py), so none is kept unless asked."""
+    from quinebox.box.backends.choice import choose
+    from quinebox.errors import QuineboxError
+
+    try:
+        return choose(None).backend == "oci"
+    except QuineboxError:
+        return False
+
+
 @serve_app.callback(invoke_without_command=True)
 def serve(
     ctx: typer.Context,
     background: bool = typer.Option(False, "--background", help="Detach, log to the state dir's serve.log, and return once it answers."),
-    pool: Optional[int] = typer.Option(None, "--pool", help="Warm boxes kept per shape (default 4, or `pool:` in config.yaml); 0: none."),
+    pool: Optional[int] = typer.Option(
+        None, "--pool", help="Warm boxes kept per shape (default 4 on the Docker backend, none on an OCI runtime; or `pool:` in config.yaml); 0: none."
+    ),
 ) -> None:
     if ctx.invoked_subcommand:
         return
@@ -30,7 +44,10 @@ def serve(
     from quinebox.state import state_dir
 
     with reported():
-        server = Server(Settings.from_config(load_config().get("pool"), pool))
+        configured = load_config().get("pool")
+        if pool is None and configured is None and pool_unneeded():
+            pool = 0
+        server = Server(Settings.from_config(configured, pool))
         server.bind()
     warm()
     if background:

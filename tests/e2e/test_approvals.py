@@ -63,12 +63,15 @@ def start(*args, env=None, cwd=None):
     return subprocess.Popen([QUINEBOX, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
 
 
-def next_request(within=60.0) -> dict:
+def next_request(within=60.0, after: dict | None = None) -> dict:
+    """The first waiting request, or with `after` the first other than it (a decided request is listed until the
+    box that asked has taken the decision)."""
     until = time.monotonic() + within
     while time.monotonic() < until:
-        listed = qb("approvals", "--json").stdout.splitlines()
-        if listed:
-            return json.loads(listed[0])
+        listed = [json.loads(line) for line in qb("approvals", "--json").stdout.splitlines()]
+        fresh = [request for request in listed if after is None or request["id"] != after["id"]]
+        if fresh:
+            return fresh[0]
         time.sleep(0.1)
     raise AssertionError("nothing was asked")
 
@@ -87,7 +90,7 @@ def test_an_approved_child_starts_and_a_denied_one_exits_125_in_the_box(tmp_path
     assert (first["kind"], first["subject"]) == ("child", f"a child (exec) with rw:{here}")
     assert first["facts"]["argv"] == ["cat", f"{here}/notes"]
     assert qb("approve", first["id"]).returncode == 0
-    second = next_request()
+    second = next_request(after=first)
     assert second["id"] != first["id"] and second["facts"]["argv"] == ["true"]  # allowed once: the next request is asked
     assert qb("deny", second["id"]).returncode == 0
     out, err = root.communicate(timeout=120)
@@ -106,7 +109,7 @@ def test_a_connection_asked_once_is_asked_again_and_always_is_remembered_until_r
     first = next_request()
     assert (first["kind"], first["subject"], first["facts"]["address"]) == ("egress", f"net:approve.test:{port}", "127.0.0.1")
     qb("approve", first["id"])
-    second = next_request()
+    second = next_request(after=first)
     assert second["id"] != first["id"]
     qb("approve", second["id"], "--always")
     out, _ = root.communicate(timeout=120)

@@ -166,10 +166,14 @@ def test_a_node_lost_mid_run_loses_no_input_and_duplicates_none(cluster, engine,
         assert (tmp_path / "out" / f"{doc.name}.out").read_bytes() == f"{i + 1}\n".encode()
     assert sorted(os.listdir(tmp_path / "out")) == sorted(["results.jsonl", *(d.name + s for d in docs for s in (".out", ".err"))])
 
-    # The lost node's boxes died with its workers (lifelines), or, caught between create and start, are reaped by its gc.
-    gc = qb("gc", env={**os.environ, "QUINEBOX_STATE_DIR": str(victim.state)})
-    assert gc.returncode == 0, gc.stderr
-    wait_for(lambda: not [b for b in boxes_of_runs(engine) if b.labels[RUN_LABEL] in runs], timeout=30)
+    # The lost node's boxes died with its workers (lifelines), or, caught between create and start, are reaped by its gc
+    # once their workers are gone (Ray ends a removed node's workers a moment after the node: gc is run until they are).
+    def collected() -> bool:
+        gc = qb("gc", env={**os.environ, "QUINEBOX_STATE_DIR": str(victim.state)})
+        assert gc.returncode == 0, gc.stderr
+        return not [b for b in boxes_of_runs(engine) if b.labels[RUN_LABEL] in runs] and not list((victim.state / "cluster").glob("*"))
+
+    wait_for(collected, timeout=30, every=1.0)
     assert not list((victim.state / "run").glob("*.sock"))
     assert not list((victim.state / "cluster").glob("*"))  # its attempts' spools, whose worker is gone
 

@@ -75,13 +75,18 @@ def test_the_kernel_refuses_what_the_policy_refuses(oci):
     assert quinebox.exec(["sh", "-c", "echo x > /etc/x"]).returncode != 0  # a read-only root
 
 
-def test_sigkill_of_quinebox_leaves_nothing_within_a_second(oci):
+def sleeper() -> tuple[subprocess.Popen, str]:
+    """A `quinebox exec -- sleep 300` of its own, and its box's session once the box is there."""
     proc = subprocess.Popen([QUINEBOX, "exec", "--", "sleep", "300"], stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while not oci_containers() and time.monotonic() < deadline:
         time.sleep(0.05)
     [box] = oci_containers()
-    session = box["Labels"]["io.quinebox.session"]
+    return proc, box["Labels"]["io.quinebox.session"]
+
+
+def test_sigkill_of_quinebox_leaves_nothing_within_a_second(oci):
+    proc, session = sleeper()
     assert cgroups_of(session)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -95,12 +100,7 @@ def test_sigkill_of_quinebox_leaves_nothing_within_a_second(oci):
 
 def test_gc_sweeps_what_a_crash_of_everything_left(oci):
     """quinebox and its keeper both gone (as after a crash of the machine): gc removes the runtime's state and the bundle."""
-    proc = subprocess.Popen([QUINEBOX, "exec", "--", "sleep", "300"], stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while not oci_containers() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    [box] = oci_containers()
-    session = box["Labels"]["io.quinebox.session"]
+    proc, session = sleeper()
     keepers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"keeper.py {json.dumps(_runtime_argv())}")]
     for pid in keepers:
         os.kill(pid, signal.SIGKILL)

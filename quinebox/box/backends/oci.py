@@ -28,6 +28,8 @@ QUICK_TIMEOUT = 10.0
 #: Runtimes quinebox knows by name, with the global flags each needs here. runsc: the ptrace platform (Debian's
 #: 2022 build cannot use systrap), no network stack of its own (a box has only loopback), and connecting to the
 #: Unix sockets its mounts show (the box's host socket and egress socket are such mounts; as under runc).
+#: gVisor's own kernel serves the box's system calls (the host sees only its sentry's, under gVisor's filter);
+#: its --oci-seccomp (2022) refuses calls the profile allows (select, posix_spawn's clone3 fallback), so it is off.
 KNOWN = {
     "runc": (),
     "crun": (),

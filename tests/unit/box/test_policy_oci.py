@@ -24,15 +24,8 @@ from quinebox.box.secrets import TLS_DIR
 from quinebox.box.spec import BoxSpec, ImageInfo, seccomp_base
 from quinebox.grants import Grants
 from quinebox.worlds.spec import WorldSpec
+from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, USER_IMAGE  # the same images and runtime as the engine's table
 
-ARCH = "SCMP_ARCH_X86_64"
-AGENT_IMAGE = ImageInfo(name="quinebox/agent:test", id="sha256:agent", workdir="/world")
-USER_IMAGE = ImageInfo(
-    name="python:3.12-slim", id="sha256:user", workdir="/app",
-    env=(("PATH", "/usr/local/bin:/usr/bin:/bin"), ("LANG", "C.UTF-8"), ("HOME", "/root"), ("PYTHONPATH", "/app")),
-    entrypoint=("docker-entrypoint.sh",), cmd=("python3",),
-)
-RUNTIME_DIR = "/state/runtime/abc"
 ROOTFS = "/state/images/sha256-agent/rootfs"
 DIR_WORLD = WorldSpec(kind="dir", layer="/state/sessions/s1/world/tree")
 OVERLAY_WORLD = WorldSpec(kind="overlay", layer="/s/c/upper", work="/s/c/work", lowers=("/s/p/upper", "/s/g/tree"), base=("p", 3))

@@ -1,0 +1,55 @@
+"""A box on gVisor (`--runtime runsc`): its own kernel in front of the host's, and the same box otherwise.
+
+gVisor's kernel answers the box's system calls itself, so what the box sees of the kernel is gVisor's (no
+/sys/class/net, its own dmesg); what it may do is what any box may: the same user, no capabilities, a
+read-only root, only loopback, the same limits.
+"""
+
+import pytest
+
+import quinebox
+
+
+@pytest.fixture(autouse=True)
+def gvisor(monkeypatch, engine):
+    monkeypatch.setenv("QUINEBOX_BACKEND", "oci")
+    monkeypatch.setenv("QUINEBOX_RUNTIME", "runsc")
+
+
+def sh(command: str, **options) -> quinebox.ExecResult:
+    return quinebox.exec(["sh", "-c", command], **options)
+
+
+def test_the_box_runs_on_gvisors_kernel():
+    result = sh("dmesg | head -1")
+    assert result.returncode == 0 and b"Starting gVisor" in result.stdout, result.stderr
+
+
+def test_the_same_user_no_capabilities_and_only_loopback():
+    result = sh("id -u; grep -E '^(CapEff|CapPrm|CapBnd):' /proc/self/status; tail -n +3 /proc/net/dev | cut -d: -f1")
+    words = result.stdout.decode().split()
+    assert words[0] == "1000"
+    assert dict(zip(words[1:7:2], words[2:7:2])) == dict.fromkeys(["CapEff:", "CapPrm:", "CapBnd:"], "0000000000000000")
+    assert words[7:] == ["lo"]
+
+
+@pytest.mark.parametrize("path", ["/usr/bin/x", "/etc/x", "/.quinebox/x"])
+def test_the_root_is_read_only(path):
+    result = sh(f"echo x > {path}")  # gVisor checks the user's permission before the mount's
+    assert result.returncode != 0 and (b"Read-only file system" in result.stderr or b"Permission denied" in result.stderr)
+    mounts = sh("cat /proc/mounts").stdout.decode().splitlines()
+    assert [line.split()[3].split(",")[0] for line in mounts if line.split()[1] in ("/", "/.quinebox")] == ["ro", "ro"]
+
+
+def test_world_and_tmp_are_writable_and_the_channels_pass():
+    data = bytes(range(256)) * 4096
+    result = quinebox.exec(["sh", "-c", "cat > /world/f && cat /world/f && echo err >&2 && exit 5"], input=data)
+    assert (result.returncode, result.stdout, result.stderr) == (5, data, b"err\n")
+
+
+def test_the_time_limit_and_a_kill_end_the_box_as_on_runc():
+    slow = quinebox.exec(["sleep", "30"], timeout="1s")
+    assert (slow.returncode, slow.timed_out) == (124, True)
+    proc = quinebox.Popen(["sleep", "30"], stdin=quinebox.DEVNULL)
+    proc.kill()
+    assert proc.wait(10) == 137
