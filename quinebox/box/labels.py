@@ -63,7 +63,16 @@ def owner_alive(owner: str, hostname: str | None = None) -> bool:
         return False
     except PermissionError:
         pass
-    return process_start_ticks(int(pid)) == start
+    return process_start_ticks(int(pid)) == start and not _zombie(int(pid))
+
+
+def _zombie(pid: int) -> bool:
+    """A process that has exited and not been waited for: gone, whatever its pid still says."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
 
 
 def _info(container: dict) -> BoxInfo:

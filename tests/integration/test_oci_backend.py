@@ -211,3 +211,16 @@ def test_an_image_from_a_docker_save_tarball(oci, tmp_path, test_images):
     assert loaded.stdout.split()[0] == BUSYBOX.name.encode()
     result = quinebox.exec([BUSYBOX.probe, "say", "from the tarball", "-"], image=BUSYBOX.name)
     assert (result.returncode, result.stdout) == (0, b"from the tarball\n")
+
+
+def test_a_process_that_starts_boxes_adopts_no_other_orphans(oci):
+    """It waits for its boxes' inits as a subreaper only while it creates them: another orphan of its own goes to
+    init as ever (else it would be a zombie here for good, and `gc` would take its owner for alive)."""
+    quinebox.exec(["true"])
+    started = subprocess.run(["sh", "-c", "sleep 5 >/dev/null & echo $!"], capture_output=True, timeout=10)
+    orphan = int(started.stdout)
+    try:
+        parent = int(Path(f"/proc/{orphan}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert parent != os.getpid()
+    finally:
+        os.kill(orphan, signal.SIGKILL)

@@ -2,7 +2,7 @@
 
 The runtime is handed the box's stdin, stdout and stderr themselves, so the box's process reads and writes them
 with no relay in between: every channel is byte-exact and runs at pipe speed. `runtime create` leaves once the
-box's init is made, and the init is reparented to this process (a child subreaper), which waits for it: its exit
+box's init is made, and the init is reparented to this process (a child subreaper while it creates), which waits for it: its exit
 status is the box's. An OOM kill is read from the box's memory cgroup before `runtime delete` removes it.
 
 The keeper (keeper.py) is told of each box before it is created, and removes whatever this process still holds
@@ -11,6 +11,7 @@ when this process dies, SIGKILL included.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -21,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from quinebox.box.backends.oci import Runtime, container_id
 from quinebox.box.console import ConsoleSocket, console_path
@@ -35,18 +36,35 @@ _OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup"
 
 Ended = Callable[[int, bool], None]
 
-_subreaper = 0  # the pid that became one: the attribute is not inherited across fork
 _keeper: tuple[int, subprocess.Popen] | None = None
 _keeper_lock = threading.Lock()
+_reaping = 0  # boxes being created right now: while any is, this process is a child subreaper
+_reaping_lock = threading.Lock()
 
 
-def become_subreaper() -> None:
-    """Orphaned descendants — a box's init once its runtime leaves — become this process's children, to wait for."""
-    global _subreaper
-    if _subreaper != os.getpid():
-        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            raise EngineError(f"cannot wait for boxes of an OCI runtime: prctl(PR_SET_CHILD_SUBREAPER) failed ({os.strerror(ctypes.get_errno())})")
-        _subreaper = os.getpid()
+@contextlib.contextmanager
+def subreaper() -> Iterator[None]:
+    """While a box is created, orphaned descendants — its init once the runtime's create leaves, runsc's sandbox
+    and gofer — become this process's children, to wait for; at no other time, so that no other orphan of this
+    process's (a daemon one of its children started, say) is left a zombie here instead of going to init."""
+    global _reaping
+    with _reaping_lock:
+        if _reaping == 0:
+            _prctl_subreaper(1)
+        _reaping += 1
+    try:
+        yield
+    finally:
+        with _reaping_lock:
+            _reaping -= 1
+            if _reaping == 0:
+                _prctl_subreaper(0)
+
+
+def _prctl_subreaper(on: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, on, 0, 0, 0) != 0:
+        raise EngineError(f"cannot wait for boxes of an OCI runtime: prctl(PR_SET_CHILD_SUBREAPER) failed ({os.strerror(ctypes.get_errno())})")
 
 
 def tell_keeper(runtime: Runtime, line: str) -> None:
@@ -153,7 +171,6 @@ class OciBox:
         self._ended = ended
         self._cgroup = config.get("linux", {}).get("cgroupsPath", "")
         self.bundle = run_dir() / f"{session}.oci"
-        become_subreaper()
         self.bundle.mkdir(mode=0o700)
         try:
             (self.bundle / "config.json").write_text(json.dumps(config, separators=(",", ":")))
@@ -161,7 +178,8 @@ class OciBox:
             pid_file = str(self.bundle / "init.pid")
             terminal = ConsoleSocket(console_path(str(self.bundle))) if console else None
             try:
-                runtime.create(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file, console_socket=terminal.path if terminal else None)
+                with subreaper():
+                    runtime.create(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file, console_socket=terminal.path if terminal else None)
                 self.pid = int(Path(pid_file).read_text())
                 self._helpers = runtime.helper_pids(self.id)
                 if terminal is not None and console is not None:
