@@ -188,11 +188,12 @@ def _reason(stderr: bytes) -> str:
 
 
 def _logged_reason(log: str) -> str:
-    """The last error the runtime logged (runc logs JSON lines with a msg)."""
+    """The last error the runtime logged (runc logs JSON lines with a msg). A runtime that logs nothing said
+    why on the box's stderr, the only one it has while it creates the box."""
     try:
         lines = Path(log).read_text(errors="replace").splitlines()
     except OSError:
-        return "no reason given"
+        return "it logged no reason (its own words, if any, are above)"
     for line in reversed(lines):
         try:
             record = json.loads(line)
@@ -202,4 +203,4 @@ def _logged_reason(log: str) -> str:
             continue
         if record.get("level") in ("error", "fatal") or "error" in str(record.get("msg", "")):
             return str(record.get("msg", line)).strip()
-    return lines[-1].strip() if lines else "no reason given"
+    return lines[-1].strip() if lines else "it logged no reason (its own words, if any, are above)"

@@ -192,11 +192,8 @@ class OciBox:
         except BaseException:
             self.kill()
             self.remove()
-            if self.pid is not None:  # ours (a subreaper's) to reap, once it is dead
-                try:
-                    os.waitpid(self.pid, 0)
-                except ChildProcessError:
-                    pass
+            reap([self.pid] if self.pid is not None else [])  # ours (a subreaper's) to reap once dead
+            reap(self._helpers)
             raise
         threading.Thread(target=self._wait, name=f"oci-wait:{session}", daemon=True).start()
 
@@ -205,7 +202,7 @@ class OciBox:
         try:
             _, status = os.waitpid(self.pid, 0)
             code = os.waitstatus_to_exitcode(status)
-        except ChildProcessError:  # not ours after all (no subreaper took it): the runtime says how it ended
+        except ChildProcessError:  # not ours after all (something else reaped it): its status is lost, it counts as killed
             code = -signal.SIGKILL
         oom = oom_kills(self._cgroup) > 0
         reap(self._helpers)
