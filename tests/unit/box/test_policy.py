@@ -37,7 +37,7 @@ RUNTIME_DIR = "/state/runtime/abc"
 
 def spec(*grants: str, cwd: str = "/home/u/proj", workdir: str | None = None, lifeline: str | None = "/state/run/s1.sock", **extra) -> BoxSpec:
     return BoxSpec(
-        argv=("echo", "hi"),
+        argv=extra.pop("argv", ("echo", "hi")),
         grants=Grants.parse(grants, cwd=cwd),
         image="quinebox/agent:test",
         session="s1",

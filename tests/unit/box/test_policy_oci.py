@@ -22,9 +22,8 @@ from quinebox.box.policy import (
 from quinebox.box.policy_oci import oci_config, oci_seccomp
 from quinebox.box.secrets import TLS_DIR
 from quinebox.box.spec import BoxSpec, ImageInfo, seccomp_base
-from quinebox.grants import Grants
 from quinebox.worlds.spec import WorldSpec
-from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, USER_IMAGE  # the same images and runtime as the engine's table
+from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, USER_IMAGE, spec  # the same images, runtime and specs as the engine's table
 
 ROOTFS = "/state/images/sha256-agent/rootfs"
 DIR_WORLD = WorldSpec(kind="dir", layer="/state/sessions/s1/world/tree")
@@ -39,22 +38,6 @@ SYSTEM = [
     {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
     {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
 ]
-
-
-def spec(*grants: str, cwd: str = "/home/u/proj", lifeline: str | None = "/state/run/s1.sock", **extra) -> BoxSpec:
-    return BoxSpec(
-        argv=extra.pop("argv", ("echo", "hi")),
-        grants=Grants.parse(grants, cwd=cwd),
-        image="quinebox/agent:test",
-        session="s1",
-        owner="host:42:1000",
-        created="2026-01-01T00:00:00+00:00",
-        cwd=cwd,
-        uid=1000,
-        gid=1000,
-        lifeline=lifeline,
-        **extra,
-    )
 
 
 def oci(box: BoxSpec, image: ImageInfo = AGENT_IMAGE) -> dict:
