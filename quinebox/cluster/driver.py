@@ -118,7 +118,10 @@ class Dispatch:
 
     def _receive(self, job: Job, number: int, stream: Any, sent: float) -> Staged | Unready:
         get = self.cluster.ray.get
-        news = get(next(stream))
+        first = next(stream, None)  # a generator cancelled (Ctrl-C) before its first object simply ends
+        if first is None:
+            raise NodeLost("the attempt ended before it said where it ran: cancelled, or its worker gone")
+        news = get(first)
         if news["kind"] == "unready":
             return Unready(news["node"], news["why"])
         label = f"{self.run}-{number}"
