@@ -116,7 +116,7 @@ RUNTIME_HELP = "The OCI runtime: runc (default), crun, runsc (gVisor), or a path
 def use_backend(backend: str | None, runtime: str | None) -> None:
     """--backend and --runtime for this command: they win over QUINEBOX_BACKEND/QUINEBOX_RUNTIME and config.yaml,
     for this box and every box below it (children inherit their parent's environment of choice)."""
-    from quinebox.box.backends.choice import BACKENDS
+    from quinebox.box.spec import BACKENDS
 
     if backend is not None and backend not in BACKENDS:
         say(f"bad --backend {backend!r}: use one of {', '.join(BACKENDS)}")

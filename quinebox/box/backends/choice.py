@@ -15,11 +15,11 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from quinebox.box.spec import BACKENDS
 from quinebox.documents import load_config
 from quinebox.errors import GrantError, QuineboxError
 from quinebox.state import state_dir
 
-BACKENDS = ("auto", "oci", "docker")
 DEFAULT_RUNTIME = "runc"
 
 

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 
 from quinebox.box.backends.oci import Runtime, runtime_timeout
+from quinebox.box.backends.ocibox import tell_keeper
 
 _BINDS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
 
@@ -57,15 +58,19 @@ def probe_runtime(runtime: Runtime) -> str | None:
         with open(os.path.join(bundle, "config.json"), "w") as out:
             json.dump(config, out)
         runtime.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # As any box: the keeper removes it if this process dies meanwhile, and the terminal's Ctrl-C, meant for
+        # this process, never reaches the runtime mid-create (which would leave its init waiting in a cgroup).
+        tell_keeper(runtime, f"+ {cid} {bundle}")
         try:
             done = subprocess.run(runtime.argv("run", "--bundle", bundle, cid), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, timeout=runtime_timeout())
+                                  stderr=subprocess.PIPE, timeout=runtime_timeout(), start_new_session=True)
         except subprocess.TimeoutExpired:
-            runtime.delete(cid)
             return f"{runtime.name} did not run a probe box in {runtime_timeout():g} s"
         except OSError as exc:
             return f"cannot run {runtime.binary}: {exc.strerror}"
-        runtime.delete(cid)
+        finally:
+            runtime.delete(cid)
+            tell_keeper(runtime, f"- {cid}")
         if done.returncode != 0:
             lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
             return f"{runtime.name} could not run a probe box (exit {done.returncode}): {lines[-1] if lines else 'no reason given'}"
