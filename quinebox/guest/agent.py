@@ -69,7 +69,7 @@ def hold_lifeline(held):
             raise SystemExit(137)
     else:
         line = socket.socket(fileno=held)
-    line.set_inheritable(True)  # survives exec; sh children never see it (close_fds)
+    os.set_inheritable(line.fileno(), True)  # survives exec; sh children never see it (close_fds)
     threading.Thread(target=lifeline.watch, args=(line,), daemon=True).start()
     return line.fileno()
 

@@ -17,16 +17,14 @@ above; an agent's loop takes the process over instead, lifeline and all.
 Runs inside untrusted boxes: stdlib only, small, no state.
 """
 
+import _signal as signal  # noqa: I001  signal and socket without their enum wrappers: enum, json and threading
+import _socket as socket  # are a third of an interpreter's start-up in a box, paid by every box; the rest comes on need
 import fcntl
 import os
 import select
-import signal
-import socket
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory off sys.path
-import forwarder  # noqa: E402
-import protocol  # noqa: E402
 
 HOST_SOCKET = "/run/quinebox/host.sock"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -95,7 +93,9 @@ def exited_fd(child):
         return os.pidfd_open(child)
     except OSError:
         pass
-    wake_r, wake_w = socket.socketpair()
+    import socket as sockets  # the Python-level socket objects that send and receive on the wake-up pair
+
+    wake_r, wake_w = sockets.socketpair()
     for end in (wake_r, wake_w):
         end.setblocking(False)
     _keep.append(wake_w)  # the kernel's signal writes go to it for as long as we live
@@ -120,7 +120,10 @@ def reap_orphans(child):
 
 def claimed(lifeline):
     """A warm box's wait for its command: (argv, environment, whether an agent takes over); the host gone ends the box."""
-    reader = lifeline.makefile("rb")  # the host sends nothing after the claim: nothing is read ahead
+    import protocol
+    import socket as sockets
+
+    reader = sockets.socket(fileno=os.dup(lifeline.fileno())).makefile("rb")  # the host sends nothing after the claim: nothing is read ahead
     try:
         claim, _ = protocol.read_frame(reader)
     except (EOFError, OSError, protocol.ProtocolError):
@@ -164,7 +167,10 @@ def main(argv):
         os.environ.update({**engine_environment(), **environment})
         if agent:
             take_over(argv, lifeline)
-    forwarder.start()
+    if os.environ.get("QUINEBOX_EGRESS"):  # only a box with egress has a forwarder (and threads)
+        import forwarder
+
+        forwarder.start()
     child = spawn(argv)
 
     def forward(signum, _frame):

@@ -1,5 +1,5 @@
 """The thin layer over an OCI runtime's command line: runc by default, crun, gVisor's runsc, or any binary that
-speaks the same verbs (create, start, state, kill, delete, list, exec).
+speaks the same verbs (run, state, kill, delete, list, exec).
 
 Each method is one runtime invocation with a deadline (`QUINEBOX_RUNTIME_TIMEOUT`, 30 s; killing and deleting
 10 s), its failure turned into one line of quinebox's own. Nothing here knows what a box is for: the bundle
@@ -89,7 +89,7 @@ class Runtime:
         return done
 
     def _call(self, argv: list[str], what: str, *, timeout: float, stdio: tuple[Any, Any, Any] | None = None, new_session: bool = False) -> bytes:
-        """A verb on a box's path (create, start, kill, delete): waited for on a pidfd, so its end is seen at once
+        """A verb on a box's path (run, kill, delete): waited for on a pidfd, so its end is seen at once
         (subprocess's own deadline polls, up to 50 ms late); its stderr, unless `stdio` says where it goes."""
         try:
             proc = subprocess.Popen(argv, stdin=stdio[0] if stdio else subprocess.DEVNULL, stdout=stdio[1] if stdio else subprocess.DEVNULL,
@@ -113,25 +113,24 @@ class Runtime:
             raise EngineError(f"the OCI runtime {self.name} could not {what}: {_reason(err)}")
         return err
 
-    def create(self, cid: str, bundle: str, *, stdio: tuple[int, int, int], pid_file: str, console_socket: str | None = None) -> None:
-        """The box's init, stopped before it runs the command: `stdio` become its own fds 0, 1 and 2.
+    def run(self, cid: str, bundle: str, *, stdio: tuple[int, int, int], pid_file: str, console_socket: str | None = None) -> None:
+        """The box created and started in one invocation (`run --detach`: one runtime start-up per box, not two),
+        `stdio` its init's own fds 0, 1 and 2.
 
-        The runtime's own process leaves once the box is created, so its init is reparented to the nearest
-        subreaper: the caller, which must be one to wait for the box's exit status."""
+        The runtime's own process leaves once the box runs, so its init is reparented to the nearest subreaper:
+        the caller, which must be one to wait for the box's exit status (an init that exits at once stays the
+        caller's zombie until it does)."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         # The runtime's errors go to a file of ours, not to the box's stderr (which is the caller's).
         log = os.path.join(bundle, "runtime.log")
         extra = ["--console-socket", console_socket] if console_socket else []
-        argv = self.argv("--log", log, "--log-format", "json", "create", "--bundle", bundle, "--pid-file", pid_file, *extra, cid)
+        argv = self.argv("--log", log, "--log-format", "json", "run", "--detach", "--bundle", bundle, "--pid-file", pid_file, *extra, cid)
         try:
-            self._call(argv, "create the box", timeout=runtime_timeout(), stdio=stdio, new_session=True)
+            self._call(argv, "start the box", timeout=runtime_timeout(), stdio=stdio, new_session=True)
         except EngineError as exc:
             if "in time" in str(exc):
                 raise
-            raise EngineError(f"the OCI runtime {self.name} could not create the box: {_logged_reason(log)}") from None
-
-    def start(self, cid: str) -> None:
-        self._call(self.argv("start", cid), "start the box", timeout=runtime_timeout())
+            raise EngineError(f"the OCI runtime {self.name} could not start the box: {_logged_reason(log)}") from None
 
     def kill(self, cid: str, signal: str = "KILL") -> bool:
         """Signal every process of the box. False only when the runtime did not answer in time: a box that has
@@ -166,7 +165,7 @@ class Runtime:
             return []
 
     def helper_pids(self, cid: str) -> list[int]:
-        """The processes besides the box's init that the runtime leaves to its caller once `create` returns, to
+        """The processes besides the box's init that the runtime leaves to its caller once `run` returns, to
         wait for when the box ends: runsc's gofer (its state file says which). runc leaves none."""
         if not self.gvisor:
             return []
@@ -189,7 +188,7 @@ def _reason(stderr: bytes) -> str:
 
 def _logged_reason(log: str) -> str:
     """The last error the runtime logged (runc logs JSON lines with a msg). A runtime that logs nothing said
-    why on the box's stderr, the only one it has while it creates the box."""
+    why on the box's stderr, the only one it has while it starts the box."""
     try:
         lines = Path(log).read_text(errors="replace").splitlines()
     except OSError:

@@ -1,8 +1,8 @@
 """One box on an OCI runtime: its bundle, its creation with the caller's file descriptors, its exit and its removal.
 
 The runtime is handed the box's stdin, stdout and stderr themselves, so the box's process reads and writes them
-with no relay in between: every channel is byte-exact and runs at pipe speed. `runtime create` leaves once the
-box's init is made, and the init is reparented to this process (a child subreaper while it creates), which waits for it: its exit
+with no relay in between: every channel is byte-exact and runs at pipe speed. `runtime run --detach` leaves once the
+box's init runs, and the init is reparented to this process (a child subreaper while it starts a box), which waits for it: its exit
 status is the box's. An OOM kill is read from the box's memory cgroup before `runtime delete` removes it.
 
 The keeper (keeper.py) is told of each box before it is created, and removes whatever this process still holds
@@ -38,13 +38,13 @@ Ended = Callable[[int, bool], None]
 
 _keeper: tuple[int, subprocess.Popen] | None = None
 _keeper_lock = threading.Lock()
-_reaping = 0  # boxes being created right now: while any is, this process is a child subreaper
+_reaping = 0  # boxes being started right now: while any is, this process is a child subreaper
 _reaping_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def subreaper() -> Iterator[None]:
-    """While a box is created, orphaned descendants — its init once the runtime's create leaves, runsc's sandbox
+    """While a box is started, orphaned descendants — its init once the runtime's run leaves, runsc's sandbox
     and gofer — become this process's children, to wait for; at no other time, so that no other orphan of this
     process's (a daemon one of its children started, say) is left a zombie here instead of going to init."""
     global _reaping
@@ -154,7 +154,10 @@ def reap(pids: list[int], grace: float = 2.0) -> None:
 
 
 class OciBox:
-    """A box created and started on `runtime`; `ended(exit_code, oom_killed)` is called once it has exited and is removed."""
+    """A box created and started on `runtime`; `ended(exit_code, oom_killed)` is called once it has exited.
+
+    Its remains (the runtime's state, its cgroup, the bundle) are removed right after, on the same thread: within
+    milliseconds, and by the keeper if this process leaves first."""
 
     def __init__(
         self, runtime: Runtime, session: str, config: dict[str, Any], *, stdio: tuple[int, int, int], ended: Ended, console: Callable[[int], None] | None = None
@@ -179,16 +182,15 @@ class OciBox:
             terminal = ConsoleSocket(console_path(str(self.bundle))) if console else None
             try:
                 with subreaper():
-                    runtime.create(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file, console_socket=terminal.path if terminal else None)
+                    runtime.run(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file, console_socket=terminal.path if terminal else None)
                 self.pid = int(Path(pid_file).read_text())
+                self._pidfd = os.pidfd_open(self.pid)  # ours until we reap it (a zombie of ours if it has exited already)
                 self._helpers = runtime.helper_pids(self.id)
                 if terminal is not None and console is not None:
-                    console(terminal.master())  # queued on the socket while the box was created
+                    console(terminal.master())  # queued on the socket while the box was made
             finally:
                 if terminal is not None:
                     terminal.close()
-            self._pidfd = os.pidfd_open(self.pid)  # ours until we reap it; the fd keeps naming it after that
-            runtime.start(self.id)
         except BaseException:
             self.kill()
             self.remove()
@@ -205,13 +207,15 @@ class OciBox:
         except ChildProcessError:  # not ours after all (something else reaped it): its status is lost, it counts as killed
             code = -signal.SIGKILL
         oom = oom_kills(self._cgroup) > 0
-        reap(self._helpers)
-        self.remove()
         with self._pidfd_lock:
             if self._pidfd is not None:
                 os.close(self._pidfd)
                 self._pidfd = None
+        # Every process of the box is gone once its init is reaped (the kernel empties a pid namespace before its
+        # init's exit completes), so its caller goes on now; what remains is bookkeeping, removed meanwhile.
         self._ended(code if code >= 0 else 128 - code, oom)
+        reap(self._helpers)
+        self.remove()
 
     def kill(self) -> None:
         """SIGKILL the box's init: the kernel then kills everything else in its pid namespace."""
