@@ -19,7 +19,6 @@ import getpass
 import hashlib
 import json
 import os
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ class Request:
     kind: str  # "egress" or "child"
     subject: str
     facts: dict[str, Any]
-    id: str = field(default_factory=lambda: secrets.token_hex(4))
+    id: str = field(default_factory=lambda: os.urandom(4).hex())  # as secrets.token_hex
 
     @functools.cached_property
     def digest(self) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import platform
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,12 +132,12 @@ class BoxMount:
 
 def native_arch() -> str:
     """This machine's architecture as seccomp names it."""
-    return _ARCHITECTURES[platform.machine().lower()][1]
+    return _ARCHITECTURES[os.uname().machine.lower()][1]
 
 
 def native_machine() -> str:
     """This machine's architecture as an image's config names it."""
-    machine = platform.machine().lower()
+    machine = os.uname().machine.lower()
     return _ARCHITECTURES[machine][0] if machine in _ARCHITECTURES else machine
 
 

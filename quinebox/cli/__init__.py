@@ -9,15 +9,37 @@
     serve.py    serve, serve status, serve stop
     server.py   the command server: a warm process forking one worker per command (its thin client is ../client.py)
 
-The CLI may import every layer below it; nothing below imports it.
+The CLI may import every layer below it; nothing below imports it. Each module registers its commands on the
+app when imported; `register` imports only the one that a command line names, because typer builds every
+registered command into click's at each start-up (about a third of `quinebox exec`'s CLI cost, with the imports).
 """
 
 from __future__ import annotations
 
-from quinebox.cli import agents, audit, box, fanout, serve, worlds  # noqa: F401  (each registers its commands on the app)
+import importlib
+import sys
+
 from quinebox.cli.app import app
 
-__all__ = ["app", "main"]
+__all__ = ["COMMANDS", "app", "main", "register"]
+
+#: Each top-level command or group, and the module that registers it (a group's commands, for a group).
+COMMANDS = {
+    **dict.fromkeys(("exec", "shell", "enter", "ps", "kill", "gc", "doctor", "image"), "box"),
+    **dict.fromkeys(("run", "fork", "ls", "show", "logs", "replay", "tree"), "agents"),
+    **dict.fromkeys(("map", "batch"), "fanout"),
+    "world": "worlds",
+    **dict.fromkeys(("audit", "approvals", "approve", "deny", "revoke"), "audit"),
+    "serve": "serve",
+}
+
+
+def register(argv: list[str] | None = None) -> None:
+    """Register the command `argv` names (its first word), or every command when it names none of them: for
+    `--help`, `--version`, a mistyped name, or a command server, which serves them all."""
+    modules = [COMMANDS[argv[0]]] if argv and argv[0] in COMMANDS else sorted(set(COMMANDS.values()))
+    for module in modules:
+        importlib.import_module(f"quinebox.cli.{module}")
 
 
 def ensure_std_fds() -> None:
@@ -39,4 +61,5 @@ def main() -> None:
     ensure_std_fds()
     from quinebox.cli.app import run_app
 
+    register(sys.argv[1:2])
     run_app()

@@ -52,10 +52,12 @@ def warm() -> None:
         importlib.import_module(name)
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.spec import seccomp_base
+    from quinebox.cli import register
     from quinebox.cli.app import command
     from quinebox.errors import EngineError
 
     seccomp_base()
+    register()
     command()
     try:  # the engine's API version, so that a worker's first request is its own; the connection is closed before any fork
         engine = DockerBackend.connect(timeout=5)

@@ -75,13 +75,17 @@ def test_the_kernel_refuses_what_the_policy_refuses(oci):
     assert quinebox.exec(["sh", "-c", "echo x > /etc/x"]).returncode != 0  # a read-only root
 
 
+def boxes_of(session: str) -> list[dict]:
+    return [c for c in oci_containers() if c["Labels"]["io.quinebox.session"] == session]
+
+
 def sleeper() -> tuple[subprocess.Popen, str]:
     """A `quinebox exec -- sleep 300` of its own, and its box's session once the box is there."""
     proc = subprocess.Popen([QUINEBOX, "exec", "--", "sleep", "300"], stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
-    while not oci_containers() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    [box] = oci_containers()
+    while not (mine := [c for c in oci_containers() if c["Command"].endswith("-- sleep 300")]) and time.monotonic() < deadline:
+        time.sleep(0.05)  # an earlier test's box may still be on its way out meanwhile: its remains go after its end
+    [box] = mine
     return proc, box["Labels"]["io.quinebox.session"]
 
 
@@ -91,9 +95,9 @@ def test_sigkill_of_quinebox_leaves_nothing_within_a_second(oci):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed = time.monotonic()
-    while (oci_containers() or cgroups_of(session)) and time.monotonic() < killed + 1.0:
+    while (boxes_of(session) or cgroups_of(session)) and time.monotonic() < killed + 1.0:
         time.sleep(0.02)
-    assert oci_containers() == [] and cgroups_of(session) == []
+    assert boxes_of(session) == [] and cgroups_of(session) == []
     assert not (run_dir() / f"{session}.oci").exists()
     assert not list((state_dir() / "oci" / "runc").glob(f"quinebox-{session}"))
 
@@ -101,32 +105,30 @@ def test_sigkill_of_quinebox_leaves_nothing_within_a_second(oci):
 def test_gc_sweeps_what_a_crash_of_everything_left(oci):
     """quinebox and its keeper both gone (as after a crash of the machine): gc removes the runtime's state and the bundle."""
     proc, session = sleeper()
-    keepers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"keeper.py {json.dumps(_runtime_argv())}")]
+    keepers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _keeper_of(p, proc.pid)]
+    assert len(keepers) == 1
     for pid in keepers:
         os.kill(pid, signal.SIGKILL)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 5
-    while any(c["State"] == "running" for c in oci_containers()) and time.monotonic() < deadline:
+    while any(c["State"] == "running" for c in boxes_of(session)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [c["State"] for c in oci_containers()] in ([], ["stopped"])  # the lifeline ended its processes
+    assert [c["State"] for c in boxes_of(session)] in ([], ["stopped"])  # the lifeline ended its processes
     done = cli("gc")
     assert done.returncode == 0, done.stderr
-    assert oci_containers() == [] and cgroups_of(session) == []
+    assert boxes_of(session) == [] and cgroups_of(session) == []
     assert not (run_dir() / f"{session}.oci").exists()
 
 
-def _cmdline(proc: Path) -> str:
+def _keeper_of(proc: Path, owner: int) -> bool:
+    """Whether /proc/PID is the keeper that `owner` forked (named so, its parent the owner)."""
     try:
-        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        stat = (proc / "stat").read_text()
     except OSError:
-        return ""
-
-
-def _runtime_argv() -> list[str]:
-    from quinebox.box.backends.ocibox import oci_runtime
-
-    return oci_runtime("runc").argv()
+        return False
+    name, _, rest = stat.partition(") ")
+    return name.endswith("(quinebox-keeper") and int(rest.split()[1]) == owner
 
 
 def test_ps_enter_and_kill_see_a_runtime_box(oci):

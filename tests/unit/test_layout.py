@@ -145,7 +145,7 @@ def test_the_exec_path_imports_no_sqlite_yaml_rich_openai_or_cryptography():
     import sys
 
     probe = (
-        "import sys, quinebox.cli, quinebox.api, quinebox.box.process, quinebox.tree.supervisor\n"
+        "import sys, quinebox.cli, quinebox.cli.box, quinebox.api, quinebox.box.process, quinebox.tree.supervisor\n"
         "print(' '.join(m for m in ('sqlite3', 'yaml', 'rich', 'openai', 'cryptography') if m in sys.modules))\n"
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()

@@ -17,13 +17,12 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from quinebox.box.backends import keeper
 from quinebox.box.backends.oci import Runtime, container_id
 from quinebox.box.console import ConsoleSocket, console_path
 from quinebox.box.policy import LABEL_SESSION
@@ -36,7 +35,7 @@ _OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup"
 
 Ended = Callable[[int, bool], None]
 
-_keeper: tuple[int, subprocess.Popen] | None = None
+_keeper: tuple[int, int, int] | None = None  # (this process, its keeper, the pipe to it)
 _keeper_lock = threading.Lock()
 _reaping = 0  # boxes being started right now: while any is, this process is a child subreaper
 _reaping_lock = threading.Lock()
@@ -68,23 +67,25 @@ def _prctl_subreaper(on: int) -> None:
 
 
 def tell_keeper(runtime: Runtime, line: str) -> None:
-    """One line to this process's keeper, started the first time (and again in a forked child, which needs its own)."""
+    """One line to this process's keeper, forked the first time (and again in a forked child, which needs its own)."""
     global _keeper
     with _keeper_lock:
-        if _keeper is None or _keeper[0] != os.getpid() or _keeper[1].poll() is not None:
-            script = Path(__file__).with_name("keeper.py")
-            keeper = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(script), json.dumps(runtime.argv())],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            )
-            _keeper = (os.getpid(), keeper)
-        pipe = _keeper[1].stdin
-        assert pipe is not None
+        if _keeper is None or _keeper[0] != os.getpid() or not _alive(_keeper[1]):
+            if _keeper is not None and _keeper[0] == os.getpid():
+                os.close(_keeper[2])
+            _keeper = (os.getpid(), *keeper.start(runtime.argv()))
         try:
-            pipe.write(line.encode() + b"\n")
-            pipe.flush()
+            os.write(_keeper[2], line.encode() + b"\n")  # one line, far below PIPE_BUF: written whole
         except OSError:
             pass  # a keeper that died leaves these boxes to `quinebox gc`
+
+
+def _alive(pid: int) -> bool:
+    """Whether our keeper still runs (it is our child: one that died is reaped here)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return False
 
 
 def oom_kills(cgroup: str) -> int:

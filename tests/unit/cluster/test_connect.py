@@ -72,7 +72,7 @@ def test_without_ray_a_cluster_is_one_line_saying_how_to_install_it():
 def test_ray_stays_off_every_path_without_a_cluster():
     probe = (
         "import sys, quinebox, quinebox.cli, quinebox.api, quinebox.tree.fanout, quinebox.tree.supervisor\n"
-        "from quinebox.cli.app import app\n"
+        "from quinebox.cli import register; register()\n"
         "print(' '.join(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'quinebox.cluster'))))\n"
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
