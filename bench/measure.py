@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +23,23 @@ class Measured:
     peak_kib: int
 
 
+#: How long one measured command may take before the benchmark stops (the engine here can wedge under load).
+DEADLINE = 900.0
+
+
 def run_child(
-    argv: list[str], *, stdin: bytes | IO[bytes] | None = None, env: dict[str, str] | None = None, check: bool = True, stdout: IO[bytes] | None = None
+    argv: list[str],
+    *,
+    stdin: bytes | IO[bytes] | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    stdout: IO[bytes] | None = None,
+    deadline: float = DEADLINE,
 ) -> Measured:
     """Run `argv` with stdout discarded (or into `stdout`); `stdin` is bytes to feed, a file, or nothing.
 
     With `check`, a failure stops the benchmark with the command's last words:
-    a figure from a failed run would be a lie.
+    a figure from a failed run would be a lie. One that overruns `deadline` is killed and stops it too.
     """
     with tempfile.TemporaryFile() as err:
         began = time.perf_counter()
@@ -37,12 +48,27 @@ def run_child(
         if isinstance(stdin, bytes) and stdin:
             proc.stdin.write(stdin)
             proc.stdin.close()
+        overran = threading.Event()
+        timer = threading.Timer(deadline, lambda: (overran.set(), proc.kill()))
+        timer.start()
         _, status, usage = os.wait4(proc.pid, 0)
+        timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        if overran.is_set():
+            raise SystemExit(f"{' '.join(argv[:4])} … did not finish in {deadline:g} s: stopped, no figure made of it")
         measured = Measured(time.perf_counter() - began, os.waitstatus_to_exitcode(status), usage.ru_maxrss)
         if check and measured.code != 0:
             err.seek(0)
             raise SystemExit(f"{' '.join(argv[:4])} … exited {measured.code}: {err.read().decode(errors='replace')[-500:]}")
     return measured
+
+
+def backend() -> str:
+    """Where this run's boxes go ("oci" or "docker"), as `quinebox doctor` says: the targets differ."""
+    from quinebox.box.backends.choice import choose
+
+    choice = choose(None)
+    return f"oci ({choice.runtime})" if choice.backend == "oci" else "docker"
 
 
 @contextlib.contextmanager
@@ -57,15 +83,15 @@ def served(pool: int | None) -> Iterator[dict[str, str] | None]:
     env = {**os.environ, "QUINEBOX_STATE_DIR": state}
     env.pop("QUINEBOX_SERVE", None)
     env.pop("QUINEBOX_POOL", None)
-    subprocess.run([quinebox, "serve", "--background", "--pool", str(pool)], env=env, check=True, capture_output=True)
+    subprocess.run([quinebox, "serve", "--background", "--pool", str(pool)], env=env, check=True, capture_output=True, timeout=120)
     try:
         until = time.monotonic() + 120
         while pool and time.monotonic() < until:
-            said = json.loads(subprocess.run([quinebox, "serve", "status", "--json"], env=env, capture_output=True, check=True).stdout)
+            said = json.loads(subprocess.run([quinebox, "serve", "status", "--json"], env=env, capture_output=True, check=True, timeout=60).stdout)
             if any(shape["warm"] >= pool for shape in said["pool"]["shapes"]):
                 break
             time.sleep(0.2)
         yield env
     finally:
-        subprocess.run([quinebox, "serve", "stop"], env=env, capture_output=True)
+        subprocess.run([quinebox, "serve", "stop"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(state, ignore_errors=True)

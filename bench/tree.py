@@ -3,10 +3,12 @@
     .venv/bin/python bench/tree.py [--fanout 100] [--parallel 16] [--serve POOL]
 
 1. The 36-session delegation tree of examples/tree (scripted models) vs its
-   critical path: depth (3) × the measured latency of one leaf agent.   target ≤ 1.3×
+   critical path: depth (3) × the measured latency of one leaf agent.
+                                     target ≤ 2× on an OCI runtime, ≤ 1.3× on the Docker backend
 2. One parent agent starting 100 one-turn children from inside its box, 16 at a
    time (`xargs -P16 quinebox run` in the box) vs `xargs -P16 docker run --rm
-   --network none IMAGE true` on the host.                                target ≤ 1.3×
+   --network none IMAGE true` on the host, as a ratio of times.
+                                     target ≤ 0.25 (4× the throughput) on an OCI runtime, ≤ 1.3 on the Docker backend
 3. The root quinebox process's peak RSS while 100 agents are alive at once.  target < 150 MB
 """
 
@@ -20,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from measure import run_child, served
+from measure import backend, run_child, served
 
 from quinebox.box.spec import DEFAULT_IMAGE
 
@@ -50,6 +52,9 @@ def compare(args: argparse.Namespace, env: dict[str, str] | None) -> int:
     tree_root = f"script:{ROOT / 'examples' / 'tree' / 'root.yaml'}"
     leaf = f"script:{ROOT / 'examples' / 'tree' / 'leaf.yaml'}"
 
+    where = backend()
+    tree_target, fan_target = (2.0, 0.25) if where.startswith("oci") else (1.3, 1.3)
+    print(f"boxes on {where}\n")
     trees, leaves = [], []
     for _ in range(args.runs):
         leaves.append(run_child([QUINEBOX, "run", "-q", "-m", leaf, "Survey district a"], stdin=b"a\n", env=env).seconds)
@@ -70,9 +75,9 @@ def compare(args: argparse.Namespace, env: dict[str, str] | None) -> int:
     # On a small machine the engine, not the tree, is the limit: 36 boxes take at
     # least as long as the engine needs to run 36 boxes at full parallelism.
     engine_bound = 36 * statistics.median(dockers) / args.fanout
-    print(f"{'36-session tree vs its critical path':<46} tree {statistics.median(trees):6.2f} s   3 × leaf {critical:5.2f} s   ratio {tree_ratio:.2f}  (target ≤ 1.3)")
+    print(f"{'36-session tree vs its critical path':<46} tree {statistics.median(trees):6.2f} s   3 × leaf {critical:5.2f} s   ratio {tree_ratio:.2f}  (target ≤ {tree_target})")
     print(f"{'  same, vs the engine bound for 36 boxes':<46} tree {statistics.median(trees):6.2f} s   bound {max(critical, engine_bound):5.2f} s   ratio {statistics.median(trees) / max(critical, engine_bound):.2f}")
-    print(f"{f'{args.fanout} children, {args.parallel} at a time, from one parent':<46} quinebox {statistics.median(fans):6.2f} s   xargs docker run {statistics.median(dockers):6.2f} s   ratio {fan_ratio:.2f}  (target ≤ 1.3)")
+    print(f"{f'{args.fanout} children, {args.parallel} at a time, from one parent':<46} quinebox {statistics.median(fans):6.2f} s   xargs docker run {statistics.median(dockers):6.2f} s   ratio {fan_ratio:.2f}  (target ≤ {fan_target})")
 
     hold = script(work, "hold", {"sh": "sleep 8"}, {"exit": "success"})
     hold_name = Path(hold[len("script:") :]).name
@@ -83,7 +88,7 @@ def compare(args: argparse.Namespace, env: dict[str, str] | None) -> int:
     whose = " (the thin client's: the tree runs in the server)" if env else ""
     print(f"{f'root RSS with {args.fanout} live agents':<46} {peak / 1024:6.1f} MB{whose}  (target < 150 MB; all alive at once for 8 s, {held.seconds:.1f} s in all)")
     shutil.rmtree(work)
-    met = tree_ratio <= 1.3 and fan_ratio <= 1.3 and peak / 1024 < 150
+    met = tree_ratio <= tree_target and fan_ratio <= fan_target and peak / 1024 < 150
     print("\nall targets met" if met else "\nSOME TARGETS MISSED")
     return 0 if met else 1
 

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from quinebox.audit import log
-from quinebox.box.backends.ocibox import oci_containers, oci_runtime
+from quinebox.box.backends.ocibox import oci_containers, oci_runtime, sweep_cgroups
 from quinebox.box.claim import claimed_as
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
@@ -162,6 +162,7 @@ def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
         _remove(container, backend)
         removed.append(box.session)
     _prune_images(containers, backend)
+    sweep_cgroups({container["Labels"].get(LABEL_SESSION, "") for container in containers if container.get("Runtime")})
     present = {container["Id"] for container in containers}
     for record in run_dir().glob("claimed/*.json"):
         if record.stem not in present:

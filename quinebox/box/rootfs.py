@@ -40,7 +40,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from quinebox.box.layers import Tree
 from quinebox.box.spec import ImageInfo, owner_tag, process_start_ticks
 from quinebox.errors import ImageError, QuineboxError
 from quinebox.state import state_dir, unwritable
@@ -211,6 +210,8 @@ def from_engine(backend: DockerBackend, info: ImageInfo) -> Path:
     if path is None:
 
         def fill(root: Path) -> None:
+            from quinebox.box.layers import Tree  # tarfile and its compressors: only when an image is unpacked
+
             tree = Tree(str(root), f"image {info.name}")
             with backend.export_image(info.id) as stream:
                 tree.layer(stream, whiteouts=False)

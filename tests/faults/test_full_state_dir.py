@@ -78,7 +78,7 @@ def test_a_box_that_fills_the_state_dir_mid_run_ends_with_one_line_and_a_whole_t
     (tmp_path / "m.yaml").write_text(json.dumps({"turns": turns}))
     done = qb(small_state, "run", "-q", "-m", f"script:{tmp_path / 'm.yaml'}", "fill it")
     lines = done.stderr.decode().splitlines()
-    assert (done.returncode, len(lines)) == (125, 1), lines
+    assert (done.returncode, len(lines)) == (125, 1), "\n".join(lines)
     assert lines[0].startswith("quinebox: cannot write") and "free some space" in lines[0]
     whole(small_state)
     for world in (small_state / "quinebox" / "sessions").glob("*/world"):

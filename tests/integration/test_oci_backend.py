@@ -85,8 +85,11 @@ def sleeper() -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + 20
     while not (mine := [c for c in oci_containers() if c["Command"].endswith("-- sleep 300")]) and time.monotonic() < deadline:
         time.sleep(0.05)  # an earlier test's box may still be on its way out meanwhile: its remains go after its end
-    [box] = mine
-    return proc, box["Labels"]["io.quinebox.session"]
+    if len(mine) != 1:
+        proc.kill()  # its keeper removes the box
+        proc.wait()
+        pytest.fail(f"expected one box of `exec -- sleep 300`, found {len(mine)}")
+    return proc, mine[0]["Labels"]["io.quinebox.session"]
 
 
 def test_sigkill_of_quinebox_leaves_nothing_within_a_second(oci):
@@ -226,3 +229,28 @@ def test_a_process_that_starts_boxes_adopts_no_other_orphans(oci):
         assert parent != os.getpid()
     finally:
         os.kill(orphan, signal.SIGKILL)
+
+
+def test_gc_takes_empty_box_cgroups_no_runtime_knows_once_a_minute_old(oci):
+    """A cgroup left with no runtime state (a delete that raced a dead owner's init) goes at the next gc; one being
+    made now, and one that still has a process, stay."""
+    old, new = "0ld0ld0ld0ld", "n3wn3wn3wn3w"
+    made = [Path("/sys/fs/cgroup", h, "quinebox", name) for h in ("memory", "pids") for name in (old, new)]
+    for group in made:
+        group.mkdir(parents=True)
+        if group.name == old:
+            os.utime(group, (time.time() - 3600,) * 2)
+    proc, session = sleeper()
+    try:
+        for group in cgroups_of(session):
+            os.utime(group, (time.time() - 3600,) * 2)  # as old, but a live box's (and busy)
+        done = cli("gc")
+        assert done.returncode == 0, done.stderr
+        assert [g.exists() for g in made] == [False, True, False, True]
+        assert len(cgroups_of(session)) >= 2 and boxes_of(session)
+    finally:
+        proc.kill()
+        proc.wait()
+        for group in made:
+            if group.exists():
+                group.rmdir()

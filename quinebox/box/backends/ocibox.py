@@ -32,6 +32,10 @@ from quinebox.state import run_dir, state_dir
 PR_SET_CHILD_SUBREAPER = 36
 #: Where each cgroup hierarchy says how often the kernel killed a process for memory (v1, then v2).
 _OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup", "memory.events"), ("/sys/fs/cgroup/unified", "memory.events"))
+#: Where boxes' cgroups are, below each hierarchy (policy_oci's cgroupsPath: /quinebox/SESSION; the probe's too).
+CGROUPS = "quinebox"
+#: How old an empty cgroup no runtime knows must be before `gc` takes it (one being made now is not yet known).
+STALE_CGROUP = 60.0
 
 Ended = Callable[[int, bool], None]
 
@@ -138,6 +142,30 @@ def oci_containers() -> list[dict[str, Any]]:
     return found
 
 
+def sweep_cgroups(known: set[str]) -> list[str]:
+    """Remove box cgroups left empty with no runtime state naming them (a delete that raced a dead owner's init
+    may leave one): each a minute old or more, and not among `known` sessions. rmdir takes only an empty
+    cgroup, so no box that still has a process loses its own. Returns the sessions whose cgroups went."""
+    removed: set[str] = set()
+    root = Path("/sys/fs/cgroup")
+    for parent in [*root.glob(f"*/{CGROUPS}"), root / CGROUPS]:
+        try:
+            groups = [g for g in parent.iterdir() if g.is_dir()]
+        except OSError:
+            continue
+        for group in groups:
+            if group.name in known:
+                continue
+            try:
+                if time.time() - group.stat().st_mtime < STALE_CGROUP:
+                    continue
+                os.rmdir(group)
+            except OSError:
+                continue  # busy (it has processes or children) or gone already
+            removed.add(group.name)
+    return sorted(removed)
+
+
 def reap(pids: list[int], grace: float = 2.0) -> None:
     """Wait for processes that are ours (reparented to this subreaper) and on their way out; kill what lingers."""
     until = time.monotonic() + grace
@@ -213,7 +241,10 @@ class OciBox:
                 os.close(self._pidfd)
                 self._pidfd = None
         # Every process of the box is gone once its init is reaped (the kernel empties a pid namespace before its
-        # init's exit completes), so its caller goes on now; what remains is bookkeeping, removed meanwhile.
+        # init's exit completes), so its caller goes on now; what remains is bookkeeping, removed meanwhile. The
+        # bundle goes first (the runtime's delete does not read it): on a full state dir, the caller's next write
+        # (an agent's outcome) gets its space back, as it did when the box was removed before its end was told.
+        shutil.rmtree(self.bundle, ignore_errors=True)
         self._ended(code if code >= 0 else 128 - code, oom)
         reap(self._helpers)
         self.remove()
