@@ -52,17 +52,19 @@ def reported() -> Iterator[None]:
         raise fail(exc) from None
 
 
-_command: Any = None
+_command: tuple[tuple[int, ...], Any] | None = None
 
 
 def command() -> Any:
-    """The click command typer builds from the app, once per process: a command server builds it before it forks.
+    """The click command typer builds from the app, once per process and again when commands were registered since
+    (`quinebox serve` registers them all once it serves): a command server builds it before it forks.
 
     Calling it is what `app()` does, less the pretty exceptions the app turns off."""
     global _command
-    if _command is None:
-        _command = typer.main.get_command(app)
-    return _command
+    registered = (len(app.registered_commands), *(len(group.typer_instance.registered_commands) for group in app.registered_groups))
+    if _command is None or _command[0] != registered:
+        _command = (registered, typer.main.get_command(app))
+    return _command[1]
 
 
 def run_app() -> None:

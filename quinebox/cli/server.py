@@ -59,6 +59,9 @@ def warm() -> None:
     seccomp_base()
     register()
     command()
+    from inotify_simple import INotify
+
+    INotify().close()  # it finds libc on first use (`ldconfig -p`, a process): once here, not in every worker
     try:  # the engine's API version, so that a worker's first request is its own; the connection is closed before any fork
         engine = DockerBackend.connect(timeout=5)
         DockerBackend.known_version = (os.environ.get("DOCKER_HOST", ""), engine.api.api_version)

@@ -254,3 +254,27 @@ def test_gc_takes_empty_box_cgroups_no_runtime_knows_once_a_minute_old(oci):
         for group in made:
             if group.exists():
                 group.rmdir()
+
+
+def test_a_keeper_removes_the_boxes_of_every_runtime_its_owner_used(oci):
+    """One process, a box on runc and one on gVisor: SIGKILL of it, and its keeper deletes each with its own runtime."""
+    script = (
+        "import os, sys, quinebox\n"
+        "a = quinebox.Popen(['sleep', '300'])\n"
+        "os.environ['QUINEBOX_RUNTIME'] = 'runsc'\n"
+        "b = quinebox.Popen(['sleep', '300'])\n"
+        "print(a.session, b.session, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        sessions = proc.stdout.readline().decode().split()
+        assert len(sessions) == 2
+        assert sorted(box["Runtime"] for s in sessions for box in boxes_of(s)) == ["runc", "runsc"]
+    finally:
+        proc.kill()
+        proc.wait()
+    killed = time.monotonic()
+    while any(boxes_of(s) or cgroups_of(s) for s in sessions) and time.monotonic() < killed + 2.0:
+        time.sleep(0.02)
+    assert [(boxes_of(s), cgroups_of(s)) for s in sessions] == [([], [])] * 2

@@ -2,7 +2,8 @@
 
 A box on an OCI runtime has no engine to remove it: its owner deletes it once it has exited. An owner killed by
 SIGKILL cannot, so each owner forks one keeper, in a session of its own, the first time it starts such a box, and
-tells it over a pipe which boxes it holds ("+ ID BUNDLE" before creating one, "- ID" once it is deleted). When
+tells it over a pipe which boxes it holds (a JSON line {"hold": ID, "bundle": …, "runtime": ARGV} before creating
+one, {"release": ID} once it is deleted; each box names its runtime, as one process may use several). When
 the pipe ends — the owner exited, however it died — the keeper kills and deletes whatever it still holds, removes
 their bundles, and leaves. The box's lifeline would stop its processes too; the keeper also takes its cgroup
 and runtime state.
@@ -14,6 +15,7 @@ objects (only system calls, and `subprocess` for the runtime), and leaves with o
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -27,8 +29,8 @@ PR_SET_NAME = 15
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, signal.SIGCHLD)
 
 
-def start(runtime: list[str]) -> tuple[int, int]:
-    """A keeper for boxes of `runtime` (its command line before the verb): (its pid, the fd to tell it on)."""
+def start() -> tuple[int, int]:
+    """A keeper for this process's boxes: (its pid, the fd to tell it on)."""
     told, tell = os.pipe()  # both close-on-exec: no runtime or box ever holds the keeper's pipe
     pid = os.fork()
     if pid == 0:  # the keeper
@@ -43,32 +45,34 @@ def start(runtime: list[str]) -> tuple[int, int]:
             for signum in _SIGNALS:
                 signal.signal(signum, signal.SIG_DFL)
             _name_self()
-            keep(0, runtime)
+            keep(0)
         finally:
             os._exit(0)
     os.close(told)
     return pid, tell
 
 
-def keep(fd: int, runtime: list[str]) -> None:
+def keep(fd: int) -> None:
     """Follow the owner's lines on `fd` until it ends, then sweep what it still holds."""
-    held: dict[str, str] = {}
+    held: dict[str, tuple[list[str], str]] = {}
     pending = b""
     while chunk := os.read(fd, 65536):
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            verb, _, rest = line.decode(errors="replace").partition(" ")
-            cid, _, bundle = rest.partition(" ")
-            if verb == "+" and cid:
-                held[cid] = bundle
-            elif verb == "-":
-                held.pop(cid, None)
-    sweep(runtime, held)
+            try:
+                told = json.loads(line)
+                if "hold" in told:
+                    held[str(told["hold"])] = ([str(a) for a in told["runtime"]], str(told.get("bundle") or ""))
+                else:
+                    held.pop(str(told.get("release")), None)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # never from our owner; nothing to act on
+    sweep(held)
 
 
-def sweep(runtime: list[str], held: dict[str, str]) -> None:
-    for cid, bundle in held.items():
+def sweep(held: dict[str, tuple[list[str], str]]) -> None:
+    for cid, (runtime, bundle) in held.items():
         for verb in (["kill", "--all", cid, "KILL"], ["delete", "--force", cid]):
             try:
                 subprocess.run(runtime + verb, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=DEADLINE)

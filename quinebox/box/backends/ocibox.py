@@ -5,7 +5,7 @@ with no relay in between: every channel is byte-exact and runs at pipe speed. `r
 box's init runs, and the init is reparented to this process (a child subreaper while it starts a box), which waits for it: its exit
 status is the box's. An OOM kill is read from the box's memory cgroup before `runtime delete` removes it.
 
-The keeper (keeper.py) is told of each box before it is created, and removes whatever this process still holds
+The keeper (keeper.py) is told of each box before it is made, and removes whatever this process still holds
 when this process dies, SIGKILL included.
 """
 
@@ -70,16 +70,26 @@ def _prctl_subreaper(on: int) -> None:
         raise EngineError(f"cannot wait for boxes of an OCI runtime: prctl(PR_SET_CHILD_SUBREAPER) failed ({os.strerror(ctypes.get_errno())})")
 
 
-def tell_keeper(runtime: Runtime, line: str) -> None:
+def hold(runtime: Runtime, cid: str, bundle: str) -> None:
+    """Tell this process's keeper of a box about to be made on `runtime`: it removes the box if we die first."""
+    _tell({"hold": cid, "bundle": bundle, "runtime": runtime.argv()})
+
+
+def release(cid: str) -> None:
+    """The box is removed: the keeper forgets it."""
+    _tell({"release": cid})
+
+
+def _tell(line: dict[str, Any]) -> None:
     """One line to this process's keeper, forked the first time (and again in a forked child, which needs its own)."""
     global _keeper
     with _keeper_lock:
         if _keeper is None or _keeper[0] != os.getpid() or not _alive(_keeper[1]):
             if _keeper is not None and _keeper[0] == os.getpid():
                 os.close(_keeper[2])
-            _keeper = (os.getpid(), *keeper.start(runtime.argv()))
+            _keeper = (os.getpid(), *keeper.start())
         try:
-            os.write(_keeper[2], line.encode() + b"\n")  # one line, far below PIPE_BUF: written whole
+            os.write(_keeper[2], json.dumps(line).encode() + b"\n")  # one line, far below PIPE_BUF: written whole
         except OSError:
             pass  # a keeper that died leaves these boxes to `quinebox gc`
 
@@ -206,7 +216,7 @@ class OciBox:
         self.bundle.mkdir(mode=0o700)
         try:
             (self.bundle / "config.json").write_text(json.dumps(config, separators=(",", ":")))
-            tell_keeper(runtime, f"+ {self.id} {self.bundle}")
+            hold(runtime, self.id, str(self.bundle))
             pid_file = str(self.bundle / "init.pid")
             terminal = ConsoleSocket(console_path(str(self.bundle))) if console else None
             try:
@@ -264,4 +274,4 @@ class OciBox:
     def remove(self) -> None:
         self.runtime.delete(self.id)
         shutil.rmtree(self.bundle, ignore_errors=True)
-        tell_keeper(self.runtime, f"- {self.id}")
+        release(self.id)

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 
 from quinebox.box.backends.oci import Runtime, runtime_timeout
-from quinebox.box.backends.ocibox import tell_keeper
+from quinebox.box.backends.ocibox import hold, release
 
 _BINDS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
 
@@ -60,7 +60,7 @@ def probe_runtime(runtime: Runtime) -> str | None:
         runtime.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         # As any box: the keeper removes it if this process dies meanwhile, and the terminal's Ctrl-C, meant for
         # this process, never reaches the runtime mid-create (which would leave its init waiting in a cgroup).
-        tell_keeper(runtime, f"+ {cid} {bundle}")
+        hold(runtime, cid, bundle)
         try:
             done = subprocess.run(runtime.argv("run", "--bundle", bundle, cid), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, timeout=runtime_timeout(), start_new_session=True)
@@ -70,7 +70,7 @@ def probe_runtime(runtime: Runtime) -> str | None:
             return f"cannot run {runtime.binary}: {exc.strerror}"
         finally:
             runtime.delete(cid)
-            tell_keeper(runtime, f"- {cid}")
+            release(cid)
         if done.returncode != 0:
             lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
             return f"{runtime.name} could not run a probe box (exit {done.returncode}): {lines[-1] if lines else 'no reason given'}"
