@@ -52,3 +52,15 @@ def runs_in(box, needle: bytes) -> bool:
         except OSError:
             continue
     return False
+
+
+def soon(listed, within: float = 1.0) -> list:
+    """What `listed()` still shows once it shows nothing, or after `within` seconds. In-process, `wait` returns
+    as soon as a box's init is reaped (every process of it is gone by then); its runtime state, cgroup and bundle
+    go on the same thread just after, so a test that looks at once gives them that long."""
+    import time
+
+    until = time.monotonic() + within
+    while (found := listed()) and time.monotonic() < until:
+        time.sleep(0.01)
+    return found

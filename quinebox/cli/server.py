@@ -235,6 +235,9 @@ def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     _report(conn, code)
+    from quinebox.box.backends.ocibox import finish_removals
+
+    finish_removals()  # after the client has its status: the boxes' remains go before the worker does
     return code
 
 

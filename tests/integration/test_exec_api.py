@@ -5,7 +5,7 @@ import threading
 import time
 
 import pytest
-from live_boxes import live_boxes
+from live_boxes import live_boxes, soon
 
 import quinebox
 from quinebox.box.policy import LABEL_SESSION
@@ -60,7 +60,7 @@ def test_time_limit_kills_a_process_that_ignores_sigterm(engine):
     assert (result.returncode, result.timed_out) == (124, True)
     assert result.stdout == b"started\n"
     assert elapsed < 5
-    assert boxes_of(engine, result.session) == []
+    assert soon(lambda: boxes_of(engine, result.session)) == []
 
 
 def test_oom_is_reported_when_the_main_process_dies(engine):
@@ -96,7 +96,7 @@ def test_popen_kill_stops_the_box_and_removes_it(engine):
     assert boxes_of(engine, proc.session)
     proc.kill()
     assert proc.wait() == 137
-    assert boxes_of(engine, proc.session) == []
+    assert soon(lambda: boxes_of(engine, proc.session)) == []
 
 
 def test_popen_wait_timeout_raises_and_leaves_the_box_running(engine):
@@ -118,7 +118,7 @@ def test_stdin_eof_reaches_the_box(engine):
 def test_no_box_is_left_after_any_ending(engine):
     sessions = [quinebox.exec(argv, timeout=2).session for argv in (["true"], ["false"], ["sleep", "10"], ["nope"])]
     for session in sessions:
-        assert boxes_of(engine, session) == []
+        assert soon(lambda: boxes_of(engine, session)) == []
 
 
 def test_concurrent_boxes_do_not_mix_their_streams(engine):

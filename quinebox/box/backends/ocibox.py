@@ -11,6 +11,7 @@ when this process dies, SIGKILL included.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import json
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from quinebox.box.backends import keeper
-from quinebox.box.backends.oci import Runtime, container_id
+from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id
 from quinebox.box.console import ConsoleSocket, console_path
 from quinebox.box.policy import LABEL_SESSION
 from quinebox.errors import EngineError
@@ -41,6 +42,8 @@ Ended = Callable[[int, bool], None]
 
 _keeper: tuple[int, int, int] | None = None  # (this process, its keeper, the pipe to it)
 _keeper_lock = threading.Lock()
+#: Boxes that have ended and are being removed: a process lets them finish before it exits (finish_removals).
+_leaving: set["OciBox"] = set()
 _reaping = 0  # boxes being started right now: while any is, this process is a child subreaper
 _reaping_lock = threading.Lock()
 
@@ -176,6 +179,16 @@ def sweep_cgroups(known: set[str]) -> list[str]:
     return sorted(removed)
 
 
+@atexit.register
+def finish_removals() -> None:
+    """Wait for the boxes that have ended to be removed (a runtime delete each, ~10 ms), rather than leave them
+    to the keeper, which would kill and delete each once more. A command server's worker, which leaves with
+    os._exit, calls it once it has told its client the exit status."""
+    until = time.monotonic() + QUICK_TIMEOUT
+    for box in list(_leaving):
+        box._removed.wait(max(0.0, until - time.monotonic()))
+
+
 def reap(pids: list[int], grace: float = 2.0) -> None:
     """Wait for processes that are ours (reparented to this subreaper) and on their way out; kill what lingers."""
     until = time.monotonic() + grace
@@ -211,6 +224,7 @@ class OciBox:
         self._helpers: list[int] = []
         self._pidfd_lock = threading.Lock()  # never signal through an fd number that was closed and reused
         self._ended = ended
+        self._removed = threading.Event()
         self._cgroup = config.get("linux", {}).get("cgroupsPath", "")
         self.bundle = run_dir() / f"{session}.oci"
         self.bundle.mkdir(mode=0o700)
@@ -255,6 +269,7 @@ class OciBox:
         # bundle goes first (the runtime's delete does not read it): on a full state dir, the caller's next write
         # (an agent's outcome) gets its space back, as it did when the box was removed before its end was told.
         shutil.rmtree(self.bundle, ignore_errors=True)
+        _leaving.add(self)
         self._ended(code if code >= 0 else 128 - code, oom)
         reap(self._helpers)
         self.remove()
@@ -275,3 +290,5 @@ class OciBox:
         self.runtime.delete(self.id)
         shutil.rmtree(self.bundle, ignore_errors=True)
         release(self.id)
+        self._removed.set()
+        _leaving.discard(self)
