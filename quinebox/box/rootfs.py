@@ -29,6 +29,7 @@ id until it is next resolved through the engine (`remember`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import stat
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from quinebox.box.spec import ImageInfo, owner_tag, process_start_ticks
 from quinebox.errors import ImageError, QuineboxError
-from quinebox.state import state_dir, unwritable
+from quinebox.state import run_dir, state_dir, unwritable
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 ROOTFS = "rootfs"
 IMAGE_JSON = "image.json"
 SCRATCH = ".making-"
+
 #: Where a local engine keeps its names (its data root, then `image/<storage driver>/repositories.json`).
 DOCKER_ROOT = "/var/lib/docker"
 DOCKER_CONFIG = "/etc/docker/daemon.json"
@@ -238,11 +240,26 @@ def _root() -> Path:
 def unpack(info: ImageInfo, source: str, fill: Callable[[Path], None]) -> Path:
     """The image's rootfs, made by `fill(path)` (a layers.Tree at path) in a scratch directory renamed into place.
 
-    Whoever renames first wins; the others discard theirs."""
+    One maker at a time per image (a lock of its own in run/unpacking/): the boxes that want it first, 16 of a
+    `map` at once say, wait for that one rather than each unpacking it. Were two to make it all the same (a lock
+    file removed meanwhile by gc), whoever renames first wins; the other discards its own."""
     root = _root()
     final = root / id_hex(info.id)
     if (final / ROOTFS).is_dir():
         return final / ROOTFS
+    try:
+        locks().mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = open(locks() / id_hex(info.id), "a")
+    except OSError as exc:
+        raise ImageError(unwritable(f"image {info.name}", exc)) from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / ROOTFS).is_dir():
+            return final / ROOTFS
+        return _make(info, source, fill, root, final)
+
+
+def _make(info: ImageInfo, source: str, fill: Callable[[Path], None], root: Path, final: Path) -> Path:
     try:
         scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{owner_tag()}-", dir=root))
     except OSError as exc:
@@ -263,6 +280,21 @@ def unpack(info: ImageInfo, source: str, fill: Callable[[Path], None]) -> Path:
     finally:
         _discard(scratch)
     return final / ROOTFS
+
+
+def locks() -> Path:
+    """Where each image's lock is, held while it is unpacked."""
+    return run_dir() / "unpacking"
+
+
+def _drop_lock(path: Path) -> None:
+    """Remove the lock of an image that is not unpacked, unless someone holds it (is unpacking it now)."""
+    try:
+        with open(path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink()
+    except OSError:
+        pass
 
 
 def _discard(path: Path) -> None:
@@ -313,6 +345,9 @@ def prune(in_use: set[str], current: set[str]) -> list[str]:
                 continue
             _discard(gone)
             removed.append(path.name)
+    for path in sorted(locks().glob("*")):
+        if not (root / path.name).exists():
+            _drop_lock(path)
     for path, record in _refs():
         image_id = str(record.get("id", ""))
         if image_id not in current and (not HEX.fullmatch(image_id.split(":", 1)[-1]) or unpacked(image_id) is None):

@@ -3,8 +3,9 @@
 Asked for by `--backend auto|oci|docker` and `--runtime NAME|PATH` (or a policy file's `backend:`/`runtime:`), by
 QUINEBOX_BACKEND / QUINEBOX_RUNTIME, or by `backend:`/`runtime:` in config.yaml, in that order. `auto` probes,
 it does not assume: the OCI runtime is used when this process may create boxes with it (root), its binary is
-there, the images live on this machine (no remote engine), and a probe box of the runtime ran once here (the
-result is kept per runtime binary in the state dir). A box the runtime cannot give the same way (policy.oci_refusal)
+there, the images live on this machine (no remote engine), and a probe box of the runtime ran here (the result
+is kept per runtime binary in the state dir: a pass until the binary changes, a failure for PROBE_RETRY seconds,
+as a runtime may fail one box under load and run the next). A box the runtime cannot give the same way (policy.oci_refusal)
 runs on the engine, and `why` says so in one line; nothing is ever silently weaker.
 """
 
@@ -12,15 +13,21 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from quinebox.box.spec import BACKENDS
 from quinebox.documents import load_config
 from quinebox.errors import GrantError, QuineboxError
 from quinebox.state import state_dir
 
+if TYPE_CHECKING:
+    from quinebox.box.backends.oci import Runtime
+
 DEFAULT_RUNTIME = "runc"
+#: A runtime that failed its probe is probed again after this long.
+PROBE_RETRY = 600.0
 
 
 @dataclass(frozen=True)
@@ -76,8 +83,8 @@ def usable(name: str) -> str | None:
 _known: dict[tuple[str, int, object], str | None] = {}
 
 
-def _usable(name: str) -> str | None:
-    from quinebox.box.backends.oci import Runtime
+def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = None, now: float | None = None) -> str | None:
+    from quinebox.box.backends.oci import Runtime  # noqa: F811  (at run time: oci is not on choose's import path)
 
     if os.geteuid() != 0:
         return "not root (rootless runtimes need user namespaces and a delegated cgroup v2; see the README)"
@@ -87,20 +94,23 @@ def _usable(name: str) -> str | None:
         found = Runtime.named(name)
     except QuineboxError as exc:
         return str(exc)
+    now = time.time() if now is None else now
     mark = f"{found.binary}:{os.stat(found.binary).st_mtime_ns}"
     record = state_dir() / "oci" / f"{found.name}.probe"
     try:
         known = json.loads(record.read_text())
-        if known.get("binary") == mark:
+        if known.get("binary") == mark and (known.get("problem") is None or now - float(known.get("at", 0)) < PROBE_RETRY):
             return known.get("problem")
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):
         pass
-    from quinebox.box.backends.probe import probe_runtime
-
-    problem = probe_runtime(found)
+    if run_probe is None:
+        from quinebox.box.backends.probe import probe_runtime as run_probe
+    problem = run_probe(found)
+    if problem is not None:  # once more: runc 1.1 can fail a box under load ("unable to store init state") and run the next
+        problem = run_probe(found)
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"binary": mark, "problem": problem}))
+        record.write_text(json.dumps({"binary": mark, "problem": problem, "at": now}))
     except OSError:
         pass
     return problem

@@ -111,3 +111,37 @@ def test_a_policy_file_says_which_runtime_its_boxes_need(tmp_path):
     policy.write_text("runtime: [runsc]\n")
     with pytest.raises(GrantError, match="'runtime:' must name one, as in 'runtime: runsc'"):
         build_spec(["true"], policy=str(policy), cwd=str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "recorded, answers, probes, problem",
+    [
+        (None, [None], 1, None),  # never probed: probed, and it passes
+        (None, ["refused", None], 2, None),  # a failure is tried once more at once: a runtime under load may fail one box
+        (None, ["refused", "refused"], 2, "refused"),
+        ({"problem": None, "at": 0.0}, [], 0, None),  # a pass is kept however old
+        ({"problem": "refused", "at": 1000.0 - 60}, [], 0, "refused"),  # a recent failure is kept
+        ({"problem": "refused", "at": 1000.0 - 601}, [None], 1, None),  # an old one is probed again
+        ({"problem": None, "at": 0.0, "binary": "/elsewhere/runc:1"}, [None], 1, None),  # another binary: probed again
+    ],
+)
+def test_a_probe_is_kept_when_it_passed_and_retried_when_it_failed_long_ago(tmp_path, monkeypatch, recorded, answers, probes, problem):
+    import json
+    import os
+    import shutil
+
+    from quinebox.box.backends.choice import _usable
+
+    monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path / "state"))
+    binary = shutil.which("runc") or "/usr/sbin/runc"
+    mark = f"{binary}:{os.stat(binary).st_mtime_ns}"
+    record = tmp_path / "state" / "oci" / "runc.probe"
+    if recorded is not None:
+        record.parent.mkdir(parents=True)
+        record.write_text(json.dumps({"binary": mark, **recorded}))
+    asked = []
+    replies = iter(answers)
+    assert _usable("runc", run_probe=lambda runtime: asked.append(runtime.name) or next(replies), now=1000.0) == problem
+    assert asked == ["runc"] * probes
+    if probes:
+        assert json.loads(record.read_text()) == {"binary": mark, "problem": problem, "at": 1000.0}

@@ -319,12 +319,17 @@ def _unpack_in_a_process(archive: str) -> str:
     return archives.from_docker_archive(archive).id
 
 
-def test_concurrent_first_uses_end_with_one_whole_tree_and_no_scratch(tmp_path):
+def test_concurrent_first_uses_end_with_one_whole_tree_made_once_and_no_scratch(tmp_path, monkeypatch):
     archive, image_id = docker_save(tmp_path / "img.tar", layers_of_the_example())
+    made = []
+    make = rootfs._make
+    monkeypatch.setattr(rootfs, "_make", lambda *args: made.append(args[0].id) or make(*args))
     with ThreadPoolExecutor(6) as threads:
         assert set(threads.map(lambda _: archives.from_docker_archive(archive).id, range(6))) == {image_id}
+    assert made == [image_id]  # the others waited for the one that unpacked it
     assert sorted(p.name for p in rootfs.images_root().iterdir()) == [image_id[7:], "refs"]
     rootfs.prune(set(), set())
+    assert list(rootfs.locks().iterdir()) == []  # a pruned image's lock goes with it
     with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("fork")) as processes:
         assert set(processes.map(_unpack_in_a_process, [str(archive)] * 4)) == {image_id}
     assert sorted(p.name for p in rootfs.images_root().iterdir()) == [image_id[7:], "refs"]
@@ -383,6 +388,7 @@ def test_prune_removes_exactly_the_unused_unnamed_images_and_dead_makers_scratch
     removed = rootfs.prune({used.id}, {named.id})
     assert removed == [dead.name, stale.id[7:]]
     assert sorted(p.name for p in root.iterdir()) == sorted([alive.name, "refs", used.id[7:], named.id[7:]])
+    assert sorted(p.name for p in rootfs.locks().iterdir()) == sorted([used.id[7:], named.id[7:]])
     assert {r["name"] for _, r in rootfs._refs()} == {"t/img:0", "t/img:1"}
     assert rootfs.lookup("t/img:2") is None and rootfs.prune({used.id}, {named.id}) == []
 
