@@ -11,7 +11,7 @@
 
 The CLI may import every layer below it; nothing below imports it. Each module registers its commands on the
 app when imported; `register` imports only the one that a command line names, because typer builds every
-registered command into click's at each start-up (about a third of `quinebox exec`'s CLI cost, with the imports).
+registered command into click's at each start-up: with their imports, most of the CLI's own start-up.
 """
 
 from __future__ import annotations

@@ -208,8 +208,8 @@ def reap(pids: list[int], grace: float = 2.0) -> None:
 class OciBox:
     """A box created and started on `runtime`; `ended(exit_code, oom_killed)` is called once it has exited.
 
-    Its remains (the runtime's state, its cgroup, the bundle) are removed right after, on the same thread: within
-    milliseconds, and by the keeper if this process leaves first."""
+    Its remains (the runtime's state, its cgroup, the bundle) are removed right after, on the same thread, within
+    milliseconds: before this process exits (finish_removals), or by the keeper if it dies first."""
 
     def __init__(
         self, runtime: Runtime, session: str, config: dict[str, Any], *, stdio: tuple[int, int, int], ended: Ended, console: Callable[[int], None] | None = None
@@ -270,9 +270,11 @@ class OciBox:
         # (an agent's outcome) gets its space back, as it did when the box was removed before its end was told.
         shutil.rmtree(self.bundle, ignore_errors=True)
         _leaving.add(self)
-        self._ended(code if code >= 0 else 128 - code, oom)
-        reap(self._helpers)
-        self.remove()
+        try:
+            self._ended(code if code >= 0 else 128 - code, oom)
+        finally:
+            reap(self._helpers)
+            self.remove()
 
     def kill(self) -> None:
         """SIGKILL the box's init: the kernel then kills everything else in its pid namespace."""
