@@ -15,15 +15,13 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
+from quinebox.box.backends.oci import Runtime
 from quinebox.box.spec import BACKENDS
 from quinebox.documents import load_config
 from quinebox.errors import GrantError, QuineboxError
 from quinebox.state import state_dir
-
-if TYPE_CHECKING:
-    from quinebox.box.backends.oci import Runtime
 
 DEFAULT_RUNTIME = "runc"
 #: A runtime that failed its probe is probed again after this long.
@@ -84,8 +82,6 @@ _known: dict[tuple[str, int, object], str | None] = {}
 
 
 def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = None, now: float | None = None) -> str | None:
-    from quinebox.box.backends.oci import Runtime  # noqa: F811  (at run time: oci is not on choose's import path)
-
     if os.geteuid() != 0:
         return "not root (rootless runtimes need user namespaces and a delegated cgroup v2; see the README)"
     if os.environ.get("DOCKER_HOST", "unix://").split("://")[0] not in ("unix", ""):
