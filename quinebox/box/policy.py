@@ -87,6 +87,9 @@ _ENGINE_ONLY = (
 
 LABEL_PREFIX = "io.quinebox."
 LABEL_SESSION = LABEL_PREFIX + "session"
+#: A box's cgroup on an OCI runtime, at the top of each hierarchy: this and its session. No parent of ours is
+#: shared, so the runtime's delete of the last box leaves nothing of quinebox's in the cgroup tree.
+CGROUP_PREFIX = "quinebox-"
 LABEL_OWNER = LABEL_PREFIX + "owner"
 LABEL_PARENT = LABEL_PREFIX + "parent"
 LABEL_CREATED = LABEL_PREFIX + "created"

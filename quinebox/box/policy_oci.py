@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from quinebox.box.policy import (
+    CGROUP_PREFIX,
     CPU_PERIOD,
     DEFAULT_MEM,
     DEFAULT_PIDS,
@@ -129,6 +130,6 @@ def oci_config(
             "readonlyPaths": list(READONLY_PATHS),
             "resources": resources,
             "seccomp": oci_seccomp(seccomp_profile(seccomp, grants, arch), arch),
-            "cgroupsPath": f"/quinebox/{spec.session}",
+            "cgroupsPath": f"/{CGROUP_PREFIX}{spec.session}",
         },
     }

@@ -36,7 +36,7 @@ def cli(*argv: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def cgroups_of(session: str) -> list[str]:
-    return [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/quinebox/{session}") if p.exists()]
+    return [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/quinebox-{session}") if p.exists()]
 
 
 def test_the_channels_are_byte_exact_and_the_status_passes(oci):
@@ -233,13 +233,16 @@ def test_a_process_that_starts_boxes_adopts_no_other_orphans(oci):
 
 def test_gc_takes_empty_box_cgroups_no_runtime_knows_once_a_minute_old(oci):
     """A cgroup left with no runtime state (a delete that raced a dead owner's init) goes at the next gc; one being
-    made now, and one that still has a process, stay."""
-    old, new = "0ld0ld0ld0ld", "n3wn3wn3wn3w"
-    made = [Path("/sys/fs/cgroup", h, "quinebox", name) for h in ("memory", "pids") for name in (old, new)]
+    made now, and one that still has a process, stay. So does the empty parent boxes once shared (/quinebox)."""
+    old, new = "quinebox-0ld0ld0ld0ld", "quinebox-n3wn3wn3wn3w"
+    made = [Path("/sys/fs/cgroup", h, name) for h in ("memory", "pids") for name in (old, new)]
     for group in made:
-        group.mkdir(parents=True)
+        group.mkdir()
         if group.name == old:
             os.utime(group, (time.time() - 3600,) * 2)
+    shared = [Path("/sys/fs/cgroup", h, "quinebox") for h in ("memory", "pids")]
+    for group in shared:
+        group.mkdir(exist_ok=True)
     proc, session = sleeper()
     try:
         for group in cgroups_of(session):
@@ -247,6 +250,7 @@ def test_gc_takes_empty_box_cgroups_no_runtime_knows_once_a_minute_old(oci):
         done = cli("gc")
         assert done.returncode == 0, done.stderr
         assert [g.exists() for g in made] == [False, True, False, True]
+        assert [g.exists() for g in shared] == [False, False]
         assert len(cgroups_of(session)) >= 2 and boxes_of(session)
     finally:
         proc.kill()

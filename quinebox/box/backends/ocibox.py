@@ -26,15 +26,13 @@ from typing import Any, Callable, Iterator
 from quinebox.box.backends import keeper
 from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id
 from quinebox.box.console import ConsoleSocket, console_path
-from quinebox.box.policy import LABEL_SESSION
+from quinebox.box.policy import CGROUP_PREFIX, LABEL_SESSION
 from quinebox.errors import EngineError
 from quinebox.state import run_dir, state_dir
 
 PR_SET_CHILD_SUBREAPER = 36
 #: Where each cgroup hierarchy says how often the kernel killed a process for memory (v1, then v2).
 _OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup", "memory.events"), ("/sys/fs/cgroup/unified", "memory.events"))
-#: Where boxes' cgroups are, below each hierarchy (policy_oci's cgroupsPath: /quinebox/SESSION; the probe's too).
-CGROUPS = "quinebox"
 #: How old an empty cgroup no runtime knows must be before `gc` takes it (one being made now is not yet known).
 STALE_CGROUP = 60.0
 
@@ -157,25 +155,20 @@ def oci_containers() -> list[dict[str, Any]]:
 
 def sweep_cgroups(known: set[str]) -> list[str]:
     """Remove box cgroups left empty with no runtime state naming them (a delete that raced a dead owner's init
-    may leave one): each a minute old or more, and not among `known` sessions. rmdir takes only an empty
-    cgroup, so no box that still has a process loses its own. Returns the sessions whose cgroups went."""
-    removed: set[str] = set()
+    may leave one), each a minute old or more and not among `known` sessions; and /quinebox, the parent boxes
+    shared before each had a cgroup of its own. rmdir takes only an empty cgroup, so no box that still has a
+    process loses its own. Returns the names of the cgroups that went."""
     root = Path("/sys/fs/cgroup")
-    for parent in [*root.glob(f"*/{CGROUPS}"), root / CGROUPS]:
+    boxes = [g for g in (*root.glob(f"*/{CGROUP_PREFIX}*"), *root.glob(f"{CGROUP_PREFIX}*")) if g.name[len(CGROUP_PREFIX) :] not in known]
+    removed: set[str] = set()
+    for group in [*root.glob("*/quinebox"), root / "quinebox", *boxes]:
         try:
-            groups = [g for g in parent.iterdir() if g.is_dir()]
-        except OSError:
-            continue
-        for group in groups:
-            if group.name in known:
+            if group.name != "quinebox" and time.time() - group.stat().st_mtime < STALE_CGROUP:
                 continue
-            try:
-                if time.time() - group.stat().st_mtime < STALE_CGROUP:
-                    continue
-                os.rmdir(group)
-            except OSError:
-                continue  # busy (it has processes or children) or gone already
-            removed.add(group.name)
+            os.rmdir(group)
+        except OSError:
+            continue  # busy (it has processes or children), not a directory, or gone already
+        removed.add(group.name)
     return sorted(removed)
 
 

@@ -54,7 +54,7 @@ def probe_runtime(runtime: Runtime) -> str | None:
         os.mkdir(os.path.join(rootfs, "proc"))
         os.mkdir(os.path.join(rootfs, "dev"))
         cid = f"quinebox-probe-{os.getpid()}"
-        config = probe_config(rootfs, f"/quinebox/{cid}")
+        config = probe_config(rootfs, f"/{cid}")
         with open(os.path.join(bundle, "config.json"), "w") as out:
             json.dump(config, out)
         runtime.root.mkdir(mode=0o700, parents=True, exist_ok=True)

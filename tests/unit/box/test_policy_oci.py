@@ -95,7 +95,7 @@ ALLOWED_RWM = {("c", 1, 3), ("c", 1, 5), ("c", 1, 7), ("c", 1, 8), ("c", 1, 9), 
         ("seccomp: native arch only", lambda c: c["linux"]["seccomp"]["architectures"], [ARCH]),
         ("seccomp: default EPERM", lambda c: (c["linux"]["seccomp"]["defaultAction"], c["linux"]["seccomp"]["defaultErrnoRet"]), ("SCMP_ACT_ERRNO", 1)),
         ("hostname", lambda c: c["hostname"], "box"),
-        ("cgroup", lambda c: c["linux"]["cgroupsPath"], "/quinebox/s1"),
+        ("cgroup", lambda c: c["linux"]["cgroupsPath"], "/quinebox-s1"),
         ("no sysctl, hooks or devices to create", lambda c: {"sysctl", "devices"} & set(c["linux"]) | {"hooks"} & set(c), set()),
         ("the engine's system mounts first", lambda c: c["mounts"][: len(SYSTEM)], SYSTEM),
         ("then /tmp, the scratch world, the runtime, the lifeline", lambda c: own_mounts(c), [
