@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "run", "Box", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "PIPE", "DEVNULL"]
+__all__ = ["__version__", "exec", "run", "Box", "Sandbox", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "PIPE", "DEVNULL"]
 
 
 def __getattr__(name: str):
@@ -18,6 +18,10 @@ def __getattr__(name: str):
         from quinebox import api
 
         return getattr(api, name)
+    if name == "Sandbox":
+        from quinebox.sandbox import Sandbox
+
+        return Sandbox
     if name in ("QuineboxError", "GrantError"):
         from quinebox import errors
 

@@ -7,6 +7,7 @@
     worlds.py   world log, diff, export, adopt, commit
     audit.py    audit, audit verify, approvals, approve, deny, revoke
     serve.py    serve, serve status, serve stop
+    sandboxes.py  box create, box ls, box rm, cp (long-lived boxes; `exec --in` is box.py's)
     server.py   the command server: a warm process forking one worker per command (its thin client is ../client.py)
 
 The CLI may import every layer below it; nothing below imports it. Each module registers its commands on the
@@ -31,6 +32,7 @@ COMMANDS = {
     "world": "worlds",
     **dict.fromkeys(("audit", "approvals", "approve", "deny", "revoke"), "audit"),
     "serve": "serve",
+    **dict.fromkeys(("box", "cp"), "sandboxes"),
 }
 
 

@@ -46,7 +46,7 @@ def exec_command(
     pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
     tty: bool = typer.Option(False, "-t", "--tty", help=TTY_HELP),
     interactive: bool = typer.Option(False, "-i", "--interactive", help="Accepted as docker takes it: stdin is always attached."),
-    workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
+    workdir: Optional[str] = typer.Option(None, "-w", "--workdir", "--cwd", help="Working directory inside the box."),
     env: List[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Pass one variable; same as -g env:…"),
     policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset (strict, dev, pypi, github)."),
     world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
@@ -59,7 +59,21 @@ def exec_command(
     backend: Optional[str] = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
     runtime: Optional[str] = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Say where the box runs (which backend and runtime) and why."),
+    inside: Optional[str] = typer.Option(None, "--in", metavar="ID|NAME", help="Run CMD in this long-lived box (`quinebox box create`) instead of a fresh one."),
+    user: Optional[str] = typer.Option(None, "--user", metavar="UID[:GID]|NAME", help="With --in: run as this user of the box (never root)."),
 ) -> None:
+    if inside is not None:
+        fixed = {"-g": grant, "--memory": memory, "--cpus": cpus, "--pids": pids, "--image": image, "--policy": policy, "--world": world,
+                 "--world-from": world_from, "--world-tar": world_tar, "--ask": ask, "--deny": deny, "--backend": backend, "--runtime": runtime}
+        given = [flag for flag, value in fixed.items() if value]
+        if given:
+            say(f"{', '.join(given)} cannot go with --in: a long-lived box's grants and image are fixed when it is made (`quinebox box create`)")
+            raise typer.Exit(2)
+        need_terminal(tty)
+        raise typer.Exit(exec_in(inside, cmd or [], tty=tty, cwd=workdir, env=env, user=user, timeout=timeout))
+    if user is not None:
+        say("--user goes with --in: a fresh box runs as its own unprivileged user")
+        raise typer.Exit(2)
     use_backend(backend, runtime)
     grants = list(grant)
     grants += [f"mem:{memory}"] if memory else []
@@ -74,6 +88,41 @@ def exec_command(
             ask=ask, deny=deny, ask_timeout=ask_timeout, verbose=verbose, **worlds,
         )
     )
+
+
+def exec_in(ref: str, cmd: List[str], *, tty: bool, cwd: Optional[str], env: List[str], user: Optional[str], timeout: Optional[str]) -> int:
+    """CMD in a long-lived box, with this process's stdin, stdout and stderr. If this process dies first (SIGKILL
+    included), what the command started goes with it; the box stays up either way."""
+    import os
+    import signal
+
+    from quinebox.box import sandboxes
+    from quinebox.box.execs import BoxExec
+    from quinebox.grants import parse_duration
+
+    if not cmd:
+        say("nothing to run: give a command, as in `quinebox exec --in ID -- sh`")
+        return 2
+    received: list[int] = []
+    with reported():
+        limit = parse_duration(timeout) if timeout else None
+        record, _ = sandboxes.find(ref)
+        docker = sandboxes.engine_for(record)
+        where = sandboxes.target(record, docker)
+        variables = [e if "=" in e else f"{e}={os.environ.get(e, '')}" for e in env]
+        with sandboxes.Running(record.session), raw_terminal(tty):
+            proc = BoxExec(where, cmd, cwd=cwd, env=variables, user=sandboxes.user_of(where, user, docker=docker), tty=tty, guard=True, docker=docker)
+
+            def on_signal(signum: int, _frame: object) -> None:
+                received.append(signum)
+                proc.kill()
+
+            for signum in (signal.SIGTERM, signal.SIGHUP, *(() if tty else (signal.SIGINT,))):
+                signal.signal(signum, on_signal)
+            if tty:
+                follow_window(proc)
+            code = proc.wait(limit)
+    return 128 + received[0] if received else code
 
 
 def run_box(cmd: List[str], *, json_summary: bool, tty: bool = False, verbose: bool = False, **options: object) -> int:
@@ -168,8 +217,11 @@ def gc_command() -> None:
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.spec import DEFAULT_IMAGE
 
+    from quinebox.box import sandboxes
+
     with reported():
         removed = labels.collect_garbage()
+        sandboxes.remove_stale({box.session for box in labels.live_boxes()})
         runtimes = runtime.prune(DockerBackend.connect(), DEFAULT_IMAGE)
     say(f"removed {len(removed)} orphaned box{'es' if len(removed) != 1 else ''}" + (": " + " ".join(removed) if removed else ""))
     if runtimes:

@@ -37,7 +37,7 @@ def print_log(session: str) -> None:
         print(f"{r['rev']:>4}  {when:8}  {turn if turn is not None else '-':>4}  {r.get('files', 0):>5}  {r.get('bytes', 0):>9}  {' '.join(str(what).split())[:100]}")
 
 
-def print_diff(session: str, rev: int | None, against: int | None) -> None:
+def print_diff(session: str, rev: int | None, against: int | None, *, out=None) -> None:
     """What `rev` (default: the newest) changed since `against` (default: the revision before it)."""
     log = RevisionLog(session)
     new = log.manifest(rev)
@@ -46,7 +46,7 @@ def print_diff(session: str, rev: int | None, against: int | None) -> None:
     old = log.manifest(against) if against != rev else new
     listed = describe(old, changes(old, new))
     store = ObjectStore()
-    out = sys.stdout
+    out = out or sys.stdout
     for code, path in listed:
         out.write(f"{code} {path}\n")
     for code, path in listed:

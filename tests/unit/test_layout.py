@@ -28,7 +28,7 @@ ROOMS = [
     ("agent", ("quinebox.agent",)),
     ("tree", ("quinebox.tree",)),
     ("cluster", ("quinebox.cluster",)),
-    ("front", ("quinebox.api", "quinebox.cli", "quinebox.client", "quinebox")),
+    ("front", ("quinebox.api", "quinebox.sandbox", "quinebox.cli", "quinebox.client", "quinebox.integrations", "quinebox")),
 ]
 MAX_LINES = 400
 

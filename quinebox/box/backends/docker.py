@@ -305,11 +305,23 @@ class DockerBackend:
 
     # -- commands in a live box ------------------------------------------------------------
 
-    def exec_create(self, container: str, argv: list[str], *, tty: bool) -> str:
-        """A command to run in a live box, as the box's own user, with its environment and limits."""
+    def container_config(self, container: str) -> dict[str, Any]:
+        """A box's own Config (its User, WorkingDir, Env), as the engine created it."""
         try:
-            user = self.api.inspect_container(container)["Config"].get("User") or ""
-            return self.api.exec_create(container, argv, stdin=True, stdout=True, stderr=True, tty=tty, user=user, privileged=False)["Id"]
+            return self.quick.inspect_container(container)["Config"]
+        except docker.errors.NotFound:
+            raise EngineError("that box is gone") from None
+        except Exception as exc:
+            raise _engine_error(exc, "the request to look at a box") from None
+
+    def exec_create(self, container: str, argv: list[str], *, tty: bool, user: str | None = None, cwd: str | None = None, env: list[str] | None = None) -> str:
+        """A command to run in a live box, as the box's own user (or `user`, never root: the caller checks),
+        with its environment (and `env`) and limits."""
+        try:
+            user = user or self.api.inspect_container(container)["Config"].get("User") or ""
+            return self.api.exec_create(
+                container, argv, stdin=True, stdout=True, stderr=True, tty=tty, user=user, privileged=False, workdir=cwd, environment=env or None
+            )["Id"]
         except docker.errors.NotFound:
             raise EngineError("that box is gone") from None
         except docker.errors.APIError as exc:
@@ -325,6 +337,13 @@ class DockerBackend:
         except Exception as exc:
             raise _engine_error(exc, "the request to start a command in a box") from None
         return _stream(raw)
+
+    def exec_pid(self, exec_id: str) -> int | None:
+        """The host's pid of a started command in a box, once the engine has one."""
+        try:
+            return self.quick.exec_inspect(exec_id).get("Pid") or None
+        except Exception:
+            return None
 
     def exec_exit_code(self, exec_id: str) -> int | None:
         try:

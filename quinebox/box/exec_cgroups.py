@@ -1,0 +1,110 @@
+"""One exec's own pids cgroup below its box's: what the exec started is what it lists, and nothing in a box can
+leave a cgroup (a box sees no cgroupfs it may write), so killing what it lists ends the exec's whole tree.
+
+And the watchdog a CLI process leaves beside an exec it runs for a box another process owns (`exec --in`),
+which kills that tree if the CLI dies first: a runtime's exec would otherwise outlive a client killed by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from pathlib import Path
+
+from quinebox.box.policy import CGROUP_PREFIX
+from quinebox.errors import EngineError
+
+#: Where the host finds cgroup v1's pids hierarchy; without it the host is on cgroup v2 alone.
+PIDS_V1 = Path("/sys/fs/cgroup/pids")
+UNIFIED = Path("/sys/fs/cgroup")
+#: An exec's own cgroup, below its box's: the name says it is quinebox's.
+EXEC_PREFIX = "quinebox-exec-"
+class ExecCgroup:
+    """One exec's pids cgroup below its box's; every process it lists is the exec's."""
+
+    def __init__(self, box_cgroup: str):
+        self.name = EXEC_PREFIX + os.urandom(4).hex()
+        base = PIDS_V1 if PIDS_V1.is_dir() else UNIFIED
+        self.path = base / box_cgroup.lstrip("/") / self.name
+        try:
+            self.path.mkdir()
+        except OSError as exc:
+            raise EngineError(f"cannot make a cgroup for the command in the box ({exc.strerror}): is the box still running?") from None
+
+    @property
+    def runtime_arg(self) -> str:
+        """`exec --cgroup`'s form: one v1 controller's sub-cgroup, or v2's."""
+        return f"pids:{self.name}" if PIDS_V1.is_dir() else self.name
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def busy(self) -> bool:
+        return bool(self.pids())
+
+    def kill(self) -> None:
+        """SIGKILL until empty: what forks meanwhile is born inside and killed on the next pass (pids limits it)."""
+        for _ in range(100):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.005)
+
+    def remove(self) -> None:
+        """Gone once empty; an exec's background processes keep it (and go with their box, whose removal takes it)."""
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def box_cgroup(session: str) -> str:
+    """The cgroup every OCI box of quinebox's gets (policy.oci_config's cgroupsPath)."""
+    return f"/{CGROUP_PREFIX}{session}"
+
+
+def cgroup_of(pid: int) -> str:
+    """The pids cgroup `pid` is in (v1's pids line, else v2's), as the host's path below the hierarchy's root."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(",") and PIDS_V1.is_dir():
+            return path
+    return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
+
+
+def watchdog(cgroup: ExecCgroup) -> int:
+    """A forked process that kills the exec's tree when this process dies before telling it the exec ended.
+
+    For `quinebox exec --in`, whose runtime exec would otherwise outlive a client killed by SIGKILL. Returns
+    the fd to write one byte to (then close) once the exec has ended by itself.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child's life is checked from the outside (tests/e2e)
+        try:
+            os.close(write_end)
+            os.setsid()
+            for fd in range(3):
+                os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+            select.select([read_end], [], [])
+            if not os.read(read_end, 1):
+                cgroup.kill()
+            cgroup.remove()
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    return write_end

@@ -1,0 +1,236 @@
+"""Long-lived boxes: their records, and their files read and written from inside them.
+
+A long-lived box (`quinebox.Sandbox`, `quinebox box create`) is an ordinary box whose main process only waits;
+what runs in it runs as execs (execs.py), with the grants it was made with and never more. Its record,
+run/sandboxes/<session>.json, names it and says who owns it: the process that made it (a Sandbox's), or a
+holder of its own that `box create` leaves running until `box rm`, its TTL or its idle limit. The box ends
+with its owner, as every box does; a record whose box is gone is stale, and whoever finds it removes it.
+
+Files go through an exec of the guest's files.py as the box's user, so the kernel, the box's mounts and its
+links decide what may be read or written there, as for any command in it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quinebox.box.direct import DEVNULL
+from quinebox.box.execs import BoxExec, Target, exec_user, target_of
+from quinebox.box.labels import BoxInfo, live_boxes, owner_alive
+from quinebox.box.policy import GUEST_PYTHON, RUNTIME
+from quinebox.errors import QuineboxError
+from quinebox.state import run_dir
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
+
+FILES = (*GUEST_PYTHON, f"{RUNTIME}/guest/files.py")
+#: files.py's exit statuses, as the errors a local open() would raise.
+FILE_ERRORS: dict[int, tuple[type[OSError], int]] = {
+    2: (FileNotFoundError, errno.ENOENT), 3: (IsADirectoryError, errno.EISDIR), 4: (PermissionError, errno.EACCES), 6: (NotADirectoryError, errno.ENOTDIR),
+}
+
+
+@dataclass(frozen=True)
+class Record:
+    session: str
+    container: str
+    #: "docker", or the OCI runtime's name.
+    backend: str
+    owner: str
+    created: float
+    name: str | None = None
+    #: A holder process of its own (`box create`) owns the box, not the process that asked for it.
+    holder: bool = False
+    ttl: float | None = None
+    idle: float | None = None
+
+
+def records_dir() -> Path:
+    path = run_dir() / "sandboxes"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def write_record(record: Record) -> None:
+    if record.name is not None:
+        taken = next((r for r in records() if r.name == record.name and r.session != record.session), None)
+        if taken is not None:
+            raise QuineboxError(f"a box named {record.name!r} runs already ({taken.session}): `quinebox box rm {record.name}`, or choose another --name")
+    path = records_dir() / f"{record.session}.json"
+    scratch = path.with_suffix(".making")
+    scratch.write_text(json.dumps(asdict(record)))
+    os.rename(scratch, path)
+
+
+def remove_record(session: str) -> None:
+    for suffix in (".json", ".used"):
+        try:
+            (records_dir() / f"{session}{suffix}").unlink()
+        except FileNotFoundError:
+            pass
+    execs = records_dir() / f"{session}.execs"
+    for marker in execs.glob("*") if execs.is_dir() else ():
+        marker.unlink(missing_ok=True)
+    if execs.is_dir():
+        execs.rmdir()
+
+
+def records() -> list[Record]:
+    """Every record whose owner still runs; the others are stale and removed here."""
+    found = []
+    for path in sorted(records_dir().glob("*.json")):
+        try:
+            record = Record(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if owner_alive(record.owner):
+            found.append(record)
+        else:
+            remove_record(record.session)
+    return found
+
+
+def live(backend: DockerBackend | None = None) -> list[tuple[Record, BoxInfo]]:
+    """Each long-lived box that runs, with its record: what `box ls` lists."""
+    boxes = {box.session: box for box in live_boxes(backend)}
+    return [(record, boxes[record.session]) for record in records() if record.session in boxes]
+
+
+def find(ref: str, backend: DockerBackend | None = None) -> tuple[Record, BoxInfo]:
+    """The live long-lived box named `ref`, or whose id is or starts with it; only its owner's user may reach it."""
+    running = live(backend)
+    matches = [pair for pair in running if pair[0].name == ref] or [pair for pair in running if pair[0].session.startswith(ref)]
+    if len(matches) != 1 or not ref:
+        said = "no long-lived box" if not matches else "more than one long-lived box"
+        raise QuineboxError(f"{said} is named {ref!r} or has an id starting so: `quinebox box ls` lists them")
+    record, box = matches[0]
+    if box.user and box.user != str(os.getuid()):
+        raise QuineboxError(f"box {record.session} was made by another user (uid {box.user}): only its owner may reach it")
+    return record, box
+
+
+def engine_for(record: Record) -> DockerBackend | None:
+    """The engine, for a box on it; None for a box on an OCI runtime (no engine on its path)."""
+    if record.backend != "docker":
+        return None
+    from quinebox.box.backends.docker import DockerBackend
+
+    return DockerBackend.shared()
+
+
+def target(record: Record, docker: DockerBackend | None = None) -> Target:
+    return target_of(record.session, record.container, record.backend, run_dir() / f"{record.session}.oci", docker or engine_for(record))
+
+
+def user_of(where: Target, user: str | None, *, docker: DockerBackend | None = None) -> str | None:
+    """An exec's `uid:gid` for `user` (a uid, uid:gid or a name the box's /etc/passwd knows); None: the box's own."""
+    if not user:
+        return None
+    passwd = None if user.partition(":")[0].isdigit() else read_bytes(where, "/etc/passwd", docker=docker)
+    return exec_user(user, where.user, passwd)
+
+
+# -- activity, for a holder's idle limit ------------------------------------------------------------
+
+
+def touch(session: str) -> None:
+    (records_dir() / f"{session}.used").touch()
+
+
+def used(session: str, since: float) -> float:
+    """When an exec last began or ended in the box (or `since`, if none has)."""
+    try:
+        return max(since, (records_dir() / f"{session}.used").stat().st_mtime)
+    except OSError:
+        return since
+
+
+class Running:
+    """An exec from another process (`exec --in`, `cp`) is running: the box is not idle meanwhile."""
+
+    def __init__(self, session: str):
+        self.session = session
+        self.marker = records_dir() / f"{session}.execs" / f"{os.getpid()}-{os.urandom(3).hex()}"
+
+    def __enter__(self) -> "Running":
+        self.marker.parent.mkdir(exist_ok=True)
+        self.marker.write_text(str(os.getpid()))
+        touch(self.session)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.marker.unlink(missing_ok=True)
+        touch(self.session)
+
+
+def busy(session: str) -> bool:
+    """Does an exec of another live process run in the box?"""
+    execs = records_dir() / f"{session}.execs"
+    for marker in execs.glob("*") if execs.is_dir() else ():
+        try:
+            os.kill(int(marker.read_text()), 0)
+            return True
+        except (OSError, ValueError):
+            marker.unlink(missing_ok=True)
+    return False
+
+
+# -- files -------------------------------------------------------------------------------------
+
+
+def read_bytes(where: Target, path: str, *, docker: DockerBackend | None = None, user: str | None = None) -> bytes:
+    """A file's bytes, read in the box as its user: Python's own errors for what is missing or refused."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    code = BoxExec(where, [*FILES, "read", _absolute(where, path)], stdin=DEVNULL, stdout=out.append, stderr=err.append, docker=docker, user=user).wait()
+    _raise(code, path, err)
+    return b"".join(out)
+
+
+def write_bytes(where: Target, path: str, data: bytes, *, docker: DockerBackend | None = None, user: str | None = None) -> None:
+    """`data` into a file in the box as its user (its parents made); Python's own errors for what is refused."""
+    err: list[bytes] = []
+    code = BoxExec(where, [*FILES, "write", _absolute(where, path)], stdin=bytes(data), stdout=DEVNULL, stderr=err.append, docker=docker, user=user).wait()
+    _raise(code, path, err)
+
+
+def _absolute(where: Target, path: str) -> str:
+    """A relative path is the box's working directory's, as a command's would be."""
+    if not path or "\0" in path:
+        raise ValueError(f"bad path {path!r}: give a file's path in the box")
+    return path if path.startswith("/") else os.path.join(where.cwd, path)
+
+
+def _raise(code: int, path: str, err: list[bytes]) -> None:
+    if code == 0:
+        return
+    reason = b"".join(err).decode(errors="replace").strip() or f"exit status {code}"
+    if code in FILE_ERRORS:
+        error, number = FILE_ERRORS[code]
+        raise error(number, reason.rpartition(":")[0] or reason, path)
+    raise QuineboxError(f"cannot reach {path} in the box: {reason}")
+
+
+def wait_gone(session: str, within: float, backend: DockerBackend | None = None) -> bool:
+    """Has the box stopped running within `within` seconds?"""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(box.session == session for box in live_boxes(backend)):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def remove_stale(known: set[str]) -> list[str]:
+    """Remove the records of boxes that no longer run (their owner is gone, or `known` lacks them): for `gc`."""
+    stale = [record.session for record in records() if record.session not in known and time.time() - record.created > 60]
+    for session in stale:
+        remove_record(session)
+    return stale

@@ -1,0 +1,240 @@
+"""Commands for long-lived boxes: `box create`, `box ls`, `box rm`, and `cp` to and from one.
+
+`exec --in ID` (box.py) runs a command in one. `box create` leaves a holder process of its own owning the box
+(`hold` below), so the box outlives the command that made it: it lasts until `box rm`, its --ttl, or --idle
+with no exec running, and it goes when its holder does, however that ends.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, List, Optional
+
+import typer
+
+from quinebox.cli.app import BACKEND_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, say, use_backend
+
+if TYPE_CHECKING:
+    from quinebox.box.sandboxes import Record
+
+box_app = typer.Typer(no_args_is_help=True, help="Long-lived boxes: made once, any number of commands run in them (`quinebox exec --in ID`).")
+app.add_typer(box_app, name="box")
+
+#: How long a `box create` box lasts with no exec running in it, unless --idle says otherwise.
+DEFAULT_IDLE = "1h"
+
+
+@box_app.command("create", help="Make a box that lasts; print its id. Commands run in it with `quinebox exec --in ID -- CMD`.")
+def box_create_command(
+    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant, as for exec: fixed for the box's life."),
+    image: Optional[str] = typer.Option(None, "--image", help="Any image (default: the agent image)."),
+    pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
+    workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Each command's default working directory."),
+    env: List[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="A variable every command gets; same as -g env:…"),
+    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
+    world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
+    world_from: List[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
+    world_tar: Optional[str] = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
+    name: Optional[str] = typer.Option(None, "--name", help="A name `exec --in`, `cp` and `box rm` take instead of the id."),
+    ttl: Optional[str] = typer.Option(None, "--ttl", metavar="DURATION", help="Remove the box this long after it is made (30m, 2h)."),
+    idle: str = typer.Option(DEFAULT_IDLE, "--idle", metavar="DURATION", help="Remove it after this long with no command run in it (0: never)."),
+    backend: Optional[str] = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    runtime: Optional[str] = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
+) -> None:
+    from quinebox.errors import GrantError
+    from quinebox.grants import parse_duration
+
+    use_backend(backend, runtime)
+    if name is not None and (not name or name[0] in "-." or any(c in name for c in "/: \0")):
+        say(f"bad --name {name!r}: use letters, digits, '-', '_' and '.', not starting with '-' or '.'")
+        raise typer.Exit(2)
+    with reported():
+        idle_s = parse_duration(idle) if idle not in ("0", "") else None
+        if ttl is not None and parse_duration(ttl) <= 0:
+            raise GrantError(f"bad --ttl {ttl!r}: give a duration, as in --ttl 30m")
+    options = {
+        "grants": [*grant, *(f"env:{e}" for e in env)], "image": image, "pull": pull, "workdir": workdir, "policy": policy,
+        "world": world, "world_from": world_from or None, "world_tar": world_tar, "ttl": ttl, "name": name,
+    }
+    raise typer.Exit(hold(options, idle_s))
+
+
+def hold(options: dict[str, object], idle: float | None) -> int:
+    """Fork the holder, which makes the box and owns it; print the id it reports, or its one line of failure."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the holder's life is checked from the outside (tests/e2e/test_sandboxes.py)
+        os.close(read_end)
+        os.setsid()
+        code = 125
+        try:
+            code = _holder(options, idle, write_end)
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as report:
+        said = report.read().decode(errors="replace")
+    if said.startswith("id "):
+        print(said[3:].strip())
+        return 0
+    os.waitpid(pid, 0)
+    say(said.strip() or "the box's holder ended before it made the box")
+    return int(said.partition(" ")[0]) if said[:3].isdigit() else 125
+
+
+def _holder(options: dict[str, object], idle: float | None, report: int) -> int:
+    """The box's owner: made here, so it ends with this process; said to the CLI, then waited over."""
+    import signal
+    import time
+
+    from quinebox.box import sandboxes
+    from quinebox.errors import QuineboxError
+    from quinebox.sandbox import Sandbox
+
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        box = Sandbox(**options, _holder=True, _idle=idle)  # type: ignore[arg-type]
+    except QuineboxError as exc:
+        os.write(report, f"{exc.exit_code} {exc}\n".encode(errors="replace"))
+        return exc.exit_code
+    os.write(report, f"id {box.id}\n".encode())
+    os.close(report)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    made = time.time()
+    try:
+        while not stopping and box.returncode is None:
+            time.sleep(0.2)
+            if idle is not None and time.time() - sandboxes.used(box.id, made) > idle and not sandboxes.busy(box.id):
+                break
+    finally:
+        box.close()
+    return 0
+
+
+@box_app.command("ls", help="List long-lived boxes: id, name, where they run, age, and who owns them.")
+def box_ls_command() -> None:
+    import time
+
+    from quinebox.box import sandboxes
+
+    with reported():
+        rows = sandboxes.live()
+    print(f"{'ID':12}  {'NAME':16}  {'BACKEND':7}  {'AGE':>6}  {'TTL':>6}  {'IDLE':>6}  OWNER")
+    for record, box in rows:
+        owner = record.owner.split(":")[1]
+        age = time.time() - record.created
+        print(
+            f"{record.session:12}  {record.name or '-':16}  {record.backend:7}  {_duration(age):>6}  {_duration(record.ttl):>6}  "
+            f"{_duration(record.idle):>6}  {'holder ' if record.holder else 'process '}{owner}"
+        )
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+@box_app.command("rm", help="Remove long-lived boxes and everything running in them.")
+def box_rm_command(refs: List[str] = typer.Argument(..., metavar="ID|NAME...")) -> None:
+    from quinebox.box import labels, sandboxes
+
+    code = 0
+    for ref in refs:
+        with reported():
+            try:
+                record, _ = sandboxes.find(ref)
+            except Exception as exc:  # one missing box does not keep the others
+                say(str(exc))
+                code = 125
+                continue
+            labels.kill_subtree(record.session)
+            gone = sandboxes.wait_gone(record.session, 10)
+            sandboxes.remove_record(record.session)
+        if not gone:
+            say(f"box {record.session} did not go in time: `quinebox gc` removes it once its runtime answers")
+            code = 125
+        else:
+            print(record.session)
+    raise typer.Exit(code)
+
+
+@app.command("cp", help="Copy a file into a long-lived box or out of it: `cp FILE ID:/path`, `cp ID:/path FILE` (- is stdin or stdout).")
+def cp_command(source: str = typer.Argument(..., metavar="SRC"), dest: str = typer.Argument(..., metavar="DEST")) -> None:
+    from quinebox.box import sandboxes
+
+    inside = [":" in side and not side.startswith(("/", ".")) for side in (source, dest)]
+    if inside.count(True) != 1:
+        say("give one side as ID:/path in the box and the other as a path here, as in `quinebox cp notes.txt ID:/world/notes.txt`")
+        raise typer.Exit(2)
+    with reported():
+        if inside[0]:
+            ref, _, path = source.partition(":")
+            record, _ = sandboxes.find(ref)
+            with sandboxes.Running(record.session):
+                data = _read_in(record, path)
+            _write_here(dest, path, data)
+        else:
+            ref, _, path = dest.partition(":")
+            record, _ = sandboxes.find(ref)
+            data = _read_here(source)
+            with sandboxes.Running(record.session):
+                _write_in(record, path, data, source)
+
+
+def _read_in(record: Record, path: str) -> bytes:
+    from quinebox.box import sandboxes
+
+    docker = sandboxes.engine_for(record)
+    try:
+        return sandboxes.read_bytes(sandboxes.target(record, docker), path, docker=docker)
+    except OSError as exc:
+        say(f"cannot copy {path} out of the box: {exc.strerror or exc}" + (" (cp copies one file)" if isinstance(exc, IsADirectoryError) else ""))
+        raise typer.Exit(1) from None
+
+
+def _write_in(record: Record, path: str, data: bytes, source: str) -> None:
+    from quinebox.box import sandboxes
+
+    if path.endswith("/"):
+        path += os.path.basename(source) if source != "-" else "stdin"
+    docker = sandboxes.engine_for(record)
+    try:
+        sandboxes.write_bytes(sandboxes.target(record, docker), path, data, docker=docker)
+    except OSError as exc:
+        say(f"cannot copy into {path} in the box: {exc.strerror or exc}")
+        raise typer.Exit(1) from None
+
+
+def _read_here(source: str) -> bytes:
+    if source == "-":
+        return sys.stdin.buffer.read()
+    try:
+        with open(source, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        say(f"cannot read {source}: {exc.strerror}" + (" (cp copies one file)" if isinstance(exc, IsADirectoryError) else ""))
+        raise typer.Exit(1) from None
+
+
+def _write_here(dest: str, path: str, data: bytes) -> None:
+    if dest == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    target = os.path.join(dest, os.path.basename(path)) if os.path.isdir(dest) else dest
+    try:
+        with open(target, "wb") as f:
+            f.write(data)
+    except OSError as exc:
+        say(f"cannot write {target}: {exc.strerror}")
+        raise typer.Exit(1) from None

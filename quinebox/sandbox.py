@@ -1,0 +1,261 @@
+"""`quinebox.Sandbox`: a box that lasts while many commands run in it and its files are read and written.
+
+What other people's agents need (an Inspect AI eval, an MCP client, a test suite): the same hardened box as
+`quinebox.exec`'s — grants, policy, egress, secrets, approvals, audit — made once, its grants fixed then, and
+any number of execs in it, each with the five channels of its own. The friendly layer over box.process (the
+box, whose main process only waits), box.execs (one command in it) and box.sandboxes (its record and files).
+
+    with quinebox.Sandbox(grants=["mem:512m"]) as sb:
+        sb.write_file("/world/x.py", "print(6 * 7)")
+        print(sb.exec(["python3", "/world/x.py"]).stdout)      # b'42\\n'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import shlex
+import threading
+import time
+from typing import IO, TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from quinebox.api import ExecResult
+from quinebox.box import sandboxes
+from quinebox.box.execs import BoxExec, Target
+from quinebox.box.direct import DEVNULL, Stream
+from quinebox.box.policy import GUEST_PYTHON
+from quinebox.box.process import BoxProcess
+from quinebox.box.spec import build_spec, owner_id
+from quinebox.errors import QuineboxError
+from quinebox.tree.supervisor import Node
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
+
+#: A long-lived box's main process: it waits, and the box lasts as long as it does.
+HOLD = (*GUEST_PYTHON, "-c", "import signal\nsignal.pause()")
+
+
+class SandboxWorld:
+    """A long-lived box's /world and its revisions: one after each exec that changed it, as an agent's after each sh call."""
+
+    def __init__(self, sandbox: "Sandbox"):
+        self._sandbox = sandbox
+        self.session = sandbox.id
+
+    def commit(self, note: str = "commit") -> dict[str, Any] | None:
+        """A revision now if the world changed since the newest (its record), else None."""
+        world = self._sandbox._box.world
+        if world is None:
+            raise QuineboxError(f"box {self.session} has no world of its own to revise (it was made with --world DIR)")
+        return world.revise(note)
+
+    def log(self) -> list[dict[str, Any]]:
+        from quinebox.worlds.revisions import RevisionLog
+
+        return RevisionLog(self.session).records()
+
+    def diff(self, rev: int | None = None, against: int | None = None) -> str:
+        """What `quinebox world diff ID [REV] [--against REV]` prints."""
+        from quinebox.worlds import history
+
+        out = io.StringIO()
+        history.print_diff(self.session, rev, against, out=out)
+        return out.getvalue()
+
+    def export(self, out: IO[bytes], rev: int | None = None) -> list[str]:
+        """A revision (default: the newest) as a tar archive on `out`; the paths whose bytes were not kept."""
+        from quinebox.worlds import history
+
+        return history.export(self.session, rev, out)
+
+
+class Sandbox:
+    """A hardened box that lasts until `close()` (or the end of a `with` block, its `ttl`, or this process).
+
+    Options are `quinebox.exec`'s, fixed when the box is made; `backend` ("oci", "docker") and `runtime`
+    ("runc", "runsc") choose where it runs, as --backend and --runtime do. `name` is what `quinebox box ls`
+    shows and `quinebox exec --in NAME` takes.
+    """
+
+    def __init__(
+        self,
+        *,
+        image: str | None = None,
+        grants: Iterable[str] = (),
+        policy: str | None = None,
+        workdir: str | None = None,
+        world: str | None = None,
+        world_from: str | Sequence[str] | None = None,
+        world_tar: str | None = None,
+        pull: str = "missing",
+        ask: Iterable[str] = (),
+        deny: Iterable[str] = (),
+        ask_timeout: float | str | None = None,
+        backend: str | None = None,
+        runtime: str | None = None,
+        ttl: float | str | None = None,
+        name: str | None = None,
+        docker: DockerBackend | None = None,
+        _holder: bool = False,
+        _idle: float | None = None,
+    ):
+        spec = build_spec(
+            HOLD, grants=grants, policy=policy, timeout=ttl, image=image, workdir=workdir, world=world, world_from=world_from,
+            world_tar=world_tar, pull=pull, ask=ask, deny=deny, ask_timeout=ask_timeout, backend=backend, runtime=runtime,
+        )
+        self.id = spec.session
+        self.name = name
+        self._diagnostics: list[bytes] = []
+        self._closed = False
+        self._box = BoxProcess(spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec))
+        self._docker = getattr(self._box, "_backend", None) if self._box.choice.backend == "docker" else None
+        try:
+            where = "docker" if self._docker else self._box.choice.runtime or "runc"
+            record = sandboxes.Record(
+                self.id, self._box.id or "", where, owner_id(), time.time(), name=name, holder=_holder,
+                ttl=self._box.spec.grants.time, idle=_idle,
+            )
+            sandboxes.write_record(record)
+            self.target: Target = sandboxes.target(record, self._docker)
+        except BaseException:
+            self._box.kill()
+            self._box.wait()
+            raise
+        self._revising = threading.Lock()
+
+    @property
+    def world(self) -> SandboxWorld:
+        return SandboxWorld(self)
+
+    @property
+    def returncode(self) -> int | None:
+        """None while the box runs; once it has ended (closed, TTL, killed), how."""
+        return self._box.poll()
+
+    @staticmethod
+    def connection_command(ref: str) -> str:
+        """What a person runs to look inside a long-lived box, from any shell of the same user."""
+        return f"quinebox exec --in {shlex.quote(ref)} -it -- sh"
+
+    def _ready(self) -> None:
+        if self._closed or self._box.poll() is not None:
+            why = "it was closed" if self._closed else "it ended (its TTL ran out, or it was removed)"
+            raise QuineboxError(f"box {self.id} is not running: {why}")
+
+    def Popen(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stream | bytes = None,
+        stdout: Stream = None,
+        stderr: Stream = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> BoxExec:
+        """One command in the box, its streams like subprocess.Popen's; `kill()` ends its whole process tree."""
+        self._ready()
+        environ = [f"{k}={v}" for k, v in (env or {}).items()]
+        bad = [k for k in (env or {}) if not k or "=" in k or "\0" in k]
+        if bad:
+            raise QuineboxError(f"bad environment variable name {bad[0]!r}: a name has no '=' and no NUL")
+        return BoxExec(self.target, list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, user=sandboxes.user_of(self.target, user, docker=self._docker), docker=self._docker)
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run `argv` in the box and collect its output. When `timeout` runs out the exec's whole process tree is
+        killed, the box stays up, and the result says 124 and timed_out rather than raise."""
+        began = time.monotonic()
+        out: list[bytes] = []
+        err: list[bytes] = []
+        data = input.encode() if isinstance(input, str) else input
+        proc = self.Popen(argv, stdin=data if data is not None else DEVNULL, stdout=out.append, stderr=err.append, cwd=cwd, env=env, user=user)
+        code = proc.wait(timeout)
+        self._revise(argv)
+        return ExecResult(
+            argv=proc.args, returncode=code, stdout=b"".join(out), stderr=b"".join(err), timed_out=proc.timed_out,
+            oom_killed=False, session=self.id, duration_s=time.monotonic() - began,
+        )
+
+    def _revise(self, argv: Sequence[str]) -> None:
+        """A revision of the world if the exec changed it: what `sb.world.log()` and `quinebox world log` show."""
+        world = self._box.world
+        if world is not None:
+            with self._revising:
+                world.revise("exec", command=shlex.join(argv))
+
+    def read_file(self, path: str) -> bytes:
+        """A file's bytes, as the box's user may read it: FileNotFoundError, IsADirectoryError, PermissionError."""
+        self._ready()
+        return sandboxes.read_bytes(self.target, path, docker=self._docker)
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        """`data` (str as UTF-8) into a file of the box, its missing parent directories made."""
+        self._ready()
+        sandboxes.write_bytes(self.target, path, data.encode() if isinstance(data, str) else data, docker=self._docker)
+        self._revise(["write_file", path])
+
+    def diagnostics(self) -> str:
+        """What the host said about the box (egress refused, a world full, its end)."""
+        return b"".join(self._diagnostics).decode(errors="replace")
+
+    def close(self) -> None:
+        """Remove the box and everything running in it; a second close does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._box.kill()
+            self._box.wait()
+        finally:
+            sandboxes.remove_record(self.id)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the box to end (its TTL, `quinebox box rm`, or this process); how it ended."""
+        code = self._box.wait(timeout)
+        sandboxes.remove_record(self.id)
+        return code
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- async twins ---------------------------------------------------------------------------
+
+    async def _in_thread(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(call, *args, **kwargs))
+
+    async def aexec(self, argv: Sequence[str], **options: Any) -> ExecResult:
+        return await self._in_thread(self.exec, argv, **options)
+
+    async def aread_file(self, path: str) -> bytes:
+        return await self._in_thread(self.read_file, path)
+
+    async def awrite_file(self, path: str, data: bytes | str) -> None:
+        await self._in_thread(self.write_file, path, data)
+
+    async def aclose(self) -> None:
+        await self._in_thread(self.close)
+
+    @classmethod
+    async def acreate(cls, **options: Any) -> "Sandbox":
+        """`Sandbox(**options)` without blocking the event loop while the box starts."""
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(cls, **options))
+
+    async def __aenter__(self) -> "Sandbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

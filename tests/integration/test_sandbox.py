@@ -1,0 +1,224 @@
+"""quinebox.Sandbox on the real runtimes and engine: a box that lasts, many execs in it, its files, its end.
+
+The backend tests run on the OCI runtime (runc, the default here) and on the Docker engine; gVisor gets the
+ones whose mechanism differs there (tests/integration/test_gvisor.py covers the rest of gVisor's box).
+"""
+
+import asyncio
+import glob
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+
+import quinebox
+from live_boxes import live_boxes, soon
+from quinebox.box import sandboxes
+from quinebox.errors import GrantError, QuineboxError
+
+BACKENDS = [pytest.param("oci", id="runc"), pytest.param("docker", id="docker")]
+
+
+def cgroups_of(session: str) -> list[str]:
+    """The host cgroups named for a box, in every hierarchy (its execs' are below them)."""
+    return glob.glob(f"/sys/fs/cgroup/*/quinebox-{session}")
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def sb(request):
+    with quinebox.Sandbox(backend=request.param, grants=["pids:128"]) as box:
+        yield box
+
+
+def test_exec_keeps_the_five_channels(sb):
+    result = sb.exec(["sh", "-c", "cat; printf 'to err' >&2; exit 7"], input=b"\x00material\xff")
+    assert (result.returncode, result.stdout, result.stderr) == (7, b"\x00material\xff", b"to err")
+    assert result.session == sb.id and not result.timed_out
+
+
+def test_exec_takes_cwd_env_and_str_input(sb):
+    result = sb.exec(["sh", "-c", 'pwd; echo "$A $B"; cat'], input="é\n", cwd="/tmp", env={"A": "1", "B": "two words"})
+    assert result.stdout == "/tmp\n1 two words\né\n".encode()
+
+
+def test_exec_runs_as_the_box_user_or_another_but_never_root(sb):
+    assert sb.exec(["id", "-u"]).stdout == b"1000\n"
+    assert sb.exec(["id", "-un"], user="nobody").stdout == b"nobody\n"
+    assert sb.exec(["id", "-u"], user="4242:4242").stdout == b"4242\n"
+    for root in ("root", "0", "1000:0"):
+        with pytest.raises(GrantError, match="never runs as root|nothing in a box runs as root"):
+            sb.exec(["id"], user=root)
+    with pytest.raises(GrantError, match="no such user"):
+        sb.exec(["id"], user="no-such-user")
+
+
+def test_missing_and_unexecutable_commands_exit_as_a_shell_says(sb):
+    assert sb.exec(["no-such-command"]).returncode == 127
+    assert sb.exec(["/etc/passwd"]).returncode == 126
+
+
+def test_timeout_kills_the_exec_tree_and_the_box_stays_up(sb):
+    began = time.monotonic()
+    result = sb.exec(["sh", "-c", "(setsid sleep 300 </dev/null >/dev/null 2>&1 &); sleep 300 & echo $! > /tmp/pid; wait"], timeout=1)
+    assert (result.returncode, result.timed_out) == (124, True)
+    assert time.monotonic() - began < 5
+    # Every sleep is gone, the setsid one (re-parented to the box's init) included; the box still answers.
+    survivors = b""
+    for _ in range(20):
+        survivors = sb.exec(["sh", "-c", "for p in /proc/[0-9]*; do [ \"$(cut -d' ' -f3 $p/stat)\" != Z ] && cat $p/comm; done"]).stdout
+        if b"sleep" not in survivors:
+            break
+        time.sleep(0.1)
+    assert b"sleep" not in survivors
+    assert sb.exec(["echo", "up"]).stdout == b"up\n"
+
+
+def test_a_background_process_outlives_its_exec_as_under_docker_exec(sb):
+    sb.exec(["sh", "-c", "sleep 60 </dev/null >/dev/null 2>&1 & echo $! > /tmp/server.pid"], timeout=10)
+    assert sb.exec(["sh", "-c", 'kill -0 "$(cat /tmp/server.pid)" && echo alive']).stdout == b"alive\n"
+
+
+def test_popen_streams_both_ways(sb):
+    proc = sb.Popen(["sh", "-c", "while read line; do echo got:$line; done"], stdin=quinebox.PIPE, stdout=quinebox.PIPE)
+    proc.stdin.write(b"one\n")
+    assert proc.stdout.readline() == b"got:one\n"
+    proc.stdin.write(b"two\n")
+    assert proc.stdout.readline() == b"got:two\n"
+    proc.stdin.close()
+    assert proc.wait(10) == 0 and proc.stdout.read() == b""
+
+
+def test_kill_ends_a_popen_tree(sb):
+    proc = sb.Popen(["sh", "-c", "sleep 300 & sleep 300"], stdin=quinebox.DEVNULL)
+    time.sleep(0.3)
+    proc.kill()
+    assert proc.wait(10) == 137
+
+
+def test_files_round_trip_exact_bytes(sb):
+    data = bytes(range(256)) * 1000
+    sb.write_file("/world/deep/er/data.bin", data)
+    assert sb.read_file("/world/deep/er/data.bin") == data
+    sb.write_file("notes.txt", "relative to the box's cwd ✓")  # /world
+    assert sb.exec(["cat", "/world/notes.txt"]).stdout == "relative to the box's cwd ✓".encode()
+
+
+def test_file_errors_are_pythons_own(sb):
+    with pytest.raises(FileNotFoundError):
+        sb.read_file("/world/no/such/file")
+    with pytest.raises(IsADirectoryError):
+        sb.read_file("/world")
+    with pytest.raises(IsADirectoryError):
+        sb.write_file("/world", b"x")
+    with pytest.raises(PermissionError):
+        sb.read_file("/etc/shadow")
+    with pytest.raises(PermissionError):  # the box's root is read-only
+        sb.write_file("/etc/evil", b"x")
+
+
+def test_world_revisions_follow_the_execs(sb):
+    sb.exec(["sh", "-c", "echo first > /world/rev.txt"])
+    log = sb.world.log()
+    assert log[-1]["command"] == "sh -c 'echo first > /world/rev.txt'" and log[-1]["files"] == 1
+    assert "+first" in sb.world.diff()
+    out = io.BytesIO()
+    sb.world.export(out)
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        assert tar.extractfile("rev.txt").read() == b"first\n"
+    assert sb.world.commit() is None  # nothing changed since
+
+
+def test_grants_are_the_boxs_own(tmp_path):
+    (tmp_path / "host.txt").write_text("from the host")
+    tmp_path.chmod(0o755)  # pytest makes it the host user's alone; the box's user reads it as any other would
+    with quinebox.Sandbox(grants=[f"ro:{tmp_path}=/data"]) as box:
+        assert box.exec(["cat", "/data/host.txt"]).stdout == b"from the host"
+        assert box.exec(["sh", "-c", "echo x > /data/new"]).returncode != 0
+        network = box.exec(["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"])
+        assert network.returncode != 0
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_close_leaves_nothing(backend, engine):
+    box = quinebox.Sandbox(backend=backend)
+    box.exec(["sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 &"])
+    session = box.id
+    box.close()
+    box.close()  # a second close does nothing
+    assert soon(lambda: [b for b in live_boxes(engine) if b.labels.get("io.quinebox.session") == session]) == []
+    assert soon(lambda: cgroups_of(session)) == []
+    assert not (sandboxes.records_dir() / f"{session}.json").exists()
+    with pytest.raises(QuineboxError, match="not running"):
+        box.exec(["true"])
+
+
+def test_ttl_ends_the_box():
+    box = quinebox.Sandbox(ttl=1)
+    assert box.wait(10) == 124
+    with pytest.raises(QuineboxError, match="not running"):
+        box.exec(["true"])
+
+
+def test_a_bad_grant_starts_nothing(engine):
+    before = len(live_boxes(engine))
+    with pytest.raises(GrantError):
+        quinebox.Sandbox(grants=["rw:/etc"])
+    assert len(live_boxes(engine)) == before
+
+
+def test_the_box_goes_with_its_owner(engine):
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import quinebox, sys, time\nsb = quinebox.Sandbox()\nprint(sb.id, flush=True)\ntime.sleep(300)"],
+        stdout=subprocess.PIPE,
+    )
+    session = owner.stdout.readline().decode().strip()
+    assert [b for b in live_boxes(engine) if b.labels.get("io.quinebox.session") == session]
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert soon(lambda: [b for b in live_boxes(engine) if b.labels.get("io.quinebox.session") == session], within=10) == []
+    assert soon(lambda: cgroups_of(session), within=10) == []
+    assert session not in [record.session for record in sandboxes.records()]
+
+
+def test_async_twins_run_concurrently():
+    async def main():
+        async with await quinebox.Sandbox.acreate() as box:
+            await box.awrite_file("/world/a", b"A")
+            results = await asyncio.gather(*(box.aexec(["sh", "-c", f"sleep 0.5; echo {i}"]) for i in range(4)))
+            return [r.stdout for r in results], await box.aread_file("/world/a")
+
+    began = time.monotonic()
+    outputs, data = asyncio.run(main())
+    assert outputs == [b"0\n", b"1\n", b"2\n", b"3\n"] and data == b"A"
+    assert time.monotonic() - began < 10
+
+
+def test_gvisor_execs_keep_the_channels_and_timeouts():
+    with quinebox.Sandbox(runtime="runsc") as box:
+        result = box.exec(["sh", "-c", "cat; echo err >&2; exit 3"], input=b"in")
+        assert (result.returncode, result.stdout, result.stderr) == (3, b"in", b"err\n")
+        box.write_file("/world/g.txt", b"gvisor")
+        assert box.read_file("/world/g.txt") == b"gvisor"
+        assert box.exec(["sh", "-c", "sleep 300 & sleep 300"], timeout=1).returncode == 124
+        assert b"sleep" not in box.exec(["sh", "-c", "cat /proc/[0-9]*/comm"]).stdout
+
+
+# -- the pytest plugin's fixtures (quinebox/integrations/pytest_plugin.py), used here as any project would ----------
+
+
+def test_a_fixture_box_starts_with_an_empty_world(quinebox_sandbox):
+    assert quinebox_sandbox.exec(["ls", "-A", "/world"]).stdout == b""
+    quinebox_sandbox.write_file("/world/mine", b"only this test's")
+
+
+@pytest.mark.quinebox(grants=["mem:64m"])
+def test_a_marked_fixture_box_holds_the_marks_grants(quinebox_sandbox):
+    hog = quinebox_sandbox.exec(["python3", "-c", "b = bytearray(256 << 20); print(len(b))"], timeout=30)
+    assert hog.returncode == 137 and hog.stdout == b""
+    assert quinebox_sandbox.exec(["echo", "still up"]).stdout == b"still up\n"
