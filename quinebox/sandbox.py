@@ -49,7 +49,8 @@ class SandboxWorld:
         world = self._sandbox._box.world
         if world is None:
             raise QuineboxError(f"box {self.session} has no world of its own to revise (it was made with --world DIR)")
-        return world.revise(note)
+        with self._sandbox._revising:
+            return world.revise(note)
 
     def log(self) -> list[dict[str, Any]]:
         from quinebox.worlds.revisions import RevisionLog
@@ -109,6 +110,7 @@ class Sandbox:
         self.name = name
         self._diagnostics: list[bytes] = []
         self._closed = False
+        self._revising = threading.Lock()  # one revision of the world at a time: execs may run concurrently
         self._box = BoxProcess(spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec))
         self._docker = getattr(self._box, "_backend", None) if self._box.choice.backend == "docker" else None
         try:
@@ -123,7 +125,6 @@ class Sandbox:
             self._box.kill()
             self._box.wait()
             raise
-        self._revising = threading.Lock()
 
     @property
     def world(self) -> SandboxWorld:
