@@ -85,3 +85,55 @@ def _hypothesis_profiles() -> None:
 
 
 _hypothesis_profiles()
+
+
+def _left_behind(state: str) -> list[str]:
+    """What quinebox still holds of this test session's state dir: boxes, their cgroups, mounts, processes."""
+    import glob
+
+    from quinebox.box.backends.ocibox import oci_containers
+    from quinebox.box.labels import live_boxes, owner_alive
+
+    found = [f"box {c['Id']} on {c['Runtime']} ({c['State']})" for c in oci_containers()]
+    try:
+        found += [f"engine box {b.container[:12]} (session {b.session}) whose owner is gone" for b in live_boxes() if b.backend == "docker" and not owner_alive(b.owner)]
+    except Exception:  # noqa: BLE001 - no engine: the tests that needed one failed already
+        pass
+    sessions = set(os.listdir(os.path.join(state, "sessions"))) if os.path.isdir(os.path.join(state, "sessions")) else set()
+    found += [f"cgroup {path}" for path in glob.glob("/sys/fs/cgroup/*/quinebox-*") if path.rpartition("quinebox-")[2] in sessions]
+    with open("/proc/self/mountinfo") as mounts:
+        found += [f"mount {line.split()[4]}" for line in mounts if state in line]
+    mine = {os.getpid(), os.getppid()}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"QUINEBOX_STATE_DIR={state}".encode() + b"\0" not in f.read() + b"\0" or int(pid) in mine:
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"process {pid}: {cmdline[:120]}")
+        except OSError:
+            continue
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No box, cgroup, mount or process of quinebox's outlives the test session: a leak is a failure of the run."""
+    import time
+
+    state = os.environ.get("QUINEBOX_STATE_DIR")
+    if not state or not state.startswith(tempfile_root()) or session.testscollected == 0:
+        return
+    until = time.monotonic() + 15
+    while (left := _left_behind(state)) and time.monotonic() < until:
+        time.sleep(0.2)
+    if left:
+        print(f"\nquinebox left {len(left)} thing(s) behind after the tests:\n  " + "\n  ".join(left[:20]))
+        session.exitstatus = 1
+
+
+def tempfile_root() -> str:
+    """Where pytest makes the session's own state dir (isolated_state_dir): never the user's, which this check leaves alone."""
+    import tempfile
+
+    return tempfile.gettempdir()

@@ -83,7 +83,7 @@ _known: dict[tuple[str, int, object], str | None] = {}
 
 def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = None, now: float | None = None) -> str | None:
     if os.geteuid() != 0:
-        return "not root (rootless runtimes need user namespaces and a delegated cgroup v2; see the README)"
+        return "not root (rootless runtimes need user namespaces and a delegated cgroup v2; see docs/backends.md#rootless)"
     if os.environ.get("DOCKER_HOST", "unix://").split("://")[0] not in ("unix", ""):
         return f"the engine at {os.environ['DOCKER_HOST']} is remote: its images are not on this machine"
     try:

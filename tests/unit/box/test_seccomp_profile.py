@@ -1,4 +1,4 @@
-"""The shipped seccomp profile: stricter than Docker's default, in the ways the README promises."""
+"""The shipped seccomp profile: stricter than Docker's default, in the ways docs/security.md promises."""
 
 import pytest
 
