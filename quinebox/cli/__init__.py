@@ -8,6 +8,7 @@
     audit.py    audit, audit verify, approvals, approve, deny, revoke
     serve.py    serve, serve status, serve stop
     sandboxes.py  box create, box ls, box rm, cp (long-lived boxes; `exec --in` is box.py's)
+    mcp.py      mcp: the MCP server (quinebox[mcp])
     server.py   the command server: a warm process forking one worker per command (its thin client is ../client.py)
 
 The CLI may import every layer below it; nothing below imports it. Each module registers its commands on the
@@ -33,6 +34,7 @@ COMMANDS = {
     **dict.fromkeys(("audit", "approvals", "approve", "deny", "revoke"), "audit"),
     "serve": "serve",
     **dict.fromkeys(("box", "cp"), "sandboxes"),
+    "mcp": "mcp",
 }
 
 
