@@ -44,13 +44,14 @@ class SandboxWorld:
         self._sandbox = sandbox
         self.session = sandbox.id
 
-    def commit(self, note: str = "commit") -> dict[str, Any] | None:
-        """A revision now if the world changed since the newest (its record), else None."""
+    def commit(self, note: str = "commit", *, command: str | None = None) -> dict[str, Any] | None:
+        """A revision now if the world changed since the newest (its record), else None; `command`: what changed it,
+        as `quinebox world log` shows (a caller that runs execs its own way, through Popen, says which)."""
         world = self._sandbox._box.world
         if world is None:
             raise QuineboxError(f"box {self.session} has no world of its own to revise (it was made with --world DIR)")
         with self._sandbox._revising:
-            return world.revise(note)
+            return world.revise(note, command=command)
 
     def log(self) -> list[dict[str, Any]]:
         from quinebox.worlds.revisions import RevisionLog
@@ -131,6 +132,11 @@ class Sandbox:
         return SandboxWorld(self)
 
     @property
+    def workdir(self) -> str:
+        """Where an exec runs when it names no cwd, and what a relative path is relative to."""
+        return self.target.cwd
+
+    @property
     def returncode(self) -> int | None:
         """None while the box runs; once it has ended (closed, TTL, killed), how."""
         return self._box.poll()
@@ -190,10 +196,8 @@ class Sandbox:
 
     def _revise(self, argv: Sequence[str]) -> None:
         """A revision of the world if the exec changed it: what `sb.world.log()` and `quinebox world log` show."""
-        world = self._box.world
-        if world is not None:
-            with self._revising:
-                world.revise("exec", command=shlex.join(argv))
+        if self._box.world is not None:
+            self.world.commit("exec", command=shlex.join(argv))
 
     def read_file(self, path: str) -> bytes:
         """A file's bytes, as the box's user may read it: FileNotFoundError, IsADirectoryError, PermissionError."""

@@ -139,7 +139,7 @@ class BoxExec:
         self._stdio = stdio = DirectStdio(stdin, stdout, stderr)
         self.stdin, self.stdout, self.stderr = stdio.stdin, stdio.stdout, stdio.stderr
         user = user or target.user
-        cwd = cwd or target.cwd
+        cwd = os.path.join(target.cwd, cwd) if cwd else target.cwd  # a relative cwd is the box's working directory's
         try:
             if target.backend == "docker":
                 self._start_engine(argv, cwd, env, user)

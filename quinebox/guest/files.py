@@ -29,6 +29,8 @@ def read(path):
 def write(path):
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+    if os.path.lexists(path) and not os.access(path, os.W_OK):  # the rename below would replace what may not be written
+        raise PermissionError(errno.EACCES, "Permission denied", path)
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, exist_ok=True)
     scratch = os.path.join(parent, f".{os.path.basename(path)}.quinebox-{os.getpid()}")

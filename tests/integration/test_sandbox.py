@@ -119,6 +119,10 @@ def test_file_errors_are_pythons_own(sb):
         sb.read_file("/etc/shadow")
     with pytest.raises(PermissionError):  # the box's root is read-only
         sb.write_file("/etc/evil", b"x")
+    sb.exec(["sh", "-c", "echo kept > /world/locked && chmod 444 /world/locked"])
+    with pytest.raises(PermissionError):  # a file its user may not write stays as it was, though its directory is writable
+        sb.write_file("/world/locked", b"replaced")
+    assert sb.read_file("/world/locked") == b"kept\n"
 
 
 def test_world_revisions_follow_the_execs(sb):
