@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -73,12 +74,14 @@ def usable(name: str) -> str | None:
     """None when the OCI runtime `name` can run boxes here, else the reason, found once per runtime binary
     (and asked of the state dir once per process: a command server's worker asks it anew)."""
     key = (name, os.getpid(), state_dir())
-    if key not in _known:
-        _known[key] = _usable(name)
+    with _probing:  # threads that start their first boxes at once (an Inspect task's samples) probe once, not each
+        if key not in _known:
+            _known[key] = _usable(name)
     return _known[key]
 
 
 _known: dict[tuple[str, int, object], str | None] = {}
+_probing = threading.Lock()
 
 
 def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = None, now: float | None = None) -> str | None:

@@ -53,7 +53,7 @@ def probe_runtime(runtime: Runtime) -> str | None:
                 os.symlink(os.readlink(path), os.path.join(rootfs, path.lstrip("/")))
         os.mkdir(os.path.join(rootfs, "proc"))
         os.mkdir(os.path.join(rootfs, "dev"))
-        cid = f"quinebox-probe-{os.getpid()}"
+        cid = f"quinebox-probe-{os.getpid()}-{os.urandom(3).hex()}"  # two processes of one pid namespace never share one
         config = probe_config(rootfs, f"/{cid}")
         with open(os.path.join(bundle, "config.json"), "w") as out:
             json.dump(config, out)

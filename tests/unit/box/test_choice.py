@@ -145,3 +145,29 @@ def test_a_probe_is_kept_when_it_passed_and_retried_when_it_failed_long_ago(tmp_
     assert asked == ["runc"] * probes
     if probes:
         assert json.loads(record.read_text()) == {"binary": mark, "problem": problem, "at": 1000.0}
+
+
+def test_threads_starting_their_first_boxes_at_once_probe_once(monkeypatch, tmp_path):
+    """An Inspect task's samples start their boxes together: one probe box, not one per thread (which once shared
+    one container id and deleted each other's half-made probe, leaving its init waiting in a cgroup)."""
+    import threading
+    import time
+
+    from quinebox.box.backends import choice
+
+    monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path))
+    calls = []
+
+    def slow_probe(name):
+        calls.append(name)
+        time.sleep(0.2)
+        return None
+
+    monkeypatch.setattr(choice, "_usable", slow_probe)
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(choice.usable("runc"))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == ["runc"] and answers == [None] * 8
