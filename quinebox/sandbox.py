@@ -23,7 +23,7 @@ from typing import IO, TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from quinebox.api import ExecResult
 from quinebox.box import sandboxes
 from quinebox.box.execs import BoxExec, Target
-from quinebox.box.direct import DEVNULL, Stream
+from quinebox.box.direct import DEVNULL, PIPE, Stream
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.box.process import BoxProcess
 from quinebox.box.spec import build_spec, owner_id
@@ -183,14 +183,13 @@ class Sandbox:
         """Run `argv` in the box and collect its output. When `timeout` runs out the exec's whole process tree is
         killed, the box stays up, and the result says 124 and timed_out rather than raise."""
         began = time.monotonic()
-        out: list[bytes] = []
-        err: list[bytes] = []
         data = input.encode() if isinstance(input, str) else input
-        proc = self.Popen(argv, stdin=data if data is not None else DEVNULL, stdout=out.append, stderr=err.append, cwd=cwd, env=env, user=user)
-        code = proc.wait(timeout)
+        proc = self.Popen(argv, stdin=data if data is not None else DEVNULL, stdout=PIPE, stderr=PIPE, cwd=cwd, env=env, user=user)
+        out, err = proc.communicate(timeout)
+        code = proc.wait()
         self._revise(argv)
         return ExecResult(
-            argv=proc.args, returncode=code, stdout=b"".join(out), stderr=b"".join(err), timed_out=proc.timed_out,
+            argv=proc.args, returncode=code, stdout=out, stderr=err, timed_out=proc.timed_out,
             oom_killed=False, session=self.id, duration_s=time.monotonic() - began,
         )
 

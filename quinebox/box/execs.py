@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 #: The exit status of an exec whose tree was killed (as a shell reports SIGKILL); a timeout reports 124.
 EXIT_KILLED = 137
 EXIT_TIMEOUT = 124
+#: How long the outputs of a killed exec may take to end (every process that held them is gone by then).
+KILLED_GRACE = 10.0
 #: What runc and crun exit with when they could not start the command at all.
 RUNTIME_FAILED = 255
 #: The engine's stub: stop until the host has moved it into its exec's cgroup, then become the command with
@@ -152,6 +155,7 @@ class BoxExec:
                 self._cgroup.remove()
             raise
         stdio.started()
+        stdio.box_gone()  # the host says nothing into an exec's stderr: so its end is the command's alone
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -270,6 +274,43 @@ class BoxExec:
         except subprocess.TimeoutExpired:
             return False
         return True
+
+    def communicate(self, timeout: float | None = None) -> tuple[bytes, bytes]:
+        """Read the PIPEd stdout and stderr to their end in this thread, then wait, as Popen.communicate does; when
+        `timeout` runs out the exec's tree is killed (so its outputs end) and `wait` says 124, rather than raise."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outputs = [stream for stream in (self.stdout, self.stderr) if stream is not None]
+        named = [stream.fileno() if stream is not None else -1 for stream in (self.stdout, self.stderr)]
+        got: dict[int, list[bytes]] = {fd: [] for fd in named if fd >= 0}
+        poller = select.poll()
+        for fd in got:
+            poller.register(fd, select.POLLIN)
+        open_fds = set(got)
+        try:
+            while open_fds:
+                if deadline is not None and time.monotonic() >= deadline:
+                    if self.timed_out:
+                        break  # the grace ran out too: what is left of the outputs is given up
+                    self.timed_out = True
+                    self.kill()
+                    deadline = time.monotonic() + KILLED_GRACE  # every process that held them is gone by then
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                for fd, _ in poller.poll(None if left is None else left * 1000):
+                    data = os.read(fd, streams.CHUNK)
+                    if data:
+                        got[fd].append(data)
+                    else:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            for stream in outputs:
+                stream.close()
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        out, err = (b"".join(got.get(fd, [])) for fd in named)
+        return out, err
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the command to end (and its outputs to be drained); its exit status, 124 after a timeout
