@@ -86,25 +86,6 @@ def target_of(session: str, container: str, backend: str, bundle: Path | None, d
     return Target(session, container, backend, config.get("User") or "", config.get("WorkingDir") or "/")
 
 
-def exec_user(user: str | None, default: str, passwd: bytes | None) -> str:
-    """`uid`, `uid:gid` or a name from the image's /etc/passwd, as `uid:gid`; never root (nothing in a box is)."""
-    if user is None or user == "":
-        return default
-    name, _, group = user.partition(":")
-    if not name.isdigit():
-        entry = next((line.split(b":") for line in (passwd or b"").splitlines() if line.split(b":")[0] == name.encode()), None)
-        if entry is None or len(entry) < 4 or not entry[2].isdigit():
-            raise GrantError(f"bad user {user!r}: no such user in the box's /etc/passwd; give a uid, as in user='1000'")
-        name, group = entry[2].decode(), group or entry[3].decode()
-    if not group.isdigit():
-        group = name if not group else ""
-    if not group:
-        raise GrantError(f"bad user {user!r}: give the group as a number, as in user='1000:1000'")
-    if int(name) == 0 or int(group) == 0:
-        raise GrantError(f"refused user {user!r}: nothing in a box runs as root (uid or gid 0); give another uid")
-    return f"{int(name)}:{int(group)}"
-
-
 class BoxExec:
     """One command running in a live box, its streams connected like subprocess.Popen's (direct.DirectStdio's)."""
 
@@ -192,6 +173,9 @@ class BoxExec:
         self._cgroup.add(stub)
         if self._guard:
             self._watchdog = watchdog(self._cgroup)
+        if self._tty and os.isatty(self._stdio.fds[0]):  # sized while it waits: the command sees this terminal's size at once
+            size = os.get_terminal_size(self._stdio.fds[0])
+            docker.exec_resize(self._exec_id, size.lines, size.columns)
         os.kill(stub, signal.SIGCONT)
         self._stop_r, self._stop_w = os.pipe()
         # The engine's connection is the box's end of each stream: the relays hold copies of the fds a runtime

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quinebox.box.direct import DEVNULL
-from quinebox.box.execs import BoxExec, Target, exec_user, target_of
+from quinebox.box.execs import BoxExec, Target, target_of
 from quinebox.box.labels import BoxInfo, live_boxes, owner_alive
 from quinebox.box.policy import GUEST_PYTHON, RUNTIME
-from quinebox.errors import QuineboxError
+from quinebox.errors import GrantError, QuineboxError
 from quinebox.state import run_dir
 
 if TYPE_CHECKING:
@@ -52,9 +52,11 @@ class Record:
     idle: float | None = None
 
 
-def records_dir() -> Path:
+def records_dir(*, make: bool = False) -> Path:
+    """Where the records are; made only by whoever writes one (a state dir with no long-lived box has none)."""
     path = run_dir() / "sandboxes"
-    path.mkdir(mode=0o700, exist_ok=True)
+    if make:
+        path.mkdir(mode=0o700, exist_ok=True)
     return path
 
 
@@ -63,7 +65,7 @@ def write_record(record: Record) -> None:
         taken = next((r for r in records() if r.name == record.name and r.session != record.session), None)
         if taken is not None:
             raise QuineboxError(f"a box named {record.name!r} runs already ({taken.session}): `quinebox box rm {record.name}`, or choose another --name")
-    path = records_dir() / f"{record.session}.json"
+    path = records_dir(make=True) / f"{record.session}.json"
     scratch = path.with_suffix(".making")
     scratch.write_text(json.dumps(asdict(record)))
     os.rename(scratch, path)
@@ -129,6 +131,25 @@ def target(record: Record, docker: DockerBackend | None = None) -> Target:
     return target_of(record.session, record.container, record.backend, run_dir() / f"{record.session}.oci", docker or engine_for(record))
 
 
+def exec_user(user: str | None, default: str, passwd: bytes | None) -> str:
+    """`uid`, `uid:gid` or a name from the image's /etc/passwd, as `uid:gid`; never root (nothing in a box is)."""
+    if user is None or user == "":
+        return default
+    name, _, group = user.partition(":")
+    if not name.isdigit():
+        entry = next((line.split(b":") for line in (passwd or b"").splitlines() if line.split(b":")[0] == name.encode()), None)
+        if entry is None or len(entry) < 4 or not entry[2].isdigit():
+            raise GrantError(f"bad user {user!r}: no such user in the box's /etc/passwd; give a uid, as in user='1000'")
+        name, group = entry[2].decode(), group or entry[3].decode()
+    if not group.isdigit():
+        group = name if not group else ""
+    if not group:
+        raise GrantError(f"bad user {user!r}: give the group as a number, as in user='1000:1000'")
+    if int(name) == 0 or int(group) == 0:
+        raise GrantError(f"refused user {user!r}: nothing in a box runs as root (uid or gid 0); give another uid")
+    return f"{int(name)}:{int(group)}"
+
+
 def user_of(where: Target, user: str | None, *, docker: DockerBackend | None = None) -> str | None:
     """An exec's `uid:gid` for `user` (a uid, uid:gid or a name the box's /etc/passwd knows); None: the box's own."""
     if not user:
@@ -141,7 +162,7 @@ def user_of(where: Target, user: str | None, *, docker: DockerBackend | None = N
 
 
 def touch(session: str) -> None:
-    (records_dir() / f"{session}.used").touch()
+    (records_dir(make=True) / f"{session}.used").touch()
 
 
 def used(session: str, since: float) -> float:

@@ -196,3 +196,19 @@ def test_enter_sees_the_agents_world_and_is_recorded_on_its_tape(engine, tmp_pat
 def test_enter_a_box_that_is_not_there_is_one_line(engine):
     done = qb("enter", "nosuchbox")
     assert done.returncode == 125 and done.stderr.count(b"\n") == 1 and b"no live box" in done.stderr
+
+
+@pytest.mark.parametrize("backend", ["oci", "docker"])
+def test_exec_in_a_long_lived_box_gets_this_terminal(engine, terminal, backend):
+    made = qb("box", "create", "--backend", backend, *(["--runtime", "runc"] if backend == "oci" else []), timeout=60)
+    assert made.returncode == 0, made.stderr
+    box = made.stdout.decode().strip()
+    try:
+        t = terminal("exec", "--in", box, "-it", "--", "sh", "-c", "test -t 0 && echo is-a-tty; stty size; read line; echo read:$line; exit 5")
+        assert t.wait_for(b"30 100"), t.seen
+        t.type(b"typed\r")
+        assert t.wait_for(b"read:typed"), t.seen
+        assert t.finish() == 5 and b"is-a-tty" in t.seen
+        assert t.restored()
+    finally:
+        qb("box", "rm", box)
