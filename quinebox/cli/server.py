@@ -234,10 +234,12 @@ def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
         code = 130
     sys.stdout.flush()
     sys.stderr.flush()
-    _report(conn, code)
     from quinebox.box.backends.ocibox import finish_removals
 
-    finish_removals()  # after the client has its status: the boxes' remains go before the worker does
+    if code > 128:  # ended by a signal: its box is gone before the client says so, as the CLI's own promises
+        finish_removals()
+    _report(conn, code)
+    finish_removals()  # otherwise after the client has its status: the boxes' remains go before the worker does
     return code
 
 
