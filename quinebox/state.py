@@ -10,6 +10,7 @@
       run/pool.sock              its pool of warm boxes (box/pool.py); run/claimed/<container>.json
                                  whose session a claimed warm box became (box/claim.py)
       pool/<box>/                a warm box's empty world until it is claimed
+      runs/<id>/                 each `map` and `batch` run: its inputs, attempts and end (tree/runs.py)
       engine.log                 what the engine failed to do, for `quinebox doctor` (box/watch.py)
       audit/                     the hash-chained audit log and its head; pending requests, decisions and
                                  remembered rules of approvals (audit/)

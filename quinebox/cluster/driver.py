@@ -199,6 +199,7 @@ class ClusterRunner(Runner):
         tries = 0
         while not self.stopping.is_set():
             tries += 1
+            self.record.attempt(job.name, job.source, None)  # its session is known here only once the attempt comes home
             try:
                 got = self.dispatch.run_attempt(job, self._number(job), avoid)
             except NodeLost as exc:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 from quinebox.agent.providers import EXIT_UNAVAILABLE
 from quinebox.documents import read_yaml
 from quinebox.errors import EngineError, QuineboxError
+from quinebox.tree.runs import RunRecord
 
 RESULTS = "results.jsonl"
 RETRY_PAUSE = 0.5
@@ -44,6 +45,8 @@ class Job:
     image: str | None = None
     model: str | None = None
     timeout: str | None = None
+    #: The command that made it, "map" or "batch": what the run's record (runs.py) calls the run.
+    kind: str = "map"
 
 
 @dataclass
@@ -163,12 +166,14 @@ def batch_jobs(path: str) -> list[Job]:
             raise QuineboxError(f"bad batch file {path}: job {number}'s grants must be a list of grant strings")
         name = str(job.get("name") or (material.name if isinstance(material, Path) else f"job-{number:04d}"))
         jobs.append(Job(name=name, source=f"{path}:{number}", mission=job["mission"], material=material, grants=tuple(grants),
-                        image=job.get("image"), model=job.get("model"), timeout=None if job.get("timeout") is None else str(job["timeout"])))
+                        image=job.get("image"), model=job.get("model"), timeout=None if job.get("timeout") is None else str(job["timeout"]),
+                        kind="batch"))
     return _check_names(jobs)
 
 
 class Runner:
-    """Runs jobs on a bounded pool; `stop()` may be called from a signal handler."""
+    """Runs jobs on a bounded pool; `stop()` may be called from a signal handler. Each run is recorded in the state
+    dir (runs.py) as it goes, and every line it adds to results.jsonl names the run."""
 
     def __init__(self, jobs: list[Job], out_dir: str, options: Options, progress: Progress):
         self.jobs = jobs
@@ -180,6 +185,8 @@ class Runner:
         self.interrupted = False
         self._agents: set[Any] = set()
         self._lock = threading.Lock()
+        kind = jobs[0].kind if jobs else "map"
+        self.record = RunRecord(kind, jobs[0].mission if kind == "map" and jobs else None, self.out)
 
     def stop(self, *, interrupted: bool = False) -> None:
         self.interrupted = self.interrupted or interrupted
@@ -190,10 +197,19 @@ class Runner:
             agent.kill()
 
     def run(self) -> int:
+        code = 1  # unless it returns: an exception escaped
+        try:
+            code = self._run()
+            return code
+        finally:
+            self.record.end(code)
+
+    def _run(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)
         results = self.out / RESULTS
         finished = self._keep_finished(results) if self.options.resume else set()
         todo = [job for job in self.jobs if job.source not in finished]
+        self.record.begin(self.jobs, finished)
         self.tally.skipped = len(self.jobs) - len(todo)
         self.tally.done = self.tally.skipped
         self._results = open(results, "a" if self.options.resume else "w")
@@ -261,6 +277,7 @@ class Runner:
             "session": attempt.session,
             "termination": attempt.termination,
             "attempts": attempts,
+            "run": self.record.id,
         }
         with self._lock:
             self.tally.running -= 1
@@ -305,6 +322,7 @@ class Runner:
             except QuineboxError as exc:
                 err.write(f"quinebox: {exc}\n".encode())
                 return Attempt(exc.exit_code, termination=str(exc), engine_failed=isinstance(exc, EngineError))
+            self.record.attempt(job.name, job.source, agent.session.session)
             with self._lock:
                 self._agents.add(agent)
             if self.stopping.is_set():

@@ -1,0 +1,93 @@
+"""The record of each `map` and `batch` run in the state dir, so a viewer can follow one live or look back.
+
+    runs/<run-id>/run.json        what the run was asked to do and whose process runs it (written once, before any job)
+    runs/<run-id>/attempts.jsonl  one line per attempt as it starts: {"t", "name", "source", "session"}
+    runs/<run-id>/end.json        how it ended (absent while it runs, and after a SIGKILL: its owner then is dead)
+
+How each input finished is already in DIR/results.jsonl (fanout.py), whose lines carry the run's id;
+this adds only what that file cannot say: the run itself, what is queued and what runs now. The record is
+a bystander: a write that fails (a full disk, an unwritable state dir) costs the record, never the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Collection, Iterable
+
+from quinebox.box.spec import owner_id
+from quinebox.state import state_dir
+
+RUN = "run.json"
+ATTEMPTS = "attempts.jsonl"
+END = "end.json"
+
+
+def runs_dir() -> Path:
+    return state_dir() / "runs"
+
+
+def new_id(now: float | None = None) -> str:
+    """Sorts by start time (to the millisecond, in UTC), then a random part so two runs that start together differ."""
+    now = time.time() if now is None else now
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{secrets.token_hex(3)}"
+
+
+class RunRecord:
+    """Writes one run's record; every method swallows the state dir's failures (see the module's docstring)."""
+
+    def __init__(self, kind: str, mission: str | None, out: Path):
+        self.id = new_id()
+        self.kind = kind
+        self.mission = mission
+        self.out = out
+        self.dir = runs_dir() / self.id
+
+    def begin(self, jobs: Iterable[Any], resumed: Collection[str]) -> None:
+        """Before the first job starts: every input (`jobs` have name and source), and the sources `--resume` skips
+        because an earlier run finished them (their lines in results.jsonl carry that run's id)."""
+        jobs = list(jobs)
+        pid = os.getpid()
+        owner = owner_id()
+        run = {
+            "id": self.id, "kind": self.kind, "mission": self.mission, "out": str(self.out.resolve()), "started": time.time(),
+            "pid": pid, "pid_start": owner.rsplit(":", 1)[1], "owner": owner, "total": len(jobs),
+            "inputs": [{"name": job.name, "source": job.source} for job in jobs], "resumed": sorted(resumed),
+        }
+        try:
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            return
+        self._write_json(RUN, run)
+
+    def attempt(self, name: str, source: str, session: str | None) -> None:
+        """An attempt has started: `session` as soon as its agent's session exists (None where only a later moment knows it)."""
+        line = json.dumps({"t": time.time(), "name": name, "source": source, "session": session}) + "\n"
+        try:
+            fd = os.open(self.dir / ATTEMPTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return
+        try:
+            os.write(fd, line.encode())  # one write of one line: readers never see two attempts interleaved
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def end(self, exit_code: int) -> None:
+        self._write_json(END, {"ended": time.time(), "exit_code": exit_code})
+
+    def _write_json(self, name: str, value: dict[str, Any]) -> None:
+        """Whole or not at all: a reader sees the old file (or none), never half of the new one."""
+        partial = self.dir / f".{name}.tmp"
+        try:
+            partial.write_text(json.dumps(value))
+            os.replace(partial, self.dir / name)
+        except OSError:
+            try:
+                partial.unlink(missing_ok=True)
+            except OSError:
+                pass
