@@ -21,7 +21,7 @@ if [ ! -x .venv/bin/python ]; then
     fi
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,ray,inspect,mcp,docs]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,ray,inspect,mcp,docs,view,otel]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
 # Bytecode for our own modules even where PYTHONDONTWRITEBYTECODE is set: start-up counts.
 .venv/bin/python -m compileall -q quinebox >/dev/null
 .venv/bin/python -c 'import quinebox.cli' || { say "installing quinebox into .venv failed"; exit 125; }

@@ -169,6 +169,11 @@ class Index:
     def recent(self, limit: int = 50) -> list[SessionRow]:
         return self._select("ORDER BY started DESC LIMIT ?", (limit,))
 
+    def version(self) -> tuple[Any, ...]:
+        """Changes whenever a session starts or ends: what a live view polls instead of reading every row."""
+        with self._lock:
+            return tuple(self._db.execute("SELECT COUNT(*), COUNT(ended), MAX(started), MAX(ended), SUM(turns) FROM sessions").fetchone())
+
     def _select(self, where: str, params: tuple[Any, ...]) -> list[SessionRow]:
         with self._lock:
             cursor = self._db.execute(

@@ -96,14 +96,14 @@ def pending() -> list[dict[str, Any]]:
     return sorted(found, key=lambda e: e.get("since", ""))
 
 
-def decide(prefix: str, *, allow: bool, scope: str, globally: bool = False) -> dict[str, Any]:
-    """Answer a pending request (by id or a unique prefix of one) from outside the asking process."""
+def decide(prefix: str, *, allow: bool, scope: str, globally: bool = False, by: str = "cli") -> dict[str, Any]:
+    """Answer a pending request (by id or a unique prefix of one) from outside the asking process; `by` says through what."""
     matches = [e for e in pending() if str(e.get("id", "")).startswith(prefix)] if prefix else []
     if len(matches) != 1:
         what = "no pending request" if not matches else f"{len(matches)} pending requests"
         raise QuineboxError(f"{what} with id {prefix!r}: `quinebox approvals` lists them")
     entry = matches[0]
-    answer = {"id": entry["id"], "digest": entry["digest"], "allow": allow, "scope": scope, "global": globally, "by": f"cli:{_who()}"}
+    answer = {"id": entry["id"], "digest": entry["digest"], "allow": allow, "scope": scope, "global": globally, "by": f"{by}:{_who()}"}
     _write(_dir("decided") / f"{entry['id']}.json", answer)
     return entry
 

@@ -2,13 +2,14 @@
 
     app.py      the app itself, and what every command shares (errors, signals, exit status)
     box.py      exec, ps, kill, gc, doctor, image build
-    agents.py   run, fork, ls, show, logs, replay, tree
+    agents.py   run, fork, ls, show, logs, replay, tree, trace
     fanout.py   map, batch
     worlds.py   world log, diff, export, adopt, commit
     audit.py    audit, audit verify, approvals, approve, deny, revoke
     serve.py    serve, serve status, serve stop
     sandboxes.py  box create, box ls, box rm, cp (long-lived boxes; `exec --in` is box.py's)
     mcp.py      mcp: the MCP server (quinebox[mcp])
+    view.py     view: the web view of sessions, trees, transcripts, worlds, runs and the audit log (quinebox[view])
     server.py   the command server: a warm process forking one worker per command (its thin client is ../client.py)
 
 The CLI may import every layer below it; nothing below imports it. Each module registers its commands on the
@@ -28,13 +29,14 @@ __all__ = ["COMMANDS", "app", "main", "register"]
 #: Each top-level command or group, and the module that registers it (a group's commands, for a group).
 COMMANDS = {
     **dict.fromkeys(("exec", "shell", "enter", "ps", "kill", "gc", "doctor", "image"), "box"),
-    **dict.fromkeys(("run", "fork", "ls", "show", "logs", "replay", "tree"), "agents"),
+    **dict.fromkeys(("run", "fork", "ls", "show", "logs", "replay", "tree", "trace"), "agents"),
     **dict.fromkeys(("map", "batch"), "fanout"),
     "world": "worlds",
     **dict.fromkeys(("audit", "approvals", "approve", "deny", "revoke"), "audit"),
     "serve": "serve",
     **dict.fromkeys(("box", "cp"), "sandboxes"),
     "mcp": "mcp",
+    "view": "view",
 }
 
 

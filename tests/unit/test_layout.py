@@ -28,7 +28,7 @@ ROOMS = [
     ("agent", ("quinebox.agent",)),
     ("tree", ("quinebox.tree",)),
     ("cluster", ("quinebox.cluster",)),
-    ("front", ("quinebox.api", "quinebox.sandbox", "quinebox.cli", "quinebox.client", "quinebox.integrations", "quinebox")),
+    ("front", ("quinebox.api", "quinebox.sandbox", "quinebox.cli", "quinebox.client", "quinebox.integrations", "quinebox.view", "quinebox")),
 ]
 MAX_LINES = 400
 
@@ -150,3 +150,16 @@ def test_the_exec_path_imports_no_sqlite_yaml_rich_openai_or_cryptography():
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert loaded == [], f"the exec path imports {loaded}"
+
+
+def test_every_command_registered_imports_no_optional_extra():
+    """`quinebox --help` and a command server register every command: the view's and the traces' extras stay off that path."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nfrom quinebox.cli import register\nregister([])\nimport quinebox.cli.app as a\na.command()\n"
+        "print(' '.join(m for m in ('starlette', 'uvicorn', 'opentelemetry', 'playwright') if m in sys.modules))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == [], f"registering every command imports {loaded}"

@@ -1,0 +1,128 @@
+"""The audit log as the view reads it: read once, then only what was appended since.
+
+The log names every box of every kind (`box_created` with its owner and parent, `box_ended` with how it
+ended), so it is where the view learns of boxes that are not agents (an in-box `quinebox exec`) and
+whether a session's owner is still alive. A long log is read once per server, not once per page.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import deque
+from datetime import datetime
+from typing import Any
+
+from quinebox.audit import approvals
+from quinebox.audit.log import AuditLog, verify
+
+#: Newest records kept for the audit page.
+RECENT = 2000
+
+
+def _epoch(stamp: Any) -> float | None:
+    try:
+        return datetime.fromisoformat(str(stamp)).timestamp()
+    except ValueError:
+        return None
+
+
+class AuditTail:
+    """Boxes and recent records from the audit log, kept current by `refresh()`."""
+
+    def __init__(self) -> None:
+        self.path = AuditLog().path
+        self.boxes: dict[str, dict[str, Any]] = {}
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        self._offset = 0
+        self._identity: tuple[int, int] | None = None
+        self._partial = b""
+        self._lock = threading.Lock()
+
+    def refresh(self) -> bool:
+        """Read what was appended; True when anything was. A log replaced or cut shorter is read again from its start."""
+        with self._lock:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                return False
+            if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset:
+                self._identity, self._offset, self._partial = (st.st_dev, st.st_ino), 0, b""
+                self.boxes.clear()
+                self.recent.clear()
+            if st.st_size == self._offset:
+                return False
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read(st.st_size - self._offset)
+            self._offset += len(data)
+            lines = (self._partial + data).split(b"\n")
+            self._partial = lines.pop()
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict):
+                    self._take(record)
+            return True
+
+    def _take(self, record: dict[str, Any]) -> None:
+        self.recent.append(record)
+        session, facts = record.get("session"), record.get("facts")
+        if not isinstance(session, str) or not isinstance(facts, dict):
+            return
+        if record.get("kind") == "box_created":
+            parent = facts.get("parent")
+            grants = facts.get("grants")
+            self.boxes[session] = {
+                "session": session,
+                "parent": parent if isinstance(parent, str) else None,
+                "agent": bool(facts.get("agent")),
+                "owner": str(facts.get("owner") or ""),
+                "grants": [str(g) for g in grants] if isinstance(grants, list) else [],
+                "image": str(facts.get("image") or ""),
+                "created": _epoch(record.get("time")),
+                "ended": None,
+                "exit_code": None,
+                "termination": None,
+            }
+        elif record.get("kind") == "box_ended" and session in self.boxes:
+            box = self.boxes[session]
+            box["ended"] = _epoch(record.get("time"))
+            box["exit_code"] = facts.get("exit") if isinstance(facts.get("exit"), int) else None
+            box["termination"] = str(facts.get("termination") or "")
+
+    def children(self, session: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [box for box in self.boxes.values() if box["parent"] == session]
+
+    def box(self, session: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self.boxes.get(session)
+
+    def stamp(self) -> tuple[int, int]:
+        return (self._identity or (0, 0))[1], self._offset
+
+    def page(self, limit: int) -> dict[str, Any]:
+        """The newest `limit` records, the chain's verdict and what waits for a person."""
+        self.refresh()
+        verdict = verify()
+        with self._lock:
+            records = list(self.recent)[-limit:]
+        return {"verify": {"intact": verdict.intact, "line": verdict.line(), "records": verdict.records},
+                "records": records, "pending": pending()}
+
+
+def pending() -> list[dict[str, Any]]:
+    """Requests waiting for a person, with what they asked for; never the process that asked."""
+    return [{k: v for k, v in entry.items() if k != "pid"} for entry in approvals.pending()]
+
+
+def pending_stamp() -> tuple[str, ...]:
+    """Cheap: the names of the pending requests, which change whenever one is asked or answered."""
+    try:
+        return tuple(sorted(os.listdir(AuditLog().directory / "pending")))
+    except OSError:
+        return ()

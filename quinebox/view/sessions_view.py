@@ -1,0 +1,231 @@
+"""Sessions as the view shows them: their states, a session's process tree, and one agent's transcript.
+
+Everything here is read from the sessions index, the tapes and the audit log (through `AuditTail`); the
+functions that decide what a record means (`state_of`, `how_spawned`, `critical_path`) are pure, so the
+page's meaning is tested without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any, Callable
+
+from quinebox.agent.store import Index, SessionRow, read_tape
+from quinebox.box.labels import owner_alive
+from quinebox.state import session_dir
+from quinebox.view.audit_view import AuditTail
+
+STATES = ("running", "waiting", "done", "failed", "killed")
+#: Terminations that mean the box was stopped from outside, not that the agent failed.
+KILLED = {"killed", "timeout", "oom", "time", "world_full", "engine_lost"}
+#: Longest string of a transcript entry sent to the page; the rest is named, not sent.
+MAX_TEXT = 32 << 10
+
+
+def state_of(ended: float | None, exit_code: int | None, termination: str | None, *, alive: bool, waiting: bool) -> str:
+    """One word for a box: running (or waiting for a person), done, failed, or killed (from outside, or its owner died)."""
+    if ended is None:
+        if not alive:
+            return "killed"
+        return "waiting" if waiting else "running"
+    if exit_code == 0:
+        return "done"
+    if (termination or "") in KILLED or (exit_code is not None and exit_code >= 128):
+        return "killed"
+    return "failed"
+
+
+def how_spawned(tape: list[dict[str, Any]], child: str) -> str | None:
+    """How the parent whose tape this is started `child`: fork:wait|race|forget, quinebox run|exec, or a pipeline.
+
+    A spawn happens while one of the tool calls of the last response runs; tools run in order, so the one
+    running is the first that has no `tool`/`tool_error` event yet."""
+    calls: list[dict[str, Any]] = []
+    done = 0
+    for record in tape:
+        kind = record.get("kind")
+        if kind == "response":
+            message = record.get("message")
+            calls = [c for c in (message.get("tool_calls") or []) if isinstance(c, dict)] if isinstance(message, dict) else []
+            done = 0
+        elif kind in ("tool", "tool_error"):
+            done += 1
+        elif kind == "spawn" and record.get("child") == child:
+            what = "quinebox exec" if record.get("what") == "exec" else "quinebox run"
+            if done >= len(calls):
+                return what
+            function = calls[done].get("function") if isinstance(calls[done].get("function"), dict) else {}
+            try:
+                arguments = json.loads(function.get("arguments") or "{}")
+            except (TypeError, ValueError):
+                arguments = {}
+            arguments = arguments if isinstance(arguments, dict) else {}
+            if function.get("name") == "fork":
+                mode = arguments.get("mode")
+                return f"fork:{mode}" if mode in ("wait", "race", "forget") else "fork"
+            command = str(arguments.get("command") or "")
+            if "|" in command and command.count("quinebox") > 1:
+                return "pipeline"
+            return what
+    return None
+
+
+def critical_path(nodes: list[dict[str, Any]], root: str, now: float) -> list[str]:
+    """Root to leaf, each step to the child that ended last: the chain that set when the tree was done."""
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for node in nodes:
+        children.setdefault(node["parent"], []).append(node)
+    path, current = [root], root
+    while children.get(current):
+        last = max(children[current], key=lambda n: n["ended"] if n["ended"] is not None else now)
+        path.append(last["id"])
+        current = last["id"]
+    return path
+
+
+def so_far(tape: list[dict[str, Any]]) -> dict[str, int]:
+    """Turns and tokens of a session still running, from its tape."""
+    answers = [r for r in tape if r.get("kind") == "response"]
+    tokens = sum(int(u.get("total_tokens") or 0) for r in answers if isinstance(u := r.get("usage"), dict) and isinstance(u.get("total_tokens"), int))
+    return {"turns": len(answers), "tokens": tokens}
+
+
+def _clip(value: Any) -> Any:
+    """Strings past MAX_TEXT cut, saying how long they were."""
+    if isinstance(value, str) and len(value) > MAX_TEXT:
+        return value[:MAX_TEXT] + f"\n[cut for the page: {len(value)} characters in all; `quinebox logs` has it whole]"
+    if isinstance(value, dict):
+        return {k: _clip(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clip(v) for v in value]
+    return value
+
+
+class Sessions:
+    """The sessions index and the tapes, with the audit log's boxes beside them."""
+
+    def __init__(self, audit: AuditTail, waiting: Callable[[], set[str]]):
+        self.index = Index()
+        self.audit = audit
+        self._waiting = waiting
+
+    def _alive(self, session: str) -> bool:
+        box = self.audit.box(session)
+        return box is None or not box["owner"] or owner_alive(box["owner"])
+
+    def row(self, row: SessionRow, waiting: set[str] | None = None) -> dict[str, Any]:
+        waiting = self._waiting() if waiting is None else waiting
+        alive = row.ended is not None or self._alive(row.id)
+        state = state_of(row.ended, row.exit_code, row.termination, alive=alive, waiting=row.id in waiting)
+        return {**asdict(row), "state": state}
+
+    def list(self, *, q: str = "", state: str = "", since: float | None = None, exit_code: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        self.audit.refresh()
+        waiting = self._waiting()
+        rows = [self.row(r, waiting) for r in self.index.recent(max(limit * 4, 1000) if (q or state or exit_code is not None) else limit)]
+        words = q.lower().split()
+        return [
+            r for r in rows
+            if all(w in r["mission"].lower() or r["id"].startswith(w) for w in words)
+            and (not state or r["state"] == state)
+            and (since is None or r["started"] >= since)
+            and (exit_code is None or r["exit_code"] == exit_code)
+        ][:limit]
+
+    def find(self, session: str) -> SessionRow:
+        row = self.index.get(session)
+        if row is None:
+            raise KeyError(session)
+        return row
+
+    def one(self, session: str) -> dict[str, Any]:
+        row = self.find(session)
+        tape = read_tape(row.id)
+        meta = tape[0] if tape and tape[0].get("kind") == "meta" else {}
+        keep = ("grants", "image", "workdir", "depth", "forked_from")
+        return {"session": self.row(row), "meta": {k: meta[k] for k in keep if k in meta}}
+
+    def tree(self, session: str) -> dict[str, Any]:
+        """Every box below `session`: agents from the index, other boxes (in-box `quinebox exec`) from the audit log."""
+        self.audit.refresh()
+        waiting = self._waiting()
+        rows = self.index.subtree(self.find(session).id)
+        nodes: list[dict[str, Any]] = []
+        tapes: dict[str, list[dict[str, Any]]] = {}
+        now = time.time()
+        known = {r.id for r in rows}
+        pending = list(rows)
+        while pending:
+            row = pending.pop(0)
+            node = self._node(self.row(row, waiting), tapes, now)
+            node["kind"] = "agent"
+            nodes.append(node)
+            for box in self.audit.children(row.id):  # commands a box started: boxes with no session of their own
+                if box["session"] not in known and not box["agent"]:
+                    known.add(box["session"])
+                    nodes.append(self._exec_node(box, tapes, now))
+        root = nodes[0]["id"]
+        path = critical_path(nodes, root, now)
+        for node in nodes:
+            node["critical"] = node["id"] in path
+        return {"root": root, "nodes": nodes, "critical_path": path}
+
+    def _node(self, row: dict[str, Any], tapes: dict[str, list[dict[str, Any]]], now: float) -> dict[str, Any]:
+        tape = self._tape(row["id"], tapes)
+        meta = (tape or [{}])[0]
+        parent = row["parent"]
+        if row["ended"] is None:  # the index counts turns and tokens when a session ends; until then its tape does
+            row = {**row, **so_far(tape)}
+        return {
+            "id": row["id"], "parent": parent, "mission": row["mission"], "state": row["state"], "exit_code": row["exit_code"],
+            "termination": row["termination"], "turns": row["turns"], "tokens": row["tokens"], "started": row["started"],
+            "ended": row["ended"], "duration_s": round((row["ended"] or now) - row["started"], 3), "model": row["model"],
+            "grants": meta.get("grants") if isinstance(meta.get("grants"), list) else [],
+            "how": how_spawned(self._tape(parent, tapes), row["id"]) if parent else None,
+        }
+
+    def _exec_node(self, box: dict[str, Any], tapes: dict[str, list[dict[str, Any]]], now: float) -> dict[str, Any]:
+        alive = box["ended"] is not None or not box["owner"] or owner_alive(box["owner"])
+        started = box["created"] or now
+        return {
+            "id": box["session"], "parent": box["parent"], "mission": "(a command)", "kind": "exec",
+            "state": state_of(box["ended"], box["exit_code"], box["termination"], alive=alive, waiting=False),
+            "exit_code": box["exit_code"], "termination": box["termination"], "turns": 0, "tokens": 0, "started": started,
+            "ended": box["ended"], "duration_s": round((box["ended"] or now) - started, 3), "model": None, "grants": box["grants"],
+            "how": how_spawned(self._tape(box["parent"], tapes), box["session"]) if box["parent"] else None,
+        }
+
+    @staticmethod
+    def _tape(session: str | None, tapes: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        if session is None:
+            return []
+        if session not in tapes:
+            try:
+                tapes[session] = read_tape(session)
+            except (OSError, ValueError):
+                tapes[session] = []
+        return tapes[session]
+
+    def transcript(self, session: str, after: int = 0) -> dict[str, Any]:
+        """The tape's records from `after` on, each numbered, so a page following a running agent asks only for what is new."""
+        row = self.find(session)
+        try:
+            tape = read_tape(row.id)
+        except ValueError:
+            tape = []
+        entries = [{"i": i, **_clip(record)} for i, record in enumerate(tape) if i >= after and isinstance(record, dict)]
+        return {"session": row.id, "entries": entries, "next": len(tape), "done": any(r.get("kind") == "outcome" for r in tape[-1:])}
+
+    def stamp(self, session: str | None = None) -> Any:
+        """A value that changes when the sessions (or one session's tape) change: cheap enough to poll."""
+        if session is None:
+            return self.index.version()
+        try:
+            return (session_dir(session) / "tape.jsonl").stat().st_size
+        except OSError:
+            return None
+
+    def close(self) -> None:
+        self.index.close()
