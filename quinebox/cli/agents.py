@@ -1,4 +1,4 @@
-"""Commands for agents and their sessions: `run`, `fork`, `ls`, `show`, `logs`, `replay`, `tree`."""
+"""Commands for agents and their sessions: `run`, `fork`, `ls`, `show`, `logs`, `replay`, `tree`, `trace`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from quinebox.cli.app import (
-    ASK_HELP, ASK_TIMEOUT_HELP, BACKEND_HELP, DENY_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP,
-    app, reported, say, supervise, use_backend,
+    ASK_HELP, ASK_TIMEOUT_HELP, BACKEND_HELP, DENY_HELP, OTEL_HELP, OTEL_INSTALL, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP,
+    WORLD_TAR_HELP, app, otel_installed, reported, say, supervise, tracing, use_backend,
 )
 
 if TYPE_CHECKING:
@@ -37,10 +37,12 @@ def run(
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
     backend: Optional[str] = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
     runtime: Optional[str] = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
+    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
     from quinebox.agent.diagnostics import make_view
     from quinebox.tree.supervisor import start_agent
 
+    trace = tracing(otel)
     use_backend(backend, runtime)
     def start() -> Agent:
         return start_agent(
@@ -49,7 +51,7 @@ def run(
             world=world, world_from=world_from or None, world_tar=world_tar, ask=ask, deny=deny, ask_timeout=ask_timeout,
         )
 
-    raise typer.Exit(supervise(start, json_summary=json_summary))
+    raise typer.Exit(supervise(start, json_summary=json_summary, trace=trace))
 
 
 @app.command(help="Start a new session from a recorded one at TURN: its conversation up to that turn, its world as it was then, live from there.")
@@ -63,6 +65,7 @@ def fork(
     max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1),
     quiet: bool = typer.Option(False, "-q", "--quiet"),
     json_summary: bool = typer.Option(False, "--json"),
+    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
     from quinebox.agent.diagnostics import make_view
     from quinebox.agent.tapes import find
@@ -70,6 +73,7 @@ def fork(
     from quinebox.tree.supervisor import start_agent
     from quinebox.worlds.revisions import RevisionLog, unkept_entries
 
+    trace = tracing(otel)
     with reported():
         row = find(session)
         then = moment(row.id, at)
@@ -87,7 +91,7 @@ def fork(
             world_at=(row.id, then.revision), history=history, forked_from={"session": row.id, "turn": at, "revision": then.revision},
         )
 
-    raise typer.Exit(supervise(start, json_summary=json_summary))
+    raise typer.Exit(supervise(start, json_summary=json_summary, trace=trace))
 
 
 @app.command("ls", help="List recent sessions.")
@@ -127,3 +131,32 @@ def tree_command(session: str) -> None:
 
     with reported():
         tapes.print_tree(session)
+
+
+@app.command("trace", help="Export a recorded session and every session below it as OpenTelemetry spans to an OTLP/HTTP collector; prints the trace id.")
+def trace_command(
+    session: str,
+    endpoint: Optional[str] = typer.Option(
+        None, "--endpoint", metavar="URL", help="The collector: http://HOST:4318 or its full traces URL (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else localhost:4318)."
+    ),
+) -> None:
+    import os
+
+    from quinebox.agent.tapes import find
+
+    if not otel_installed():
+        say(f"trace needs the OpenTelemetry extra: {OTEL_INSTALL}")
+        raise typer.Exit(2)
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        say("OTEL_SDK_DISABLED is true: nothing would be exported")
+        raise typer.Exit(2)
+    from quinebox.view.trace_export import export
+
+    with reported():
+        row = find(session)
+        traces, problem = export([row.id], endpoint=endpoint)
+    if problem:
+        say(problem)
+        raise typer.Exit(1)
+    for trace_id in traces:
+        print(trace_id)

@@ -167,11 +167,59 @@ def follow_window(box: Any) -> None:
     resize()
 
 
-def supervise(start: Callable[[], Any], *, json_summary: bool, tty: bool = False, verbose: bool = False) -> int:
+OTEL_HELP = "Export the tree as OpenTelemetry spans when it ends (on too when OTEL_EXPORTER_OTLP_ENDPOINT is set). Needs quinebox[otel]."
+#: What traces need, beyond the plain install.
+OTEL_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+OTEL_INSTALL = "pip install 'quinebox[otel]'"
+
+
+def otel_installed() -> bool:
+    import importlib.util
+
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in OTEL_MODULES)
+    except ImportError:
+        return False
+
+
+def tracing(flag: bool) -> bool:
+    """Whether this command exports its tree's spans at the end: `--otel`, or an OTLP endpoint in the environment as every
+    OpenTelemetry SDK reads it (unless OTEL_SDK_DISABLED). Decided before anything starts: `--otel` without the extra is
+    a usage error, an endpoint in the environment without it one line and no traces."""
+    import os
+
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    named = [v for v in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT") if os.environ.get(v)]
+    if not (flag or named):
+        return False
+    if otel_installed():
+        return True
+    if flag:
+        say(f"--otel needs the OpenTelemetry extra: {OTEL_INSTALL}")
+        raise typer.Exit(2)
+    say(f"{named[0]} is set, but quinebox's traces need the OpenTelemetry extra ({OTEL_INSTALL}): not exporting")
+    return False
+
+
+def export_traces(roots: list[str], run: Any = None) -> None:
+    """Send the finished trees' spans; whatever happens, one line at most and never a different exit status."""
+    try:
+        from quinebox.view.trace_export import export
+
+        _, problem = export(roots, run)
+    except Exception as exc:  # noqa: BLE001 - a trace is an extra: no failure of it may change how the run ended
+        problem = f"traces: not exported: {type(exc).__name__}: {exc}"
+    if problem:
+        say(problem)
+
+
+def supervise(start: Callable[[], Any], *, json_summary: bool, tty: bool = False, verbose: bool = False, trace: bool = False) -> int:
     """Start one box wired to this process's stdio and map how it ended to our exit status.
 
     Signals we receive kill the box; we exit 128+n only once it is removed.
     With `tty`, the box gets this terminal, in raw mode until the box is gone.
+    With `trace`, the tree's spans are exported once it is gone, before the JSON summary (which stays the last line).
     """
     import time
 
@@ -212,6 +260,8 @@ def supervise(start: Callable[[], Any], *, json_summary: bool, tty: bool = False
         code = 128 + received[0]
     elif proc.broken_pipe:
         code = EXIT_BROKEN_PIPE
+    if trace and proc.session:
+        export_traces([proc.session])
     if json_summary:
         summary: dict[str, Any] = {
             "exit_code": code,

@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from typing import Any, Callable, List, Optional
 
 import typer
 
-from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, DENY_HELP, FORWARDED_SIGNALS, app, reported, say
+from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, DENY_HELP, FORWARDED_SIGNALS, OTEL_HELP, app, export_traces, reported, say, tracing
 
 
-def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool, cluster: str | None = None, forward_env: List[str] = ()) -> int:
-    """Run jobs with progress on stderr, here or on a cluster; signals stop new starts and kill what runs."""
+def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool, cluster: str | None = None, forward_env: List[str] = (),
+            trace: str | None = None) -> int:
+    """Run jobs with progress on stderr, here or on a cluster; signals stop new starts and kill what runs.
+
+    With `trace` (the command's name), the run is exported as one trace once it ends: a span for the run, each
+    input's tree under it."""
     from quinebox.tree.fanout import Runner
     from quinebox.tree.progress import make_progress
 
@@ -31,7 +36,15 @@ def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summar
         if options.parallel is None:
             options.parallel = connected.capacity() if connected else LOCAL_PARALLEL
     received: list[int] = []
-    with make_progress(len(jobs)) as progress:
+    landed: dict[str, str] = {}  # each finished input's session, and the input's name
+    began = time.time()
+    with make_progress(len(jobs)) as shown:
+
+        def progress(tally: Any, record: dict[str, Any] | None) -> None:
+            if record and isinstance(record.get("session"), str):
+                landed[record["session"]] = str(record.get("name"))
+            shown(tally, record)
+
         if connected is not None:
             from quinebox.cluster.driver import ClusterRunner
 
@@ -52,6 +65,10 @@ def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summar
     if received:
         code = 128 + received[0]
         say(f"stopped: {tally.done} of {tally.total} finished; --resume runs the rest")
+    if trace and landed:
+        from quinebox.view.traces import Run
+
+        export_traces(list(landed), Run(trace, began, time.time(), code, dict(landed)))
     if json_summary:
         summary = {"exit_code": code, "total": tally.total, "done": tally.done, "failed": tally.failed, "skipped": tally.skipped, "results": f"{out}/results.jsonl"}
         print(json.dumps(summary), file=sys.stderr, flush=True)
@@ -99,15 +116,17 @@ def map_command(
     json_summary: bool = typer.Option(False, "--json", help="One JSON summary line on stderr at the end."),
     cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help=CLUSTER_HELP),
     forward_env: List[str] = typer.Option([], "--forward-env", metavar="NAME", help=FORWARD_HELP),
+    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
     from quinebox.tree.fanout import map_jobs
 
+    trace = "map" if tracing(otel) else None
     options = checked_options(
         parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens,
         ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout,
     )
     common = {"grants": tuple(grant), "image": image, "model": model, "timeout": timeout}
-    raise typer.Exit(fan_out(lambda: map_jobs(mission, inputs or [], jsonl, **common), out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env))
+    raise typer.Exit(fan_out(lambda: map_jobs(mission, inputs or [], jsonl, **common), out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env, trace=trace))
 
 
 @app.command("batch", help="Run the jobs of a YAML file (mission, material or input, grants, image, model per job). " + FANOUT_HELP)
@@ -126,11 +145,13 @@ def batch_command(
     json_summary: bool = typer.Option(False, "--json"),
     cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help=CLUSTER_HELP),
     forward_env: List[str] = typer.Option([], "--forward-env", metavar="NAME", help=FORWARD_HELP),
+    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
     from quinebox.tree.fanout import batch_jobs
 
+    trace = "batch" if tracing(otel) else None
     options = checked_options(
         parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens,
         ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout,
     )
-    raise typer.Exit(fan_out(lambda: batch_jobs(jobs_file), out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env))
+    raise typer.Exit(fan_out(lambda: batch_jobs(jobs_file), out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env, trace=trace))
