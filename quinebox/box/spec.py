@@ -120,12 +120,16 @@ def process_start_ticks(pid: int) -> str:
 
 def run_files(session: str, grants: Grants, asks: Asks) -> dict[str, str | None]:
     """Where a box's sockets and trust live on the host, in the run dir: its lifeline always,
-    its egress socket with net grants or net rules to ask about, its trust directory with secret grants."""
+    its egress socket with net grants or net rules to ask about, its trust directory with secret grants that
+    have a way out. A secret reaches its host only through the egress proxy, which writes that trust: with no
+    proxy (no net grant, or net:bridge) the box holds the placeholder alone, and there is no trust to mount."""
     here = run_dir()
+    egress = bool(grants.net or asks.ask.net)
+    proxied = egress and not any(rule.kind == "bridge" for rule in grants.net)
     return {
         "lifeline": str(here / f"{session}.sock"),
-        "tls_dir": str(here / f"{session}.tls") if grants.secrets else None,
-        "egress_socket": str(here / f"{session}.egress") if grants.net or asks.ask.net else None,
+        "tls_dir": str(here / f"{session}.tls") if grants.secrets and proxied else None,
+        "egress_socket": str(here / f"{session}.egress") if egress else None,
     }
 
 

@@ -107,3 +107,21 @@ def test_refusals(argv, kw, words):
 def test_a_unix_docker_host_is_protected_too(tmp_path):
     paths = protected_paths({"DOCKER_HOST": "unix:///srv/engine.sock"}, tmp_path)
     assert "/srv/engine.sock" in paths and str(tmp_path) in paths and "/var/run/docker.sock" in paths
+
+
+@pytest.mark.parametrize(
+    ("grants", "ask", "tls", "egress"),
+    [
+        ([], [], False, False),
+        (["net:api.example.com"], [], False, True),
+        (["secret:QB_TEST_SECRET@api.example.com", "net:api.example.com"], [], True, True),
+        (["secret:QB_TEST_SECRET@api.example.com"], ["net:api.example.com"], True, True),  # a person may open the way
+        # no way out: the proxy that writes the trust never starts, so nothing is mounted (it failed to start, 125)
+        (["secret:QB_TEST_SECRET@api.example.com"], [], False, False),
+        (["secret:QB_TEST_SECRET@api.example.com", "net:bridge"], [], False, True),
+    ],
+)
+def test_a_box_gets_its_trust_only_where_its_secrets_have_a_way_out(monkeypatch, grants, ask, tls, egress):
+    monkeypatch.setenv("QB_TEST_SECRET", "value-of-the-secret")
+    spec = build_spec(["true"], grants=grants, ask=ask, ask_timeout="0")
+    assert (spec.tls_dir is not None, spec.egress_socket is not None) == (tls, egress)
