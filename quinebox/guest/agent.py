@@ -102,7 +102,8 @@ def main(argv):
     if cycle == 0:
         setup_fds()
     held = hold_lifeline(held)
-    forwarder.start()  # again after each exec: the listener does not survive one
+    # Again after each exec, which the listener does not survive; under a lifeline (a cold box) the lifeline's serves.
+    forwarder.start(shared=True)
     try:
         host = Host(cycle)
     except (OSError, protocol.ProtocolError, EOFError) as exc:

@@ -10,6 +10,7 @@ the box, and the box could hand the host any socket of its own instead.
 Stdlib only, small, no state.
 """
 
+import errno
 import os
 import socket
 import threading
@@ -17,8 +18,10 @@ import threading
 EGRESS_SOCKET = "/run/quinebox/egress.sock"
 
 
-def start():
-    """Listen where QUINEBOX_EGRESS says, if it says; hand each connection to the host on a thread of its own."""
+def start(shared=False):
+    """Listen where QUINEBOX_EGRESS says, if it says; hand each connection to the host on a thread of its own.
+
+    `shared`: the box's lifeline may hold the listener already (an agent under it), and then that one serves."""
     listen = os.environ.get("QUINEBOX_EGRESS")
     if not listen:
         return None
@@ -28,8 +31,10 @@ def start():
     try:
         server.bind((address, int(port)))
     except OSError as exc:
-        os.write(2, f"quinebox: no egress: cannot listen on {listen}: {exc.strerror}\n".encode())
         server.close()
+        if shared and exc.errno == errno.EADDRINUSE:
+            return None
+        os.write(2, f"quinebox: no egress: cannot listen on {listen}: {exc.strerror}\n".encode())
         return None
     server.listen(128)
     threading.Thread(target=_hand_over, args=(server,), daemon=True).start()

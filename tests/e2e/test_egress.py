@@ -209,6 +209,16 @@ def test_a_child_asking_for_wider_network_is_refused_with_125(outside, tmp_path)
     assert done.stdout == b"125\n0\n", done.stderr
 
 
+def test_an_agent_with_egress_says_nothing_of_its_forwarder_and_a_secret_with_no_way_out_still_starts(tmp_path):
+    """Under the lifeline, which listens for the box already, the agent's own forwarder stays quiet; a secret with
+    no net grant is a placeholder alone (it once failed the box with 125: no trust to mount)."""
+    scripts(tmp_path, mission=[{"sh": "printf 'ok %s\\n' \"${API_TOKEN%%-*}\" >&4"}, {"exit": "success"}])
+    env = {**os.environ, "API_TOKEN": "a-value-never-seen-in-a-box"}
+    for grants in (["-g", "net:127.0.0.1:9"], ["-g", "secret:API_TOKEN@api.test"]):
+        done = qb("run", "-q", "-m", f"script:{tmp_path / 'mission.yaml'}", *grants, "say ok", env=env)
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"ok quinebox\n" if "secret" in grants[1] else b"ok \n", b""), grants
+
+
 def test_an_agent_is_told_where_it_may_go_and_its_tape_records_each_connection(outside, fake_openai, monkeypatch):
     subnet, address, env = outside
     monkeypatch.setenv("QUINEBOX_EGRESS_HOSTS", env["QUINEBOX_EGRESS_HOSTS"])
