@@ -60,9 +60,11 @@ def make_app(settings: Settings, catalog: Catalog | None = None) -> Starlette:
     catalog = catalog or Catalog()
 
     def reply(value: Any, status: int = 200) -> Response:
+        catalog.learn_secrets()  # a box granted a secret since the last answer: its value is scrubbed from this one on
         return Response(catalog.redactor.json(value), status_code=status, media_type="application/json", headers=HEADERS)
 
-    def route(path: str, read: Callable[..., Any], methods: tuple[str, ...] = ("GET",)) -> Route:
+    def route(path: str, read: Callable[[Request], Any]) -> Route:
+        """A GET answered by `read(request)` in a thread (it reads files and SQLite), as JSON."""
         async def endpoint(request: Request) -> Response:
             try:
                 return reply(await run_in_threadpool(read, request))
@@ -73,7 +75,7 @@ def make_app(settings: Settings, catalog: Catalog | None = None) -> Starlette:
             except ValueError as exc:
                 return reply({"error": str(exc)}, 400)
 
-        return Route(path, endpoint, methods=list(methods))
+        return Route(path, endpoint)
 
     def number(request: Request, name: str, default: float | None = None) -> float | None:
         value = request.query_params.get(name)

@@ -16,6 +16,7 @@ from typing import Any
 
 from quinebox.audit import approvals
 from quinebox.audit.log import AuditLog, verify
+from quinebox.view.redact import secret_names
 
 #: Newest records kept for the audit page.
 RECENT = 2000
@@ -35,6 +36,8 @@ class AuditTail:
         self.path = AuditLog().path
         self.boxes: dict[str, dict[str, Any]] = {}
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        #: The variables any box was granted as a secret, by name: their values are what the view must never send.
+        self.secret_names: set[str] = set()
         self._offset = 0
         self._identity: tuple[int, int] | None = None
         self._partial = b""
@@ -76,6 +79,7 @@ class AuditTail:
         if record.get("kind") == "box_created":
             parent = facts.get("parent")
             grants = facts.get("grants")
+            self.secret_names |= secret_names(grants if isinstance(grants, list) else [])
             self.boxes[session] = {
                 "session": session,
                 "parent": parent if isinstance(parent, str) else None,

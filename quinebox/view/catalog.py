@@ -10,7 +10,7 @@ from typing import Any
 
 from quinebox.view import runs_view, worlds_view
 from quinebox.view.audit_view import AuditTail, pending, pending_stamp
-from quinebox.view.redact import Redactor, secret_names
+from quinebox.view.redact import Redactor
 from quinebox.view.sessions_view import Sessions
 
 
@@ -19,6 +19,7 @@ class Catalog:
         self.redactor = redactor or Redactor()
         self.audit = AuditTail()
         self.sessions = Sessions(self.audit, self._waiting)
+        self.learn_secrets()
 
     def _waiting(self) -> set[str]:
         return {str(entry.get("session")) for entry in pending()}
@@ -29,8 +30,7 @@ class Catalog:
     def learn_secrets(self) -> None:
         """Scrub the values of every variable a box was granted as a secret (by name) in what the audit log holds."""
         self.audit.refresh()
-        for box in list(self.audit.boxes.values()):
-            self.redactor.learn(secret_names(box["grants"]))
+        self.redactor.learn(set(self.audit.secret_names))
 
     # -- worlds and runs, by the modules that read them ---------------------------------------------
 
@@ -62,8 +62,7 @@ class Catalog:
 
     def stamps(self, topics: list[str]) -> dict[str, Any]:
         """Each topic's stamp: sessions, session:<id>, tree:<id>, runs, run:<id>, audit, approvals."""
-        if self.audit.refresh():
-            self.learn_secrets()
+        self.learn_secrets()
         waiting = pending_stamp()
         version = self.sessions.stamp()
         found: dict[str, Any] = {}

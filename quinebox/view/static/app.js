@@ -282,7 +282,7 @@ function showSession(root, selected) {
     document.querySelectorAll("#world .rev").forEach((el) => el.classList.toggle("selected", el.dataset.rev === String(rev)));
     try {
       const answer = await api(`/api/sessions/${id}/world/${rev}/diff`);
-      diff.textContent = answer.changes.map((c) => `${c.code} ${c.path}`).join("\n") + "\n\n" + answer.diff;
+      diff.textContent = answer.diff || "(no changes)";
     } catch (err) { diff.textContent = err.message; }
     if (DATA) return;
     try {
