@@ -3,6 +3,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+
+# The web view's tests drive Debian's headless Chromium with Playwright (the `test` extra; never `playwright install`,
+# which downloads a browser of its own). A missing browser fails those tests, never skips them.
+say() { echo "test: $*" >&2; }
+if [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        say "installing Debian's chromium (for the web view's tests in a real browser)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    fi
+    if [ ! -x /usr/bin/chromium ]; then
+        say "no /usr/bin/chromium: tests/e2e/test_view.py needs it (apt-get install chromium)"
+        [ "${CI:-}" != true ] || exit 1
+    fi
+fi
+.venv/bin/python -c 'import playwright.sync_api' || { say "Playwright's Python package is missing from .venv (the test extra)"; exit 1; }
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" tests
 status=$?
@@ -23,11 +39,12 @@ fi
 if [ "$status" = 0 ] && [ $# = 0 ]; then
     # The default backend is an OCI runtime here: the box tests and the e2e suite once more on the Docker
     # backend (its engine-only tests, the pool and the cluster's, already pin it and ran above; the long-lived
-    # boxes' run each backend themselves).
+    # boxes' run each backend themselves; the web view reads only the state dir, the same from either backend).
     echo "test: the box and e2e tests again, on the Docker backend" >&2
     QUINEBOX_BACKEND=docker .venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_isolation.py \
         tests/integration/test_seccomp.py tests/integration/test_any_image.py tests/integration/test_exec_api.py tests/e2e \
-        --ignore=tests/e2e/test_cluster.py --ignore=tests/e2e/test_pool.py --ignore=tests/e2e/test_sandboxes.py
+        --ignore=tests/e2e/test_cluster.py --ignore=tests/e2e/test_pool.py --ignore=tests/e2e/test_sandboxes.py \
+        --ignore=tests/e2e/test_view.py
     status=$?
 fi
 if [ "$status" = 0 ] && [ $# = 0 ]; then

@@ -139,7 +139,7 @@ def test_a_run_is_one_trace_of_box_agent_turns_calls_and_its_child_box_with_no_s
     secret = "real-secret-" + os.urandom(12).hex()
     fake_openai.steps = [sh("echo $API_TOKEN >&5; quinebox exec -- echo child >&4", usage=(123, 45)), exit_()]
     env = plain_env(OTEL_EXPORTER_OTLP_ENDPOINT=otlp.url, API_TOKEN=secret)
-    grants = ["-g", "net:api.test", "-g", f"secret:API_TOKEN@api.test", "-g", "spawn:1", "-g", "depth:1"]
+    grants = ["-g", "net:api.test", "-g", "secret:API_TOKEN@api.test", "-g", "spawn:1", "-g", "depth:1"]
     done = qb("run", "-q", "--json", *grants, "count the regions", env=env)
     assert (done.returncode, done.stdout) == (0, b"child\n"), done.stderr
     session = summary(done.stderr)["session"]

@@ -1,0 +1,447 @@
+"""`quinebox view` in a real browser (Debian's headless Chromium, driven by Playwright) over real runs on the real
+backend: the 36-session tree, transcripts, live state, approvals from the page, the token, the page's own network
+log, and no secret or provider key on any page, stream or export.
+
+Every `quinebox view` and every run here is started by this module and stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import ssl
+import subprocess
+import threading
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from certificates import issue_certificates
+from commands import QUINEBOX, qb, scripts
+from view_browser import Browser, export_files, go, open_page, view_server, wait_for
+
+from quinebox.agent.store import Index, read_tape
+from quinebox.audit.log import AuditLog
+from quinebox.state import state_dir
+
+REPO = Path(__file__).resolve().parents[2]
+TREE = REPO / "examples" / "tree"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    opened = Browser()
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(scope="module")
+def tree() -> dict:
+    """The README's 36-session demo, run once: its root and {session: parent} from the sessions index."""
+    done = qb("run", "-q", "--json", "-m", f"script:{TREE / 'root.yaml'}", "-g", "spawn:35", "-g", "depth:2", "Survey the ten regions", timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    root = json.loads(done.stderr.decode().splitlines()[-1])["session"]
+    index = Index()
+    try:
+        rows = index.subtree(root)
+    finally:
+        index.close()
+    assert len(rows) == 36
+    return {"root": root, "parents": {row.id: row.parent or "" for row in rows}, "rows": {row.id: row for row in rows}}
+
+
+@pytest.fixture(scope="module")
+def mapped(tmp_path_factory) -> dict:
+    """A small `map` run: three inputs, one scripted agent each."""
+    here = tmp_path_factory.mktemp("map")
+    scripts(here, upper=[{"sh": "tr a-z A-Z <&3 >&4"}, {"exit": "success"}])
+    for name in ("a", "b", "c"):
+        (here / f"{name}.txt").write_text(f"input {name}\n")
+    out = here / "out"
+    done = qb("map", "shout it", *(str(here / f"{n}.txt") for n in ("a", "b", "c")), "-m", f"script:{here / 'upper.yaml'}", "-o", str(out), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {"out": out, "names": ["a.txt", "b.txt", "c.txt"]}
+
+
+@pytest.fixture(scope="module")
+def view(tree):
+    with view_server() as server:
+        yield server
+
+
+def no_foreign(recorded, origin: str) -> None:
+    foreign = recorded.foreign(origin)
+    assert recorded.requests, "the browser recorded no request at all"
+    assert foreign == [], f"the page reached beyond {origin}: {foreign}"
+
+
+def nodes(page) -> dict[str, str]:
+    return page.eval_on_selector_all("#tree .node", "els => Object.fromEntries(els.map(e => [e.dataset.session, e.dataset.parent || '']))")
+
+
+# -- (a) the tree ------------------------------------------------------------------------------------
+
+
+def test_the_36_session_tree_has_36_nodes_with_their_parents(browser, view, tree):
+    context, recorded = browser.context()
+    try:
+        page = open_page(context, view.page_url(f"#/s/{tree['root']}"), "session")
+        page.wait_for_function("() => document.querySelectorAll('#tree .node').length >= 36")
+        assert nodes(page) == tree["parents"]
+        states = page.eval_on_selector_all("#tree .node", "els => els.map(e => e.dataset.state)")
+        assert states == ["done"] * 36
+        critical = page.eval_on_selector_all('#tree .node[data-critical="1"]', "els => els.map(e => e.dataset.session)")
+        assert tree["root"] in critical and 2 <= len(critical) <= 3  # root → a splitting worker → one of its leaves
+        # The same as the API says, and as `quinebox tree` prints.
+        api = view.json(f"/api/sessions/{tree['root']}/tree")
+        assert {n["id"]: n["parent"] or "" for n in api["nodes"]} == tree["parents"]
+        printed = qb("tree", tree["root"]).stdout.decode()
+        assert set(re.findall(r"\b[0-9a-f]{12}\b", printed)) == set(tree["parents"])
+        no_foreign(recorded, view.origin)
+    finally:
+        context.close()
+
+
+# -- (b) a node's transcript ---------------------------------------------------------------------------
+
+
+def test_clicking_a_node_shows_that_agents_transcript(browser, view, tree):
+    leaf = next(id for id, row in tree["rows"].items() if row.mission == "Survey district c")
+    other = next(id for id, row in tree["rows"].items() if row.mission == "Survey region 7")
+    context, recorded = browser.context()
+    try:
+        page = open_page(context, view.page_url(f"#/s/{tree['root']}"), "session")
+        page.wait_for_selector(f'#transcript[data-session="{tree["root"]}"] .entry')
+        for chosen in (leaf, other):
+            page.click(f'#tree .node[data-session="{chosen}"] .label')
+            page.wait_for_selector(f'#transcript[data-session="{chosen}"] .entry[data-kind="outcome"]')
+            tape = read_tape(chosen)
+            kinds = page.eval_on_selector_all("#transcript .entry", "els => els.map(e => e.dataset.kind)")
+            tape_kinds = [r["kind"] for r in tape]
+            assert kinds == tape_kinds, (kinds, tape_kinds)
+            text = page.inner_text("#transcript")
+            assert tree["rows"][chosen].mission in text
+            for record in tape:
+                if record["kind"] == "tool":  # the command as typed, or as the JSON of its arguments
+                    command = record["args"]["command"]
+                    assert command in text or json.dumps(command)[1:-1] in text, command
+                    assert record["result"].splitlines()[0] in text
+            assert "Survey region 1 by delegating" not in text  # the root's fork is not in a leaf's transcript
+            assert "done" in page.inner_text("#node-summary") or "exit 0" in page.inner_text("#node-summary")
+        assert page.loads == 1  # clicks never reload the page
+        no_foreign(recorded, view.origin)
+    finally:
+        context.close()
+
+
+# -- (c) live state ----------------------------------------------------------------------------------
+
+
+def test_a_running_agent_changes_state_on_the_page_without_a_reload(browser, view, tmp_path):
+    mission = f"sleep then report {os.urandom(4).hex()}"
+    scripts(tmp_path, sleeper=[{"sh": "sleep 8; echo slept >&4"}, {"exit": "success"}])
+    run = subprocess.Popen([QUINEBOX, "run", "-q", "-m", f"script:{tmp_path / 'sleeper.yaml'}", mission], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    context, recorded = browser.context()
+    try:
+        def started():
+            index = Index()
+            try:
+                return next((row.id for row in index.recent(20) if row.mission == mission), None)
+            finally:
+                index.close()
+
+        session = wait_for(started, 60, what="the run's session in the index")
+        listing = open_page(context, view.page_url("#/"), "sessions")
+        page = open_page(context, view.page_url(f"#/s/{session}"), "session")
+        for p in (listing, page):
+            p.evaluate("() => { window.__stillHere = 'marker' }")
+        page.wait_for_selector(f'#tree .node[data-session="{session}"][data-state="running"]', timeout=20_000)
+        listing.wait_for_selector(f'tr.session[data-session="{session}"][data-state="running"]', timeout=20_000)
+        assert run.poll() is None, "the run ended before the page saw it running"
+        page.wait_for_selector(f'#tree .node[data-session="{session}"][data-state="done"]', timeout=60_000)
+        page.wait_for_selector(f'#transcript[data-session="{session}"] .entry[data-kind="outcome"]')
+        listing.wait_for_selector(f'tr.session[data-session="{session}"][data-state="done"]')
+        out, err = run.communicate(timeout=60)
+        assert (run.returncode, out) == (0, b"slept\n"), err
+        for p in (listing, page):
+            assert p.loads == 1 and p.evaluate("() => window.__stillHere") == "marker"
+        no_foreign(recorded, view.origin)
+    finally:
+        context.close()
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=30)
+
+
+# -- (d) approvals -----------------------------------------------------------------------------------
+
+
+def next_request(within: float = 90.0) -> dict:
+    def listed():
+        return [json.loads(line) for line in qb("approvals", "--json").stdout.splitlines()]
+
+    return wait_for(lambda: (listed() or [None])[0], within, what="a waiting request")
+
+
+def test_a_waiting_approval_shows_and_only_an_allowed_view_approves_it(browser, tree, tmp_path):
+    scripts(
+        tmp_path,
+        parent=[{"sh": "quinebox run -q -m script:child.yaml 'say hello' >&4; echo child $? >&4"}, {"exit": "success"}],
+        child=[{"sh": "echo from the child >&4"}, {"exit": "success"}],
+    )
+    tmp_path.chmod(0o755)
+    run = subprocess.Popen(
+        [QUINEBOX, "run", "-q", "-m", f"script:{tmp_path / 'parent.yaml'}", "--ask", "spawn:1", "--ask-timeout", "300", "delegate, if allowed"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        request = next_request()
+        rid, session = request["id"], request["session"]
+        pending = f'.pending[data-request="{rid}"]'
+
+        with view_server() as view:  # read-only: shows the request, offers no button, refuses a decision
+            context, recorded = browser.context()
+            try:
+                page = open_page(context, view.page_url("#/audit"), "audit")
+                page.wait_for_selector(f"#approvals {pending}")
+                assert page.locator(f"#approvals {pending} button.approve").count() == 0
+                go(page, f"#/s/{session}", "session")
+                page.wait_for_selector(f"#approvals-here {pending}")
+                assert page.locator(f"#approvals-here {pending} button.approve").count() == 0
+                no_foreign(recorded, view.origin)
+            finally:
+                context.close()
+            assert view.json("/api/approvals")["allow_approve"] is False
+            status, body, _ = view.request("POST", f"/api/approvals/{rid}", headers={"X-Quinebox-Token": view.token, "Content-Type": "application/json"},
+                                           body=json.dumps({"allow": True, "scope": "once"}).encode())
+            assert status == 403, body
+        assert [r["id"] for r in (json.loads(line) for line in qb("approvals", "--json").stdout.splitlines())] == [rid]
+        assert run.poll() is None
+
+        with view_server("--allow-approve") as view:
+            # The token alone is not enough for a decision: the page's own header (X-Quinebox-Token) must come with it.
+            status, _, _ = view.request("POST", f"/api/approvals/{rid}", headers={"Content-Type": "application/json"},
+                                        body=json.dumps({"allow": True, "scope": "once"}).encode())
+            assert status == 403
+            status, _, _ = view.request("POST", f"/api/approvals/{rid}", token=None, headers={"Content-Type": "application/json", "Cookie": f"quinebox_view_token={view.token}"},
+                                        body=json.dumps({"allow": True, "scope": "once"}).encode())
+            assert status == 403
+            context, recorded = browser.context()
+            try:
+                audit = open_page(context, view.page_url("#/audit"), "audit")
+                audit.wait_for_selector(f"#approvals {pending} button.approve")
+                assert audit.locator(f"#approvals {pending} button.deny").count() == 1
+                page = open_page(context, view.page_url(f"#/s/{session}"), "session")
+                page.click(f"#approvals-here {pending} button.approve")
+                out, err = run.communicate(timeout=120)
+                assert (run.returncode, out) == (0, b"from the child\nchild 0\n"), err
+                page.wait_for_selector(f"#approvals-here {pending}", state="detached")  # gone without a reload
+                audit.wait_for_selector(f"#approvals {pending}", state="detached")
+                assert page.loads == 1 and audit.loads == 1
+                no_foreign(recorded, view.origin)
+            finally:
+                context.close()
+        decided = [r for r in AuditLog(state_dir() / "audit").records() if r["kind"] == "approval_decided" and r["facts"].get("id") == rid]
+        assert len(decided) == 1 and decided[0]["facts"]["allowed"] is True and decided[0]["session"] == session
+        assert "view" in decided[0]["facts"]["by"], decided[0]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=30)
+
+
+# -- (e) the token -----------------------------------------------------------------------------------
+
+
+def test_without_its_token_the_server_answers_403(view, tree):
+    paths = ["/", "/api/sessions", f"/api/sessions/{tree['root']}/tree", "/api/events?topics=sessions", "/static/app.js", "/api/audit"]
+    wrong = "x" + view.token[1:] if not view.token.startswith("x") else "y" + view.token[1:]
+    for path in paths:
+        for token, extra in ((None, {}), (wrong, {}), (None, {"Cookie": f"quinebox_view_token={wrong}"})):
+            status, body, _ = view.get(path, token=token, headers=extra)
+            assert status == 403, (path, token, status)
+            assert body.startswith(b"403: this view needs its token"), body[:200]
+        joiner = "&" if "?" in path else "?"
+        status, _, _ = view.get(f"{path}{joiner}token={wrong}", token=None)
+        assert status == 403, path
+    status, body, headers = view.get(f"/?token={view.token}", token=None)
+    assert status == 200 and b"<html" in body.lower()
+    cookie = headers.get("set-cookie") or headers.get("Set-Cookie") or ""
+    assert f"quinebox_view_token={view.token}" in cookie and "httponly" in cookie.lower(), cookie
+    for path in ("/api/sessions", "/static/app.js", f"/api/sessions/{tree['root']}/tree"):
+        assert view.get(path, token=None, headers={"Cookie": f"quinebox_view_token={view.token}"})[0] == 200, path
+        assert view.get(path)[0] == 200, path
+    assert b"event-stream" in view.events("sessions", 1.0).split(b"\r\n\r\n")[0].lower()
+
+
+# -- (f) the network log, over every view ---------------------------------------------------------------
+
+
+def test_the_page_asks_nothing_of_any_host_but_the_server(browser, view, tree, mapped):
+    context, recorded = browser.context()
+    try:
+        page = open_page(context, view.page_url("#/"), "sessions")
+        page.wait_for_selector(f'tr.session[data-session="{tree["root"]}"]')
+        page.click(f'tr.session[data-session="{tree["root"]}"]')
+        page.wait_for_selector('body[data-route="session"][data-ready="1"]')
+        page.wait_for_selector("#tree .node")
+        go(page, "#/runs", "runs")
+        page.wait_for_selector("table#runs tbody tr.run")
+        run_id = page.eval_on_selector("table#runs tbody tr.run", "e => e.dataset.run")
+        assert view.json(f"/api/runs/{run_id}")["run"]["out"] == str(mapped["out"])
+        go(page, f"#/r/{run_id}", "run")
+        page.wait_for_selector(f'#run[data-run="{run_id}"]')
+        page.wait_for_function("() => /3\\/3 done, 0 failed, 0 running/.test(document.querySelector('#run-progress').textContent)")
+        states = page.eval_on_selector_all("table#run-inputs tbody tr.input", "els => Object.fromEntries(els.map(e => [e.dataset.name, e.dataset.state]))")
+        assert states == {name: "done" for name in mapped["names"]}
+        go(page, "#/audit", "audit")
+        page.wait_for_selector('#audit-verify[data-intact="1"]')
+        assert page.loads == 1
+        paths = {url[len(view.origin):].split("?")[0] for url in recorded.requests}
+        assert "/" in paths and any(p.startswith("/static/") for p in paths) and any(p.startswith("/api/") for p in paths), paths
+        no_foreign(recorded, view.origin)
+    finally:
+        context.close()
+
+
+# -- (g) nothing sensitive -------------------------------------------------------------------------------
+
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    """An HTTPS service that says back the credential it was sent, and the provider's key besides: what reaches the
+    box from a careless service reaches its tape, so only the view's own scrubbing keeps it off the page."""
+
+    key = ""
+
+    def do_GET(self):
+        body = f"you sent [{self.headers.get('Authorization', '')}] and the key is [{self.key}]\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+FETCH = (
+    "python3 -c \"import os, urllib.request; r = urllib.request.Request('https://api.test:{port}/', "
+    "headers={{'Authorization': 'Bearer ' + os.environ['ACME_CODE']}}); print(urllib.request.urlopen(r, timeout=30).read().decode(), end='')\""
+    " > /world/reply; cat /world/reply; cat /world/reply >&4"
+)
+
+
+def test_no_secret_or_provider_key_on_any_page_stream_or_export(browser, tree, tmp_path):
+    secret, key = "acme-" + os.urandom(16).hex(), "sk-live-" + os.urandom(16).hex()
+    cert, private = issue_certificates(tmp_path, "api.test")
+    (tmp_path / "cert.pem").write_text(cert)
+    (tmp_path / "key.pem").write_text(private)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    Echo.key = key
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    (tmp_path / "hosts").write_text("127.0.0.1 api.test\n")
+    env = {**os.environ, "ACME_CODE": secret, "OPENAI_API_KEY": key, "QUINEBOX_EGRESS_HOSTS": str(tmp_path / "hosts"), "SSL_CERT_FILE": str(tmp_path / "ca.pem")}
+    scripts(tmp_path, fetch=[{"say": "fetching the greeting", "sh": FETCH.format(port=port)}, {"exit": "success"}])
+    mission = f"fetch the greeting {os.urandom(3).hex()}"
+    try:
+        with view_server(env=env) as view:
+            context, recorded = browser.context()
+            try:
+                listing = open_page(context, view.page_url("#/"), "sessions")
+                streamed: list[bytes] = []
+                follower = threading.Thread(target=lambda: streamed.append(view.events("sessions,runs,audit,approvals", 25.0)))
+                follower.start()
+                done = qb("run", "-q", "--json", "-m", f"script:{tmp_path / 'fetch.yaml'}", "-g", f"net:127.0.0.1:{port}", "-g", "secret:ACME_CODE@api.test",
+                          mission, env=env, timeout=300)
+                assert done.returncode == 0, done.stderr[-2000:]
+                session = json.loads(done.stderr.decode().splitlines()[-1])["session"]
+                # Not a vacuous check: the real value did come back into the box's record.
+                assert f"[Bearer {secret}]".encode() in done.stdout and key.encode() in done.stdout
+                assert secret in json.dumps(read_tape(session))
+                listing.wait_for_selector(f'tr.session[data-session="{session}"][data-state="done"]')
+                follower.join(timeout=60)
+
+                seen: dict[str, str] = {"stream": streamed[0].decode(errors="replace") if streamed else ""}
+                page = open_page(context, view.page_url(f"#/s/{session}"), "session")
+                page.wait_for_selector(f'#transcript[data-session="{session}"] .entry[data-kind="outcome"]')
+                assert "[redacted]" in page.inner_text("#transcript") or "you sent" in page.inner_text("#transcript")
+                if page.locator("#world-tab").count():  # the world is a tab beside the transcript
+                    page.click("#world-tab")
+                page.wait_for_selector("#world .rev")
+                revs = page.eval_on_selector_all("#world .rev", "els => els.map(e => e.dataset.rev)")
+                assert len(revs) >= 2, revs  # the start, and the sh call that wrote /world/reply
+                for rev in revs:
+                    with page.expect_response(lambda r: f"/world/{rev}/diff" in r.url):
+                        page.click(f'#world .rev[data-rev="{rev}"]')
+                    page.wait_for_timeout(200)  # the answer, rendered
+                    seen[f"world diff {rev}"] = page.inner_text("#world")
+                assert "[redacted]" in seen[f"world diff {revs[-1]}"], seen[f"world diff {revs[-1]}"]
+                seen["session page"] = page.content() + page.inner_text("body")
+                for route, name in (("#/", "sessions"), (f"#/s/{tree['root']}", "session"), ("#/runs", "runs"), ("#/audit", "audit")):
+                    go(page, route, name)
+                    page.wait_for_timeout(300)
+                    seen[f"page {route}"] = page.content() + page.inner_text("body")
+                for response in recorded.responses:
+                    if "/api/events" not in response.url:
+                        try:
+                            seen[f"response {response.url}"] = response.text()
+                        except Exception:  # noqa: BLE001 - a body the browser no longer holds: fetched again below
+                            pass
+                no_foreign(recorded, view.origin)
+            finally:
+                context.close()
+            api = [f"/api/sessions?q={quote(mission)}", f"/api/sessions/{session}", f"/api/sessions/{session}/tree", f"/api/sessions/{session}/transcript",
+                   f"/api/sessions/{session}/world", "/api/runs", "/api/audit?limit=1000", "/api/approvals"]
+            for rev in view.json(f"/api/sessions/{session}/world")["revisions"]:
+                api += [f"/api/sessions/{session}/world/{rev['rev']}/diff", f"/api/sessions/{session}/world/{rev['rev']}/files"]
+                for file in view.json(f"/api/sessions/{session}/world/{rev['rev']}/files")["files"]:
+                    api.append(f"/api/sessions/{session}/world/{rev['rev']}/file?path={quote(file['path'])}")
+            assert any(p.endswith("/file?path=reply") for p in api), api
+            for path in api:
+                status, body, _ = view.get(path)
+                assert status == 200, path
+                seen[path] = body.decode(errors="replace")
+            assert "[redacted]" in seen[f"/api/sessions/{session}/transcript"]
+        exported = tmp_path / "export"
+        made = qb("view", "--export", str(exported), env=env, timeout=300)
+        assert made.returncode == 0, made.stderr
+        made_one = qb("view", "--export", str(tmp_path / "export-one"), session, env=env, timeout=300)
+        assert made_one.returncode == 0, made_one.stderr
+        files = {**export_files(exported), **{f"one/{k}": v for k, v in export_files(tmp_path / "export-one").items()}}
+        assert "data.js" in files and "index.html" in files
+        for name, data in files.items():
+            seen[f"export {name}"] = data.decode(errors="replace")
+        leaks = [where for where, text in seen.items() if secret in text or key in text]
+        assert leaks == [], f"the secret or the key shows in: {leaks}"
+        assert secret[:12] not in "".join(seen.values()) and key[8:20] not in "".join(seen.values())  # not even a prefix of either
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# -- (h) an export, opened from file:// --------------------------------------------------------------------
+
+
+def test_an_export_opened_from_a_file_shows_the_tree(browser, tree, tmp_path):
+    made = qb("view", "--export", str(tmp_path / "export"), tree["root"], timeout=300)
+    assert made.returncode == 0, made.stderr
+    index = tmp_path / "export" / "index.html"
+    assert index.is_file()
+    context, recorded = browser.context()
+    try:
+        page = open_page(context, f"{index.as_uri()}#/s/{tree['root']}", "session")
+        page.wait_for_function("() => document.querySelectorAll('#tree .node').length >= 36")
+        assert nodes(page) == tree["parents"]
+        leaf = next(id for id, row in tree["rows"].items() if row.mission == "Survey district a")
+        page.click(f'#tree .node[data-session="{leaf}"] .label')
+        page.wait_for_selector(f'#transcript[data-session="{leaf}"] .entry[data-kind="outcome"]')
+        no_foreign(recorded, (tmp_path / "export").as_uri())
+    finally:
+        context.close()
