@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
@@ -17,3 +18,14 @@ def scripts(directory: Path, **files: list) -> Path:
     for name, turns in files.items():
         (directory / f"{name}.yaml").write_text(json.dumps({"turns": turns}))
     return directory
+
+
+def wait_for(predicate, timeout: float = 60.0, every: float = 0.1, what: str = "the condition"):
+    """`predicate()`'s first true value, asked every `every` seconds; AssertionError after `timeout`."""
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"{what} did not hold within {timeout:g} s")

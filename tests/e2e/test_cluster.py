@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from commands import QUINEBOX, qb, scripts
+from commands import QUINEBOX, qb, scripts, wait_for
 from live_boxes import live_boxes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,16 +94,6 @@ def sessions_on(node: Node) -> set[str]:
 
 def boxes_of_runs(engine) -> list:
     return [box for box in live_boxes(engine, RUN_LABEL) if box.status != "exited"]
-
-
-def wait_for(what, timeout: float = 60.0, every: float = 0.1):
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        value = what()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def test_map_on_three_nodes_matches_a_local_map(cluster, engine, tmp_path):

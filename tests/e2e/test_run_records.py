@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from commands import wait_for
 from live_boxes import live_boxes
 
 from quinebox.agent.store import Index
@@ -22,16 +23,6 @@ def run_of(out: Path) -> dict:
     """The one recorded run that wrote to `out` (the state dir is the test session's, shared with other tests)."""
     [found] = [row for row in runs_view.runs() if row["out"] == str(out.resolve())]
     return runs_view.run(found["id"])
-
-
-def wait_for(check, what: str, timeout: float = 120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def test_a_map_is_recorded_with_each_input_its_session_exit_and_output(engine, tmp_path):
@@ -70,7 +61,7 @@ def test_a_map_killed_mid_way_shows_as_killed_with_its_unfinished_inputs_not_don
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # Live: the second input runs (its session known) once the first has finished.
-        live = wait_for(lambda: (r := _maybe_run(out)) and [i["state"] for i in r["inputs"]] == ["done", "running", "queued"] and r, "k2 running")
+        live = wait_for(lambda: (r := _maybe_run(out)) and [i["state"] for i in r["inputs"]] == ["done", "running", "queued"] and r, timeout=120, every=0.05, what="k2 running")
         assert live["state"] == "running" and live["inputs"][1]["session"] and (live["done"], live["running"]) == (1, 1)
         stamp = runs_view.run_stamp()
     finally:
@@ -87,7 +78,7 @@ def test_a_map_killed_mid_way_shows_as_killed_with_its_unfinished_inputs_not_don
     assert row["state"] == "killed"
     # What the killed map left running is its gc's.
     assert subprocess.run([QUINEBOX, "gc"], capture_output=True, timeout=60).returncode == 0
-    wait_for(lambda: live_boxes(engine) == [], "the killed map's boxes gone", timeout=30)
+    wait_for(lambda: live_boxes(engine) == [], timeout=30, what="the killed map's boxes gone")
 
 
 def _maybe_run(out: Path) -> dict | None:

@@ -19,8 +19,8 @@ from urllib.parse import quote
 
 import pytest
 from certificates import issue_certificates
-from commands import QUINEBOX, qb, scripts
-from view_browser import Browser, export_files, go, open_page, view_server, wait_for
+from commands import QUINEBOX, qb, scripts, wait_for
+from view_browser import Browser, export_files, go, open_page, view_server
 
 from quinebox.agent.store import Index, read_tape
 from quinebox.audit.log import AuditLog

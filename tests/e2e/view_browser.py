@@ -210,15 +210,5 @@ def go(page, route: str, name: str) -> None:
     ready(page, name)
 
 
-def wait_for(predicate, within: float = 60.0, every: float = 0.1, what: str = "the condition"):
-    until = time.monotonic() + within
-    while time.monotonic() < until:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"{what} did not hold within {within:g} s")
-
-
 def export_files(directory: Path) -> dict[str, bytes]:
     return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file()}

@@ -139,27 +139,28 @@ def test_the_checker_sees_lazy_imports_and_skips_type_checking_ones(tmp_path, mo
     assert imports_of("quinebox.box.fake") == {"quinebox.agent.store"}
 
 
-def test_the_exec_path_imports_no_sqlite_yaml_rich_openai_or_cryptography():
-    """`quinebox exec` and `quinebox.exec` start in well under a second because these stay off their path."""
+def loaded_after(setup: str, names: tuple[str, ...]) -> list[str]:
+    """Which of `names` a fresh interpreter has imported after running `setup`."""
     import subprocess
     import sys
 
-    probe = (
-        "import sys, quinebox.cli, quinebox.cli.box, quinebox.api, quinebox.box.process, quinebox.tree.supervisor\n"
-        "print(' '.join(m for m in ('sqlite3', 'yaml', 'rich', 'openai', 'cryptography') if m in sys.modules))\n"
+    probe = f"import sys\n{setup}\nprint(' '.join(m for m in {names!r} if m in sys.modules))\n"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_the_exec_path_imports_no_sqlite_yaml_rich_openai_or_cryptography():
+    """`quinebox exec` and `quinebox.exec` start in well under a second because these stay off their path."""
+    loaded = loaded_after(
+        "import quinebox.cli, quinebox.cli.box, quinebox.api, quinebox.box.process, quinebox.tree.supervisor",
+        ("sqlite3", "yaml", "rich", "openai", "cryptography"),
     )
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert loaded == [], f"the exec path imports {loaded}"
 
 
 def test_every_command_registered_imports_no_optional_extra():
     """`quinebox --help` and a command server register every command: the view's and the traces' extras stay off that path."""
-    import subprocess
-    import sys
-
-    probe = (
-        "import sys\nfrom quinebox.cli import register\nregister([])\nimport quinebox.cli.app as a\na.command()\n"
-        "print(' '.join(m for m in ('starlette', 'uvicorn', 'opentelemetry', 'playwright') if m in sys.modules))\n"
+    loaded = loaded_after(
+        "from quinebox.cli import register\nregister([])\nimport quinebox.cli.app as a\na.command()",
+        ("starlette", "uvicorn", "opentelemetry", "playwright"),
     )
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert loaded == [], f"registering every command imports {loaded}"
