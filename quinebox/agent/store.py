@@ -32,6 +32,7 @@ class Tape:
         self._lock = threading.Lock()
 
     def append(self, kind: str, **fields: Any) -> None:
+        fields.pop("t", None)  # the time is the host's: a "t" that a box sent with its event cannot stand in for it
         record = {"t": round(time.time(), 3), "kind": kind, **fields}
         line = json.dumps(record, ensure_ascii=False, default=str).encode() + b"\n"
         with self._lock:
@@ -51,13 +52,25 @@ class Tape:
             self._fd = -1
 
 
-def read_tape(session: str) -> list[dict[str, Any]]:
+def read_tape(session: str, *, lenient: bool = False) -> list[dict[str, Any]]:
+    """The tape's records. `lenient` (for readers that only show it: the view, traces) skips a line that is not
+    a JSON object instead of raising ValueError, as replaying a tape must."""
     path = session_dir(session) / "tape.jsonl"
     try:
         lines = path.read_bytes().split(b"\n")[:-1]  # a last line without its newline is still being written
     except FileNotFoundError:
         return []
-    return [json.loads(line) for line in lines if line.strip()]
+    if not lenient:
+        return [json.loads(line) for line in lines if line.strip()]
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def follow_tape(session: str, stop: "threading.Event | None" = None, poll: float = 0.2) -> Iterator[dict[str, Any]]:
@@ -165,6 +178,10 @@ class Index:
 
     def children(self, session: str) -> list[SessionRow]:
         return self._select("WHERE parent = ? ORDER BY started", (session,))
+
+    def running(self) -> list[SessionRow]:
+        """Sessions not ended (or whose owner died before it could end them)."""
+        return self._select("WHERE ended IS NULL ORDER BY started", ())
 
     def recent(self, limit: int = 50) -> list[SessionRow]:
         return self._select("ORDER BY started DESC LIMIT ?", (limit,))

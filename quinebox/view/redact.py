@@ -32,7 +32,7 @@ class Redactor:
         self._environ = dict(os.environ if environ is None else environ)
         self._values: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
-        names = {name for name in self._environ if CREDENTIAL_NAME.search(name)} | {"OPENAI_API_KEY", "QUINEBOX_AUDIT_KEY"}
+        names = {name for name in self._environ if CREDENTIAL_NAME.search(name)} | {"OPENAI_API_KEY"}
         self.learn(names | set(extra_names))
         key_file = self._environ.get("QUINEBOX_AUDIT_KEY_FILE")
         if key_file:
@@ -57,6 +57,16 @@ class Redactor:
 
     def text(self, text: str) -> str:
         return text if self._pattern is None else self._pattern.sub(MARK, text)
+
+    def scrub(self, value: Any) -> Any:
+        """`value` with every string in it scrubbed: for text that is cut afterwards, so no cut can leave half a secret."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {k: self.scrub(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.scrub(v) for v in value]
+        return value
 
     def json(self, value: Any) -> str:
         """`value` as JSON text with every known secret replaced."""

@@ -12,16 +12,15 @@ by the SDK itself; `endpoint` overrides only the URL.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
+from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
 from quinebox import __version__
-from quinebox.agent.store import Index, SessionRow
+from quinebox.agent.store import Index, SessionRow, read_tape
 from quinebox.audit.log import AuditLog
-from quinebox.state import session_dir
 from quinebox.view.redact import Redactor, secret_names
 from quinebox.view.traces import Run, Span, build
 
@@ -30,19 +29,6 @@ EXPORT_DEADLINE = 4.0
 #: Spans per request, so that a big tree never meets a collector's request size limit.
 BATCH = 512
 DEFAULT_ENDPOINT = "http://localhost:4318/v1/traces"
-
-
-def tape_of(session: str) -> list[Any]:
-    """A session's records, skipping a line that is not JSON (the tape's own reader stops at one)."""
-    try:
-        lines = (session_dir(session) / "tape.jsonl").read_bytes().split(b"\n")[:-1]
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            records.append(json.loads(line))
-    return records
 
 
 def gather(roots: Sequence[str]) -> tuple[dict[str, SessionRow], dict[str, list[Any]], list[dict[str, Any]]]:
@@ -71,16 +57,18 @@ def gather(roots: Sequence[str]) -> tuple[dict[str, SessionRow], dict[str, list[
             pending += boxes_below.get(session, [])
     finally:
         index.close()
-    return rows, {session: tape_of(session) for session in rows}, audit
+    return rows, {session: read_tape(session, lenient=True) for session in rows}, audit
 
 
 def spans_for(roots: Sequence[str], run: Run | None = None) -> list[Span]:
     """The spans of the trees under `roots`, every text scrubbed of the credentials this process can see."""
     rows, tapes, audit = gather(roots)
-    spans = build(roots, rows, tapes, audit, run)
     grants = [g for r in audit for g in (r.get("facts") or {}).get("grants") or [] if isinstance(g, str)]
     grants += [g for tape in tapes.values() for r in tape[:1] if isinstance(r, dict) for g in r.get("grants") or [] if isinstance(g, str)]
     redactor = Redactor(extra_names=secret_names(grants))
+    # Scrubbed before the builder cuts long texts (a cut could keep the first half of a secret), and again after.
+    rows = {session: replace(row, mission=redactor.text(row.mission)) for session, row in rows.items()}
+    spans = build(roots, rows, {session: redactor.scrub(tape) for session, tape in tapes.items()}, audit, run)
     for span in spans:
         span.name = redactor.text(span.name)
         span.error = None if span.error is None else redactor.text(span.error)

@@ -19,6 +19,7 @@ type is left out, never a crash, since a tape is written by a box's requests.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence, Union
@@ -76,12 +77,18 @@ class BoxLife:
     termination: str | None = None
 
 
+#: Latest time a span may carry (about the year 2096): a box can write any number into its events, and a span's
+#: time in nanoseconds must stay an integer the SDK and OTLP take.
+LATEST_S = 4e9
+
+
 def ns(seconds: float) -> int:
-    return int(round(seconds * 1e9))
+    return int(round(min(max(seconds, 0.0), LATEST_S) * 1e9))
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
+    """A finite number, or None: an int or float a tape or the audit log holds, nothing else (bool, NaN, inf, text)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
 def _int(value: Any) -> int | None:

@@ -324,3 +324,10 @@ def test_where_the_spans_go(given_url, environ, expected, monkeypatch):
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     assert where(given_url) == expected
+
+
+@pytest.mark.parametrize("when", [1e308, -1e308, 1e20, float("inf"), float("-inf"), float("nan")])
+def test_a_box_that_writes_any_time_into_its_events_still_gets_well_formed_spans(when):
+    """A box sends its events' fields; once it could even send their time. No number may lose the tree its trace."""
+    tape = [meta("a"), rec("request", 1, turn=1), rec("response", 2, turn=1), rec("tool", when, turn=1, name="sh"), rec("outcome", 4)]
+    well_formed(spans_of({"a": tape}))
