@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +47,18 @@ FORBIDDEN = "403: this view needs its token: open the URL `quinebox view` printe
 class Settings:
     token: str
     allow_approve: bool = False
+    #: The port, in the cookie's name: a browser sends a host's cookies to every port of it, so two views side by
+    #: side would each overwrite the other's token.
+    port: int = 0
+
+    @property
+    def cookie(self) -> str:
+        return f"{COOKIE}_{self.port}"
 
 
-def _authorized(request: Request, token: str) -> bool:
-    given = request.query_params.get("token") or request.cookies.get(COOKIE) or ""
+def _authorized(request: Request, settings: Settings) -> bool:
+    token = settings.token
+    given = request.query_params.get("token") or request.cookies.get(settings.cookie) or ""
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         given = header[7:].strip()
@@ -82,9 +91,12 @@ def make_app(settings: Settings, catalog: Catalog | None = None) -> Starlette:
         if value in (None, ""):
             return default
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
-            raise ValueError(f"{name} must be a number, not {value!r}") from None
+            number = math.nan
+        if not math.isfinite(number):
+            raise ValueError(f"{name} must be a number, not {value!r}")
+        return number
 
     def sessions(request: Request) -> Any:
         exit_code = number(request, "exit")
@@ -118,7 +130,8 @@ def make_app(settings: Settings, catalog: Catalog | None = None) -> Starlette:
 
         async def stream():
             seen = await run_in_threadpool(catalog.stamps, topics)
-            yield "retry: 1000\n\n"
+            # "ready": from here on every change is told; the page reads once more whatever changed before it.
+            yield "retry: 1000\nevent: ready\ndata: {}\n\n"
             last = time.monotonic()
             while not await request.is_disconnected():
                 await asyncio.sleep(POLL_S)
@@ -136,7 +149,7 @@ def make_app(settings: Settings, catalog: Catalog | None = None) -> Starlette:
     async def page(request: Request) -> Response:
         response = FileResponse(STATIC / "index.html", headers=HEADERS)
         if request.query_params.get("token"):
-            response.set_cookie(COOKIE, settings.token, httponly=True, samesite="strict")
+            response.set_cookie(settings.cookie, settings.token, httponly=True, samesite="strict")
         return response
 
     async def static(request: Request) -> Response:
@@ -169,18 +182,18 @@ def make_app(settings: Settings, catalog: Catalog | None = None) -> Starlette:
         yield
         catalog.close()
 
-    return Starlette(routes=routes, middleware=[Middleware(TokenGuard, token=settings.token)], lifespan=lifespan)
+    return Starlette(routes=routes, middleware=[Middleware(TokenGuard, settings=settings)], lifespan=lifespan)
 
 
 class TokenGuard:
     """Every request, the page and its files included, answers 403 without the token."""
 
-    def __init__(self, app: ASGIApp, token: str):
+    def __init__(self, app: ASGIApp, settings: Settings):
         self.app = app
-        self.token = token
+        self.settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not _authorized(Request(scope), self.token):
+        if scope["type"] == "http" and not _authorized(Request(scope), self.settings):
             await PlainTextResponse(FORBIDDEN, 403, headers=HEADERS)(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -38,6 +38,9 @@ class AuditTail:
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         #: The variables any box was granted as a secret, by name: their values are what the view must never send.
         self.secret_names: set[str] = set()
+        #: Sessions by their parent's, so a tree finds a box's children without reading every box ever logged.
+        self._children: dict[str, list[str]] = {}
+        self._verdict: tuple[tuple[int, int], dict[str, Any]] | None = None
         self._offset = 0
         self._identity: tuple[int, int] | None = None
         self._partial = b""
@@ -54,6 +57,7 @@ class AuditTail:
                 self._identity, self._offset, self._partial = (st.st_dev, st.st_ino), 0, b""
                 self.boxes.clear()
                 self.recent.clear()
+                self._children.clear()
             if st.st_size == self._offset:
                 return False
             with open(self.path, "rb") as f:
@@ -80,6 +84,8 @@ class AuditTail:
             parent = facts.get("parent")
             grants = facts.get("grants")
             self.secret_names |= secret_names(grants if isinstance(grants, list) else [])
+            if isinstance(parent, str) and session not in self.boxes:
+                self._children.setdefault(parent, []).append(session)
             self.boxes[session] = {
                 "session": session,
                 "parent": parent if isinstance(parent, str) else None,
@@ -100,7 +106,7 @@ class AuditTail:
 
     def children(self, session: str) -> list[dict[str, Any]]:
         with self._lock:
-            return [box for box in self.boxes.values() if box["parent"] == session]
+            return [self.boxes[child] for child in self._children.get(session, ())]
 
     def box(self, session: str) -> dict[str, Any] | None:
         with self._lock:
@@ -112,11 +118,17 @@ class AuditTail:
     def page(self, limit: int) -> dict[str, Any]:
         """The newest `limit` records, the chain's verdict and what waits for a person."""
         self.refresh()
-        verdict = verify()
         with self._lock:
             records = list(self.recent)[-limit:]
-        return {"verify": {"intact": verdict.intact, "line": verdict.line(), "records": verdict.records},
-                "records": records, "pending": pending()}
+        return {"verify": self.verdict(), "records": records, "pending": pending()}
+
+    def verdict(self) -> dict[str, Any]:
+        """`audit verify`'s verdict, made again only when the log changed: it hashes the whole log."""
+        stamp = self.stamp()
+        if self._verdict is None or self._verdict[0] != stamp:
+            found = verify()
+            self._verdict = (stamp, {"intact": found.intact, "line": found.line(), "records": found.records})
+        return self._verdict[1]
 
 
 def pending() -> list[dict[str, Any]]:
@@ -125,8 +137,5 @@ def pending() -> list[dict[str, Any]]:
 
 
 def pending_stamp() -> tuple[str, ...]:
-    """Cheap: the names of the pending requests, which change whenever one is asked or answered."""
-    try:
-        return tuple(sorted(os.listdir(AuditLog().directory / "pending")))
-    except OSError:
-        return ()
+    """The ids of the requests waiting, which change whenever one is asked, answered, or its asker dies."""
+    return tuple(sorted(str(entry.get("id")) for entry in approvals.pending()))

@@ -18,7 +18,7 @@ class Catalog:
     def __init__(self, redactor: Redactor | None = None):
         self.redactor = redactor or Redactor()
         self.audit = AuditTail()
-        self.sessions = Sessions(self.audit, self._waiting)
+        self.sessions = Sessions(self.audit, self._waiting, self.redactor.scrub)
         self.learn_secrets()
 
     def _waiting(self) -> set[str]:
@@ -38,9 +38,8 @@ class Catalog:
     def world_revisions(session: str) -> dict[str, Any]:
         return worlds_view.revisions(session)
 
-    @staticmethod
-    def world_diff(session: str, rev: int) -> dict[str, Any]:
-        return worlds_view.diff(session, rev)
+    def world_diff(self, session: str, rev: int) -> dict[str, Any]:
+        return worlds_view.diff(session, rev, self.redactor.text)
 
     @staticmethod
     def world_files(session: str, rev: int) -> dict[str, Any]:
@@ -54,9 +53,8 @@ class Catalog:
     def runs() -> list[dict[str, Any]]:
         return runs_view.runs()
 
-    @staticmethod
-    def run(run_id: str) -> dict[str, Any]:
-        return runs_view.run(run_id)
+    def run(self, run_id: str) -> dict[str, Any]:
+        return runs_view.run(run_id, self.redactor.text)
 
     # -- what changed -------------------------------------------------------------------------------
 
@@ -64,7 +62,7 @@ class Catalog:
         """Each topic's stamp: sessions, session:<id>, tree:<id>, runs, run:<id>, audit, approvals."""
         self.learn_secrets()
         waiting = pending_stamp()
-        version = self.sessions.stamp()
+        version = self.sessions.stamp() if any(t.partition(":")[0] in ("sessions", "session", "tree") for t in topics) else None
         found: dict[str, Any] = {}
         for topic in topics:
             kind, _, subject = topic.partition(":")

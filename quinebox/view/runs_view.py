@@ -23,6 +23,8 @@ from quinebox.tree.runs import ATTEMPTS, END, RUN, runs_dir
 
 #: How much of each deliverable a run's page shows.
 OUTPUT_HEAD = 4096
+#: Read past the head, so that scrubbing sees whole any secret the cut would split.
+SCRUB_MARGIN = 1024
 #: What a run id (a directory name under runs/) may look like; anything else is no run.
 RUN_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,127}")
 
@@ -250,19 +252,20 @@ def runs() -> list[dict[str, Any]]:
     return found
 
 
-def run(run_id: str) -> dict[str, Any]:
-    """One run and each of its inputs, with the head of its deliverable. KeyError: no such run."""
+def run(run_id: str, scrub: Callable[[str], str] = str) -> dict[str, Any]:
+    """One run and each of its inputs, with the head of its deliverable, `scrub`bed before it is cut. KeyError: no such run."""
     header = _header(run_id) if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else None
     if header is None:
         raise KeyError(run_id)
     summary, inputs = _summary(header)
     for row in inputs:
-        row["output"], row["output_bytes"] = _output(header.out, row["name"])
+        row["output"], row["output_bytes"] = _output(header.out, row["name"], scrub)
     return {**summary, "inputs": inputs}
 
 
-def _output(out: Path | None, name: str) -> tuple[str | None, int | None]:
-    """The first OUTPUT_HEAD bytes of DIR/<name>.out as text, and its size; a name that could leave DIR has none."""
+def _output(out: Path | None, name: str, scrub: Callable[[str], str]) -> tuple[str | None, int | None]:
+    """The first OUTPUT_HEAD characters of DIR/<name>.out, and its size; a name that could leave DIR has none.
+    A little more is read and scrubbed before the cut, so that a secret across it is not left half shown."""
     if out is None or not name or name.startswith(".") or "/" in name or "\0" in name:
         return None, None
     try:
@@ -273,7 +276,7 @@ def _output(out: Path | None, name: str) -> tuple[str | None, int | None]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None, None
-        return os.pread(fd, OUTPUT_HEAD, 0).decode(errors="replace"), info.st_size
+        return scrub(os.pread(fd, OUTPUT_HEAD + SCRUB_MARGIN, 0).decode(errors="replace"))[:OUTPUT_HEAD], info.st_size
     except OSError:
         return None, None
     finally:

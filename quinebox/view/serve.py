@@ -42,8 +42,12 @@ def serve(
     import uvicorn
 
     token = secrets.token_urlsafe(24)
-    app = make_app(Settings(token=token, allow_approve=allow_approve))
     sock = listen(host, port)
+    try:
+        app = make_app(Settings(token=token, allow_approve=allow_approve, port=sock.getsockname()[1]))
+    except BaseException:
+        sock.close()
+        raise
     url = url_of(sock, token, session)
     if host not in LOOPBACK:
         print(f"quinebox: warning: the view listens on {host}, beyond this machine; anyone who learns its URL can read every session", file=sys.stderr, flush=True)

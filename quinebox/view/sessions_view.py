@@ -8,6 +8,7 @@ page's meaning is tested without a server.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict
 from typing import Any, Callable
@@ -17,9 +18,10 @@ from quinebox.box.labels import owner_alive
 from quinebox.state import session_dir
 from quinebox.view.audit_view import AuditTail
 
-STATES = ("running", "waiting", "done", "failed", "killed")
 #: Terminations that mean the box was stopped from outside, not that the agent failed.
 KILLED = {"killed", "timeout", "oom", "time", "world_full", "engine_lost"}
+#: What a session id looks like (box/spec.py makes them); anything else names no tape.
+SESSION_ID = re.compile(r"[0-9a-f]{6,64}")
 #: Longest string of a transcript entry sent to the page; the rest is named, not sent.
 MAX_TEXT = 32 << 10
 
@@ -48,7 +50,8 @@ def how_spawned(tape: list[dict[str, Any]], child: str) -> str | None:
         kind = record.get("kind")
         if kind == "response":
             message = record.get("message")
-            calls = [c for c in (message.get("tool_calls") or []) if isinstance(c, dict)] if isinstance(message, dict) else []
+            listed = message.get("tool_calls") if isinstance(message, dict) else None
+            calls = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
             done = 0
         elif kind in ("tool", "tool_error"):
             done += 1
@@ -92,24 +95,25 @@ def so_far(tape: list[dict[str, Any]]) -> dict[str, int]:
     return {"turns": len(answers), "tokens": tokens}
 
 
-def _clip(value: Any) -> Any:
-    """Strings past MAX_TEXT cut, saying how long they were."""
+def clip(value: Any) -> Any:
+    """Strings past MAX_TEXT cut, saying how long they were (scrub secrets first: a cut could keep half of one)."""
     if isinstance(value, str) and len(value) > MAX_TEXT:
         return value[:MAX_TEXT] + f"\n[cut for the page: {len(value)} characters in all; `quinebox logs` has it whole]"
     if isinstance(value, dict):
-        return {k: _clip(v) for k, v in value.items()}
+        return {k: clip(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clip(v) for v in value]
+        return [clip(v) for v in value]
     return value
 
 
 class Sessions:
     """The sessions index and the tapes, with the audit log's boxes beside them."""
 
-    def __init__(self, audit: AuditTail, waiting: Callable[[], set[str]]):
+    def __init__(self, audit: AuditTail, waiting: Callable[[], set[str]], scrub: Callable[[Any], Any]):
         self.index = Index()
         self.audit = audit
         self._waiting = waiting
+        self._scrub = scrub
 
     def _alive(self, session: str) -> bool:
         box = self.audit.box(session)
@@ -142,7 +146,7 @@ class Sessions:
 
     def one(self, session: str) -> dict[str, Any]:
         row = self.find(session)
-        tape = read_tape(row.id)
+        tape = read_tape(row.id, lenient=True)
         meta = tape[0] if tape and tape[0].get("kind") == "meta" else {}
         keep = ("grants", "image", "workdir", "depth", "forked_from")
         return {"session": self.row(row), "meta": {k: meta[k] for k in keep if k in meta}}
@@ -151,20 +155,22 @@ class Sessions:
         """Every box below `session`: agents from the index, other boxes (in-box `quinebox exec`) from the audit log."""
         self.audit.refresh()
         waiting = self._waiting()
-        rows = self.index.subtree(self.find(session).id)
-        nodes: list[dict[str, Any]] = []
+        root = self.find(session)
         tapes: dict[str, list[dict[str, Any]]] = {}
         now = time.time()
-        known = {r.id for r in rows}
-        pending = list(rows)
-        while pending:
-            row = pending.pop(0)
-            node = self._node(self.row(row, waiting), tapes, now)
-            node["kind"] = "agent"
-            nodes.append(node)
-            for box in self.audit.children(row.id):  # commands a box started: boxes with no session of their own
+        nodes: list[dict[str, Any]] = [{**self._node(self.row(root, waiting), tapes, now), "kind": "agent"}]
+        known, pending = {root.id}, [root.id]
+        while pending:  # breadth first; a command's box may start agents too, so both kinds are walked
+            parent = pending.pop(0)
+            for row in self.index.children(parent):
+                if row.id not in known:
+                    known.add(row.id)
+                    pending.append(row.id)
+                    nodes.append({**self._node(self.row(row, waiting), tapes, now), "kind": "agent"})
+            for box in self.audit.children(parent):
                 if box["session"] not in known and not box["agent"]:
                     known.add(box["session"])
+                    pending.append(box["session"])
                     nodes.append(self._exec_node(box, tapes, now))
         root = nodes[0]["id"]
         path = critical_path(nodes, root, now)
@@ -203,25 +209,31 @@ class Sessions:
             return []
         if session not in tapes:
             try:
-                tapes[session] = read_tape(session)
-            except (OSError, ValueError):
+                tapes[session] = read_tape(session, lenient=True)
+            except OSError:
                 tapes[session] = []
         return tapes[session]
 
     def transcript(self, session: str, after: int = 0) -> dict[str, Any]:
         """The tape's records from `after` on, each numbered, so a page following a running agent asks only for what is new."""
         row = self.find(session)
-        try:
-            tape = read_tape(row.id)
-        except ValueError:
-            tape = []
-        entries = [{"i": i, **_clip(record)} for i, record in enumerate(tape) if i >= after and isinstance(record, dict)]
+        tape = read_tape(row.id, lenient=True)
+        entries = [{**clip(self._scrub(record)), "i": i} for i, record in enumerate(tape) if i >= after]
         return {"session": row.id, "entries": entries, "next": len(tape), "done": any(r.get("kind") == "outcome" for r in tape[-1:])}
 
     def stamp(self, session: str | None = None) -> Any:
-        """A value that changes when the sessions (or one session's tape) change: cheap enough to poll."""
+        """A value that changes when the sessions (or one session's tape) change: cheap enough to poll.
+
+        The index changes when a session starts or ends; a running one also changes as its tape grows (its turns,
+        tokens, duration) and when its owner dies (it is killed, though nothing will ever end it in the index)."""
         if session is None:
-            return self.index.version()
+            return self.index.version(), tuple((r.id, self._tape_size(r.id), self._alive(r.id)) for r in self.index.running())
+        return self._tape_size(session)
+
+    @staticmethod
+    def _tape_size(session: str) -> int | None:
+        if not SESSION_ID.fullmatch(session):
+            return None
         try:
             return (session_dir(session) / "tape.jsonl").stat().st_size
         except OSError:

@@ -7,7 +7,7 @@ what the tracker recorded, so a box cannot race the page with a link swapped in 
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, Callable
 
 from quinebox.worlds.history import print_diff
 from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError, changes, describe
@@ -23,15 +23,16 @@ def revisions(session: str) -> dict[str, Any]:
     return {"revisions": [{k: r.get(k) for k in keep if k in r} for r in RevisionLog(session).records()]}
 
 
-def diff(session: str, rev: int) -> dict[str, Any]:
-    """What `rev` changed since the revision before it: the changed paths and a unified diff of the small text files."""
+def diff(session: str, rev: int, scrub: Callable[[str], str] = str) -> dict[str, Any]:
+    """What `rev` changed since the revision before it: the changed paths and a unified diff of the small text files,
+    `scrub`bed before it is cut."""
     log = RevisionLog(session)
     new = log.manifest(rev)
     against = max(0, rev - 1)
     old = log.manifest(against) if against != rev else new
     out = io.StringIO()
     print_diff(session, rev, against, out=out)
-    text = out.getvalue()
+    text = scrub(out.getvalue())
     if len(text) > MAX_DIFF:
         text = text[:MAX_DIFF] + f"\n[cut for the page: {len(text)} characters in all; `quinebox world diff` has it whole]\n"
     listed = describe(old, changes(old, new))
