@@ -52,7 +52,7 @@ def test_a_map_is_recorded_with_each_input_its_session_exit_and_output(engine, t
 
 
 def test_a_map_killed_mid_way_shows_as_killed_with_its_unfinished_inputs_not_done(engine, tmp_path):
-    (tmp_path / "slow.yaml").write_text(json.dumps({"turns": [{"sh": "sleep 1.5; cat <&3 >&4"}, {"exit": "success"}]}))
+    (tmp_path / "slow.yaml").write_text(json.dumps({"turns": [{"sh": "m=$(cat <&3); [ \"$m\" = k1 ] || sleep 60; printf %s \"$m\" >&4"}, {"exit": "success"}]}))
     names = ["k1", "k2", "k3"]
     for name in names:
         (tmp_path / name).write_text(name)
@@ -60,7 +60,7 @@ def test_a_map_killed_mid_way_shows_as_killed_with_its_unfinished_inputs_not_don
     args = [QUINEBOX, "map", "-m", f"script:{tmp_path / 'slow.yaml'}", "copy", *(str(tmp_path / n) for n in names), "--out", str(out), "-P", "1"]
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        # Live: the second input runs (its session known) once the first has finished.
+        # Live: the second input runs (its session known) once the first has finished; it would take a minute.
         live = wait_for(lambda: (r := _maybe_run(out)) and [i["state"] for i in r["inputs"]] == ["done", "running", "queued"] and r, timeout=120, every=0.05, what="k2 running")
         assert live["state"] == "running" and live["inputs"][1]["session"] and (live["done"], live["running"]) == (1, 1)
         stamp = runs_view.run_stamp()

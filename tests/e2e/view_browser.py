@@ -67,6 +67,8 @@ class ViewServer:
             pytest.fail(f"quinebox view printed no URL within {within:g} s: stdout {said!r}, stderr {self.stderr()[-2000:]!r}", pytrace=False)
         self.origin, self.token = found.group(1), found.group(2)
         self.url = f"{self.origin}/?token={self.token}"
+        #: The token's cookie: named for the port, since a browser sends a host's cookies to all of its ports.
+        self.cookie = f"quinebox_view_token_{self.origin.rsplit(':', 1)[1]}"
 
     def stderr(self) -> str:
         self.errfile.seek(0)
@@ -212,3 +214,10 @@ def go(page, route: str, name: str) -> None:
 
 def export_files(directory: Path) -> dict[str, bytes]:
     return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+def no_foreign(recorded, origin: str) -> None:
+    """The browser made requests, and every one went to `origin`."""
+    foreign = recorded.foreign(origin)
+    assert recorded.requests, "the browser recorded no request at all"
+    assert foreign == [], f"the page reached beyond {origin}: {foreign}"
