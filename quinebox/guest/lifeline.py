@@ -30,6 +30,8 @@ HOST_SOCKET = "/run/quinebox/host.sock"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 #: How often the box's init (on an OCI runtime, where it is pid 1) waits for orphans that have exited.
 REAP_EVERY = 0.5
+#: Hundredths of a second a box's command may wait for its terminal's size (await_size).
+SIZE_TRIES = 200
 #: On a terminal the kernel sends these to the foreground processes, the command included: not ours to forward.
 FROM_THE_TERMINAL = (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 
@@ -81,6 +83,19 @@ def spawn(argv):
     except (PermissionError, IsADirectoryError, OSError) as exc:
         say(f"{argv[0]}: cannot execute: {exc.strerror}")
         sys.exit(126)
+
+
+def await_size(fd, tries=SIZE_TRIES):
+    """A terminal the engine makes has no size until the host's first resize, which may come after the box has
+    started (on a busy machine, after the command's first `stty size`, which then says 0 0): wait for it a little.
+    A runtime's console is sized before the box starts, and goes on at once."""
+    for _ in range(tries):
+        try:
+            if os.get_terminal_size(fd) != (0, 0):
+                return
+        except OSError:
+            return
+        select.select([], [], [], 0.01)
 
 
 _keep = []
@@ -171,6 +186,8 @@ def main(argv):
         import forwarder
 
         forwarder.start()
+    if os.isatty(0):
+        await_size(0)
     child = spawn(argv)
 
     def forward(signum, _frame):
