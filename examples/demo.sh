@@ -82,6 +82,12 @@ show "seq 1 7 | quinebox run --image quinebox-demo/busybox 'Count the lines of t
 seq 1 7 | quinebox run -q "${count[@]}" --image quinebox-demo/busybox "Count the lines of the material"
 echo "exit status: $?"
 
+step "10. Look instead of read: the same sessions as a web page"
+view=$(mktemp -d)
+show "quinebox view    # serves a live page on loopback and prints its URL; here, the static bundle CI keeps"
+quinebox view --export "$view/view" 2>&1
+echo "open $view/view/index.html in a browser: every session above, its tree, transcripts and world"
+
 step "Nothing is left behind"
 show "quinebox ps"
 quinebox ps
