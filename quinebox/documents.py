@@ -1,13 +1,15 @@
-"""Reading the YAML that people write: policies, model scripts, batch files, the config file.
+"""Reading documents: the YAML that people write (policies, model scripts, batch files, the config file), and the
+JSON lines that quinebox appends (tapes, the audit log) as readers that only show them take them.
 
 One place turns a missing or malformed file into one clear line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from quinebox.errors import QuineboxError
 
@@ -33,3 +35,14 @@ def load_config() -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise QuineboxError(f"{path} must be a YAML mapping (model:, base_url:, max_retries:, backend:, runtime:)")
     return doc
+
+
+def json_objects(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """Each line that is a JSON object; any other line (torn, junk, an array) is passed over."""
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            yield record

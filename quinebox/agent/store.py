@@ -14,6 +14,7 @@ import time
 from dataclasses import astuple, dataclass
 from typing import Any, Iterator
 
+from quinebox.documents import json_objects
 from quinebox.errors import StateError
 from quinebox.state import session_dir, state_dir, unwritable
 
@@ -62,15 +63,8 @@ def read_tape(session: str, *, lenient: bool = False) -> list[dict[str, Any]]:
         return []
     if not lenient:
         return [json.loads(line) for line in lines if line.strip()]
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    return list(json_objects(lines))
+
 
 
 def follow_tape(session: str, stop: "threading.Event | None" = None, poll: float = 0.2) -> Iterator[dict[str, Any]]:

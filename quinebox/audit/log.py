@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from quinebox.documents import json_objects
 from quinebox.errors import QuineboxError, StateError
 from quinebox.state import state_dir, unwritable
 
@@ -162,14 +163,7 @@ class AuditLog:
         except FileNotFoundError:
             return
         with handle:
-            for line in handle:
-                if line.endswith(b"\n"):
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(record, dict):
-                        yield record
+            yield from json_objects(line for line in handle if line.endswith(b"\n"))
 
 
 def _tail(fd: int) -> tuple[dict[str, Any] | None, int]:

@@ -33,7 +33,7 @@ def runs_dir() -> Path:
 def new_id(now: float | None = None) -> str:
     """Sorts by start time (to the millisecond, in UTC), then a random part so two runs that start together differ."""
     now = time.time() if now is None else now
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{secrets.token_hex(3)}"
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{secrets.token_hex(6)}"
 
 
 class RunRecord:

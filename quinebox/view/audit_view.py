@@ -7,7 +7,6 @@ whether a session's owner is still alive. A long log is read once per server, no
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import deque
@@ -16,6 +15,7 @@ from typing import Any
 
 from quinebox.audit import approvals
 from quinebox.audit.log import AuditLog, verify
+from quinebox.documents import json_objects
 from quinebox.view.redact import secret_names
 
 #: Newest records kept for the audit page.
@@ -66,13 +66,8 @@ class AuditTail:
             self._offset += len(data)
             lines = (self._partial + data).split(b"\n")
             self._partial = lines.pop()
-            for line in lines:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict):
-                    self._take(record)
+            for record in json_objects(lines):
+                self._take(record)
             return True
 
     def _take(self, record: dict[str, Any]) -> None:
