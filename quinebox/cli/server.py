@@ -78,6 +78,9 @@ class Server:
         self.listener: socket.socket | None = None
         self.pool = pool
         self.keeper: int | None = None
+        #: Workers and the pool's keeper: what the server waits for when it stops. Not every child of this process
+        #: (an OCI backend's keeper lives until its owner has exited: waiting for it never ends).
+        self.children: set[int] = set()
 
     def bind(self) -> None:
         """Listen on the state dir's socket; refuse to take it from a server that answers there."""
@@ -109,6 +112,7 @@ class Server:
             finally:
                 os._exit(code)
         self.keeper = pid
+        self.children.add(pid)
 
     def serve_forever(self) -> None:
         assert self.listener is not None
@@ -129,7 +133,7 @@ class Server:
                         pass  # a client that went away, or never said what it wanted: the next one
         finally:
             self.stop()
-            _wait_for_workers()
+            _wait_for(self.children)
 
     def stop(self) -> None:
         """Answer no more; the pool's warm boxes go at once, running commands go on (serve_forever waits for them)."""
@@ -150,7 +154,7 @@ class Server:
     def _answer(self, conn: socket.socket) -> None:
         if fdpass.peer_uid(conn) != os.getuid():
             return  # only the owner; the run dir is private anyway
-        _reap()
+        _reap(self.children)
         message, fds = fdpass.receive(conn, REQUEST_TIMEOUT)
         kind = message.get("kind")
         if kind == "run" and len(fds) in (3, 4):
@@ -158,7 +162,8 @@ class Server:
             sys.stdout.flush()
             sys.stderr.flush()
             parent = os.getpid()
-            if os.fork() == 0:
+            pid = os.fork()
+            if pid == 0:
                 code = 125  # unless the worker gets as far as the command's own status
                 try:
                     if self.listener is not None:
@@ -170,6 +175,7 @@ class Server:
                     code = worker(conn, message, fds)
                 finally:
                     os._exit(code)
+            self.children.add(pid)
         elif kind == "status":
             pool = fdpass.ask(str(pool_socket()), {"kind": "stats"}, 5) or None
             fdpass.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "pool": pool})
@@ -180,25 +186,25 @@ class Server:
             os.close(fd)
 
 
-def _reap() -> None:
+def _reap(children: set[int]) -> None:
     """Collect the workers that ended (the server waits on them only when it stops)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
+        children.discard(pid)
         if pid == 0:
             return
 
 
-def _wait_for_workers() -> None:
-    while True:
+def _wait_for(children: set[int]) -> None:
+    """Until each of `children` has exited (one `_reap` collected already counts as exited)."""
+    for pid in children:
         try:
-            os.wait()
+            os.waitpid(pid, 0)
         except ChildProcessError:
-            return
-        except InterruptedError:
-            continue
+            pass
 
 
 def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:

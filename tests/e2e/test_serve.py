@@ -124,6 +124,26 @@ def test_stopping_the_server_ends_no_command_it_runs(served):
     assert quinebox("exec", "--", "echo", "cold", env=served).stdout == b"cold\n"  # no server: the CLI itself
 
 
+def test_a_server_in_the_foreground_exits_once_stopped(tmp_path):
+    """With its default pool it probes the runtime, whose box's keeper lives until the server has exited: waiting for
+    every child at the end, the server once waited for that keeper forever (and `serve stop` said it had stopped)."""
+    env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state")}
+    env.pop("QUINEBOX_SERVE", None)
+    server = subprocess.Popen([QUINEBOX, "serve"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(600):
+            if quinebox("serve", "status", env=env).returncode == 0:
+                break
+            time.sleep(0.1)
+        assert quinebox("exec", "--", "echo", "served", env=env).stdout == b"served\n"
+        assert quinebox("serve", "stop", env=env).returncode == 0
+        assert server.wait(timeout=30) == 0, server.stderr.read()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=30)
+
+
 def test_a_terminal_through_the_server(served):
     import select
 
