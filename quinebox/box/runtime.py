@@ -14,17 +14,21 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from quinebox import untar
 from quinebox.box.policy import RUNTIME as MOUNT
 from quinebox.errors import ImageError
 from quinebox.state import state_dir
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
+
+#: Caps on what is copied out: a runtime is a few thousand files and some tens of megabytes.
+MAX_MEMBERS = 100_000
+MAX_BYTES = 2 << 30
 
 
 def runtime_root() -> Path:
@@ -57,14 +61,14 @@ def _extract(backend: DockerBackend, image: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".making-", dir=target.parent))
     try:
-        with backend.archive(image, MOUNT) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
-            tar.extractall(scratch, filter="data")
+        try:
+            with backend.archive(image, MOUNT) as stream:
+                untar.unpack(stream, scratch, max_members=MAX_MEMBERS, max_bytes=MAX_BYTES)
+        except (untar.Refused, untar.Unreadable) as exc:
+            raise ImageError(f"image {image}: its guest runtime at {MOUNT} cannot be copied out ({exc}): rebuild it with `quinebox image build`") from None
         made = scratch / MOUNT.lstrip("/")
         if not (made / "lib" / "ld.so").exists():
             raise ImageError(f"image {image} holds no guest runtime at {MOUNT}: rebuild it with `quinebox image build`")
-        for root, dirs, _ in os.walk(made):
-            for name in dirs:
-                os.chmod(os.path.join(root, name), 0o755)
         try:
             os.rename(made, target)
         except OSError:

@@ -12,6 +12,7 @@ import shutil
 import stat
 from typing import Any
 
+from quinebox import untar
 from quinebox.state import session_dir
 from quinebox.worlds import beneath
 from quinebox.worlds.materialize import carry_out
@@ -103,39 +104,18 @@ def _copy(source: str, target: str) -> None:
 
 
 def import_archive(archive: str, into: str) -> None:
-    """Unpack a tar archive into the empty directory `into`, refusing it whole if any member is unsafe.
+    """Unpack a tar archive into the directory `into`, refusing it whole if any member is unsafe.
 
-    Python's `data` filter refuses absolute and `../` names, links that point
-    outside, device files and FIFOs, and clears setuid/setgid and ownership;
-    the caps on members and bytes are checked first, from the headers alone.
+    quinebox/untar.py checks every header before anything is written (absolute
+    and `../` names, links that lead out, device files and FIFOs, the caps on
+    members and bytes) and clears set-uid bits and ownership, on every Python.
     """
-    import tarfile
-
     try:
-        with tarfile.open(archive) as tar:
-            members, total = 0, 0
-            for member in tar:
-                members += 1
-                total += member.size
-                if members > MAX_ARCHIVE_MEMBERS:
-                    raise WorldError(f"refused archive {archive}: more than {MAX_ARCHIVE_MEMBERS} members")
-                if total > max_archive_bytes():
-                    raise WorldError(f"refused archive {archive}: more than {max_archive_bytes()} bytes")
-                if member.name.startswith("/"):
-                    raise WorldError(f"refused archive {archive}: {member.name} is an absolute name")
-                if member.ischr() or member.isblk() or member.isfifo():
-                    raise WorldError(f"refused archive {archive}: {member.name} is a device file or FIFO")
-                try:
-                    tarfile.data_filter(member, into)
-                except tarfile.FilterError as exc:
-                    raise WorldError(f"refused archive {archive}: {exc}") from None
-            tar.extractall(into, filter="data")
-    except (tarfile.TarError, EOFError, KeyError) as exc:  # KeyError: a hard link to a member that is not there
+        untar.unpack(archive, into, max_members=MAX_ARCHIVE_MEMBERS, max_bytes=max_archive_bytes())
+    except untar.Refused as exc:
+        raise WorldError(f"refused archive {archive}: {exc}") from None
+    except untar.Unreadable as exc:
         raise WorldError(f"bad archive {archive}: {exc}") from None
-    except RecursionError:  # tarfile follows a hard link that cannot be made to its target, and so on round a cycle
-        raise WorldError(f"refused archive {archive}: its hard links form a cycle (a link to itself, say)") from None
-    except OSError as exc:  # a member the filter let through that cannot be made (a file named ".", say)
-        raise WorldError(f"refused archive {archive}: cannot unpack {os.path.basename(exc.filename or '') or 'a member'}: {exc.strerror}") from None
 
 
 def discard(session: str) -> None:

@@ -1,0 +1,307 @@
+"""Unpacking a tar archive nobody vouches for into a directory, the same on every Python quinebox runs on.
+
+Python's own safety net, `extractall(filter="data")`, came in 3.11.4 — Debian 12's
+python3 is 3.11.2 — and its checks resolve paths as strings with realpath, which
+links and over-long names got past until the June 2025 releases. So quinebox
+uses tarfile only to read archives and writes every member itself, as
+box/layers.py does for image layers: each directory is reached from the
+destination's fd one component at a time with O_NOFOLLOW, so nothing is ever
+written through a link, whatever the archive planted before.
+
+What is refused, naming the member: an absolute name; a `..` component; a member
+beneath a symlink or a file the archive made; a symlink whose target is absolute or
+resolves outside the destination (following the archive's own links, as the
+kernel would, once every member is known — a later link cannot turn an earlier
+one outward); a hard link to anything but a file or link the archive already
+holds; device files and FIFOs; more members or bytes than the caller's caps.
+What lands is what the `data` filter would give: no owners (the caller's), no
+set-uid, set-gid or sticky bit, no write for group or others, files readable
+and writable by their owner, directories 0755, mtimes kept.
+
+An archive read from a file has every header checked before anything is written,
+so a refused one leaves the destination as it was. A stream is checked as it is
+written; when it is refused, the caller discards what it was unpacked into.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import lzma
+import os
+import stat
+import tarfile
+import zlib
+from typing import IO
+
+#: What a damaged, truncated or mislabelled archive raises while it is read.
+_BROKEN = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError, ValueError)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Symlinks followed in one lookup before the kernel says ELOOP.
+_MAX_HOPS = 40
+#: Path components the link check may walk in all, so that tangled links cannot keep the host busy.
+_MAX_STEPS = 4_000_000
+
+
+class Refused(Exception):
+    """An archive (or one of its members) that will not be unpacked; the message names the member and why."""
+
+
+class Unreadable(Exception):
+    """Not a tar archive, or a damaged one."""
+
+
+def unpack(source: str | os.PathLike[str] | IO[bytes], into: str | os.PathLike[str], *, max_members: int, max_bytes: int) -> None:
+    """Unpack the tar at `source` (a path, or a binary stream; compressed or not) into the directory `into`. Refused and Unreadable say why; nothing is written outside `into`."""
+    plan = _Plan(max_members, max_bytes)
+    root = os.open(into, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        writer = _Writer(root)
+        if isinstance(source, (str, os.PathLike)):
+            with _reading():
+                tar = tarfile.open(source, "r:*")
+            with tar:
+                with _reading():
+                    members = [plan.add(member) for member in tar]
+                plan.finish()
+                for member, parts in members:
+                    writer.put(tar, member, parts)
+        else:
+            with _reading(), tarfile.open(fileobj=source, mode="r|*") as tar:
+                for member in tar:
+                    writer.put(tar, member, plan.add(member)[1])
+            plan.finish()
+        writer.finish()
+    finally:
+        os.close(root)
+
+
+class _reading:
+    """Errors of reading the archive, as Unreadable."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, _BROKEN):
+            raise Unreadable(str(exc) or type(exc).__name__) from None
+        if isinstance(exc, OSError):  # a bz2 stream's damage, or the archive's file that cannot be opened
+            raise Unreadable(exc.strerror or str(exc)) from None
+        return False
+
+
+class _Plan:
+    """What the archive makes, from its headers alone: each member checked against what came before it."""
+
+    def __init__(self, max_members: int, max_bytes: int):
+        self.max_members, self.max_bytes = max_members, max_bytes
+        self.members = self.bytes = 0
+        #: Each path the archive makes: "d" a directory, "l" a symlink, "f" anything else.
+        self.made: dict[str, str] = {}
+        #: Each symlink's target.
+        self.links: dict[str, str] = {}
+        self.steps = 0
+
+    def add(self, member: tarfile.TarInfo) -> tuple[tarfile.TarInfo, list[str]]:
+        self.members += 1
+        self.bytes += max(member.size, 0)
+        if self.members > self.max_members:
+            raise Refused(f"more than {self.max_members} members")
+        if self.bytes > self.max_bytes:
+            raise Refused(f"more than {self.max_bytes} bytes")
+        name = member.name
+        parts = self._parts(name)
+        if member.ischr() or member.isblk() or member.isfifo():
+            raise Refused(f"{name} is a device file or FIFO")
+        if not parts:
+            if not member.isdir():
+                raise Refused(f"{name!r} names the destination itself, and is not a directory")
+            return member, parts
+        for end in range(1, len(parts)):
+            above = "/".join(parts[:end])
+            if self.made.get(above, "d") != "d":
+                raise Refused(f"{name!r} goes through {above!r}, which is a symlink or a file in the archive")
+        path = "/".join(parts)
+        was = self.made.get(path)
+        if (was == "d") != member.isdir() and was is not None:
+            raise Refused(f"{name!r} is in the archive both as a directory and as something else")
+        self.links.pop(path, None)
+        if member.isdir():
+            self.made[path] = "d"
+        elif member.issym():
+            self.links[path], self.made[path] = self._link_target(member), "l"
+        elif member.islnk():
+            source = "/".join(self._link_parts(member))
+            kind = self.made.get(source)
+            if kind is None or kind == "d":
+                what = "a directory" if kind else "nothing the archive holds before it"
+                raise Refused(f"hard link {name!r} names {member.linkname!r}, which is {what}")
+            self.made[path] = kind
+            if kind == "l":  # a second name of a symlink: its target is read from the new place
+                self.links[path] = self.links[source]
+        else:
+            self.made[path] = "f"
+        return member, parts
+
+    def finish(self) -> None:
+        """Every symlink the archive made, resolved as the kernel would once all are in place, stays inside."""
+        for path, target in self.links.items():
+            if not self._inside(path.split("/")[:-1], target):
+                raise Refused(f"{path!r} would link to {target!r}, which is outside the destination")
+
+    def _inside(self, here: list[str], target: str) -> bool:
+        pending = list(reversed(target.split("/")))
+        hops = 0
+        while pending:
+            self.steps += 1
+            if self.steps > _MAX_STEPS:
+                raise Refused(f"its symlinks are too tangled to check (past {_MAX_STEPS} steps)")
+            part = pending.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not here:
+                    return False
+                here.pop()
+                continue
+            here.append(part)
+            link = self.links.get("/".join(here))
+            if link is not None:
+                hops += 1
+                if hops > _MAX_HOPS:
+                    return True  # ELOOP: it resolves nowhere, so nowhere outside
+                here.pop()
+                pending.extend(reversed(link.split("/")))
+        return True
+
+    @staticmethod
+    def _parts(name: str) -> list[str]:
+        if name.startswith("/"):
+            raise Refused(f"{name} is an absolute name")
+        parts = [part for part in name.split("/") if part not in ("", ".")]
+        if ".." in parts:
+            raise Refused(f"{name!r} would be extracted outside the destination (it names '..')")
+        return parts
+
+    @staticmethod
+    def _link_target(member: tarfile.TarInfo) -> str:
+        target = member.linkname
+        if target.startswith("/"):
+            raise Refused(f"{member.name!r} is a link to an absolute path ({target})")
+        if not target or "\0" in target or len(target) >= 4096:
+            raise Refused(f"{member.name!r} is a symlink with no usable target")
+        return target
+
+    @staticmethod
+    def _link_parts(member: tarfile.TarInfo) -> list[str]:
+        target = member.linkname
+        if target.startswith("/"):
+            raise Refused(f"{member.name!r} is a link to an absolute path ({target})")
+        parts = [part for part in target.split("/") if part not in ("", ".")]
+        if ".." in parts or not parts:
+            raise Refused(f"{member.name!r} would link to {target!r}, which is outside the destination")
+        return parts
+
+
+class _Writer:
+    """Members made beneath the destination's fd, never through a link."""
+
+    def __init__(self, root: int):
+        self.root = root
+        #: Directories' mtimes, set last (deepest first): writing into a directory changes its own.
+        self.mtimes: dict[str, float] = {}
+
+    def put(self, tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str]) -> None:
+        if not parts:
+            self.mtimes[""] = member.mtime
+            return
+        try:
+            parent = self._open_dir(parts[:-1], member.name)
+            try:
+                self._make(parent, parts, member, tar)
+            finally:
+                os.close(parent)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in a name a pax header gave
+            raise Refused(f"cannot unpack {member.name!r}: {getattr(exc, 'strerror', None) or exc}") from None
+
+    def finish(self) -> None:
+        for path in sorted(self.mtimes, key=lambda p: p.count("/") + bool(p), reverse=True):
+            try:
+                fd = self._open_dir(path.split("/") if path else [], path, create=False)
+            except (OSError, Refused):
+                continue
+            try:
+                os.utime(fd, (self.mtimes[path], self.mtimes[path]))
+            finally:
+                os.close(fd)
+
+    def _make(self, parent: int, parts: list[str], member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
+        base = parts[-1]
+        if member.isdir():
+            try:
+                os.mkdir(base, 0o755, dir_fd=parent)
+            except FileExistsError:
+                if not stat.S_ISDIR(os.lstat(base, dir_fd=parent).st_mode):
+                    raise
+            os.chmod(base, 0o755, dir_fd=parent, follow_symlinks=False)
+            self.mtimes["/".join(parts)] = member.mtime
+            return
+        try:
+            os.unlink(base, dir_fd=parent)  # a later member of the same name wins; a directory stays (EISDIR)
+        except FileNotFoundError:
+            pass
+        if member.issym():
+            os.symlink(member.linkname, base, dir_fd=parent)
+            os.utime(base, (member.mtime, member.mtime), dir_fd=parent, follow_symlinks=False)
+        elif member.islnk():
+            target = [p for p in member.linkname.split("/") if p not in ("", ".")]
+            source = self._open_dir(target[:-1], member.linkname, create=False)
+            try:
+                os.link(target[-1], base, src_dir_fd=source, dst_dir_fd=parent, follow_symlinks=False)
+            finally:
+                os.close(source)
+        else:
+            self._file(parent, base, member, tar)
+
+    @staticmethod
+    def _file(parent: int, base: str, member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
+        mode = member.mode & 0o755
+        if not mode & 0o100:
+            mode &= ~0o011
+        fd = os.open(base, _FILE_FLAGS, 0o600, dir_fd=parent)
+        with os.fdopen(fd, "wb") as out:
+            with _reading():
+                source = tar.extractfile(member)
+            while source is not None:
+                with _reading():
+                    chunk = source.read(1 << 20)
+                if not chunk:
+                    break
+                out.write(chunk)
+            out.flush()
+            os.fchmod(fd, mode | 0o600)
+            os.utime(fd, (member.mtime, member.mtime))
+
+    def _open_dir(self, parts: list[str], name: str, *, create: bool = True) -> int:
+        fd = os.dup(self.root)
+        try:
+            for end, part in enumerate(parts, 1):
+                try:
+                    sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    where = "/".join(parts[:end])
+                    raise Refused(f"{name!r} goes through {where!r}, which is a symlink or a file") from None
+                os.close(fd)
+                fd = sub
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
