@@ -14,13 +14,14 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-# 1. Python: a virtualenv with quinebox and its test dependencies.
-if [ ! -x .venv/bin/python ]; then
-    if ! python3 -m venv --help >/dev/null 2>&1 && is_root && have_apt; then
-        say "installing python3-venv"; apt_install python3-venv
-    fi
-    python3 -m venv .venv
+# 1. Python: a virtualenv with quinebox and its test dependencies. Debian and Ubuntu ship `venv` without the
+#    ensurepip it needs (that is python3-venv); the tests make a second venv of the distribution's own
+#    /usr/bin/python3 (Debian 12's 3.11.2 is the oldest Python quinebox admits), so it needs one there too.
+no_ensurepip() { [ -x "$1" ] || command -v "$1" >/dev/null && ! "$1" -c 'import ensurepip' >/dev/null 2>&1; }
+if { [ ! -x .venv/bin/python ] && no_ensurepip python3; } || no_ensurepip /usr/bin/python3; then
+    if is_root && have_apt; then say "installing python3-venv"; apt_install python3-venv; fi
 fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,ray,inspect,mcp,docs,view,otel]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
 # Bytecode for our own modules even where PYTHONDONTWRITEBYTECODE is set: start-up counts.
 .venv/bin/python -m compileall -q quinebox >/dev/null

@@ -56,6 +56,33 @@ if [ "$status" = 0 ] && [ $# = 0 ]; then
         -k "not seccomp_profile_refuses and not foreign_image_through and not 20_mb_of_material and not read_only_refuses"
     status=$?
 fi
+if [ "$status" = 0 ] && [ $# = 0 ] && [ -x /usr/bin/python3 ]; then
+    # The distribution's own python3 (Debian 12's is 3.11.2: no tarfile filters, which came in 3.11.4) in a venv
+    # of its own: the tests that extract archives, build worlds and start boxes once more under it, on both
+    # backends (test_sandbox.py runs each backend itself). Skipped when .venv is already that Python.
+    if [ "$(/usr/bin/python3 -c 'import sys; print(sys.version)')" = "$(.venv/bin/python -c 'import sys; print(sys.version)')" ]; then
+        say ".venv is the distribution's own python3 already: no second pass under it"
+    else
+        [ -x .venv-debian/bin/python ] || /usr/bin/python3 -m venv .venv-debian
+        if ! cmp -s pyproject.toml .venv-debian/pyproject.toml; then  # installed again only when the dependencies change
+            .venv-debian/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+            .venv-debian/bin/python -c 'import quinebox.cli, pytest' && cp pyproject.toml .venv-debian/pyproject.toml
+        fi
+        version=$(.venv-debian/bin/python -c 'import platform; print(platform.python_version())')
+        skip="not 50_mb and not quiet_spell_longer"
+        echo "test: archives, worlds and boxes again under /usr/bin/python3 ($version), on the OCI backend" >&2
+        .venv-debian/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_untar.py tests/unit/worlds tests/unit/box/test_rootfs.py \
+            tests/integration/test_rootfs_engine.py tests/integration/test_sandbox.py tests/integration/test_exec_api.py \
+            tests/e2e/test_world_boxes.py -k "$skip"
+        status=$?
+        if [ "$status" = 0 ]; then
+            echo "test: archives, worlds and boxes again under /usr/bin/python3 ($version), on the Docker backend" >&2
+            QUINEBOX_BACKEND=docker .venv-debian/bin/python -m pytest -q -p no:cacheprovider \
+                tests/integration/test_exec_api.py tests/e2e/test_world_boxes.py -k "$skip"
+            status=$?
+        fi
+    fi
+fi
 set -e
 if [ "$status" = 5 ]; then
     echo "test: pytest collected no tests; that is a failure" >&2
