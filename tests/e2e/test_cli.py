@@ -47,6 +47,12 @@ def test_streams_and_exit_status_through_the_cli(engine):
     assert (done.returncode, done.stdout, done.stderr) == (7, b"MATERIAL\n", b"diag\n")
 
 
+def test_the_default_image_has_python(engine):
+    """`python`, not only `python3`: what agents and users type, and what LangChain's sandbox suite runs."""
+    done = qb("exec", "--", "python", "-c", "print(1)")
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"1\n", b"")
+
+
 def test_50_mb_of_binary_stdin_round_trips(engine, tmp_path):
     blob = tmp_path / "blob"
     blob.write_bytes(os.urandom(50 << 20))
