@@ -186,18 +186,6 @@ def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine, tmp_path):
         live.wait()
 
 
-def test_doctor_passes_here(engine):
-    done = qb("doctor")
-    assert done.returncode == 0, done.stderr
-    assert b"FAIL" not in done.stderr
-
-
-def test_doctor_says_what_to_do_without_an_engine():
-    done = qb("doctor", env={**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"})
-    assert done.returncode == 1
-    assert b"FAIL" in done.stderr and b"start the engine" in done.stderr
-
-
 def test_demo_runs_and_leaves_nothing(engine):
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     env["PATH"] = f"{Path(QUINEBOX).parent}:{os.environ['PATH']}"
