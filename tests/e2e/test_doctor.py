@@ -20,8 +20,15 @@ USER = "quinebox-test-user"
 NO_ENGINE = "unix:///nonexistent/docker.sock"
 
 
-def doctor(*, env: dict | None = None) -> tuple[int, list[str]]:
-    done = subprocess.run([QUINEBOX, "doctor"], capture_output=True, timeout=120, env=env)
+def chosen(**settings: str) -> dict:
+    """This environment with the backend and runtime these tests ask for, and none other (a pass of
+    scripts/test.sh may pin one)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("QUINEBOX_BACKEND", "QUINEBOX_RUNTIME")}
+    return {**env, **settings}
+
+
+def doctor(**settings: str) -> tuple[int, list[str]]:
+    done = subprocess.run([QUINEBOX, "doctor"], capture_output=True, timeout=120, env=chosen(**settings))
     return done.returncode, done.stderr.decode().splitlines()
 
 
@@ -33,8 +40,9 @@ def line(lines: list[str], start: str) -> str:
     raise AssertionError(f"no line starting {start!r} in:\n" + "\n".join(lines))
 
 
-def test_doctor_passes_here_and_lists_every_way(engine):
-    code, lines = doctor()
+@pytest.mark.parametrize("backend, default", [(None, "boxes run on the OCI runtime runc"), ("docker", "the Docker backend was asked for")])
+def test_doctor_passes_here_and_lists_every_way(engine, backend, default):
+    code, lines = doctor(**({"QUINEBOX_BACKEND": backend} if backend else {}))
     assert code == 0, lines
     assert not [text for text in lines if text.startswith("FAIL")], lines
     assert line(lines, "runc: ").startswith("ok   runc: runs boxes here (")
@@ -43,26 +51,28 @@ def test_doctor_passes_here_and_lists_every_way(engine):
     crun = line(lines, "crun: ")
     if shutil.which("crun") is None and not os.path.exists("/usr/bin/crun"):
         assert crun == "no   crun: not installed\n      → apt-get install crun"
-    assert line(lines, "default: ").startswith("ok   default: boxes run on the OCI runtime runc")
+    assert line(lines, "default: ") == f"ok   default: {default}"
+    if backend == "docker":
+        assert line(lines, "image ").startswith("ok   image quinebox/agent:") and line(lines, "guest runtime ").startswith("ok   guest runtime for any image at /")
 
 
 def test_an_engine_not_running_is_told_to_start_and_fails_doctor_only_when_it_is_the_default(engine):
     state = tempfile.mkdtemp(prefix="quinebox-doctor-state-")
     try:
-        code, lines = doctor(env={**os.environ, "DOCKER_HOST": NO_ENGINE, "QUINEBOX_STATE_DIR": state})
+        code, lines = doctor(DOCKER_HOST=NO_ENGINE, QUINEBOX_STATE_DIR=state)
         said = line(lines, "Docker engine: ")
         assert said.startswith("no   Docker engine: installed but not running (nothing listens on /nonexistent/docker.sock)\n      → start it: `"), said
         assert code == 1, lines  # runc, the default, works, but the agent image is neither unpacked nor to be had
         image = line(lines, "image ")
         assert image.startswith("FAIL image quinebox/agent:") and "the engine builds it, and installed but not running" in image, image
-        unpacked = subprocess.run([QUINEBOX, "exec", "--", "true"], capture_output=True, timeout=60, env={**os.environ, "QUINEBOX_STATE_DIR": state})
+        unpacked = subprocess.run([QUINEBOX, "exec", "--", "true"], capture_output=True, timeout=60, env=chosen(QUINEBOX_STATE_DIR=state))
         assert unpacked.returncode == 0, unpacked.stderr
-        code, lines = doctor(env={**os.environ, "DOCKER_HOST": NO_ENGINE, "QUINEBOX_STATE_DIR": state})
+        code, lines = doctor(DOCKER_HOST=NO_ENGINE, QUINEBOX_STATE_DIR=state)
         assert code == 0, lines  # an unpacked image needs no engine
         assert line(lines, "image ").startswith("ok   image quinebox/agent:") and "unpacked for OCI boxes" in line(lines, "image ")
     finally:
         shutil.rmtree(state, ignore_errors=True)
-    code, lines = doctor(env={**os.environ, "DOCKER_HOST": NO_ENGINE, "QUINEBOX_BACKEND": "docker"})
+    code, lines = doctor(DOCKER_HOST=NO_ENGINE, QUINEBOX_BACKEND="docker")
     assert code == 1
     assert line(lines, "default: ").startswith("FAIL default: the Docker backend was asked for; and the Docker engine cannot run boxes here: installed but not running")
 
