@@ -16,7 +16,7 @@ RUN missing=""; \
     command -v patch >/dev/null || missing="$missing patch"; \
     if [ -n "$missing" ]; then \
         apt-get update && apt-get install -y --no-install-recommends $missing \
-        && rm -rf /var/lib/apt/lists/*; \
+        && apt-get clean && rm -rf /var/lib/apt/lists/*; \
     fi \
     && (grep -q '^agent:' /etc/passwd || echo 'agent:x:1000:1000:quinebox agent:/tmp:/usr/sbin/nologin' >> /etc/passwd) \
     && (grep -q '^agent:' /etc/group || echo 'agent:x:1000:' >> /etc/group) \
