@@ -1,19 +1,22 @@
-# The agent image: slim Debian, python3, patch, a POSIX shell and coreutils, and
+# The agent image: slim Debian, python3 (and `python`, Debian's python-is-python3),
+# patch, a POSIX shell and coreutils, and
 # the guest runtime at /.quinebox (a Python with its own loader and libraries,
 # and the stdlib-only guest code), which quinebox copies out once and mounts
 # into every box, whatever its image. Nothing is pip-installed, so the build
 # needs no network beyond the base (`quinebox image build` bootstraps the base offline
-# with debootstrap when no registry is reachable; that base already has python3
-# and patch).
+# with debootstrap when no registry is reachable; that base already has python3,
+# python-is-python3 and patch; a base bootstrapped before python-is-python3 was
+# among them gets it from the Debian mirror).
 ARG BASE=debian:bookworm-slim
 FROM ${BASE}
 
 RUN missing=""; \
     command -v python3 >/dev/null || missing="python3"; \
+    command -v python >/dev/null || missing="$missing python-is-python3"; \
     command -v patch >/dev/null || missing="$missing patch"; \
     if [ -n "$missing" ]; then \
         apt-get update && apt-get install -y --no-install-recommends $missing \
-        && rm -rf /var/lib/apt/lists/*; \
+        && apt-get clean && rm -rf /var/lib/apt/lists/*; \
     fi \
     && (grep -q '^agent:' /etc/passwd || echo 'agent:x:1000:1000:quinebox agent:/tmp:/usr/sbin/nologin' >> /etc/passwd) \
     && (grep -q '^agent:' /etc/group || echo 'agent:x:1000:' >> /etc/group) \

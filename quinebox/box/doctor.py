@@ -1,72 +1,125 @@
-"""`quinebox doctor`: is this machine able to run boxes, and if not, what to do."""
+"""`quinebox doctor`: each way a box could run here, whether it works and what fixes it; whether the default way is ready.
+
+Exit 0 when the way boxes get by default (`--backend auto` unless configured) works and has the agent image
+(so at least one way works), 1 otherwise. A way that does not work but is not the default (crun not
+installed, say) is listed with its fix and fails nothing.
+"""
 
 from __future__ import annotations
 
 import os
+from datetime import datetime
+from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
+from rich.markup import escape
 
 from quinebox.box.spec import DEFAULT_IMAGE
+from quinebox.box.ways import ENGINE, RUNTIME_NAMES, Way, local_engine_way, local_runtime_way
 from quinebox.errors import QuineboxError
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
+
+MARKS = {"ok": "[green]ok[/green]  ", "no": "[yellow]no[/yellow]  ", "FAIL": "[red]FAIL[/red]", "note": "note"}
+
+Say = Callable[..., None]
 
 
 def run() -> int:
     console = Console(stderr=True, highlight=False)
-    failures = 0
 
-    def check(ok: bool, what: str, fix: str = "") -> None:
-        nonlocal failures
-        failures += not ok
-        mark = "[green]ok[/green]  " if ok else "[red]FAIL[/red]"
-        console.print(f"{mark} {what}" + (f"\n      → {fix}" if fix and not ok else ""))
-
-    from datetime import datetime
+    def say(mark: str, what: str, fix: str = "") -> None:
+        console.print(f"{MARKS[mark]} {escape(what)}" + (f"\n      → {escape(fix)}" if fix else ""), soft_wrap=True)
 
     from quinebox.box.watch import recent_incidents
 
     for incident in recent_incidents():
         when = datetime.fromtimestamp(incident["t"]).strftime("%Y-%m-%d %H:%M:%S")
-        console.print(f"note  {when} the engine failed quinebox: {incident.get('what')}", markup=False, soft_wrap=True)
-    from quinebox.box.backends.choice import choose, usable
+        say("note", f"{when} the engine failed quinebox: {incident.get('what')}")
+    connected: list[DockerBackend] = []
+
+    def connect() -> DockerBackend:
+        from quinebox.box.backends.docker import DockerBackend
+
+        connected.append(DockerBackend.connect(timeout=10))
+        return connected[0]
+
+    console.print("ways a box can run here:")
+    ways = [local_runtime_way(name) for name in RUNTIME_NAMES] + [local_engine_way(connect)]
+    for way in ways:
+        say("ok" if way.works else "no", f"{way.label}: {way.what}", "" if way.works else way.fix)
+    engine = next(way for way in ways if way.name == ENGINE)
+    backend = connected[0] if engine.works else None
+    ready = default_ready(say, ways, backend)
+    if backend is not None:
+        _orphans(say, backend)
+    if os.geteuid() == 0:
+        say("note", "running as root: boxes run as uid 1000, so rw: grants must be writable by uid 1000")
+    return 0 if ready and any(way.works for way in ways) else 1
+
+
+def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> bool:
+    """Says which way boxes get by default and whether it is ready (it works, and the agent image is there)."""
+    from quinebox.box.backends.choice import choose
 
     try:
         choice = choose(None)
-        check(True, f"backend: {choice.why}")
     except QuineboxError as exc:
-        check(False, "backend: the OCI runtime asked for can run boxes here", str(exc))
-    for name in ("runc", "crun", "runsc"):
-        problem = usable(name)
-        console.print(f"note  OCI runtime {name}: {'can run boxes here' if problem is None else problem}", markup=False, soft_wrap=True)
-    try:
-        from quinebox.box.backends.docker import DockerBackend
+        say("FAIL", f"default: {exc}", "name a runtime that works here, or none (--runtime, QUINEBOX_RUNTIME or runtime: in config.yaml)")
+        return False
+    if choice.backend == "oci":
+        way = next((w for w in ways if w.name == choice.runtime), None) or local_runtime_way(str(choice.runtime))
+    else:
+        way = next(w for w in ways if w.name == ENGINE)
+    if not way.works:
+        say("FAIL", f"default: {choice.why}; and {'the ' * (way.name == ENGINE)}{way.label} cannot run boxes here: {way.what}", way.fix)
+        return False
+    say("ok", f"default: {choice.why}")
+    engine = next(w for w in ways if w.name == ENGINE)
+    return _image_ready(say, choice.backend, backend, build="build it: quinebox image build" if engine.works else
+                        f"the engine builds it, and {engine.what}: {engine.fix}; then quinebox image build (or unpack a saved one: quinebox image load FILE)")
 
-        backend = DockerBackend.connect()
-        info = backend.quick.info()
-        version = backend.quick.version()
-    except Exception as exc:  # a QuineboxError, or an engine that stopped answering between requests
-        check(False, "Docker engine reachable and answering", str(exc) if isinstance(exc, QuineboxError) else f"it did not answer: {exc}")
-        return 1
-    check(True, f"Docker engine {version.get('Version')} (API {version.get('ApiVersion')}) at {backend.api.base_url}")
-    security = " ".join(info.get("SecurityOptions") or [])
-    check("seccomp" in security, "seccomp supported by the engine", "use a Docker engine built with seccomp and a kernel with CONFIG_SECCOMP_FILTER")
-    check(bool(info.get("MemoryLimit")), "memory limits supported", "enable the memory cgroup controller (kernel cmdline cgroup_enable=memory)")
-    check(bool(info.get("PidsLimit")), "pids limits supported", "enable the pids cgroup controller")
+
+def _image_ready(say: Say, on: str, backend: DockerBackend | None, *, build: str) -> bool:
+    from quinebox.box import rootfs
     from quinebox.box.image import image_exists
 
-    present = image_exists(backend, DEFAULT_IMAGE)
-    check(present, f"image {DEFAULT_IMAGE} present", "build it: quinebox image build")
-    if present:
-        from quinebox.box.runtime import runtime_dir
+    if on == "oci":
+        known = rootfs.lookup(DEFAULT_IMAGE)
+        if known is not None and rootfs.unpacked(known.id) is not None:
+            say("ok", f"image {DEFAULT_IMAGE} unpacked for OCI boxes ({rootfs.unpacked(known.id)})")
+            return True
+        if backend is not None and image_exists(backend, DEFAULT_IMAGE):
+            say("ok", f"image {DEFAULT_IMAGE} present in the engine (unpacked for OCI boxes on first use)")
+            return True
+        say("FAIL", f"image {DEFAULT_IMAGE} is not here (neither unpacked nor in the engine)", build)
+        return False
+    assert backend is not None  # the engine way works, so it answered
+    if not image_exists(backend, DEFAULT_IMAGE):
+        say("FAIL", f"image {DEFAULT_IMAGE} is not in the engine", build)
+        return False
+    say("ok", f"image {DEFAULT_IMAGE} present in the engine")
+    from quinebox.box.runtime import runtime_dir
 
-        try:
-            where, problem = runtime_dir(backend, DEFAULT_IMAGE), ""
-        except QuineboxError as exc:
-            where, problem = "", str(exc)
-        check(not problem, f"guest runtime for any image at {where or '(none)'}", problem or "")
+    try:
+        where = runtime_dir(backend, DEFAULT_IMAGE)
+    except QuineboxError as exc:
+        say("FAIL", f"guest runtime: {exc}", build)
+        return False
+    say("ok", f"guest runtime for any image at {where}")
+    return True
+
+
+def _orphans(say: Say, backend: DockerBackend) -> None:
     from quinebox.box.labels import live_boxes, owner_alive
 
-    orphans = [box.session for box in live_boxes(backend) if not owner_alive(box.owner)]
-    check(not orphans, "no orphaned boxes (their quinebox process is gone)", f"{len(orphans)} left: `quinebox gc` removes them")
-    if os.geteuid() == 0:
-        console.print("note  running as root: boxes run as uid 1000, so rw: grants must be writable by uid 1000")
-    return 1 if failures else 0
+    try:
+        orphans = [box.session for box in live_boxes(backend) if not owner_alive(box.owner)]
+    except QuineboxError as exc:
+        say("note", f"cannot list boxes: {exc}")
+        return
+    if orphans:
+        say("note", f"{len(orphans)} orphaned box(es) left (their quinebox process is gone)", "quinebox gc removes them")
+    else:
+        say("ok", "no orphaned boxes (their quinebox process is gone)")

@@ -29,8 +29,9 @@ REGISTRY_BASE = "debian:bookworm-slim"
 BOOTSTRAP_BASE = "quinebox/base:bookworm"
 DEBIAN_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-#: What debootstrap adds to minbase: python3 for the guest, patch for agents; the build then needs no network.
-BOOTSTRAP_PACKAGES = ("python3", "patch")
+#: What debootstrap adds to minbase: python3 for the guest; `python` (which agents, users and LangChain's sandbox
+#: suite type) and patch for agents. The build on it then needs no network.
+BOOTSTRAP_PACKAGES = ("python3", "python-is-python3", "patch")
 #: Trimmed from the bootstrapped tree, as the slim image trims them.
 SLIM_PATHS = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/lib/apt/lists", "var/cache/apt")
 

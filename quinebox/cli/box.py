@@ -228,7 +228,7 @@ def gc_command() -> None:
         say(f"removed {len(runtimes)} guest runtime(s) of older agent images: {' '.join(runtimes)}")
 
 
-@app.command("doctor", help="Check the engine, the image and kernel support, and say how to fix what is missing.")
+@app.command("doctor", help="Each way a box could run here (runc, crun, runsc, the Docker engine): works or not, and the one command that fixes it. Exit 0 when the default way is ready.")
 def doctor_command(
     cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help="Check every node of this Ray cluster instead: which can run boxes, and why not."),
     image: Optional[str] = typer.Option(None, "--image", help="With --cluster: the image the nodes need (default quinebox's own)."),

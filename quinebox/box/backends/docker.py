@@ -20,6 +20,7 @@ import docker.errors
 import requests.exceptions
 from docker.utils import kwargs_from_env
 
+from quinebox.box.backends.reach import unreachable
 from quinebox.box.policy import LABEL_OWNER, LABEL_SESSION, ContainerConfig
 from quinebox.box.spec import owner_id
 from quinebox.errors import EngineError, ImageError
@@ -50,6 +51,9 @@ def _timed_out(exc: BaseException | None) -> bool:
 def _engine_error(exc: Exception, what: str = "a request") -> EngineError:
     if _timed_out(exc):
         return EngineError(f"the Docker engine did not answer {what} in time: it may be wedged (`quinebox doctor` checks; restart it if it stays so)")
+    found = unreachable()  # not installed, not running, or a socket this user may not open: each has its own fix
+    if found is not None:
+        return EngineError(f"cannot reach the Docker engine: {found.reason}; {found.fix} (`quinebox doctor` checks)")
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return EngineError(f"cannot reach the Docker engine: {text}; {ENGINE_HINT}")
 

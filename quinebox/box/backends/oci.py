@@ -35,7 +35,12 @@ KNOWN = {
     "crun": (),
     "runsc": ("--platform=ptrace", "--network=none", "--host-uds=open"),
 }
-RUNTIME_HINT = "install it (`apt-get install runc`), name another with --runtime, or use --backend docker"
+
+
+def runtime_hint(name: str) -> str:
+    """What to do when the runtime `name` is missing: Debian packages each known runtime under its own name."""
+    return f"install it (`apt-get install {name if name in KNOWN else 'runc'}`), name another with --runtime, or use --backend docker"
+
 
 
 def runtime_timeout() -> float:
@@ -61,7 +66,7 @@ class Runtime:
             (f"{d}/{name}" for d in ("/usr/sbin", "/usr/bin", "/sbin", "/usr/local/sbin", "/usr/local/bin") if os.access(f"{d}/{name}", os.X_OK)), None
         )
         if not binary or not os.access(binary, os.X_OK):
-            raise EngineError(f"OCI runtime {name!r} not found: {RUNTIME_HINT}")
+            raise EngineError(f"OCI runtime {name!r} not found: {runtime_hint(name)}")
         base = os.path.basename(binary)
         return cls(name=base, binary=binary, flags=KNOWN.get(base, ()))
 
@@ -83,7 +88,7 @@ class Runtime:
         except subprocess.TimeoutExpired:
             raise EngineError(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)") from None
         except OSError as exc:
-            raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {RUNTIME_HINT}") from None
+            raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {runtime_hint(self.name)}") from None
         if done.returncode != 0:
             raise EngineError(f"the OCI runtime {self.name} could not {what}: {_reason(done.stderr)}")
         return done
@@ -95,7 +100,7 @@ class Runtime:
             proc = subprocess.Popen(argv, stdin=stdio[0] if stdio else subprocess.DEVNULL, stdout=stdio[1] if stdio else subprocess.DEVNULL,
                                     stderr=stdio[2] if stdio else subprocess.PIPE, start_new_session=new_session)
         except OSError as exc:
-            raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {RUNTIME_HINT}") from None
+            raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {runtime_hint(self.name)}") from None
         pidfd = os.pidfd_open(proc.pid)
         try:
             ready = select.poll()

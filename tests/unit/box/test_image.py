@@ -38,3 +38,14 @@ def test_guest_code_imports_only_the_standard_library():
             else:
                 continue
             assert modules <= allowed, f"{path.name} imports {modules - allowed}"
+
+
+def test_the_image_has_python_as_debian_names_it():
+    """`python`, which agents, users and LangChain's sandbox suite type: Debian's python-is-python3, bootstrapped
+    into the offline base, and installed by the build on a base without it (debian:bookworm-slim, an older base)."""
+    from quinebox.box.image import BOOTSTRAP_PACKAGES
+
+    assert "python-is-python3" in BOOTSTRAP_PACKAGES
+    with tarfile.open(fileobj=build_context()) as tar:
+        dockerfile = tar.extractfile("Dockerfile").read().decode()
+    assert 'command -v python >/dev/null || missing="$missing python-is-python3"' in dockerfile

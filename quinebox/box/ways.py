@@ -1,0 +1,126 @@
+"""Each way a box could run on this machine — the OCI runtimes runc, crun and runsc, and the Docker engine —
+whether it works here, and for one that does not, why and the one command that fixes it (`quinebox doctor`).
+
+The reasons are told apart because their fixes differ: a runtime not installed (`apt-get install crun`), not
+root (rootless OCI boxes are not done yet: issue 33), a remote engine, crun refusing a hybrid cgroup
+hierarchy, a probe box the runtime would not run; an engine not installed, not running, running with a
+socket this user may not open (reach.py), or answering without seccomp or cgroup limits. `runtime_way` and
+`engine_way` take what they judge as arguments, so their tables are tested without a machine to match.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from quinebox.box.backends.reach import Unreachable, as_root, engine_socket, unreachable
+from quinebox.errors import QuineboxError
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
+
+#: The OCI runtimes quinebox knows, in the order `quinebox doctor` lists them (runc is the default).
+RUNTIME_NAMES = ("runc", "crun", "runsc")
+ENGINE = "engine"
+MOUNTS = "/proc/self/mounts"
+ROOTLESS = (
+    "not root: OCI boxes need root for now (rootless OCI boxes are issue 33's work, not done yet; docs/backends.md#rootless)",
+    "run quinebox as root (`sudo quinebox …`), or use the Docker engine",
+)
+
+
+@dataclass(frozen=True)
+class Way:
+    name: str  # a runtime's name, or ENGINE
+    works: bool
+    what: str  # one line: what runs boxes here, or why it cannot (after its label)
+    fix: str = ""  # for a way that does not work: the one command (or step) that fixes it
+
+    @property
+    def label(self) -> str:
+        return "Docker engine" if self.name == ENGINE else "runsc (gVisor)" if self.name == "runsc" else self.name
+
+
+def cgroup_hierarchy(mounts: str) -> str:
+    """"v2", "hybrid" (v1 controllers, v2 beside them at /sys/fs/cgroup/unified) or "v1", from /proc/self/mounts' text."""
+    kinds = {(fields[1], fields[2]) for fields in (line.split() for line in mounts.splitlines()) if len(fields) > 2}
+    if ("/sys/fs/cgroup", "cgroup2") in kinds:
+        return "v2"
+    has_v1 = any(kind == "cgroup" for _, kind in kinds)
+    has_v2 = any(kind == "cgroup2" for _, kind in kinds)
+    return "hybrid" if has_v1 and has_v2 else "v1" if has_v1 else "v2" if has_v2 else "none"
+
+
+def runtime_way(name: str, *, binary: str | None, root: bool, docker_host: str, hierarchy: str, probe: Callable[[], str | None]) -> Way:
+    """Whether the OCI runtime `name` (found at `binary`, or None) can run boxes here; `probe()` runs a probe box
+    (asked only when nothing else already says no) and gives None or the runtime's reason."""
+    if binary is None:
+        package = name if name in RUNTIME_NAMES else "runc"
+        return Way(name, False, "not installed", as_root(f"apt-get install {package}"))
+    if not root:
+        return Way(name, False, *ROOTLESS)
+    scheme = docker_host.split("://")[0] if docker_host else "unix"
+    if scheme not in ("unix", ""):
+        return Way(name, False, f"the engine at {docker_host} is remote: its images are not on this machine, and OCI boxes need them here",
+                   "unset DOCKER_HOST (to use this machine's engine), or unpack an image with `quinebox image load FILE`")
+    problem = probe()
+    if problem is None:
+        return Way(name, True, f"runs boxes here ({binary}; a hardened probe box ran)")
+    if name == "crun" and hierarchy == "hybrid":
+        return Way(name, False, f"crun refuses the hybrid cgroup hierarchy (v1 controllers, v2 beside them): {problem}",
+                   "use runc, the default (`--runtime runc`); crun needs a pure cgroup v2 machine (kernel cmdline systemd.unified_cgroup_hierarchy=1)")
+    return Way(name, False, problem, "use another runtime (`--runtime runc`), or the Docker engine (`--backend docker`)")
+
+
+def engine_way(*, blocked: Unreachable | None, answer: Callable[[], tuple[dict, dict, str]]) -> Way:
+    """Whether the Docker engine can run boxes here. `blocked`: why its socket cannot be opened (reach.unreachable);
+    `answer()`: (its info, its version, where it is), raising when it does not answer."""
+    if blocked is not None:
+        return Way(ENGINE, False, blocked.reason, blocked.fix)
+    try:
+        info, version, where = answer()
+    except QuineboxError as exc:
+        return Way(ENGINE, False, str(exc), "restart the engine, or check DOCKER_HOST")
+    except Exception as exc:  # an engine that stopped answering between requests
+        return Way(ENGINE, False, f"did not answer: {exc}", "restart the engine")
+    what = f"{version.get('Version')} (API {version.get('ApiVersion')}) at {where}"
+    if "seccomp" not in " ".join(info.get("SecurityOptions") or []):
+        return Way(ENGINE, False, f"{what} has no seccomp", "use a Docker engine built with seccomp and a kernel with CONFIG_SECCOMP_FILTER")
+    if not info.get("MemoryLimit"):
+        return Way(ENGINE, False, f"{what} cannot limit memory", "enable the memory cgroup controller (kernel cmdline cgroup_enable=memory)")
+    if not info.get("PidsLimit"):
+        return Way(ENGINE, False, f"{what} cannot limit pids", "enable the pids cgroup controller")
+    return Way(ENGINE, True, f"{what}: seccomp, memory and pids limits")
+
+
+def find_runtime(name: str) -> str | None:
+    from quinebox.box.backends.oci import Runtime
+
+    try:
+        return Runtime.named(name).binary
+    except QuineboxError:
+        return None
+
+
+def local_runtime_way(name: str) -> Way:
+    """runtime_way for this machine: the binary looked up, the probe box run once per binary (choice.usable)."""
+    from quinebox.box.backends.choice import usable
+
+    try:
+        with open(MOUNTS) as mounts:
+            hierarchy = cgroup_hierarchy(mounts.read())
+    except OSError:
+        hierarchy = "none"
+    return runtime_way(name, binary=find_runtime(name), root=os.geteuid() == 0, docker_host=os.environ.get("DOCKER_HOST", ""),
+                       hierarchy=hierarchy, probe=lambda: usable(name))
+
+
+def local_engine_way(connect: Callable[[], DockerBackend]) -> Way:
+    """engine_way for this machine; `connect()` gives a DockerBackend (asked only once its socket opens)."""
+
+    def answer() -> tuple[dict, dict, str]:
+        backend = connect()
+        return backend.quick.info(), backend.quick.version(), f"unix://{engine_socket()}" if engine_socket() else os.environ["DOCKER_HOST"]
+
+    return engine_way(blocked=unreachable(), answer=answer)
