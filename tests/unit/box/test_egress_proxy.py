@@ -3,7 +3,9 @@
 The box's side of each connection is one end of a socket pair, as the guest's
 forwarder would hand it over; the outside world is servers on 127.0.0.1, named
 through a hosts override. Nothing here goes anywhere but loopback: a refused
-address is refused before any connection is tried.
+address is refused before any connection is tried. The rules are made with
+parse_rule, so net:127.0.0.1 reaches those servers: no user can hold that rule
+(Grants.parse refuses it; users reach the host's loopback as host-loopback).
 """
 
 import http.server
