@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping
 
 from quinebox.errors import GrantError
-from quinebox.netrules import NetRule, covers, is_host_name, parse_rule
+from quinebox.netrules import NetRule, covers, is_host_name, parse_rule, unreachable
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -95,11 +95,11 @@ class Grants:
     syscalls: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
-    def parse(cls, specs: Iterable[str], *, cwd: str | None = None) -> "Grants":
-        """Combine grant strings; a later limit overrides an earlier one, as flags do."""
+    def parse(cls, specs: Iterable[str], *, cwd: str | None = None, keeping_out: bool = False) -> "Grants":
+        """Combine grant strings; a later limit overrides an earlier one, as flags do. `keeping_out`: deny rules (parse_grant)."""
         grants = cls()
         for spec in specs:
-            grants = grants.merge(parse_grant(spec, cwd=cwd))
+            grants = grants.merge(parse_grant(spec, cwd=cwd, keeping_out=keeping_out))
         return grants
 
     def merge(self, other: "Grants") -> "Grants":
@@ -170,14 +170,18 @@ def _mount(kind: str, value: str, cwd: str | None) -> Mount:
     return Mount(source=source, dest=dest, writable=kind == "rw")
 
 
-def parse_grant(spec: str, *, cwd: str | None = None) -> Grants:
-    """One grant string → a Grants holding just that grant. Pure except for `~` and relative paths."""
+def parse_grant(spec: str, *, cwd: str | None = None, keeping_out: bool = False) -> Grants:
+    """One grant string → a Grants holding just that grant. Pure except for `~` and relative paths. A `net` grant no
+    connection could use is refused, saying what to grant instead, before any box starts; a deny rule (`keeping_out`) may name it."""
     kind, sep, value = spec.partition(":")
     kind = kind.strip()
     if kind == "net":
         if sep and not value:
             raise GrantError(f"bad grant {spec!r}: give a destination after 'net:' (net:example.com, net:10.0.0.0/8, net:bridge), or 'net' for any public one")
-        return Grants(net=frozenset({parse_rule(spec, value if sep else None)}))
+        rule = parse_rule(spec, value if sep else None)
+        if not keeping_out and unreachable(rule):
+            raise GrantError(f"refused grant {spec!r}: {unreachable(rule)}")
+        return Grants(net=frozenset({rule}))
     if not sep or not value:
         raise GrantError(
             f"bad grant {spec!r}: expected KIND:VALUE with KIND one of ro, rw, net, cpus, mem, pids, tmp, world, time, env, secret, spawn, depth, tokens, syscall"

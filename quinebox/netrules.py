@@ -3,15 +3,21 @@
     net                  any public destination, any port
     net:HOST[:PORT]      that name (ports 80 and 443 when none is given; `:*` for any)
     net:*.SUFFIX[:PORT]  any name below SUFFIX (not SUFFIX itself)
-    net:CIDR[:PORT]      addresses: the only way to reach private, loopback, link-local
-                         (the metadata address too), multicast or other special ranges;
-                         a bare IPv4 address is a /32, an IPv6 one is written [ADDR]
+    net:CIDR[:PORT]      addresses: the only way to reach private, link-local (the metadata
+                         address too) or other special ranges; a bare IPv4 address is a
+                         /32, an IPv6 one is written [ADDR]
+    net:host-loopback:PORT  one port on the host's own loopback, reached by the name
+                         `host-loopback` alone (it is never resolved)
     net:bridge           the engine's bridge network: raw access, the host included
 
 A box's network stays `none` unless it holds `net:bridge`: everything else is
 decided by the host per connection (`verdict`), at the address it will connect
 to. A special address is reached only when a CIDR rule names it, whatever name
 led to it, so a name that resolves to 127.0.0.1 or 169.254.169.254 is refused.
+`unreachable` says which rules no connection could ever use (a name for
+loopback, a CIDR over the host's loopback, a multicast range, ...): grants
+refuse those when parsed, so a user hears why at once instead of a box failing
+later in a way that looks like a network fault.
 """
 
 from __future__ import annotations
@@ -28,13 +34,24 @@ WEB_PORTS = (80, 443)
 _LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
 _NAME_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+#: The one name by which a box reaches the host's loopback, and only at a port granted as net:host-loopback:PORT.
+HOST_LOOPBACK = "host-loopback"
+LOOPBACK_ADDRESSES: tuple[Address, ...] = (ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1"))
+#: Names that mean the box's own loopback inside the box (it sends them past the proxy), so no grant of them can work.
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+#: Where a connection reaches the host itself: loopback, and the unspecified addresses Linux connects to as loopback.
+_HOST_ITSELF = tuple(ipaddress.ip_network(n) for n in ("127.0.0.0/8", "0.0.0.0/8", "::1/128", "::/128"))
+#: IPv6 spellings of IPv4 addresses: connections are checked at the IPv4 address (`canonical`), so an IPv6 rule here never matches.
+_IPV4_IN_IPV6 = tuple(ipaddress.ip_network(n) for n in ("::ffff:0:0/96", "2002::/16", "2001::/32", "64:ff9b::/96"))
+#: Ranges no TCP connection can go to from the host's proxy: multicast, broadcast, and IPv6 link-local (it needs an interface).
+_NO_TCP = tuple(ipaddress.ip_network(n) for n in ("224.0.0.0/4", "255.255.255.255/32", "ff00::/8", "fe80::/10"))
 
 
 @dataclass(frozen=True, order=True)
 class NetRule:
     """One `net` grant. `ports` None means any port."""
 
-    kind: str  # "bridge", "public", "host", "suffix" or "cidr"
+    kind: str  # "bridge", "public", "host", "suffix", "cidr" or "loopback" (net:host-loopback:PORT)
     value: str = ""  # a lower-case name; a suffix without its "*."; a network in CIDR form
     ports: tuple[int, ...] | None = None
 
@@ -43,6 +60,8 @@ class NetRule:
             return "net:bridge"
         if self.kind == "public":
             return "net"
+        if self.kind == "loopback":
+            return f"net:{HOST_LOOPBACK}:{self.ports[0] if self.ports else '*'}"
         value = f"*.{self.value}" if self.kind == "suffix" else self.value
         if self.kind == "cidr":
             network = ipaddress.ip_network(self.value)
@@ -76,6 +95,10 @@ def parse_rule(spec: str, value: str | None) -> NetRule:
     if value == "bridge":
         return NetRule("bridge")
     where, ports = _split_port(spec, value)
+    if where.lower().rstrip(".") == HOST_LOOPBACK:
+        if not ports:
+            raise GrantError(f"bad grant {spec!r}: name the one port of the host's loopback the box may reach, as net:{HOST_LOOPBACK}:8080")
+        return NetRule("loopback", HOST_LOOPBACK, ports)
     if where.startswith("[") and where.endswith("]") or "/" in where or _is_ipv4(where):
         text = where[1:-1] if where.startswith("[") else where
         try:
@@ -90,6 +113,29 @@ def parse_rule(spec: str, value: str | None) -> NetRule:
     if len(name) > 253 or not _NAME_RE.match(name) or (kind == "suffix" and "." not in name):
         raise GrantError(f"bad grant {spec!r}: {where!r} is not a host name (net:example.com, net:*.example.com, net:10.0.0.0/8, net:bridge)")
     return NetRule(kind, name, WEB_PORTS if ports == () else ports)
+
+
+def unreachable(rule: NetRule) -> str:
+    """Why no connection could ever use `rule` as a grant, and what to grant instead; "" when some could.
+
+    Deny rules may name all of these (they keep things out); grants and ask rules may not.
+    """
+    instead = f"for one service on the host's loopback grant net:{HOST_LOOPBACK}:PORT and connect to {HOST_LOOPBACK}:PORT"
+    if rule.kind in ("host", "suffix") and (rule.value in _LOOPBACK_NAMES or rule.value == "localhost" or rule.value.endswith(".localhost")):
+        port = f"{rule.ports[0]}" if rule.ports and len(rule.ports) == 1 else "PORT"
+        return (f"{rule.value} is the box's own loopback inside the box, never the host's; "
+                f"for a service on the host's loopback grant net:{HOST_LOOPBACK}:{port} and connect to {HOST_LOOPBACK}:{port}")
+    if rule.kind != "cidr":
+        return ""
+    network = ipaddress.ip_network(rule.value)
+    if any(network.version == n.version and network.overlaps(n) for n in _HOST_ITSELF):  # type: ignore[arg-type]
+        wide = "" if network.num_addresses == 1 else " (grant net for any public destination, and net:CIDR for the private networks you need)"
+        return f"{network} reaches the host's own loopback, which no address grant may; {instead}{wide}"
+    if any(network.version == n.version and network.subnet_of(n) for n in _IPV4_IN_IPV6):  # type: ignore[arg-type]
+        return f"{network} spells IPv4 addresses as IPv6, and connections are checked at their IPv4 address: grant the IPv4 network instead"
+    if any(network.version == n.version and network.subnet_of(n) for n in _NO_TCP):  # type: ignore[arg-type]
+        return f"{network} is multicast, broadcast or IPv6 link-local: no connection through the host's proxy can go there"
+    return ""
 
 
 def is_host_name(text: str) -> bool:
@@ -153,6 +199,14 @@ def verdict(rules: frozenset[NetRule], name: str | None, address: Address, port:
     for rule in sorted(rules):
         if rule.holds(address) and rule.allows_port(port):
             return rule, ""
+    if name == HOST_LOOPBACK and address in LOOPBACK_ADDRESSES:
+        for rule in sorted(rules):
+            if rule.kind == "loopback" and rule.allows_port(port):
+                return rule, ""
+        return None, f"grant net:{HOST_LOOPBACK}:{port}"
+    if address.is_loopback or address.is_unspecified:
+        return None, (f"{address} is the host's loopback, which no name or address reaches; "
+                      f"for port {port} there grant net:{HOST_LOOPBACK}:{port} and connect to {HOST_LOOPBACK}:{port}")
     if special(address):
         return None, f"{address} is a private or special address; only a net:CIDR grant reaches it (grant {suggest(None, address, port)})"
     for rule in sorted(rules):
@@ -172,6 +226,8 @@ def suggest(name: str | None, address: Address, port: int) -> str:
 
 def covers(held: frozenset[NetRule], asked: NetRule) -> bool:
     """Whether a box holding `held` may pass `asked` on to a child: never anything wider."""
+    if asked.kind == "loopback":  # one port of the host's loopback: only a parent holding that very port passes it on
+        return any(rule.kind == "loopback" and rule.ports == asked.ports for rule in held)
     for rule in held:
         if rule.kind == "bridge":
             return True  # a box on the bridge reaches all of it already

@@ -33,7 +33,10 @@ if [ "$status" = 0 ] && [ $# = 0 ]; then
     # The CLI's tests once more, each command through a command server (the thin client's path): same behaviour.
     echo "test: the CLI's tests again, through \`quinebox serve\`" >&2
     QUINEBOX_TEST_SERVE=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
-        tests/e2e/test_cli.py tests/e2e/test_run_cli.py tests/e2e/test_terminals.py tests/e2e/test_approvals.py tests/e2e/test_fanout.py
+        tests/e2e/test_cli.py tests/e2e/test_run_cli.py tests/e2e/test_terminals.py tests/e2e/test_approvals.py tests/e2e/test_fanout.py \
+        tests/e2e/test_egress.py::test_a_grant_that_can_never_work_is_refused_before_any_box_starts \
+        tests/e2e/test_egress.py::test_host_loopback_reaches_one_port_by_name_and_each_refusal_is_one_line_and_one_record \
+        tests/e2e/test_egress.py::test_an_agents_refused_destination_is_one_line_on_the_runs_stderr
     status=$?
 fi
 if [ "$status" = 0 ] && [ $# = 0 ]; then

@@ -126,7 +126,7 @@ def _mount_spec(mount: Mount) -> str:
 def _parse(kind: str, specs: Iterable[str], cwd: str) -> Grants:
     """Rules in the grant grammar. A mount rule names a host path, so its destination is that path."""
     try:
-        rules = Grants.parse(specs, cwd=cwd)
+        rules = Grants.parse(specs, cwd=cwd, keeping_out=kind == "deny")
     except GrantError as exc:
         raise GrantError(f"bad --{kind} rule: {exc}") from None
     if any(m.dest != m.source for m in rules.mounts):

@@ -13,13 +13,15 @@ connection goes to exactly the address checked, so a name that changes its
 answer between check and use changes nothing. A plain-HTTP request's Host
 header must name what its URL names; one request per connection, so nothing
 can follow it unchecked. Refusals answer at once (403 with the grant that
-would allow it; a SOCKS refusal) and are said on stderr; every decision goes
-to the audit log and the box's tape.
+would allow it; a SOCKS refusal). Each refused destination is one line on
+stderr and one `egress` record (allowed false) on the audit log, once per box;
+a network fault is said as "failed" and recorded with `fault`. The box's tape
+records every decision. The host's loopback is reached only by the name
+`host-loopback`, never resolved, at a port granted as net:host-loopback:PORT.
 """
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import os
 import socket
@@ -31,17 +33,17 @@ from quinebox.audit import log
 from quinebox.audit.approvals import Decision
 from quinebox.audit.asks import ASK, HOLD, Asks
 from quinebox.box.handover import Handover
-from quinebox.box.proxywire import Refused, exactly, forward_head, host_port, parse_head, read_head, resolve, swap
+from quinebox.box.proxywire import Refused, answer, exactly, forward_head, host_port, parse_head, read_head, resolve, splice, swap
 from quinebox.box.secrets import Authority, Secret
 from quinebox.errors import QuineboxError
-from quinebox.netrules import Address, NetRule, is_host_name
+from quinebox.netrules import HOST_LOOPBACK, LOOPBACK_ADDRESSES, Address, NetRule, is_host_name
 
 #: Connections one box may hold open at once, and bytes it may move in all.
 MAX_CONNECTIONS = 48
 CONNECT_TIMEOUT = 10.0
 CHUNK = 1 << 16
-SPLICE_CHUNK = 1 << 20
-F_SETPIPE_SZ = 1031
+#: Distinct refusals said and audited per box; past it one line says the rest go unlisted (a box cannot flood either).
+MAX_TOLD = 256
 
 Record = Callable[[dict[str, Any]], None]
 #: Puts a request to a person: (kind, subject, facts) → their decision.
@@ -77,6 +79,9 @@ class Egress:
         self.moved = 0
         self.max_bytes = int(os.environ.get("QUINEBOX_EGRESS_MAX_BYTES", str(16 << 30)))
         self._over = False
+        self._told: set[str] = set()
+        if loopback := sorted(rule.format() for rule in rules if rule.kind == "loopback"):
+            log.note("host_loopback_granted", session, grants=loopback)
 
     def listen(self, path: str) -> None:
         """Serve the connections the box hands over at `path` (a socket it reaches by bind mount only)."""
@@ -134,12 +139,15 @@ class Egress:
         name = None if literal else host
         if name is not None and not is_host_name(name):
             raise Refused(f"egress to {host!r} refused: not a host name", status=400, socks=1)
-        addresses = [literal] if literal else resolve(host, port)
-        why = f"{host} has no address"
+        where = f"[{host}]:{port}" if literal and literal.version == 6 else f"{host}:{port}"
+        # The host's loopback has one name, never looked up (no hosts file or resolver can point it elsewhere).
+        addresses = [literal] if literal else list(LOOPBACK_ADDRESSES) if name == HOST_LOOPBACK else resolve(host, port)
+        why, fault = f"{host} has no address", True
         approved: str | None = None  # one person's answer serves every address of the name
         for address in addresses:
             rule, why, asked = self._decide(host, name, address, port, approved)
             if rule is None:
+                fault = False
                 continue
             approved = rule if asked else approved
             upstream = socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
@@ -148,11 +156,14 @@ class Egress:
                 upstream.connect((str(address), port))
             except OSError as exc:
                 upstream.close()
-                why = f"{address}:{port} did not accept ({exc.strerror or exc})"
+                shown = f"[{address}]" if address.version == 6 else str(address)
+                why, fault = f"{shown}:{port} did not accept ({exc.strerror or exc})", True
                 continue
             upstream.settimeout(None)
             return upstream, {"host": host, "port": port, "address": str(address), "allowed": True, "rule": rule}
-        raise Refused(f"egress to {host}:{port} refused: {why}")
+        if fault:
+            raise Refused(f"egress to {where} failed: {why}", status=502, socks=5, destination=where, fault=True)
+        raise Refused(f"egress to {where} refused: {why}", destination=where)
 
     def _decide(self, host: str, name: str | None, address: Address, port: int, approved: str | None) -> tuple[str | None, str, bool]:
         """(what allows connecting: the grant, or a person's approval; or None, and why not; whether a person was asked)."""
@@ -302,16 +313,31 @@ class Egress:
 
     def _refused(self, conn: socket.socket | None, exc: Refused, socks: bool) -> None:
         message = str(exc)
-        self._say(message)
-        self._note({"allowed": False, "why": message, **({"exfiltration": exc.exfiltration} if exc.exfiltration else {})})
-        if conn is None:
-            return
-        if socks:
-            conn.sendall(b"\x05" + bytes([exc.socks]) + b"\x00\x01" + bytes(6))
-        else:
-            body = (message + "\n").encode()
-            reason = {400: "Bad Request", 403: "Forbidden", 411: "Length Required", 502: "Bad Gateway"}.get(exc.status, "Forbidden")
-            conn.sendall(f"HTTP/1.1 {exc.status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        facts: dict[str, Any] = {"allowed": False, "why": message}
+        if exc.destination:
+            facts["destination"] = exc.destination
+        if exc.exfiltration:
+            facts["exfiltration"] = exc.exfiltration
+        self._tell(message, exc, facts)
+        if self._record:
+            self._record(facts)
+        if conn is not None:
+            answer(conn, exc, socks)
+
+    def _tell(self, message: str, exc: Refused, facts: dict[str, Any]) -> None:
+        """A refusal on stderr and the audit log, once per box for each (an exfiltration attempt every time, in the log)."""
+        with self._lock:
+            first = message not in self._told and len(self._told) < MAX_TOLD
+            full = not first and message not in self._told and len(self._told) == MAX_TOLD
+            if first or full:
+                self._told.add(message)
+        facts = {**facts, "fault": True} if exc.fault else facts
+        if first:
+            self._say(message)
+        elif full:
+            self._say(f"egress: more than {MAX_TOLD} different connections refused or failed; the rest are neither said nor audited")
+        if first or exc.exfiltration:
+            log.note("egress", self.session, **facts)
 
     def _refuse_silently(self, conn: socket.socket, why: str) -> None:
         self._note({"allowed": False, "why": why})
@@ -327,7 +353,7 @@ class Egress:
             watched = {s.placeholder.encode(): s.name for s in self.secrets} if length >= 0 else {}
             up = threading.Thread(target=self._pump, args=(reader, upstream, moved, length, watched, facts["host"]), daemon=True)
             up.start()
-            self._splice(upstream, conn, moved)
+            splice(upstream, conn, moved, self._count)
             up.join(1.0)
         finally:
             upstream.close()
@@ -342,33 +368,6 @@ class Egress:
         if over:
             self._say(f"egress stopped: the box moved more than {self.max_bytes} bytes")
         return not self._over
-
-    def _splice(self, source: socket.socket, sink: socket.socket, moved: dict[str, int]) -> None:
-        """From the outside back to the box, in the kernel (splice through a pipe): the bulk of the bytes go this way."""
-        pipe_r, pipe_w = os.pipe()
-        try:
-            fcntl.fcntl(pipe_w, F_SETPIPE_SZ, SPLICE_CHUNK)
-            source.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * SPLICE_CHUNK)
-            sink.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * SPLICE_CHUNK)
-        except OSError:
-            pass
-        try:
-            while True:
-                size = os.splice(source.fileno(), pipe_w, SPLICE_CHUNK)
-                if not size or not self._count(size):
-                    break
-                moved["down"] += size
-                while size:
-                    size -= os.splice(pipe_r, sink.fileno(), size)
-        except OSError:
-            pass
-        finally:
-            os.close(pipe_r)
-            os.close(pipe_w)
-        try:
-            sink.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
     def _pump(self, source: IO[bytes], sink: socket.socket, moved: dict[str, int], length: int, watched: dict[bytes, str], host: str) -> None:
         """From the box out: `length` bytes (-1: to the end); a placeholder in `watched` stops the copy before it passes, and is recorded."""

@@ -1,28 +1,37 @@
-"""What the egress proxy reads and writes on the wire: request heads, SOCKS fields, names resolved, and the refusal it answers with."""
+"""What the egress proxy reads and writes on the wire: request heads, SOCKS fields, names resolved, the refusal it answers
+with, and the bytes it splices back to the box."""
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import socket
 import urllib.parse
-from typing import IO
+from typing import IO, Callable
 
 from quinebox.netrules import Address
 
 HEAD_MAX = 64 << 10
+SPLICE_CHUNK = 1 << 20
+F_SETPIPE_SZ = 1031
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te", "trailer", "upgrade"}
 
 
 class Refused(Exception):
-    """A connection the box may not make; `status` is the HTTP answer to it."""
+    """A connection the box may not make, or (`fault`) one the outside did not let it make; `status` is the HTTP answer to it."""
 
-    def __init__(self, message: str, status: int = 403, socks: int = 2, exfiltration: str | None = None):
+    def __init__(self, message: str, status: int = 403, socks: int = 2, exfiltration: str | None = None, *,
+                 destination: str = "", fault: bool = False):
         super().__init__(message)
         self.status = status
         self.socks = socks
         #: The secret whose placeholder was sent where it does not go.
         self.exfiltration = exfiltration
+        #: HOST:PORT the box asked for, when it got that far.
+        self.destination = destination
+        #: A network fault (no such name, nobody listening), not a decision: said as "failed", never as "refused".
+        self.fault = fault
 
 
 def resolve(name: str, port: int) -> list[Address]:
@@ -46,7 +55,7 @@ def resolve(name: str, port: int) -> list[Address]:
     try:
         infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
-        raise Refused(f"egress to {name}:{port} refused: cannot resolve {name} ({exc})", status=502, socks=4) from None
+        raise Refused(f"egress to {name}:{port} failed: cannot resolve {name} ({exc})", status=502, socks=4, destination=f"{name}:{port}", fault=True) from None
     return list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
 
 
@@ -102,3 +111,42 @@ def host_port(text: str, default: int | None) -> tuple[str, int]:
     if parsed.hostname is None or (port is None and default is None):
         raise Refused(f"egress refused: {text[:100]!r} is not HOST:PORT", status=400, socks=1)
     return parsed.hostname.lower().rstrip("."), port if port is not None else default  # type: ignore[return-value]
+
+
+def answer(conn: socket.socket, exc: Refused, socks: bool) -> None:
+    """The box's answer to a refusal: a SOCKS reply, or an HTTP status whose body is the one line that says why."""
+    if socks:
+        conn.sendall(b"\x05" + bytes([exc.socks]) + b"\x00\x01" + bytes(6))
+        return
+    body = (str(exc) + "\n").encode()
+    reason = {400: "Bad Request", 403: "Forbidden", 411: "Length Required", 502: "Bad Gateway"}.get(exc.status, "Forbidden")
+    conn.sendall(f"HTTP/1.1 {exc.status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+
+
+def splice(source: socket.socket, sink: socket.socket, moved: dict[str, int], count: Callable[[int], bool]) -> None:
+    """From the outside back to the box, in the kernel (splice through a pipe): the bulk of the bytes go this way.
+    `count` is told each chunk's size and says whether the box may still move more."""
+    pipe_r, pipe_w = os.pipe()
+    try:
+        fcntl.fcntl(pipe_w, F_SETPIPE_SZ, SPLICE_CHUNK)
+        source.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * SPLICE_CHUNK)
+        sink.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * SPLICE_CHUNK)
+    except OSError:
+        pass
+    try:
+        while True:
+            size = os.splice(source.fileno(), pipe_w, SPLICE_CHUNK)
+            if not size or not count(size):
+                break
+            moved["down"] += size
+            while size:
+                size -= os.splice(pipe_r, sink.fileno(), size)
+    except OSError:
+        pass
+    finally:
+        os.close(pipe_r)
+        os.close(pipe_w)
+    try:
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass

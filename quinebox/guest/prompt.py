@@ -26,6 +26,9 @@ def network(granted, asked=""):
         return "the container engine's network (net:bridge)"
     said = "no network" if not rules else ("no direct network; through the host's proxy (HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are set) "
                                           f"you may reach only what these grants allow: {' '.join(rules)}")
+    loopback = [rule.rsplit(":", 1)[1] for rule in rules if rule.startswith("net:host-loopback:")]
+    if loopback:  # localhost is this box; the host's own loopback has one name
+        said += f" (a service on the host's own loopback is reached as host-loopback:PORT, for port {', '.join(loopback)}; localhost is this box)"
     if asked.split():
         said += (f". A person may approve, one request at a time, what these rules cover: {asked}; "
                  "such a request waits for them, and a refusal is a 403 for a connection or exit 125 for a child")

@@ -3,8 +3,8 @@
 The root quinebox runs in a session of its own (no controlling terminal), so
 decisions come from `quinebox approve`/`deny` in other processes, or from the
 timeout; the terminal prompt is driven through a real pseudo-terminal. The
-outside world is an HTTP server on loopback, reached by a name quinebox's
-resolver reads from QUINEBOX_EGRESS_HOSTS.
+outside world is an HTTP server on one of the host's own (not loopback)
+addresses, reached by a name quinebox's resolver reads from QUINEBOX_EGRESS_HOSTS.
 """
 
 import fcntl
@@ -19,6 +19,7 @@ import time
 
 import pytest
 from commands import QUINEBOX, qb, scripts
+from host_address import host_address
 
 from quinebox.audit.log import AuditLog
 from quinebox.audit.prompt import QUESTION
@@ -36,7 +37,7 @@ for _ in range(int(sys.argv[1])):
 
 @pytest.fixture(scope="module")
 def web(tmp_path_factory):
-    """A server on loopback answering `hello`, and the hosts file that names it approve.test."""
+    """A server answering `hello` on an address of the host's, and the hosts file that names it approve.test."""
 
     class Hello(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -48,13 +49,14 @@ def web(tmp_path_factory):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    address = host_address()
+    server = http.server.ThreadingHTTPServer((address, 0), Hello)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     here = tmp_path_factory.mktemp("web")
     here.chmod(0o755)
-    (here / "hosts").write_text("127.0.0.1 approve.test\n")
+    (here / "hosts").write_text(f"{address} approve.test\n")
     (here / "fetch.py").write_text(FETCH)
-    yield {"port": server.server_address[1], "dir": here, "env": {**os.environ, "QUINEBOX_EGRESS_HOSTS": str(here / "hosts")}}
+    yield {"port": server.server_address[1], "address": address, "dir": here, "env": {**os.environ, "QUINEBOX_EGRESS_HOSTS": str(here / "hosts")}}
     server.shutdown()
 
 
@@ -104,10 +106,10 @@ def test_an_approved_child_starts_and_a_denied_one_exits_125_in_the_box(tmp_path
 
 def test_a_connection_asked_once_is_asked_again_and_always_is_remembered_until_revoked(web, tmp_path):
     port = str(web["port"])
-    args = ("exec", "-g", f"ro:{web['dir']}", "--ask", f"net:127.0.0.1:{port}", "--", "python3", f"{web['dir']}/fetch.py")
+    args = ("exec", "-g", f"ro:{web['dir']}", "--ask", f"net:{web['address']}:{port}", "--", "python3", f"{web['dir']}/fetch.py")
     root = start(*args, "2", port, env=web["env"], cwd=str(tmp_path))
     first = next_request()
-    assert (first["kind"], first["subject"], first["facts"]["address"]) == ("egress", f"net:approve.test:{port}", "127.0.0.1")
+    assert (first["kind"], first["subject"], first["facts"]["address"]) == ("egress", f"net:approve.test:{port}", web["address"])
     qb("approve", first["id"])
     second = next_request(after=first)
     assert second["id"] != first["id"]
@@ -146,11 +148,11 @@ def test_without_a_terminal_a_zero_ask_timeout_denies_at_once(tmp_path):
 def test_deny_rules_beat_grants_and_asks(web, tmp_path):
     port = str(web["port"])
     done = qb(
-        "exec", "-g", f"ro:{web['dir']}", "-g", f"net:127.0.0.1:{port}", "--deny", f"net:127.0.0.1:{port}", "--ask", "net:*", "--ask-timeout", "0",
+        "exec", "-g", f"ro:{web['dir']}", "-g", f"net:{web['address']}:{port}", "--deny", f"net:{web['address']}:{port}", "--ask", "net:*", "--ask-timeout", "0",
         "--", "python3", f"{web['dir']}/fetch.py", "1", port, env=web["env"],
     )
     assert done.stdout == b"403\n"
-    assert f"denied by net:127.0.0.1:{port}".encode() in done.stderr
+    assert f"denied by net:{web['address']}:{port}".encode() in done.stderr
     child = qb(
         "exec", "-g", f"rw:{tmp_path}", "-g", "spawn:1", "-g", "depth:1", "--deny", f"rw:{tmp_path}", "--",
         "sh", "-c", f"quinebox exec -g rw:{tmp_path} -- true; echo child $?",

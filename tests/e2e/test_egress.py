@@ -9,10 +9,12 @@ the proxy.
 """
 
 import hashlib
+import http.server
 import io
 import os
 import subprocess
 import textwrap
+import threading
 import zipfile
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from openai_server import exit_, sh
 
 import quinebox
 from quinebox.agent.store import read_tape
+from quinebox.audit.log import AuditLog
 from quinebox.box.spec import DEFAULT_IMAGE
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image is on a registry these machines cannot reach
@@ -189,7 +192,7 @@ def test_an_agent_with_egress_says_nothing_of_its_forwarder_and_a_secret_with_no
     no net grant is a placeholder alone (it once failed the box with 125: no trust to mount)."""
     scripts(tmp_path, mission=[{"sh": "printf 'ok %s\\n' \"${API_TOKEN%%-*}\" >&4"}, {"exit": "success"}])
     env = {**os.environ, "API_TOKEN": "a-value-never-seen-in-a-box"}
-    for grants in (["-g", "net:127.0.0.1:9"], ["-g", "secret:API_TOKEN@api.test"]):
+    for grants in (["-g", "net:host-loopback:9"], ["-g", "secret:API_TOKEN@api.test"]):
         done = qb("run", "-q", "-m", f"script:{tmp_path / 'mission.yaml'}", *grants, "say ok", env=env)
         assert (done.returncode, done.stdout, done.stderr) == (0, b"ok quinebox\n" if "secret" in grants[1] else b"ok \n", b""), grants
 
@@ -291,3 +294,87 @@ def test_only_what_is_granted_is_reached_by_name_address_and_port(outside):
         "[::ffff:169.254.169.254]:80 HTTP/1.1 403 Forbidden",  # the metadata address spelled as IPv6
     ]
     assert len(done.stderr.decode().splitlines()) == 5  # one line for each refusal
+
+
+@pytest.mark.parametrize(
+    "grant, why",
+    [
+        ("net:localhost:18089", "localhost is the box's own loopback inside the box, never the host's; "
+                                "for a service on the host's loopback grant net:host-loopback:18089 and connect to host-loopback:18089"),
+        ("net:127.0.0.1:18089", "127.0.0.1/32 reaches the host's own loopback, which no address grant may; "
+                                "for one service on the host's loopback grant net:host-loopback:PORT and connect to host-loopback:PORT"),
+        ("net:fe80::/10", "fe80::/10 is multicast, broadcast or IPv6 link-local: no connection through the host's proxy can go there"),
+    ],
+)
+def test_a_grant_that_can_never_work_is_refused_before_any_box_starts(grant, why, tmp_path):
+    for args in (["exec", "-g", grant, "--", "sh", "-c", f"touch {tmp_path}/ran"], ["run", "-q", "-m", "script:/nonexistent.yaml", "-g", grant, "try"]):
+        done = qb(*args)
+        assert (done.returncode, done.stdout, done.stderr) == (125, b"", f"quinebox: refused grant {grant!r}: {why}\n".encode()), args
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.fixture
+def loopback_server():
+    """A server on the host's loopback only, answering `hello from the host`."""
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "19")
+            self.end_headers()
+            self.wfile.write(b"hello from the host")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+LOOPBACK_CLIENT = textwrap.dedent(
+    """
+    import sys, urllib.request
+    for url in sys.argv[1:]:
+        try:
+            print(urllib.request.urlopen(url, timeout=10).read().decode())
+        except Exception as e:
+            print(getattr(e, "code", e))
+    """
+)
+
+
+def test_host_loopback_reaches_one_port_by_name_and_each_refusal_is_one_line_and_one_record(loopback_server, tmp_path):
+    port = loopback_server
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 loop.test\n")
+    env = {**os.environ, "QUINEBOX_EGRESS_HOSTS": str(hosts)}
+    urls = [f"http://host-loopback:{port}/", f"http://loop.test:{port}/", f"http://host-loopback:{port + 1}/", f"http://loop.test:{port}/",
+            f"http://host-loopback:{port}/"]
+    done = qb("exec", "-g", f"net:host-loopback:{port}", "--", "python3", "-c", LOOPBACK_CLIENT, *urls, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().splitlines() == ["hello from the host", "403", "403", "403", "hello from the host"]
+    assert done.stderr.decode().splitlines() == [  # once per destination, on quinebox's stderr, never the box's stdout
+        f"quinebox: egress to loop.test:{port} refused: 127.0.0.1 is the host's loopback, which no name or address reaches; "
+        f"for port {port} there grant net:host-loopback:{port} and connect to host-loopback:{port}",
+        f"quinebox: egress to host-loopback:{port + 1} refused: grant net:host-loopback:{port + 1}",
+    ]
+    records = list(AuditLog().records())
+    [granted] = [r for r in records if r["kind"] == "host_loopback_granted" and r["facts"]["grants"] == [f"net:host-loopback:{port}"]]
+    mine = [r["facts"] for r in records if r["session"] == granted["session"] and r["kind"] == "egress"]
+    assert sorted((f.get("destination") or f["host"], f["allowed"], f.get("rule") or "") for f in mine) == sorted([
+        (f"host-loopback:{port + 1}", False, ""), ("host-loopback", True, f"net:host-loopback:{port}"),
+        ("host-loopback", True, f"net:host-loopback:{port}"), (f"loop.test:{port}", False, ""),
+    ])  # each use of the loopback grant, and each refused destination once
+    verified = qb("audit", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_an_agents_refused_destination_is_one_line_on_the_runs_stderr(loopback_server, tmp_path):
+    port = loopback_server
+    fetch = f"python3 -c \"import urllib.request as u\ntry: u.urlopen('http://host-loopback:{port}/')\nexcept Exception as e: print(e.code)\" >&4"
+    scripts(tmp_path, mission=[{"sh": f"{fetch}; {fetch}"}, {"exit": "success"}])
+    done = qb("run", "-q", "-m", f"script:{tmp_path / 'mission.yaml'}", "-g", "net:example.com", "try")
+    assert (done.returncode, done.stdout) == (0, b"403\n403\n"), done.stderr
+    assert done.stderr.decode().splitlines() == [f"quinebox: egress to host-loopback:{port} refused: grant net:host-loopback:{port}"]

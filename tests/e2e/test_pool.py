@@ -161,7 +161,7 @@ def test_commands_agents_and_their_empty_world_children_draw_from_the_pool_with_
     "args",
     [
         ["-g", "ro:{here}=/h"],
-        ["-g", "net:localhost"],
+        ["-g", "net:example.com"],
         ["--world-from", "{here}"],
     ],
     ids=["host-mount", "network", "world-from"],

@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 from certificates import issue_certificates
 from commands import qb, scripts
+from host_address import host_address
 from view_browser import export_files, go, no_foreign, open_page, view_server
 
 from quinebox.agent.store import read_tape
@@ -49,11 +50,12 @@ def test_no_secret_or_provider_key_on_any_page_stream_or_export(browser, tmp_pat
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
     Echo.key = key
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    address = host_address()  # not loopback: a box reaches that only as host-loopback, and the secret's host is api.test
+    server = http.server.ThreadingHTTPServer((address, 0), Echo)
     server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
-    (tmp_path / "hosts").write_text("127.0.0.1 api.test\n")
+    (tmp_path / "hosts").write_text(f"{address} api.test\n")
     env = {**os.environ, "ACME_CODE": secret, "OPENAI_API_KEY": key, "QUINEBOX_EGRESS_HOSTS": str(tmp_path / "hosts"), "SSL_CERT_FILE": str(tmp_path / "ca.pem")}
     scripts(tmp_path, fetch=[{"say": "fetching the greeting", "sh": FETCH.format(port=port)}, {"exit": "success"}])
     mission = f"fetch the greeting {os.urandom(3).hex()}"
@@ -65,7 +67,7 @@ def test_no_secret_or_provider_key_on_any_page_stream_or_export(browser, tmp_pat
                 streamed: list[bytes] = []
                 follower = threading.Thread(target=lambda: streamed.append(view.events("sessions,runs,audit,approvals", 25.0)))
                 follower.start()
-                done = qb("run", "-q", "--json", "-m", f"script:{tmp_path / 'fetch.yaml'}", "-g", f"net:127.0.0.1:{port}", "-g", "secret:ACME_CODE@api.test",
+                done = qb("run", "-q", "--json", "-m", f"script:{tmp_path / 'fetch.yaml'}", "-g", f"net:{address}:{port}", "-g", "secret:ACME_CODE@api.test",
                           mission, env=env, timeout=300)
                 assert done.returncode == 0, done.stderr[-2000:]
                 session = json.loads(done.stderr.decode().splitlines()[-1])["session"]

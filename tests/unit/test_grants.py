@@ -5,7 +5,7 @@ import os
 import pytest
 
 from quinebox.errors import GrantError
-from quinebox.grants import Grants, Mount, check_mount, parse_duration, parse_grant, parse_size, read_only_all_the_way, resolve, submounts
+from quinebox.grants import Grants, Mount, attenuate, check_mount, parse_duration, parse_grant, parse_size, read_only_all_the_way, resolve, submounts
 from quinebox.netrules import NetRule
 
 G = 1 << 30
@@ -266,3 +266,40 @@ def test_a_secret_must_be_set_where_quinebox_runs():
     with pytest.raises(GrantError, match="cannot grant secret:T: T is not set in quinebox's environment"):
         resolve(Grants.parse(["secret:T@a.example.com"]), environ={}, protected=[])
     assert resolve(Grants.parse(["secret:T@a.example.com"]), environ={"T": "v"}, protected=[]).secrets == (("T", ("a.example.com",)),)
+
+
+@pytest.mark.parametrize(
+    "spec, line",
+    [
+        ("net:localhost:18089", "refused grant 'net:localhost:18089': localhost is the box's own loopback inside the box, never the host's; "
+                                "for a service on the host's loopback grant net:host-loopback:18089 and connect to host-loopback:18089"),
+        ("net:127.0.0.1:18089", "refused grant 'net:127.0.0.1:18089': 127.0.0.1/32 reaches the host's own loopback, which no address grant may; "
+                                "for one service on the host's loopback grant net:host-loopback:PORT and connect to host-loopback:PORT"),
+        ("net:[::1]", "refused grant 'net:[::1]': ::1/128 reaches the host's own loopback, which no address grant may; "
+                      "for one service on the host's loopback grant net:host-loopback:PORT and connect to host-loopback:PORT"),
+        ("net:fe80::/10", "refused grant 'net:fe80::/10': fe80::/10 is multicast, broadcast or IPv6 link-local: no connection through the host's proxy can go there"),
+        ("net:host-loopback", "bad grant 'net:host-loopback': name the one port of the host's loopback the box may reach, as net:host-loopback:8080"),
+    ],
+)
+def test_a_net_grant_that_can_never_work_is_refused_in_one_line_saying_what_to_grant(spec, line):
+    with pytest.raises(GrantError) as info:
+        Grants.parse(["ro:/data", spec], cwd="/cwd")
+    assert str(info.value) == line
+
+
+def test_a_deny_rule_may_name_what_no_grant_may_and_an_ask_rule_may_not():
+    from quinebox.audit.asks import Asks
+
+    asks = Asks.parse(deny=["net:127.0.0.0/8", "net:localhost", "net:fe80::/10"], cwd="/cwd")
+    assert asks.deny.format() == ["net:127.0.0.0/8", "net:fe80::/10", "net:localhost"]
+    with pytest.raises(GrantError, match=r"^bad --ask rule: refused grant 'net:127.0.0.1:80': 127.0.0.1/32 reaches the host's own loopback"):
+        Asks.parse(ask=["net:127.0.0.1:80"], cwd="/cwd")
+    assert Asks.parse(ask=["net:host-loopback:80"], cwd="/cwd").ask.format() == ["net:host-loopback:80"]
+
+
+def test_host_loopback_parses_formats_back_and_a_child_holds_it_only_as_its_parent_does():
+    parent = Grants.parse(["net:host-loopback:8080", "spawn:1", "depth:1"])
+    assert parent.format()[0] == "net:host-loopback:8080" and Grants.parse(parent.format()) == parent
+    assert attenuate(parent, Grants.parse(["net:host-loopback:8080"])).net == parent.net
+    with pytest.raises(GrantError, match=r"^refused net:host-loopback:9090: wider than this box's network grants \(net:host-loopback:8080\)$"):
+        attenuate(parent, Grants.parse(["net:host-loopback:9090"]))

@@ -3,7 +3,9 @@
 The box's side of each connection is one end of a socket pair, as the guest's
 forwarder would hand it over; the outside world is servers on 127.0.0.1, named
 through a hosts override. Nothing here goes anywhere but loopback: a refused
-address is refused before any connection is tried.
+address is refused before any connection is tried. The rules are made with
+parse_rule, so net:127.0.0.1 reaches those servers: no user can hold that rule
+(Grants.parse refuses it; users reach the host's loopback as host-loopback).
 """
 
 import http.server
@@ -16,9 +18,11 @@ import time
 import pytest
 from proxied_box import ProxiedBox
 
+from quinebox.audit.log import AuditLog, verify
 from quinebox.netrules import parse_rule
 
 BODY = os.urandom(50000)
+LOOPBACK = "127.0.0.1 is the host's loopback, which no name or address reaches; for port {web} there grant net:host-loopback:{web} and connect to host-loopback:{web}"
 
 
 class Files(http.server.BaseHTTPRequestHandler):
@@ -60,8 +64,8 @@ def servers(tmp_path_factory):
 
 
 class Box(ProxiedBox):
-    def __init__(self, *grants: str):
-        super().__init__(frozenset(parse_rule(g, g[4:] or None) for g in grants))
+    def __init__(self, *grants: str, **options):
+        super().__init__(frozenset(parse_rule(g, g[4:] or None) for g in grants), **options)
 
 
 def read_all(sock: socket.socket) -> bytes:
@@ -94,18 +98,21 @@ def test_connect_to_a_granted_address_tunnels_exact_bytes(servers):
 @pytest.mark.parametrize(
     "grants, target, words",
     [
-        (("net:files.test",), "files.test:{web}", "127.0.0.1 is a private or special address; only a net:CIDR grant reaches it (grant net:127.0.0.1:{web})"),
-        (("net",), "meta.test:80", "169.254.169.254 is a private or special address"),
+        (("net:files.test",), "files.test:{web}", LOOPBACK),
+        (("net",), "meta.test:80", "169.254.169.254 is a private or special address; only a net:CIDR grant reaches it (grant net:169.254.169.254:80)"),
         (("net",), "[::ffff:169.254.169.254]:80", "169.254.169.254 is a private or special address"),
-        (("net:files.test",), "127.0.0.1:{web}", "only a net:CIDR grant reaches it"),
-        (("net:127.0.0.1:1",), "files.test:{web}", "grant net:127.0.0.1:{web}"),
+        (("net:files.test",), "127.0.0.1:{web}", LOOPBACK),
+        (("net:127.0.0.1:1",), "files.test:{web}", LOOPBACK),
+        (("net:host-loopback:{web}",), "files.test:{web}", LOOPBACK),  # a name for loopback, whatever port is granted
+        (("net:host-loopback:{web}",), "127.0.0.1:{web}", LOOPBACK),  # and the literal: only the name host-loopback
+        (("net:host-loopback:1",), "host-loopback:{web}", "grant net:host-loopback:{web}"),
         (("net:other.test",), "private.test:443", "10.9.9.9 is a private or special address"),
-        ((), "files.test:{web}", "grant net:127.0.0.1:{web}"),
+        ((), "files.test:{web}", LOOPBACK),
     ],
 )
 def test_a_refused_connect_is_a_403_naming_the_grant_at_once(servers, grants, target, words):
     web, _ = servers
-    box = Box(*grants)
+    box = Box(*(g.format(web=web) for g in grants))
     sock = box.connect()
     began = time.monotonic()
     target = target.format(web=web)
@@ -115,7 +122,7 @@ def test_a_refused_connect_is_a_403_naming_the_grant_at_once(servers, grants, ta
     assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n")
     assert words.format(web=web).encode() in answer
     assert len(box.said) == 1 and box.said[0].startswith("egress to ") and words.format(web=web) in box.said[0]
-    assert box.records == [{"allowed": False, "why": box.said[0]}]
+    assert box.records == [{"allowed": False, "why": box.said[0], "destination": target}]
 
 
 def test_a_plain_http_request_is_forwarded_once_with_its_host_checked(servers):
@@ -270,3 +277,80 @@ def test_a_box_past_its_byte_cap_is_cut_off_and_told_once(servers, monkeypatch):
     got = http_get(sock, "files.test")
     assert len(got) < len(BODY)
     assert box.said == ["egress stopped: the box moved more than 20000 bytes"]
+
+
+def audited(kind: str) -> list[dict]:
+    return [r["facts"] for r in AuditLog().records() if r["kind"] == kind]
+
+
+def test_host_loopback_reaches_one_port_of_the_hosts_loopback_by_that_name_alone(servers, tmp_path, monkeypatch):
+    web, echo = servers
+    hosts = tmp_path / "hosts"  # a hosts override cannot point host-loopback elsewhere: the name is never looked up
+    hosts.write_text("10.9.9.9 host-loopback\n127.0.0.1 files.test\n")
+    monkeypatch.setenv("QUINEBOX_EGRESS_HOSTS", str(hosts))
+    session = f"loopback-{os.getpid()}-{time.monotonic_ns()}"
+    box = Box(f"net:host-loopback:{web}", session=session)
+    assert audited("host_loopback_granted")[-1] == {"grants": [f"net:host-loopback:{web}"]}
+    sock = box.connect()
+    sock.sendall(f"CONNECT host-loopback:{web} HTTP/1.1\r\n\r\n".encode())
+    assert sock.recv(39) == b"HTTP/1.1 200 Connection established\r\n\r\n"
+    assert http_get(sock, f"host-loopback:{web}").endswith(BODY)
+    sock.close()
+    answer = http_get(box.connect(), f"host-loopback:{web}", f"http://host-loopback:{web}/x")  # plain HTTP, as curl sends it
+    assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(BODY)
+    assert socks(box.connect(), "host-loopback", echo)[:2] == b"\x05\x02"  # another port of the loopback: refused
+    deadline = time.monotonic() + 5
+    def used():
+        return [r["facts"] for r in AuditLog().records() if r["session"] == session and r["kind"] == "egress" and r["facts"]["allowed"]]
+
+    while len(used()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [(u["host"], u["address"], u["rule"]) for u in used()] == [("host-loopback", "127.0.0.1", f"net:host-loopback:{web}")] * 2
+    assert box.said == [f"egress to host-loopback:{echo} refused: grant net:host-loopback:{echo}"]
+
+
+def test_each_refused_destination_is_said_and_audited_once_per_box(servers):
+    web, _ = servers
+    session = f"told-{os.getpid()}-{time.monotonic_ns()}"
+    box = Box("net:other.test", session=session)
+    for target in ["files.test:1", "files.test:1", "echo.test:2", "files.test:1", "[::1]:3"]:
+        sock = box.connect()
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+        assert read_all(sock).startswith(b"HTTP/1.1 403")
+    loop = "is the host's loopback, which no name or address reaches"
+    assert box.said == [
+        f"egress to files.test:1 refused: 127.0.0.1 {loop}; for port 1 there grant net:host-loopback:1 and connect to host-loopback:1",
+        f"egress to echo.test:2 refused: 127.0.0.1 {loop}; for port 2 there grant net:host-loopback:2 and connect to host-loopback:2",
+        f"egress to [::1]:3 refused: ::1 {loop}; for port 3 there grant net:host-loopback:3 and connect to host-loopback:3",
+    ]
+    assert len(box.records) == 5  # the tape has every decision
+    mine = [r for r in AuditLog().records() if r["session"] == session]
+    assert [(r["kind"], r["facts"]["allowed"], r["facts"]["destination"], r["facts"]["why"]) for r in mine] == [("egress", False, line.split()[2], line) for line in box.said]
+    assert verify().intact
+
+
+def test_a_network_fault_is_said_as_failed_never_as_refused(servers):
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    box = Box(f"net:host-loopback:{port}", "net:nowhere.invalid")
+    for target in [f"host-loopback:{port}", "nowhere.invalid:443"]:
+        sock = box.connect()
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+        assert read_all(sock).startswith(b"HTTP/1.1 502 Bad Gateway")
+    assert box.said[0] == f"egress to host-loopback:{port} failed: [::1]:{port} did not accept (Connection refused)"
+    assert box.said[1].startswith("egress to nowhere.invalid:443 failed: cannot resolve nowhere.invalid")
+
+
+def test_past_its_cap_of_refusals_a_box_is_told_so_once_and_floods_neither_stderr_nor_the_log(servers, monkeypatch):
+    from quinebox.box import egress
+
+    monkeypatch.setattr(egress, "MAX_TOLD", 2)
+    session = f"flood-{os.getpid()}-{time.monotonic_ns()}"
+    box = Box("net:other.test", session=session)
+    for port in range(1, 8):
+        sock = box.connect()
+        sock.sendall(f"CONNECT files.test:{port} HTTP/1.1\r\n\r\n".encode())
+        assert read_all(sock).startswith(b"HTTP/1.1 403")
+    assert [line.split(" refused")[0] for line in box.said[:2]] == ["egress to files.test:1", "egress to files.test:2"]
+    assert box.said[2:] == ["egress: more than 2 different connections refused or failed; the rest are neither said nor audited"]
+    assert len([r for r in AuditLog().records() if r["session"] == session]) == 2 and len(box.records) == 7
