@@ -20,6 +20,9 @@ import os
 import shutil
 import signal
 import subprocess
+from pathlib import Path
+
+from quinebox.box.backends.boxroot import detach
 
 DEADLINE = 10.0
 #: What /proc/PID/comm says of a keeper (a forked process otherwise looks like its owner).
@@ -79,6 +82,7 @@ def sweep(held: dict[str, tuple[list[str], str]]) -> None:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         if bundle:
+            detach(Path(bundle))  # a box's root its owner died before detaching (boxroot.py)
             shutil.rmtree(bundle, ignore_errors=True)
 
 
