@@ -10,7 +10,7 @@ and runtime state.
 
 Forked, not started anew: a new interpreter's start-up (~15 ms of CPU) would be paid by every `quinebox exec`.
 The child keeps nothing of its owner's open but its end of the pipe, touches none of its owner's locks or
-objects (system calls, json, and `subprocess` for the runtime), and leaves with os._exit.
+objects (system calls, a box root's detach among them, json, and `subprocess` for the runtime), and leaves with os._exit.
 """
 
 from __future__ import annotations

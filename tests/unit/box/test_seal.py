@@ -126,14 +126,16 @@ def test_a_boxs_root_takes_mount_points_without_writing_the_image(tmp_path, wher
     bundle = tmp_path / where / "box.oci"
     bundle.mkdir()
     root = Path(boxroot.layered(str(image), bundle))
-    assert mounts_under(tmp_path) == [str(root)]  # the layer's tmpfs is the overlay's alone, at no path of the host's
-    assert sorted(os.listdir(root)) == sorted(os.listdir(image))
-    (root / "notes.txt").touch()  # as a runtime makes mount points
-    (root / "opt" / "newdir" / "deep").mkdir(parents=True)
-    (root / "tmp" / "x").mkdir()
-    os.chmod(root / "etc", 0o700)
-    assert seal.changed(tmp_path / where, image) is None
-    boxroot.detach(bundle)
+    try:
+        assert mounts_under(tmp_path) == [str(root)]  # the layer's tmpfs is the overlay's alone, at no path of the host's
+        assert sorted(os.listdir(root)) == sorted(os.listdir(image))
+        (root / "notes.txt").touch()  # as a runtime makes mount points
+        (root / "opt" / "newdir" / "deep").mkdir(parents=True)
+        (root / "tmp" / "x").mkdir()
+        os.chmod(root / "etc", 0o700)
+        assert seal.changed(tmp_path / where, image) is None
+    finally:
+        boxroot.detach(bundle)
     boxroot.detach(bundle)  # again: nothing to detach, no error
     assert mounts_under(tmp_path) == [] and os.listdir(root) == []
     assert stat.S_IMODE(os.stat(image / "etc").st_mode) == 0o755
