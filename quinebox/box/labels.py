@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from quinebox.audit import log
-from quinebox.box.backends.ocibox import oci_containers, oci_runtime, sweep_cgroups
+from quinebox.box.backends.ocibox import STALE, bundle_owner, oci_containers, oci_runtime, remove_bundle, sweep_cgroups
 from quinebox.box.claim import claimed_as
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
@@ -132,7 +132,7 @@ def _remove(container: dict[str, Any], backend: DockerBackend | None) -> None:
     runtime = container.get("Runtime", "docker")
     if runtime != "docker":
         oci_runtime(runtime).delete(container["Id"])
-        shutil.rmtree(run_dir() / f"{container['Labels'].get(LABEL_SESSION, '?')}.oci", ignore_errors=True)
+        remove_bundle(run_dir() / f"{container['Labels'].get(LABEL_SESSION, '?')}.oci")
     elif backend is not None:
         backend.remove(container["Id"])
 
@@ -148,8 +148,9 @@ def is_running(session: str, backend: DockerBackend | None = None) -> bool:
     return any(_info(c).session == session for c in _containers(backend))
 
 
-def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
-    """Remove boxes (and sockets) whose owner is gone; return their session ids."""
+def collect_garbage(backend: DockerBackend | None = None, *, repaired: Callable[[str, str], None] | None = None) -> list[str]:
+    """Remove boxes (and sockets) whose owner is gone; return their session ids. Unpacked images that changed since
+    their unpack are removed too, each told to `repaired(image directory, why)`."""
     backend = _engine(backend)
     removed = []
     live_sessions = set()
@@ -161,9 +162,12 @@ def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
             continue
         _remove(container, backend)
         removed.append(box.session)
-    _prune_images(containers, backend)
+    for name, why in _prune_images(containers, backend):
+        if repaired is not None:
+            repaired(name, why)
     sweep_cgroups({container["Labels"].get(LABEL_SESSION, "") for container in containers if container.get("Runtime")})
     present = {container["Id"] for container in containers}
+    _sweep_bundles({container["Labels"].get(LABEL_SESSION, "") for container in containers if container.get("Runtime")})
     for record in run_dir().glob("claimed/*.json"):
         if record.stem not in present:
             record.unlink(missing_ok=True)
@@ -186,6 +190,23 @@ def collect_garbage(backend: DockerBackend | None = None) -> list[str]:
     return removed
 
 
+def _sweep_bundles(known: set[str]) -> None:
+    """Remove bundles of boxes no runtime lists (not among `known` sessions) whose owner is gone: what an owner and
+    its keeper both killed mid-start leave, a box's root still mounted maybe. One with no owner to read goes once a
+    minute old (one is written before its box is made)."""
+    for bundle in sorted(run_dir().glob("*.oci")):
+        if bundle.stem in known:
+            continue
+        owner = bundle_owner(bundle)
+        try:
+            young = time.time() - bundle.stat().st_mtime < STALE
+        except OSError:
+            continue
+        if owner_alive(owner) if owner is not None else young:
+            continue
+        remove_bundle(bundle)
+
+
 def _engine(backend: DockerBackend | None) -> DockerBackend | None:
     """The engine, if one answers: killing and collecting go on for the runtimes' boxes without it."""
     if backend is not None:
@@ -198,8 +219,9 @@ def _engine(backend: DockerBackend | None) -> DockerBackend | None:
         return None
 
 
-def _prune_images(containers: list[dict[str, Any]], backend: DockerBackend | None) -> list[str]:
-    """Unpacked images that no live box uses and whose image is gone or replaced (see rootfs.prune)."""
+def _prune_images(containers: list[dict[str, Any]], backend: DockerBackend | None) -> list[tuple[str, str]]:
+    """Remove unpacked images that no live box uses and whose image is gone or replaced (see rootfs.prune), and
+    those changed since their unpack (rootfs.repair): (directory, why) of each of the latter."""
     from quinebox.box import rootfs
 
     in_use = {os.path.basename(os.path.dirname(c["Rootfs"])) for c in containers if c.get("Rootfs")}
@@ -207,7 +229,8 @@ def _prune_images(containers: list[dict[str, Any]], backend: DockerBackend | Non
         engine_ids = backend.image_ids() if backend is not None else None
     except EngineError:
         engine_ids = None
-    return rootfs.prune(in_use, rootfs.current_ids(engine_ids))
+    rootfs.prune(in_use, rootfs.current_ids(engine_ids))
+    return rootfs.repair(in_use)
 
 
 def _age(seconds: float) -> str:

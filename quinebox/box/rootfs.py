@@ -7,8 +7,9 @@ flattens its layers for us), a `docker save` tarball or an OCI image layout
 (box/archives.py, their layers applied by box/layers.py). Once unpacked, a box of it costs one
 stat and no engine call, so a frozen or stopped engine stops no such box.
 
-    images/<hex of the image id>/rootfs/       the tree, mounted read-only in every box of the image
+    images/<hex of the image id>/rootfs/       the tree, under every box's own root (backends/boxroot.py), never written
     images/<hex of the image id>/image.json    what a box takes from the image (spec.ImageInfo)
+    images/<hex of the image id>/seal.json     what the tree held at its unpack (seal.py): `gc` removes one that changed
     images/refs/<name, %-quoted>.json          which id a name meant when last unpacked or resolved
     images/.making-<PID-START>-XXXX/           an unpacking under way (or its maker's remains)
 
@@ -41,6 +42,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from quinebox.box import seal
 from quinebox.box.spec import ImageInfo, owner_tag, process_start_ticks
 from quinebox.errors import ImageError, QuineboxError
 from quinebox.state import run_dir, state_dir, unwritable
@@ -267,6 +269,7 @@ def _make(info: ImageInfo, source: str, fill: Callable[[Path], None], root: Path
     try:
         fill(scratch / ROOTFS)
         (scratch / IMAGE_JSON).write_text(json.dumps({**asdict(info), "source": source}, indent=1) + "\n")
+        seal.write(scratch, scratch / ROOTFS)
         os.chmod(scratch, 0o755)
         try:
             os.rename(scratch, final)
@@ -337,14 +340,8 @@ def prune(in_use: set[str], current: set[str]) -> list[str]:
                 _discard(path)
                 removed.append(path.name)
         elif HEX.fullmatch(path.name) and path.name not in keep:
-            # Out of sight first (a box never finds half a tree); a crash mid-way leaves a dead maker's scratch directory.
-            gone = root / f"{SCRATCH}{owner_tag()}-gone-{path.name}"
-            try:
-                os.rename(path, gone)
-            except OSError:
-                continue
-            _discard(gone)
-            removed.append(path.name)
+            if _remove(path):
+                removed.append(path.name)
     for path in sorted(locks().glob("*")):
         if not (root / path.name).exists():
             _drop_lock(path)
@@ -353,3 +350,31 @@ def prune(in_use: set[str], current: set[str]) -> list[str]:
         if image_id not in current and (not HEX.fullmatch(image_id.split(":", 1)[-1]) or unpacked(image_id) is None):
             path.unlink(missing_ok=True)
     return removed
+
+
+def repair(in_use: set[str]) -> list[tuple[str, str]]:
+    """Remove each unpacked image that changed since its unpack (see seal.py) and no live box uses (`in_use`, image
+    ids or directory names), so that the next box of it unpacks it afresh; (directory name, why) of each removed.
+    One in use is left for a later `gc`: its boxes hold it."""
+    root = images_root()
+    busy = {i.split(":", 1)[-1] for i in in_use}
+    repaired = []
+    for path in sorted(root.iterdir()) if root.is_dir() else ():
+        if not HEX.fullmatch(path.name) or path.name in busy or not (path / ROOTFS).is_dir():
+            continue
+        why = seal.changed(path, path / ROOTFS)
+        if why is not None and _remove(path):
+            repaired.append((path.name, why))
+    return repaired
+
+
+def _remove(path: Path) -> bool:
+    """Remove an unpacked image: out of sight first (a box never finds half a tree); a crash mid-way leaves a dead
+    maker's scratch directory, which `prune` removes."""
+    gone = path.parent / f"{SCRATCH}{owner_tag()}-gone-{path.name}"
+    try:
+        os.rename(path, gone)
+    except OSError:
+        return False
+    _discard(gone)
+    return True

@@ -220,7 +220,7 @@ def gc_command() -> None:
     from quinebox.box import sandboxes
 
     with reported():
-        removed = labels.collect_garbage()
+        removed = labels.collect_garbage(repaired=lambda name, why: say(f"removed unpacked image {name[:12]}: {why}; the next box of it unpacks it afresh"))
         sandboxes.remove_stale({box.session for box in labels.live_boxes()})
         runtimes = runtime.prune(DockerBackend.connect(), DEFAULT_IMAGE)
     say(f"removed {len(removed)} orphaned box{'es' if len(removed) != 1 else ''}" + (": " + " ".join(removed) if removed else ""))

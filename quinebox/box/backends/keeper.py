@@ -10,7 +10,7 @@ and runtime state.
 
 Forked, not started anew: a new interpreter's start-up (~15 ms of CPU) would be paid by every `quinebox exec`.
 The child keeps nothing of its owner's open but its end of the pipe, touches none of its owner's locks or
-objects (system calls, json, and `subprocess` for the runtime), and leaves with os._exit.
+objects (system calls, a box root's detach among them, json, and `subprocess` for the runtime), and leaves with os._exit.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ import os
 import shutil
 import signal
 import subprocess
+from pathlib import Path
+
+from quinebox.box.backends.boxroot import detach
 
 DEADLINE = 10.0
 #: What /proc/PID/comm says of a keeper (a forked process otherwise looks like its owner).
@@ -79,6 +82,7 @@ def sweep(held: dict[str, tuple[list[str], str]]) -> None:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         if bundle:
+            detach(Path(bundle))  # a box's root its owner died before detaching (boxroot.py)
             shutil.rmtree(bundle, ignore_errors=True)
 
 

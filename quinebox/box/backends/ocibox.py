@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from quinebox.box.backends import keeper
+from quinebox.box.backends import boxroot, keeper
+from quinebox.box.backends.boxroot import IMAGE_ROOT
 from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id
 from quinebox.box.console import ConsoleSocket, console_path
-from quinebox.box.policy import CGROUP_PREFIX, LABEL_SESSION
+from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER, LABEL_SESSION
 from quinebox.errors import EngineError
 from quinebox.state import run_dir, state_dir
 
@@ -34,7 +35,7 @@ PR_SET_CHILD_SUBREAPER = 36
 #: Where each cgroup hierarchy says how often the kernel killed a process for memory (v1, then v2).
 _OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup", "memory.events"), ("/sys/fs/cgroup/unified", "memory.events"))
 #: How old an empty cgroup no runtime knows must be before `gc` takes it (one being made now is not yet known).
-STALE_CGROUP = 60.0
+STALE = 60.0
 
 Ended = Callable[[int, bool], None]
 
@@ -149,7 +150,7 @@ def oci_containers() -> list[dict[str, Any]]:
             except (OSError, ValueError, KeyError):
                 args = []
             found.append({"Id": entry["id"], "Labels": labels, "Command": " ".join(args), "State": entry.get("status", "?"), "Runtime": runtime.name,
-                          "Rootfs": entry.get("rootfs", "")})
+                          "Rootfs": labels.get(IMAGE_ROOT) or entry.get("rootfs", "")})
     return found
 
 
@@ -163,13 +164,27 @@ def sweep_cgroups(known: set[str]) -> list[str]:
     removed: set[str] = set()
     for group in [*root.glob("*/quinebox"), root / "quinebox", *boxes]:
         try:
-            if group.name != "quinebox" and time.time() - group.stat().st_mtime < STALE_CGROUP:
+            if group.name != "quinebox" and time.time() - group.stat().st_mtime < STALE:
                 continue
             os.rmdir(group)
         except OSError:
             continue  # busy (it has processes or children), not a directory, or gone already
         removed.add(group.name)
     return sorted(removed)
+
+
+def remove_bundle(bundle: Path) -> None:
+    """A box's bundle removed, its root (boxroot.py) detached first."""
+    boxroot.detach(bundle)
+    shutil.rmtree(bundle, ignore_errors=True)
+
+
+def bundle_owner(bundle: Path) -> str | None:
+    """The owner label a bundle's config names; None when it has none to read (a bundle being written, or debris)."""
+    try:
+        return str(json.loads((bundle / "config.json").read_text())["annotations"][LABEL_OWNER])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 @atexit.register
@@ -222,13 +237,18 @@ class OciBox:
         self.bundle = run_dir() / f"{session}.oci"
         self.bundle.mkdir(mode=0o700)
         try:
-            (self.bundle / "config.json").write_text(json.dumps(config, separators=(",", ":")))
+            image_root = config["root"]["path"]
+            # The box's own root over the image's tree (boxroot.py): the runtime makes its mount points there, not in the cache.
+            own = {**config, "root": {**config["root"], "path": str(self.bundle / boxroot.ROOT)}, "annotations": {**config.get("annotations", {}), IMAGE_ROOT: image_root}}
+            (self.bundle / "config.json").write_text(json.dumps(own, separators=(",", ":")))
             hold(runtime, self.id, str(self.bundle))
+            boxroot.layered(image_root, self.bundle)
             pid_file = str(self.bundle / "init.pid")
             terminal = ConsoleSocket(console_path(str(self.bundle))) if console else None
             try:
                 with subreaper():
                     runtime.run(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file, console_socket=terminal.path if terminal else None)
+                boxroot.detach(self.bundle)  # the box has its root now, in a mount namespace of its own
                 self.pid = int(Path(pid_file).read_text())
                 self._pidfd = os.pidfd_open(self.pid)  # ours until we reap it (a zombie of ours if it has exited already)
                 self._helpers = runtime.helper_pids(self.id)
@@ -239,6 +259,7 @@ class OciBox:
                     terminal.close()
         except BaseException:
             self.kill()
+            boxroot.detach(self.bundle)
             self.remove()
             reap([self.pid] if self.pid is not None else [])  # ours (a subreaper's) to reap once dead
             reap(self._helpers)
@@ -261,7 +282,7 @@ class OciBox:
         # init's exit completes), so its caller goes on now; what remains is bookkeeping, removed meanwhile. The
         # bundle goes first (the runtime's delete does not read it): on a full state dir, the caller's next write
         # (an agent's outcome) gets its space back, as it did when the box was removed before its end was told.
-        shutil.rmtree(self.bundle, ignore_errors=True)
+        remove_bundle(self.bundle)
         _leaving.add(self)
         try:
             self._ended(code if code >= 0 else 128 - code, oom)
@@ -283,7 +304,7 @@ class OciBox:
 
     def remove(self) -> None:
         self.runtime.delete(self.id)
-        shutil.rmtree(self.bundle, ignore_errors=True)
+        remove_bundle(self.bundle)
         release(self.id)
         self._removed.set()
         _leaving.discard(self)

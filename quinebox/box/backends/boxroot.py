@@ -1,0 +1,102 @@
+"""Each box's own root: the image's unpacked tree as the read-only lower layer of an overlay of the box's own.
+
+An OCI runtime makes every mount point the config names inside the root it is given — `/notes.txt` for
+`-g ro:./notes.txt=/notes.txt`, `/opt/newdir/deep`, `/world`, `/run/quinebox/host.sock` — and leaves them there.
+Given the shared unpacked image (rootfs.py) as the root, it wrote one box's grants into every later box of that
+image. So a box's root is an overlay: the image's tree is its lower layer, never written (overlayfs does not
+write a lower layer), and its upper layer is a tmpfs of the box's own, where the runtime makes the mount points
+and where they vanish with the box. The root stays read-only in the box (the config's `root.readonly`: the
+runtime remounts the overlay read-only once its mounts are made), so the upper layer holds nothing but them.
+
+Why this and not another way:
+
+- An overlay is what the engine does (each container's own layer over the shared image layers), and what
+  BuildBuddy's OCI runner does over its cached layers. It handles every destination alike, however deep,
+  whatever lies beneath it in the image, with no knowledge here of how the runtime makes its mount points.
+- A skeleton root of the box's own (the image's top-level entries bound into a fresh directory) would keep the
+  cache clean only for top-level destinations: `/opt/newdir/deep` would still be made inside the image's /opt.
+- Making the mount points in the cache once and for all cannot work for grants: each box names its own.
+- Cost: a tmpfs and an overlay mounted, and both detached at once, ~0.5 ms beside the runtime's ~28 ms.
+
+Both are mounted in the host's mount namespace just long enough for the runtime to take the root, and are
+detached as soon as `run` returns: the box's mount namespace keeps its own copy, which lives as long as the box,
+so the host holds no mount of any box's, and a quinebox killed mid-start leaves at most one, which the keeper
+and `gc` detach (`detach`). Its layers are named through /proc/self/fd, so no path (commas,
+colons, its length) can be misread as mount options. gVisor's runsc is handed the same directory: its gofer
+serves the overlay as it would the image's tree.
+
+A rootless box (a runtime in a user namespace) cannot have the host mount this; the kernel (≥ 5.11) lets the
+owner of a user namespace mount an overlay in it, so there the overlay would be made in the box's namespace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from pathlib import Path
+
+from quinebox.box.policy import LABEL_PREFIX
+from quinebox.errors import EngineError
+
+#: The box's root and the tmpfs its upper layer lives on, in the box's bundle directory.
+ROOT = "rootfs"
+LAYER = "layer"
+#: The annotation naming the image's tree a box's root lies over: the image is in use while the box is (gc).
+IMAGE_ROOT = LABEL_PREFIX + "image-root"
+#: What the upper layer may hold: mount points (empty files and directories), never the box's data.
+LAYER_OPTIONS = "size=1m,nr_inodes=4096,mode=0700"
+MS_NOSUID, MS_NODEV = 0x2, 0x4
+MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str, target: str, fstype: str, data: str) -> None:
+    if _libc.mount(source.encode(), target.encode(), fstype.encode(), MS_NOSUID | MS_NODEV, data.encode()) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), target)
+
+
+def _unmount(target: Path) -> None:
+    """Detach a mount here, if any; a directory with none mounted on it is left as it is."""
+    if _libc.umount2(str(target).encode(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(target))
+
+
+def layered(image_root: str, bundle: Path) -> str:
+    """The box's root in `bundle`, the image's tree `image_root` under an empty layer of the box's own: its path.
+
+    Mounted until `detach(bundle)`; EngineError (nothing left mounted) when the kernel refuses."""
+    root, layer = bundle / ROOT, bundle / LAYER
+    try:
+        root.mkdir()
+        layer.mkdir()
+        _mount("tmpfs", str(layer), "tmpfs", LAYER_OPTIONS)
+        try:
+            (layer / "upper").mkdir()
+            (layer / "work").mkdir()
+            fds = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in (image_root, layer / "upper", layer / "work")]
+            try:
+                _mount("overlay", str(root), "overlay", "lowerdir=/proc/self/fd/{},upperdir=/proc/self/fd/{},workdir=/proc/self/fd/{}".format(*fds))
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        finally:
+            _unmount(layer)  # the overlay holds its upper layer: the tmpfs needs no place of its own in the host's tree
+    except OSError as exc:
+        detach(bundle)
+        raise EngineError(f"cannot give the box a root of its own over image tree {image_root}: mounting {exc.filename} failed ({exc.strerror})") from None
+    return str(root)
+
+
+def detach(bundle: Path) -> None:
+    """Detach the box's root from the host's mount namespace (its box keeps its own copy while it runs); safe to
+    call again, or for a bundle that never had one. Before any removal of the bundle: a removal that walked into a
+    mounted root would spend its time making whiteouts."""
+    for target in (bundle / ROOT, bundle / LAYER):
+        try:
+            _unmount(target)
+        except OSError:
+            pass  # not ours to detach (EPERM): the bundle's removal then stops at it, and the cache is not written
