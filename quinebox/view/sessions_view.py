@@ -146,7 +146,7 @@ class Sessions:
 
     def one(self, session: str) -> dict[str, Any]:
         row = self.find(session)
-        tape = read_tape(row.id, lenient=True)
+        tape = read_tape(row.id)
         meta = tape[0] if tape and tape[0].get("kind") == "meta" else {}
         keep = ("grants", "image", "workdir", "depth", "forked_from")
         return {"session": self.row(row), "meta": {k: meta[k] for k in keep if k in meta}}
@@ -209,7 +209,7 @@ class Sessions:
             return []
         if session not in tapes:
             try:
-                tapes[session] = read_tape(session, lenient=True)
+                tapes[session] = read_tape(session)
             except OSError:
                 tapes[session] = []
         return tapes[session]
@@ -217,7 +217,7 @@ class Sessions:
     def transcript(self, session: str, after: int = 0) -> dict[str, Any]:
         """The tape's records from `after` on, each numbered, so a page following a running agent asks only for what is new."""
         row = self.find(session)
-        tape = read_tape(row.id, lenient=True)
+        tape = read_tape(row.id)
         entries = [{**clip(self._scrub(record)), "i": i} for i, record in enumerate(tape) if i >= after]
         return {"session": row.id, "entries": entries, "next": len(tape), "done": any(r.get("kind") == "outcome" for r in tape[-1:])}
 
