@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal, Union
+from typing import Any, Iterable, Iterator, Literal, Union
 
 import msgspec
 
@@ -238,7 +238,7 @@ class Records:
     records: list[AnyRecord] = field(default_factory=list)
     skipped: int = 0
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[AnyRecord]:
         return iter(self.records)
 
     def __len__(self) -> int:
