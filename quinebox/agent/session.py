@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 from quinebox.agent.budgets import Budget
 from quinebox.agent.providers import Provider, ProviderError
 from quinebox.agent.providers.replay import digest
+from quinebox.agent.records import BOX_SHARE, MAX_REFUSALS, Exit, Refusal, Terminated, as_dict, box_record
 from quinebox.agent.store import Index, Tape
 from quinebox.audit import log
 from quinebox.box.broker import error_frame
@@ -24,6 +25,8 @@ from quinebox.errors import StateError
 from quinebox.state import session_dir
 
 ROLES = {"system", "user", "assistant", "tool"}
+#: Longest command a revision's record keeps (the box names it; the request before it has it whole).
+MAX_COMMAND = 64 << 10
 
 View = Callable[[dict[str, Any]], None]
 
@@ -83,6 +86,9 @@ class AgentSession:
         self.termination: str | None = None
         self.reason = ""
         self._seen = 0
+        #: Bytes the box's own records took, and its events refused: what a box writes to a tape is capped.
+        self._box_bytes = 0
+        self.refused = 0
         self._lock = threading.Lock()
         self.began = time.monotonic()
         self.world: Any = None  # the box's World, once the box exists
@@ -104,7 +110,7 @@ class AgentSession:
                 self.termination = "cycle_exhaustion"
                 return error_frame("budget", f"no exec cycles left ({self.budget.max_cycles} used)")
             if self.cycles:
-                self.tape.append("exec", cycle=self.cycles)
+                self.tape.append("cycle", cycle=self.cycles)
             welcome = {"kind": "welcome", "session": self.session, "max_turns": self.budget.max_turns, "cycles_left": self.budget.max_cycles - self.cycles}
             if self.history and not self.cycles:
                 welcome["history"] = self.history
@@ -144,17 +150,36 @@ class AgentSession:
         return {"kind": "chat_result", "turn": turn, "message": completion.message, "usage": completion.usage, "tokens_used": self.tokens}
 
     def event(self, event: dict[str, Any]) -> None:
-        name = event.get("event")
-        if not isinstance(name, str):
-            raise ValueError("an event needs a string 'event'")
-        fields = {k: v for k, v in event.items() if k not in ("kind", "event")}
-        if name == "exit":
-            self.termination = f"exit_{event.get('status')}"
-            self.reason = str(event.get("reason") or "")
-        elif name == "terminated":
-            self.termination = str(event.get("termination"))
-        self.tape.append(name, **fields)
-        self.view({"event": name, **fields})
+        """What the box's agent reports of its tools: recorded under a kind of the box's, or refused.
+
+        The host chooses the kind (records.BOX_KINDS); nothing a box sends becomes a record of the host's
+        (a `response`, an `outcome`). An event is never answered (the guest reads no reply to it), so a refusal
+        is a `box_refused` record, the first MAX_REFUSALS of them, and the box carries on."""
+        try:
+            with self._lock:
+                if self._box_bytes >= BOX_SHARE:
+                    raise Refusal(f"the box has written its share of the tape ({BOX_SHARE >> 20} MiB)")
+                record = box_record(event, time.time())
+                fields = as_dict(record)
+                kind, _ = fields.pop("kind"), fields.pop("t")
+                self._box_bytes += len(json.dumps(fields, ensure_ascii=False))
+        except Refusal as exc:
+            self._refused(event.get("event"), str(exc))
+            return
+        if isinstance(record, Exit):
+            self.termination = f"exit_{record.status}"
+            self.reason = record.reason
+        elif isinstance(record, Terminated):
+            self.termination = record.termination
+        self.tape.append(kind, **fields)
+        self.view({"event": kind, **fields})
+
+    def _refused(self, name: Any, why: str) -> None:
+        with self._lock:
+            self.refused += 1
+            if self.refused > MAX_REFUSALS:
+                return
+        self.tape.append("box_refused", event=str(name)[:64], why=why)
 
     def revise(self, request: dict[str, Any]) -> dict[str, Any]:
         """A revision of the world after a tool changed it: the guest asks after each sh and restore_world."""
@@ -162,10 +187,11 @@ class AgentSession:
 
         if self.world is None:
             return error_frame("unsupported", "this box's world keeps no revisions")
-        turn, command = request.get("turn"), request.get("command")
+        turn = int(request["turn"]) if request.get("turn") is not None else None
+        command = str(request["command"])[:MAX_COMMAND] if request.get("command") is not None else None
         what = str(request.get("what") or "sh")[:64]
         try:
-            record = self.world.revise(what, turn=int(turn) if turn is not None else None, command=str(command) if command is not None else None)
+            record = self.world.revise(what, turn=turn, command=command)
         except WorldError as exc:  # whatever the box did to its world, the host carries on
             self.tape.append("world_error", turn=turn, message=str(exc))
             return error_frame("world", str(exc))

@@ -14,7 +14,7 @@ import time
 from dataclasses import astuple, dataclass
 from typing import Any, Iterator
 
-from quinebox.documents import json_objects
+from quinebox.agent.records import Outcome, Records, as_dict, parse, read_file
 from quinebox.errors import StateError
 from quinebox.state import session_dir, state_dir, unwritable
 
@@ -53,22 +53,19 @@ class Tape:
             self._fd = -1
 
 
-def read_tape(session: str, *, lenient: bool = False) -> list[dict[str, Any]]:
-    """The tape's records. `lenient` (for readers that only show it: the view, traces) skips a line that is not
-    a JSON object instead of raising ValueError, as replaying a tape must."""
-    path = session_dir(session) / "tape.jsonl"
-    try:
-        lines = path.read_bytes().split(b"\n")[:-1]  # a last line without its newline is still being written
-    except FileNotFoundError:
-        return []
-    if not lenient:
-        return [json.loads(line) for line in lines if line.strip()]
-    return list(json_objects(lines))
+def read_tape(session: str) -> list[dict[str, Any]]:
+    """The tape's records as the JSON objects they were written as, each checked against its kind's schema
+    (records.py); a line that is none passes over. Readers that want the typed records use `read_records`."""
+    return [as_dict(record) for record in read_records(session)]
 
+
+def read_records(session: str) -> Records:
+    """The tape's typed records, and how many lines were passed over."""
+    return read_file(session_dir(session) / "tape.jsonl")
 
 
 def follow_tape(session: str, stop: "threading.Event | None" = None, poll: float = 0.2) -> Iterator[dict[str, Any]]:
-    """Records as they are appended, until the outcome record (or `stop`)."""
+    """Records as they are appended (as `read_tape` gives them), until the outcome record (or `stop`)."""
     path = session_dir(session) / "tape.jsonl"
     with open(path, "rb") as f:
         pending = b""
@@ -80,10 +77,12 @@ def follow_tape(session: str, stop: "threading.Event | None" = None, poll: float
             pending += chunk
             if not pending.endswith(b"\n"):
                 continue
-            record = json.loads(pending)
+            record = parse(pending)
             pending = b""
-            yield record
-            if record.get("kind") == "outcome":
+            if record is None:
+                continue
+            yield as_dict(record)
+            if isinstance(record, Outcome):
                 return
 
 

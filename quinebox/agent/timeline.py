@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quinebox.agent.store import read_tape
+from quinebox.agent.records import Request, Response, as_dict
+from quinebox.agent.store import read_records
 from quinebox.errors import QuineboxError
 from quinebox.worlds.revisions import RevisionLog
 
@@ -29,22 +30,22 @@ class Moment:
 
 
 def moment(session: str, turn: int) -> Moment:
-    tape = read_tape(session)
+    tape = read_records(session)
     if not tape:
         raise QuineboxError(f"no recorded session {session!r}: `quinebox ls` lists them")
-    meta = next((r for r in tape if r["kind"] == "meta"), {})
+    meta = tape.meta()
     conversation: list[dict[str, Any]] = []
     cycle = None
     for record in tape:
-        if record["kind"] == "response":
-            conversation.append({k: v for k, v in (record.get("message") or {}).items() if k in KEPT})
-        elif record["kind"] == "request":
-            if record.get("cycle") != cycle:  # exec started a fresh conversation
-                cycle, conversation = record.get("cycle"), []
-            conversation.extend(record.get("messages") or [])
-            if record["turn"] == turn:
-                return Moment(session, turn, conversation, _revision_at(session, record["t"]), meta)
-    turns = sum(1 for r in tape if r["kind"] == "request")
+        if isinstance(record, Response):
+            conversation.append({k: v for k, v in as_dict(record.message).items() if k in KEPT})
+        elif isinstance(record, Request):
+            if record.cycle != cycle:  # exec started a fresh conversation
+                cycle, conversation = record.cycle, []
+            conversation.extend(record.messages)
+            if record.turn == turn:
+                return Moment(session, turn, conversation, _revision_at(session, record.t), as_dict(meta) if meta else {})
+    turns = len(tape.of(Request))
     raise QuineboxError(f"session {session} has no turn {turn}: it made {turns} model call(s), turns 1 to {turns}")
 
 

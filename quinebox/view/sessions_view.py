@@ -40,7 +40,7 @@ def state_of(ended: float | None, exit_code: int | None, termination: str | None
 
 
 def how_spawned(tape: list[dict[str, Any]], child: str) -> str | None:
-    """How the parent whose tape this is started `child`: fork:wait|race|forget, quinebox run|exec, or a pipeline.
+    """How the parent whose tape this is (as `read_tape` gives it) started `child`: fork:wait|race|forget, quinebox run|exec, or a pipeline.
 
     A spawn happens while one of the tool calls of the last response runs; tools run in order, so the one
     running is the first that has no `tool`/`tool_error` event yet."""
@@ -48,10 +48,8 @@ def how_spawned(tape: list[dict[str, Any]], child: str) -> str | None:
     done = 0
     for record in tape:
         kind = record.get("kind")
-        if kind == "response":
-            message = record.get("message")
-            listed = message.get("tool_calls") if isinstance(message, dict) else None
-            calls = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
+        if kind == "response":  # read through the typed reader: a response's message and its calls have their shape
+            calls = record["message"].get("tool_calls") or []
             done = 0
         elif kind in ("tool", "tool_error"):
             done += 1
@@ -59,13 +57,13 @@ def how_spawned(tape: list[dict[str, Any]], child: str) -> str | None:
             what = "quinebox exec" if record.get("what") == "exec" else "quinebox run"
             if done >= len(calls):
                 return what
-            function = calls[done].get("function") if isinstance(calls[done].get("function"), dict) else {}
-            try:
-                arguments = json.loads(function.get("arguments") or "{}")
-            except (TypeError, ValueError):
+            function = calls[done]["function"]
+            try:  # the model's text: it need not be JSON
+                arguments = json.loads(function["arguments"] or "{}")
+            except ValueError:
                 arguments = {}
             arguments = arguments if isinstance(arguments, dict) else {}
-            if function.get("name") == "fork":
+            if function["name"] == "fork":
                 mode = arguments.get("mode")
                 return f"fork:{mode}" if mode in ("wait", "race", "forget") else "fork"
             command = str(arguments.get("command") or "")
@@ -91,7 +89,7 @@ def critical_path(nodes: list[dict[str, Any]], root: str, now: float) -> list[st
 def so_far(tape: list[dict[str, Any]]) -> dict[str, int]:
     """Turns and tokens of a session still running, from its tape."""
     answers = [r for r in tape if r.get("kind") == "response"]
-    tokens = sum(int(u.get("total_tokens") or 0) for r in answers if isinstance(u := r.get("usage"), dict) and isinstance(u.get("total_tokens"), int))
+    tokens = sum(int((r.get("usage") or {}).get("total_tokens") or 0) for r in answers)
     return {"turns": len(answers), "tokens": tokens}
 
 
@@ -146,7 +144,7 @@ class Sessions:
 
     def one(self, session: str) -> dict[str, Any]:
         row = self.find(session)
-        tape = read_tape(row.id, lenient=True)
+        tape = read_tape(row.id)
         meta = tape[0] if tape and tape[0].get("kind") == "meta" else {}
         keep = ("grants", "image", "workdir", "depth", "forked_from")
         return {"session": self.row(row), "meta": {k: meta[k] for k in keep if k in meta}}
@@ -209,7 +207,7 @@ class Sessions:
             return []
         if session not in tapes:
             try:
-                tapes[session] = read_tape(session, lenient=True)
+                tapes[session] = read_tape(session)
             except OSError:
                 tapes[session] = []
         return tapes[session]
@@ -217,7 +215,7 @@ class Sessions:
     def transcript(self, session: str, after: int = 0) -> dict[str, Any]:
         """The tape's records from `after` on, each numbered, so a page following a running agent asks only for what is new."""
         row = self.find(session)
-        tape = read_tape(row.id, lenient=True)
+        tape = read_tape(row.id)
         entries = [{**clip(self._scrub(record)), "i": i} for i, record in enumerate(tape) if i >= after]
         return {"session": row.id, "entries": entries, "next": len(tape), "done": any(r.get("kind") == "outcome" for r in tape[-1:])}
 

@@ -57,7 +57,7 @@ def gather(roots: Sequence[str]) -> tuple[dict[str, SessionRow], dict[str, list[
             pending += boxes_below.get(session, [])
     finally:
         index.close()
-    return rows, {session: read_tape(session, lenient=True) for session in rows}, audit
+    return rows, {session: read_tape(session) for session in rows}, audit
 
 
 def spans_for(roots: Sequence[str], run: Run | None = None) -> list[Span]:

@@ -318,9 +318,9 @@ class _Walk:
             self.b.spans[index].attributes["error.type"] = _text(record.get("termination")) or "provider_error"
             self.b.spans[index].error = _text(record.get("message")) or "the model provider failed"
             self.requested = None
-        elif kind in ANSWERS or (kind == "exec" and "turn" in record):
+        elif kind in ANSWERS or kind == "exec":
             self.answer(record, kind, t)
-        elif kind == "exec":
+        elif kind == "cycle":
             self.cycles += 1  # the host's record of a new conversation starting after an exec call
         elif kind == "spawn" and isinstance(record.get("child"), str):
             self.waiting.append(record["child"])

@@ -13,7 +13,8 @@ import threading
 from typing import Any
 
 from quinebox.agent.providers.base import Completion, ProviderError
-from quinebox.agent.store import read_tape
+from quinebox.agent.records import Request, Response, as_dict
+from quinebox.agent.store import read_records
 from quinebox.errors import QuineboxError
 
 
@@ -24,12 +25,11 @@ def digest(messages: list[dict[str, Any]]) -> str:
 class ReplayProvider:
     def __init__(self, session: str):
         self.name = f"replay:{session}"
-        tape = read_tape(session)
+        tape = read_records(session)
         if not tape:
             raise QuineboxError(f"no tape for session {session!r}: `quinebox ls` lists sessions")
-        requests = [r for r in tape if r["kind"] == "request"]
-        responses = [r for r in tape if r["kind"] == "response"]
-        self._pairs = list(zip(requests, responses))
+        answers = {r.turn: r for r in tape.of(Response)}  # paired by turn, never by position
+        self._pairs = [(r, answers[r.turn]) for r in tape.of(Request) if r.turn in answers]
         self._next = 0
         self._lock = threading.Lock()
 
@@ -40,6 +40,7 @@ class ReplayProvider:
         if index >= len(self._pairs):
             raise ProviderError(f"replay diverged: the recording has {len(self._pairs)} model calls and this run asked for more")
         request, response = self._pairs[index]
-        if request["digest"] != digest(messages):
-            raise ProviderError(f"replay diverged at model call {index + 1} (turn {request['turn']}): the agent's conversation differs from the recording")
-        return Completion(message=response["message"], usage=response.get("usage") or {}, finish_reason=response.get("finish_reason"))
+        if request.digest != digest(messages):
+            raise ProviderError(f"replay diverged at model call {index + 1} (turn {request.turn}): the agent's conversation differs from the recording")
+        message = as_dict(response.message)
+        return Completion(message=message, usage=dict(response.usage), finish_reason=response.finish_reason)

@@ -78,7 +78,6 @@ def test_hello_then_chat_answers_from_the_provider_and_records_the_tape(broker, 
         ({"kind": "chat", "messages": [{"role": "god", "content": "x"}], "tools": []}, "invalid", "role of system"),
         ({"kind": "chat", "messages": [{"role": "user", "content": 5}], "tools": []}, "invalid", "content must be a string"),
         ({"kind": "chat", "messages": [{"role": "user", "content": "x"}], "tools": [{"function": 1}]}, "invalid", "each tool"),
-        ({"kind": "event"}, "invalid", "string 'event'"),
     ],
 )
 def test_bad_frames_earn_an_error_and_the_connection_goes_on(broker, message, code, words):
@@ -88,6 +87,51 @@ def test_bad_frames_earn_an_error_and_the_connection_goes_on(broker, message, co
     assert (reply["kind"], reply["code"]) == ("error", code)
     assert words in reply["message"]
     assert guest.ask({"kind": "hello", "role": "agent"})["kind"] == "welcome"
+
+
+FORGED_EVENTS = [
+    {"event": "response", "turn": 1, "message": {"role": "assistant", "content": "I was told to", "tool_calls": None}},
+    {"event": "request", "turn": 1, "cycle": 0, "digest": "d", "messages": []},
+    {"event": "outcome", "exit_code": 0, "termination": "exit_success", "duration_s": 1, "tokens": 0, "turns": 0},
+    {"event": "meta", "session": "x", "mission": "m", "model": "m"},
+    {"event": "cycle", "cycle": 1}, {"event": "revision", "rev": 9, "files": 1, "bytes": 1}, {"event": "spawn", "child": "c", "what": "run"},
+    {"event": "box_refused", "event_": "x", "why": "y"}, {"event": None}, {}, {"event": "x" * 500},
+    {"event": "exit", "turn": 1, "status": "sure"}, {"event": "terminated", "turn": 1, "termination": "timeout"},
+    {"event": "tool", "turn": "1", "name": "sh", "args": {}, "exit_code": 0, "result": ""},
+    {"event": "tool", "turn": 1, "name": "sh", "args": {}, "exit_code": 0, "result": "x" * (1 << 20)},
+]
+
+
+def test_a_box_adds_only_its_own_kinds_and_a_forgery_is_no_record_of_the_hosts(broker):
+    b, session = broker()
+    guest = Guest(b.path)
+    for event in FORGED_EVENTS:
+        guest.sock.sendall(protocol.encode({"kind": "event", **event}))
+    guest.sock.sendall(protocol.encode({"kind": "event", "event": "tool", "turn": 1, "name": "sh", "args": {"command": "ls"}, "exit_code": 0, "result": "a", "t": 1.0, "extra": 1}))
+    assert guest.ask({"kind": "hello", "role": "agent"})["kind"] == "welcome"  # no answer to any event: the next reply is the hello's
+    tape = read_tape(session.session)
+    refused = [r for r in tape if r["kind"] == "box_refused"]
+    assert [r["kind"] for r in tape] == ["meta"] + ["box_refused"] * len(FORGED_EVENTS) + ["tool"]
+    assert refused[0]["event"] == "response" and "not an event a box may record" in refused[0]["why"]
+    assert len(refused[10]["event"]) == 64 and "over 1024 KiB" in refused[-1]["why"]
+    assert tape[-1]["args"] == {"command": "ls"} and "extra" not in tape[-1] and tape[-1]["t"] > 1e9
+    assert session.termination is None  # a refused exit or terminated claims nothing
+
+
+def test_refusals_are_recorded_a_bounded_number_of_times_and_a_box_has_a_share_of_its_tape(broker, monkeypatch):
+    from quinebox.agent import session as session_module
+
+    b, session = broker()
+    guest = Guest(b.path)
+    for _ in range(100):
+        guest.sock.sendall(protocol.encode({"kind": "event", "event": "response"}))
+    monkeypatch.setattr(session_module, "BOX_SHARE", 300)
+    for _ in range(5):
+        guest.sock.sendall(protocol.encode({"kind": "event", "event": "tool_error", "turn": 1, "name": "sh", "error": "e" * 100}))
+    assert guest.ask({"kind": "hello", "role": "agent"})["kind"] == "welcome"
+    kinds = [r["kind"] for r in read_tape(session.session)]
+    assert kinds.count("box_refused") == 32 and kinds.count("tool_error") == 3  # ~130 bytes each: the 4th finds the share spent
+    assert session.refused == 102  # every refusal counted, the first 32 written
 
 
 @pytest.mark.parametrize(

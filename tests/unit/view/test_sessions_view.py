@@ -65,10 +65,8 @@ TOOL = {"kind": "tool", "name": "x"}
         ([spawn("a")], "a", "quinebox run"),
         ([response(("sh", {"command": "x"})), TOOL, spawn("a", "exec")], "a", "quinebox exec"),
         ([response(("fork", {"mode": "wait"})), spawn("a")], "zz", None),
-        # hostile records: junk shapes never raise
-        ([{"kind": "response", "message": "not a dict"}, spawn("a")], "a", "quinebox run"),
+        # the model's arguments need not be JSON, nor an object (the record's shape is the typed reader's: test_records.py)
         ([{"kind": "response", "message": {"tool_calls": [{"function": {"name": "fork", "arguments": "{not json"}}]}}, spawn("a")], "a", "fork"),
-        ([{"kind": "response", "message": {"tool_calls": [{"function": "x"}, 3]}}, spawn("a")], "a", "quinebox run"),
         ([{"kind": "response", "message": {"tool_calls": [{"function": {"name": "sh", "arguments": "[1, 2]"}}]}}, spawn("a")], "a", "quinebox run"),
         ([], "a", None),
     ],
@@ -101,7 +99,7 @@ def test_the_critical_path_follows_the_child_that_ended_last(nodes, path):
     [
         ([], {"turns": 0, "tokens": 0}),
         ([{"kind": "request"}, {"kind": "response", "usage": {"total_tokens": 30}}, {"kind": "response", "usage": {"total_tokens": 12}}], {"turns": 2, "tokens": 42}),
-        ([{"kind": "response", "usage": "junk"}, {"kind": "response", "usage": {"total_tokens": "9"}}, {"kind": "response"}], {"turns": 3, "tokens": 0}),
+        ([{"kind": "response", "usage": {"total_tokens": None}}, {"kind": "response"}], {"turns": 2, "tokens": 0}),
     ],
 )
 def test_a_running_sessions_turns_and_tokens_come_from_its_tape(tape, expected):

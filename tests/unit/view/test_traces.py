@@ -184,7 +184,7 @@ def test_a_child_without_a_spawn_record_hangs_under_its_parents_agent():
 def test_exec_renewals_are_a_tool_call_and_a_new_cycle():
     tape = [
         meta("a"), request(1, 1), response(2, 1, ("c1", "exec")), rec("exec", 2.5, turn=1, cycle=1, note="hidden note"),
-        rec("exec", 3.0, cycle=1), request(3.5, 2, cycle=1), response(4, 2, ("c2", "exit")), rec("exit", 4.5, turn=1, status="success"),
+        rec("cycle", 3.0, cycle=1), request(3.5, 2, cycle=1), response(4, 2, ("c2", "exit")), rec("exit", 4.5, turn=1, status="success"),
         outcome(5),
     ]
     spans = spans_of({"a": tape})
