@@ -192,6 +192,8 @@ def sandbox_death(bundle: str) -> str | None:
     except OSError:
         return None
     for line in head.splitlines():
+        if line.startswith("runtime: failed to create new OS thread"):  # Go says its cause first, then "fatal error: newosproc"
+            return line.partition(": ")[2].strip()[:300]
         if line.startswith(("panic: ", "fatal error: ")):
             return line.partition(": ")[2].strip()[:300]
     return None

@@ -41,7 +41,7 @@ Ended = Callable[[int, bool, "str | None"], None]
 #: The exit statuses of a sandbox that died: killed by a limit of the host's (137), or failed (125).
 EXIT_KILLED, EXIT_FAILED = 137, 125
 #: How a sandbox's kernel says the host refused it a resource (a process past the pids cgroup, memory).
-_EXHAUSTED = ("resource temporarily unavailable", "cannot allocate memory", "out of memory")
+_EXHAUSTED = ("resource temporarily unavailable", "cannot allocate memory", "out of memory", "failed to create new os thread")
 
 _keeper: tuple[int, int, int] | None = None  # (this process, its keeper, the pipe to it)
 _keeper_lock = threading.Lock()

@@ -15,6 +15,8 @@ TRACE = "\ngoroutine 113 [running]:\npanic({0xe7f040, 0xc0000ca940})\n\truntime/
          "unable to activate mm: creating stub process: resource temporarily unavailable"),
         ("W1202 18:14:14 some warning\nfatal error: out of memory\n" + TRACE, "out of memory"),
         ("panic: " + "x" * 1000, "x" * 300),
+        ("runtime: failed to create new OS thread (have 39 already; errno=11)\nruntime: may need to increase max user processes (ulimit -u)\n"
+         "fatal error: newosproc\n" + TRACE, "failed to create new OS thread (have 39 already; errno=11)"),
         ("goroutine 1 [running]:\n", None),
         ("", None),
         (b"panic: \xff\xfe bytes\n", "\ufffd\ufffd bytes"),
@@ -38,6 +40,7 @@ CONFIG = {"linux": {"resources": {"pids": {"limit": 8704}}}}
         ("unable to activate mm: creating stub process: resource temporarily unavailable", 137, "host refused it a resource"),
         ("error initializing first thread: resource temporarily unavailable", 137, "may number 8704 on the host"),
         ("fatal error: cannot allocate memory", 137, "the box was killed"),
+        ("failed to create new OS thread (have 39 already; errno=11)", 137, "host refused it a resource"),
         ("runtime error: index out of range [3] with length 3", 125, "gVisor's sandbox died: runtime error: index out of range"),
     ],
 )
