@@ -43,6 +43,16 @@ NAMESPACES = ("pid", "network", "ipc", "uts", "mount", "cgroup")
 _SECCOMP_KEYS = ("defaultAction", "defaultErrnoRet", "architectures", "flags", "syscalls")
 _RULE_KEYS = ("names", "action", "errnoRet", "args")
 _ARG_KEYS = ("index", "value", "valueTwo", "op")
+#: What the host lets gVisor's own processes number, per process the box may have, and beside them. Under the
+#: ptrace platform each guest thread runs in host stub threads, one for each address space and sentry thread
+#: that has run it: ~5 a process for idle ones, growing with the sentry's threads for busy ones (64 busy
+#: processes: 2,800 after 8 s, 4,700 after 30 s). The box's own limit is gVisor's (RLIMIT_NPROC, below); this
+#: one only keeps the sandbox from the host's pid space, and a sandbox that meets it dies, said in one line.
+GVISOR_TASKS_PER_PID = 32
+GVISOR_TASKS_BASE = 512
+#: gVisor's syscall table (2022) names a call differently: both names go in, as runsc skips a name it lacks.
+_GVISOR_ALIASES = {"pselect6": "pselect"}
+ENOSYS, EPERM = 38, 1
 
 
 def oci_seccomp(profile: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -68,6 +78,30 @@ def oci_seccomp(profile: dict[str, Any], arch: str) -> dict[str, Any]:
     return {key: profile[key] for key in _SECCOMP_KEYS if key in profile} | {"syscalls": rules}
 
 
+def gvisor_seccomp(profile: dict[str, Any]) -> dict[str, Any]:
+    """An OCI seccomp profile (as `oci_seccomp` renders it) as runsc's `--oci-seccomp` applies it in the sandbox.
+
+    runsc answers every SCMP_ACT_ERRNO with EPERM, whatever errnoRet says: a rule meant to say ENOSYS (clone3,
+    which glibc then retries as clone) becomes SCMP_ACT_TRACE, which says ENOSYS where no tracer asked to see
+    it — and none can, while ptrace is refused (with `syscall:ptrace` granted, a tracer could let clone3 by).
+    runsc looks names up in gVisor's own table and skips what it lacks, so a call it names otherwise is given
+    under both names; a skipped name is refused by the default action, never allowed. Any other errno cannot be
+    said on gVisor: refused, not widened.
+    """
+    if profile.get("defaultErrnoRet", EPERM) != EPERM:
+        raise ValueError(f"seccomp default errno {profile['defaultErrnoRet']}: gVisor's runsc answers only EPERM")
+    rules = []
+    for rule in profile["syscalls"]:
+        out = {**rule, "names": [*rule["names"], *(_GVISOR_ALIASES[n] for n in rule["names"] if n in _GVISOR_ALIASES)]}
+        errno = out.pop("errnoRet", EPERM)
+        if rule["action"] == "SCMP_ACT_ERRNO" and errno == ENOSYS:
+            out["action"] = "SCMP_ACT_TRACE"
+        elif rule["action"] == "SCMP_ACT_ERRNO" and errno != EPERM:
+            raise ValueError(f"seccomp rule for {rule['names']}: errno {errno} cannot be said on gVisor, whose runsc answers EPERM or ENOSYS")
+        rules.append(out)
+    return {key: value for key, value in profile.items() if key != "defaultErrnoRet"} | {"syscalls": rules}
+
+
 def _mount(mount: BoxMount, recursive_ro: bool) -> dict[str, Any]:
     """A box mount in the runtime's form; read-only binds are read-only all the way down: rro (runc ≥ 1.1), or
     without it (gVisor, whose own file system makes the whole of a read-only mount read-only) plain ro."""
@@ -89,24 +123,31 @@ def _device(allow: bool, kind: str, major: int | None, minor: int | None, access
 
 
 def oci_config(
-    spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[str, Any], arch: str, rootfs: str, recursive_ro: bool = True
+    spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[str, Any], arch: str, rootfs: str, gvisor: bool = False
 ) -> dict[str, Any]:
     """The same box as container_config, as an OCI runtime config (config.json) for runc/crun/runsc.
 
     `runtime` is the host directory of the guest's runtime (at /.quinebox, read-only) and `rootfs` the host
-    path of the image's unpacked root, mounted read-only. `recursive_ro`: the runtime knows the rro option.
+    path of the image's unpacked root, mounted read-only. `gvisor`: for runsc, whose kernel holds the box's
+    process limit (the host's pids cgroup counts gVisor's own helpers, GVISOR_TASKS_*), whose seccomp is
+    `gvisor_seccomp`, and whose read-only mounts are read-only all the way down without rro.
     """
     grants = spec.grants
     mem = grants.mem or DEFAULT_MEM
+    pids = grants.pids or DEFAULT_PIDS
     resources: dict[str, Any] = {
         "devices": [_device(*rule) for rule in DEVICE_RULES],
         "memory": {"limit": mem, "swap": mem},  # swap is memory + swap: equal means none
-        "pids": {"limit": grants.pids or DEFAULT_PIDS},
+        "pids": {"limit": GVISOR_TASKS_BASE + GVISOR_TASKS_PER_PID * pids if gvisor else pids},
     }
+    # gVisor counts every task of a uid, threads included, as a pids cgroup does: the box's processes are one uid's.
+    rlimits = [*RLIMITS, *((("nproc", pids, pids),) if gvisor else ())]
+    profile = oci_seccomp(seccomp_profile(seccomp, grants, arch), arch)
     if grants.cpus is not None:
         resources["cpu"] = {"period": CPU_PERIOD, "quota": nano_cpus(grants.cpus) * CPU_PERIOD // 1_000_000_000}
     system = [{"destination": dest, "type": kind, "source": source, "options": list(options)} for dest, kind, source, options in SYSTEM_MOUNTS]
     own = sorted(box_mounts(spec, runtime), key=_depth)
+    recursive_ro = not gvisor
     return {
         "ociVersion": OCI_VERSION,
         "root": {"path": rootfs, "readonly": True},
@@ -119,7 +160,7 @@ def oci_config(
             "cwd": workdir_for(spec, image),
             "capabilities": {name: [] for name in ("bounding", "effective", "inheritable", "permitted", "ambient")},
             "noNewPrivileges": True,
-            "rlimits": [{"type": f"RLIMIT_{name.upper()}", "soft": soft, "hard": hard} for name, soft, hard in RLIMITS],
+            "rlimits": [{"type": f"RLIMIT_{name.upper()}", "soft": soft, "hard": hard} for name, soft, hard in rlimits],
             "oomScoreAdj": OOM_SCORE_ADJ,
         },
         "mounts": system + [_mount(m, recursive_ro) for m in own],
@@ -129,7 +170,7 @@ def oci_config(
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
             "resources": resources,
-            "seccomp": oci_seccomp(seccomp_profile(seccomp, grants, arch), arch),
+            "seccomp": gvisor_seccomp(profile) if gvisor else profile,
             "cgroupsPath": f"/{CGROUP_PREFIX}{spec.session}",
         },
     }

@@ -104,6 +104,8 @@ class BoxProcess:
         self.world_full: str | None = None
         #: Why the box's wait ended without the engine: it stopped answering, or went away, while the box ran.
         self.engine_lost: str | None = None
+        #: Why the box's sandbox itself died (gVisor's kernel), if it did: the box was killed with it.
+        self.sandbox_died: str | None = None
         self._watch: tuple[watch.EngineWatch, int] | None = None
         #: The box's world while it runs: the host side of its /world.
         self.world: World | None = None
@@ -184,8 +186,8 @@ class BoxProcess:
         direct.started()
         self.started = time.monotonic()
 
-    def _oci_ended(self, code: int, oom: bool) -> None:
-        self._exit_code, self.oom_killed = code, oom
+    def _oci_ended(self, code: int, oom: bool, died: str | None) -> None:
+        self._exit_code, self.oom_killed, self.sandbox_died = code, oom, died
         if self._direct is not None:
             self._direct.box_gone()
         self._died.set()

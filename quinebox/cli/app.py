@@ -250,6 +250,8 @@ def supervise(start: Callable[[], Any], *, json_summary: bool, tty: bool = False
         say(f"{proc.world_full}; the box was killed")
     if proc.engine_lost:
         say(f"{proc.engine_lost}; the box is stopped through its lifeline, `quinebox doctor` says what happened, and `quinebox gc` removes what is left once the engine answers again")
+    if proc.sandbox_died:
+        say(proc.sandbox_died)
     if proc.oom_killed:
         from quinebox.box.policy import DEFAULT_MEM
         from quinebox.grants import format_size

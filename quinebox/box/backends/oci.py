@@ -27,13 +27,13 @@ from quinebox.state import state_dir
 QUICK_TIMEOUT = 10.0
 #: Runtimes quinebox knows by name, with the global flags each needs here. runsc: the ptrace platform (Debian's
 #: 2022 build cannot use systrap), no network stack of its own (a box has only loopback), and connecting to the
-#: Unix sockets its mounts show (the box's host socket and egress socket are such mounts; as under runc).
-#: gVisor's own kernel serves the box's system calls (the host sees only its sentry's, under gVisor's filter);
-#: its --oci-seccomp (2022) refuses calls the profile allows (select, posix_spawn's clone3 fallback), so it is off.
+#: Unix sockets its mounts show (the box's host socket and egress socket are such mounts; as under runc), and
+#: the box's own seccomp profile loaded inside the sandbox, in front of gVisor's kernel (as policy_oci's
+#: `gvisor_seccomp` renders it for runsc; the host sees only the sentry's calls, under gVisor's own filter).
 KNOWN = {
     "runc": (),
     "crun": (),
-    "runsc": ("--platform=ptrace", "--network=none", "--host-uds=open"),
+    "runsc": ("--platform=ptrace", "--network=none", "--host-uds=open", "--oci-seccomp"),
 }
 
 
@@ -41,6 +41,9 @@ def runtime_hint(name: str) -> str:
     """What to do when the runtime `name` is missing: Debian packages each known runtime under its own name."""
     return f"install it (`apt-get install {name if name in KNOWN else 'runc'}`), name another with --runtime, or use --backend docker"
 
+
+#: Where runsc's sandbox writes why it died (a Go panic: its kernel could not go on), in the box's bundle.
+PANIC_LOG = "panic.log"
 
 
 def runtime_timeout() -> float:
@@ -129,7 +132,8 @@ class Runtime:
         # The runtime's errors go to a file of ours, not to the box's stderr (which is the caller's).
         log = os.path.join(bundle, "runtime.log")
         extra = ["--console-socket", console_socket] if console_socket else []
-        argv = self.argv("--log", log, "--log-format", "json", "run", "--detach", "--bundle", bundle, "--pid-file", pid_file, *extra, cid)
+        panic = ["--panic-log", os.path.join(bundle, PANIC_LOG)] if self.gvisor else []
+        argv = self.argv("--log", log, "--log-format", "json", *panic, "run", "--detach", "--bundle", bundle, "--pid-file", pid_file, *extra, cid)
         try:
             self._call(argv, "start the box", timeout=runtime_timeout(), stdio=stdio, new_session=True)
         except EngineError as exc:
@@ -184,6 +188,21 @@ class Runtime:
         """The command line that runs `argv` in a live box, as `user`, within the box's namespaces, cgroup and seccomp."""
         options = ["--user", user, *(["--cwd", cwd] if cwd else []), *(a for e in env for a in ("--env", e))]
         return self.argv("exec", *(["--tty"] if tty else []), *options, cid, *argv)
+
+
+def sandbox_death(bundle: str) -> str | None:
+    """Why runsc's sandbox died, when it did (its panic log names it), in its own words: else None."""
+    try:
+        with open(os.path.join(bundle, PANIC_LOG), "rb") as log:
+            head = log.read(64 << 10).decode(errors="replace")
+    except OSError:
+        return None
+    for line in head.splitlines():
+        if line.startswith("runtime: failed to create new OS thread"):  # Go says its cause first, then "fatal error: newosproc"
+            return line.partition(": ")[2].strip()[:300]
+        if line.startswith(("panic: ", "fatal error: ")):
+            return line.partition(": ")[2].strip()[:300]
+    return None
 
 
 def _reason(stderr: bytes) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 from quinebox.box.backends import boxroot, keeper
 from quinebox.box.backends.boxroot import IMAGE_ROOT
-from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id
+from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id, sandbox_death
 from quinebox.box.console import ConsoleSocket, console_path
 from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER, LABEL_SESSION
 from quinebox.errors import EngineError
@@ -37,7 +37,12 @@ _OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup"
 #: How old an empty cgroup no runtime knows must be before `gc` takes it (one being made now is not yet known).
 STALE = 60.0
 
-Ended = Callable[[int, bool], None]
+#: (exit status, OOM-killed, why the sandbox itself died, if it did)
+Ended = Callable[[int, bool, "str | None"], None]
+#: The exit statuses of a sandbox that died: killed by a limit of the host's (137), or failed (125).
+EXIT_KILLED, EXIT_FAILED = 137, 125
+#: How a sandbox's kernel says the host refused it a resource (a process past the pids cgroup, memory).
+_EXHAUSTED = ("resource temporarily unavailable", "cannot allocate memory", "out of memory", "failed to create new os thread")
 
 _keeper: tuple[int, int, int] | None = None  # (this process, its keeper, the pipe to it)
 _keeper_lock = threading.Lock()
@@ -213,8 +218,19 @@ def reap(pids: list[int], grace: float = 2.0) -> None:
             time.sleep(0.005)
 
 
+def died(reason: str, config: dict[str, Any]) -> tuple[int, str]:
+    """(exit status, one line) for a sandbox whose kernel died of `reason`: never its bare status (a Go panic's 2)."""
+    if any(words in reason.lower() for words in _EXHAUSTED):
+        host = config.get("linux", {}).get("resources", {}).get("pids", {}).get("limit")
+        return EXIT_KILLED, (
+            f"gVisor's sandbox died: the host refused it a resource ({reason}); the box was killed. Its own helper "
+            f"processes may number {host} on the host: busy boxes need many; a lower pids: grant or the runc runtime fits"
+        )
+    return EXIT_FAILED, f"gVisor's sandbox died: {reason}; the box was killed (`quinebox doctor` checks runsc)"
+
+
 class OciBox:
-    """A box created and started on `runtime`; `ended(exit_code, oom_killed)` is called once it has exited.
+    """A box created and started on `runtime`; `ended(exit_code, oom_killed, died)` is called once it has exited.
 
     Its remains (the runtime's state, its cgroup, the bundle) are removed right after, on the same thread, within
     milliseconds: before this process exits (finish_removals), or by the keeper if it dies first."""
@@ -234,6 +250,7 @@ class OciBox:
         self._ended = ended
         self._removed = threading.Event()
         self._cgroup = config.get("linux", {}).get("cgroupsPath", "")
+        self._config = config
         self.bundle = run_dir() / f"{session}.oci"
         self.bundle.mkdir(mode=0o700)
         try:
@@ -274,6 +291,11 @@ class OciBox:
         except ChildProcessError:  # not ours after all (something else reaped it): its status is lost, it counts as killed
             code = -signal.SIGKILL
         oom = oom_kills(self._cgroup) > 0
+        code = code if code >= 0 else 128 - code
+        reason = sandbox_death(str(self.bundle)) if self.runtime.gvisor and not oom else None
+        why = None
+        if reason is not None:
+            code, why = died(reason, self._config)
         with self._pidfd_lock:
             if self._pidfd is not None:
                 os.close(self._pidfd)
@@ -285,7 +307,7 @@ class OciBox:
         remove_bundle(self.bundle)
         _leaving.add(self)
         try:
-            self._ended(code if code >= 0 else 128 - code, oom)
+            self._ended(code, oom, why)
         finally:
             reap(self._helpers)
             self.remove()

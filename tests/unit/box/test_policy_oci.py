@@ -19,7 +19,7 @@ from quinebox.box.policy import (
     oci_command,
     oci_refusal,
 )
-from quinebox.box.policy_oci import oci_config, oci_seccomp
+from quinebox.box.policy_oci import GVISOR_TASKS_BASE, GVISOR_TASKS_PER_PID, gvisor_seccomp, oci_config, oci_seccomp
 from quinebox.box.secrets import TLS_DIR
 from quinebox.box.spec import BoxSpec, ImageInfo, seccomp_base
 from quinebox.worlds.spec import WorldSpec
@@ -416,3 +416,68 @@ def test_rendering_leaves_the_spec_and_base_profile_untouched():
     oci_config(box, image=AGENT_IMAGE, runtime=RUNTIME_DIR, seccomp=base, arch=ARCH, rootfs=ROOTFS)
     assert json.dumps(base, sort_keys=True) == before
     assert replace(box) == box
+
+
+#: A profile as oci_seccomp leaves it, which gvisor_seccomp is given.
+RENDERED = {key: value for key, value in PROFILE.items() if key != "comment"}
+
+
+def gvisor(box: BoxSpec) -> dict:
+    return oci_config(box, image=AGENT_IMAGE, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH, rootfs=ROOTFS, gvisor=True)
+
+
+@pytest.mark.parametrize("grants, pids", [((), DEFAULT_PIDS), (("pids:64",), 64), (("pids:1",), 1)])
+def test_on_gvisor_the_boxs_process_limit_is_gvisors_and_the_host_cgroup_sized_for_its_helpers(grants, pids):
+    config = gvisor(spec(*grants))
+    assert {"type": "RLIMIT_NPROC", "soft": pids, "hard": pids} in config["process"]["rlimits"]
+    assert config["linux"]["resources"]["pids"] == {"limit": GVISOR_TASKS_BASE + GVISOR_TASKS_PER_PID * pids}
+    assert "RLIMIT_NPROC" not in {r["type"] for r in oci(spec(*grants))["process"]["rlimits"]}  # runc: the cgroup is the box's
+    assert oci(spec(*grants))["linux"]["resources"]["pids"] == {"limit": pids}
+
+
+def test_on_gvisor_read_only_binds_are_plain_ro_and_the_rest_is_the_same():
+    ours, runc = gvisor(spec("ro:/data")), oci(spec("ro:/data"))
+    assert not any("rro" in m["options"] for m in ours["mounts"])
+    assert [m["destination"] for m in ours["mounts"]] == [m["destination"] for m in runc["mounts"]]
+    for key in ("user", "capabilities", "noNewPrivileges", "args", "env"):
+        assert ours["process"][key] == runc["process"][key]
+
+
+@pytest.mark.parametrize(
+    "rule, expected",
+    [
+        ({"names": ["read"], "action": "SCMP_ACT_ALLOW"}, {"names": ["read"], "action": "SCMP_ACT_ALLOW"}),
+        ({"names": ["select", "pselect6"], "action": "SCMP_ACT_ALLOW"}, {"names": ["select", "pselect6", "pselect"], "action": "SCMP_ACT_ALLOW"}),
+        ({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}, {"names": ["clone3"], "action": "SCMP_ACT_TRACE"}),
+        ({"names": ["x"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}, {"names": ["x"], "action": "SCMP_ACT_ERRNO"}),
+        ({"names": ["x"], "action": "SCMP_ACT_ERRNO"}, {"names": ["x"], "action": "SCMP_ACT_ERRNO"}),
+        (
+            {"names": ["clone"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 2114060288, "op": "SCMP_CMP_MASKED_EQ"}]},
+            {"names": ["clone"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 2114060288, "op": "SCMP_CMP_MASKED_EQ"}]},
+        ),
+    ],
+)
+def test_gvisor_seccomp_says_each_rule_as_runsc_applies_it(rule, expected):
+    out = gvisor_seccomp({**RENDERED, "syscalls": [rule]})
+    assert out == {"defaultAction": "SCMP_ACT_ERRNO", "architectures": [ARCH], "syscalls": [expected]}
+
+
+@pytest.mark.parametrize(
+    "profile, words",
+    [
+        ({**RENDERED, "defaultErrnoRet": 38}, "default errno 38"),
+        ({**RENDERED, "syscalls": [{"names": ["x"], "action": "SCMP_ACT_ERRNO", "errnoRet": 13}]}, "errno 13 cannot be said on gVisor"),
+    ],
+)
+def test_gvisor_seccomp_refuses_an_errno_runsc_cannot_say_rather_than_change_it(profile, words):
+    with pytest.raises(ValueError, match=words):
+        gvisor_seccomp(profile)
+
+
+def test_the_shipped_profile_on_gvisor_keeps_every_refusal():
+    runc, ours = oci(spec())["linux"]["seccomp"], gvisor(spec())["linux"]["seccomp"]
+    assert len(ours["syscalls"]) == len(runc["syscalls"])
+    allowed = {n for r in ours["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
+    assert allowed - {n for r in runc["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]} == {"pselect"}
+    assert not allowed & {"ptrace", "unshare", "setns", "mount", "io_uring_setup", "clone3", "bpf", "keyctl"}
+    assert [r["action"] for r in ours["syscalls"] if "clone3" in r["names"]] == ["SCMP_ACT_TRACE"]
