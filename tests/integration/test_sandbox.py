@@ -239,7 +239,7 @@ def test_a_marked_fixture_box_holds_the_marks_grants(quinebox_sandbox):
 PLANT = (
     "mkfifo /tmp/fifo && ln -s /tmp/fifo /world/to-fifo && ln -s /dev/zero /tmp/zero && ln -s /dev/null /tmp/null && "
     "head -c 5000 /dev/zero > /tmp/big && "
-    "(while :; do head -c 65536 /dev/zero; done > /tmp/grow 2>/dev/null & echo $! > /tmp/grow.pid) && "
+    "(while :; do head -c 65536 /dev/zero; sleep 0.01; done > /tmp/grow 2>/dev/null & echo $! > /tmp/grow.pid) && "
     + " ".join(GUEST_PYTHON) + " -c \"import socket; s=socket.socket(socket.AF_UNIX); s.bind('/tmp/sock')\""
 )
 #: Each planted path, and what reading it says (its error and words of its message).
@@ -309,3 +309,37 @@ def test_a_reader_the_box_stops_meets_its_deadline(sb):
         stopper.kill()
         stopper.wait(10)
     assert sb.read_file("/tmp/slow") == b"slow\n"
+
+
+def test_a_world_holding_what_the_box_planted_is_revised_exported_and_shown_at_once(sb):
+    """The host reads a world itself (revisions, export, the view): a FIFO, a socket, a link to a device and a file
+    still growing are recorded as what they are, and no read waits or runs on."""
+    from quinebox.view import worlds_view
+
+    plant = ("mkdir -p /world/planted && cd /world/planted && mkfifo fifo && ln -s /dev/zero zero && "
+             "(while :; do head -c 65536 /dev/zero; sleep 0.02; done > grow 2>/dev/null & echo $! > /tmp/wgrow.pid) && sleep 0.3 && "
+             + " ".join(GUEST_PYTHON) + " -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"")
+    began = time.monotonic()
+    assert sb.exec(["sh", "-c", plant]).returncode == 0  # and its revision, made by the host as the exec ended
+    try:
+        revised = time.monotonic() - began
+        rev = sb.world.log()[-1]["rev"]
+        began = time.monotonic()
+        out = io.BytesIO()
+        sb.world.export(out)
+        exported = time.monotonic() - began
+        with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+            members = {m.name: m for m in tar.getmembers()}
+            grow = tar.extractfile("planted/grow").read()
+        assert members["planted/fifo"].isfifo() and members["planted/zero"].issym() and "planted/sock" not in members
+        assert len(grow) == members["planted/grow"].size and set(grow) <= {0}
+        began = time.monotonic()
+        shown = {name: worlds_view.file(sb.id, rev, f"planted/{name}") for name in ("fifo", "zero", "sock", "grow")}
+        viewed = time.monotonic() - began
+        assert (shown["fifo"]["type"], shown["sock"]["type"], shown["zero"]["text"]) == ("p", "s", "-> /dev/zero")
+        assert shown["grow"]["size"] == len(grow)
+        print(f"\nplanted world {sb.target.backend}: exec and revision {revised:.3f} s, export {exported:.3f} s, view {viewed:.3f} s")
+        assert max(revised, exported, viewed) < 5
+    finally:
+        sb.exec(["sh", "-c", "kill $(cat /tmp/wgrow.pid); rm -rf /world/planted"])
+    assert sb.exec(["echo", "up"]).stdout == b"up\n"
