@@ -1,6 +1,7 @@
 """A long-lived box's files, read and written from inside it: `files.py read PATH [CAP]` and `files.py write PATH`.
 
-The host runs this as an exec, as the box's user, so the kernel decides what may be read or written, through
+The host runs this as an exec (its source sent with `python -c`, so it is always the host's own version), as the
+box's user, so the kernel decides what may be read or written, through
 the box's own mounts and links, as for any command there. read: the file's bytes on stdout, at most CAP of
 them; write: stdin into the file, its missing parent directories made, replaced whole (a reader never sees
 half of it). Each failure is an exit status the host turns back into Python's own error (box/sandboxes.py),
