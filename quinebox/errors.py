@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 #: quinebox itself failed before or while starting the box; nothing was started.
 EXIT_QUINEBOX = 125
 
@@ -26,3 +28,15 @@ class ImageError(QuineboxError):
 
 class StateError(QuineboxError):
     """The state dir cannot be written (a full or read-only filesystem); what was written before stays whole."""
+
+
+class FileTooLargeError(OSError):
+    """A file in a box holds more bytes than the caller's cap (EFBIG): nothing past the cap was read.
+
+    An OSError, as the other errors of a file read are (FileNotFoundError, IsADirectoryError, shutil's
+    SpecialFileError for a FIFO, a socket or a device), so one `except OSError` covers a read that failed."""
+
+    def __init__(self, path: str, size: int | None, cap: int, raise_it: str):
+        got = f"{size} bytes" if size is not None else "more bytes (it grew while read)"
+        super().__init__(errno.EFBIG, f"{path} in the box holds {got}, more than the cap of {cap}: {raise_it} to read more")
+        self.size, self.cap = size, cap

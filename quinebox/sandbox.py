@@ -198,15 +198,20 @@ class Sandbox:
         if self._box.world is not None:
             self.world.commit("exec", command=shlex.join(argv))
 
-    def read_file(self, path: str) -> bytes:
-        """A file's bytes, as the box's user may read it: FileNotFoundError, IsADirectoryError, PermissionError."""
-        self._ready()
-        return sandboxes.read_bytes(self.target, path, docker=self._docker)
+    def read_file(self, path: str, *, max_bytes: int = sandboxes.READ_MAX, timeout: float = sandboxes.FILE_TIMEOUT) -> bytes:
+        """A file's bytes, as the box's user may read it: FileNotFoundError, IsADirectoryError, PermissionError.
 
-    def write_file(self, path: str, data: bytes | str) -> None:
-        """`data` (str as UTF-8) into a file of the box, its missing parent directories made."""
+        The box may have made `path` anything, so the read is bounded: a FIFO, a socket or a device is
+        shutil.SpecialFileError, a file of more than `max_bytes` (default 256 MiB) FileTooLargeError, a read
+        longer than `timeout` seconds TimeoutError — each at once or by its bound, and the box stays up."""
         self._ready()
-        sandboxes.write_bytes(self.target, path, data.encode() if isinstance(data, str) else data, docker=self._docker)
+        return sandboxes.read_bytes(self.target, path, max_bytes=max_bytes, timeout=timeout, docker=self._docker)
+
+    def write_file(self, path: str, data: bytes | str, *, timeout: float = sandboxes.FILE_TIMEOUT) -> None:
+        """`data` (str as UTF-8) into a file of the box, its missing parent directories made, replaced whole;
+        shutil.SpecialFileError if the box made `path` a FIFO, a socket or a device."""
+        self._ready()
+        sandboxes.write_bytes(self.target, path, data.encode() if isinstance(data, str) else data, timeout=timeout, docker=self._docker)
         self._revise(["write_file", path])
 
     def diagnostics(self) -> str:
@@ -244,11 +249,11 @@ class Sandbox:
     async def aexec(self, argv: Sequence[str], **options: Any) -> ExecResult:
         return await self._in_thread(self.exec, argv, **options)
 
-    async def aread_file(self, path: str) -> bytes:
-        return await self._in_thread(self.read_file, path)
+    async def aread_file(self, path: str, **options: Any) -> bytes:
+        return await self._in_thread(self.read_file, path, **options)
 
-    async def awrite_file(self, path: str, data: bytes | str) -> None:
-        await self._in_thread(self.write_file, path, data)
+    async def awrite_file(self, path: str, data: bytes | str, **options: Any) -> None:
+        await self._in_thread(self.write_file, path, data, **options)
 
     async def aclose(self) -> None:
         await self._in_thread(self.close)

@@ -168,48 +168,114 @@ def box_rm_command(refs: List[str] = typer.Argument(..., metavar="ID|NAME...")) 
     raise typer.Exit(code)
 
 
+#: What `cp` copies out of a box at most unless --max-size says otherwise, and how long it may take.
+CP_MAX = "1g"
+CP_TIMEOUT = "10m"
+
+
 @app.command("cp", help="Copy a file into a long-lived box or out of it: `cp FILE ID:/path`, `cp ID:/path FILE` (- is stdin or stdout).")
-def cp_command(source: str = typer.Argument(..., metavar="SRC"), dest: str = typer.Argument(..., metavar="DEST")) -> None:
+def cp_command(
+    source: str = typer.Argument(..., metavar="SRC"),
+    dest: str = typer.Argument(..., metavar="DEST"),
+    max_size: str = typer.Option(CP_MAX, "--max-size", metavar="SIZE", help="Copy out at most this much (a larger file is refused)."),
+    timeout: str = typer.Option(CP_TIMEOUT, "--timeout", metavar="DURATION", help="Give up a copy that takes longer than this."),
+) -> None:
     from quinebox.box import sandboxes
+    from quinebox.errors import GrantError
+    from quinebox.grants import parse_duration, parse_size
 
     inside = [":" in side and not side.startswith(("/", ".")) for side in (source, dest)]
     if inside.count(True) != 1:
         say("give one side as ID:/path in the box and the other as a path here, as in `quinebox cp notes.txt ID:/world/notes.txt`")
         raise typer.Exit(2)
+    try:
+        cap, seconds = parse_size(max_size), parse_duration(timeout)
+    except GrantError as exc:
+        say(f"{exc} (--max-size, --timeout)")
+        raise typer.Exit(2) from None
     with reported():
         if inside[0]:
             ref, _, path = source.partition(":")
             record, _ = sandboxes.find(ref)
             with sandboxes.Running(record.session):
-                data = _read_in(record, path)
-            _write_here(dest, path, data)
+                _copy_out(record, path, dest, cap, seconds)
         else:
             ref, _, path = dest.partition(":")
             record, _ = sandboxes.find(ref)
             data = _read_here(source)
             with sandboxes.Running(record.session):
-                _write_in(record, path, data, source)
+                _write_in(record, path, data, source, seconds)
 
 
-def _read_in(record: Record, path: str) -> bytes:
+def _copy_out(record: Record, path: str, dest: str, cap: int, timeout: float) -> None:
+    """The box's file into `dest` as it comes (a new file is renamed into place once whole), or onto stdout."""
     from quinebox.box import sandboxes
 
     docker = sandboxes.engine_for(record)
+    where = sandboxes.target(record, docker)
+    target = dest if dest == "-" else os.path.join(dest, os.path.basename(path)) if os.path.isdir(dest) else dest
+    out, scratch = _open_here(target)
+    failed: list[OSError] = []
+
+    def take(chunk: bytes) -> None:
+        if not failed:
+            try:
+                out.write(chunk)
+            except OSError as exc:
+                failed.append(exc)
+
     try:
-        return sandboxes.read_bytes(sandboxes.target(record, docker), path, docker=docker)
+        sandboxes.read_into(where, path, take, max_bytes=cap, timeout=timeout, raise_it="give cp --max-size SIZE", docker=docker)
+        if not failed:
+            out.flush()
     except OSError as exc:
+        _discard(out, scratch)
         say(f"cannot copy {path} out of the box: {exc.strerror or exc}" + (" (cp copies one file)" if isinstance(exc, IsADirectoryError) else ""))
+        raise typer.Exit(1) from None
+    except BaseException:
+        _discard(out, scratch)
+        raise
+    if failed:
+        _discard(out, scratch)
+        say(f"cannot write {target}: {failed[0].strerror or failed[0]}")
+        raise typer.Exit(1)
+    if scratch is not None:
+        out.close()
+        os.replace(scratch, target)
+
+
+def _open_here(target: str):  # -> (a binary file, the scratch name to rename to `target` once whole, or None)
+    """Where a copy out goes: stdout, what `target` already is when that is no regular file (a FIFO, /dev/null), or
+    a new file beside it."""
+    import stat
+
+    if target == "-":
+        return sys.stdout.buffer, None
+    try:
+        if os.path.exists(target) and not stat.S_ISREG(os.stat(target).st_mode):
+            return open(target, "wb"), None
+        scratch = os.path.join(os.path.dirname(target) or ".", f".{os.path.basename(target)}.quinebox-{os.getpid()}")
+        return os.fdopen(os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), "wb"), scratch
+    except OSError as exc:
+        say(f"cannot write {target}: {exc.strerror}")
         raise typer.Exit(1) from None
 
 
-def _write_in(record: Record, path: str, data: bytes, source: str) -> None:
+def _discard(out, scratch: str | None) -> None:
+    """A copy that failed leaves no file behind it."""
+    if scratch is not None:
+        out.close()
+        os.unlink(scratch)
+
+
+def _write_in(record: Record, path: str, data: bytes, source: str, timeout: float) -> None:
     from quinebox.box import sandboxes
 
     if path.endswith("/"):
         path += os.path.basename(source) if source != "-" else "stdin"
     docker = sandboxes.engine_for(record)
     try:
-        sandboxes.write_bytes(sandboxes.target(record, docker), path, data, docker=docker)
+        sandboxes.write_bytes(sandboxes.target(record, docker), path, data, timeout=timeout, docker=docker)
     except OSError as exc:
         say(f"cannot copy into {path} in the box: {exc.strerror or exc}")
         raise typer.Exit(1) from None
@@ -226,15 +292,3 @@ def _read_here(source: str) -> bytes:
         raise typer.Exit(1) from None
 
 
-def _write_here(dest: str, path: str, data: bytes) -> None:
-    if dest == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-        return
-    target = os.path.join(dest, os.path.basename(path)) if os.path.isdir(dest) else dest
-    try:
-        with open(target, "wb") as f:
-            f.write(data)
-    except OSError as exc:
-        say(f"cannot write {target}: {exc.strerror}")
-        raise typer.Exit(1) from None

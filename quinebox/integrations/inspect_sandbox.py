@@ -21,6 +21,7 @@ import os
 import posixpath
 import re
 import shlex
+import shutil
 import threading
 import uuid
 from typing import Any, Callable, Literal, TypeVar, Union, overload
@@ -42,7 +43,7 @@ from inspect_ai.util._subprocess import max_subprocesses_context_var
 from pydantic import BaseModel
 
 from quinebox import DEVNULL
-from quinebox.box.sandboxes import FILE_ERRORS, FILES
+from quinebox.box.sandboxes import FILE_ERRORS, NOT_A_FILE, TOO_LARGE, files_command
 from quinebox.errors import EngineError, GrantError, QuineboxError
 from quinebox.integrations.inspect_config import QuineboxEnvironmentConfig, QuineboxSandboxConfig, build_image, load_config
 from quinebox.sandbox import Sandbox
@@ -53,7 +54,8 @@ NAME_PREFIX = "inspect-"
 CONFIG_FILES = ["quinebox.yaml", "quinebox.yml"]
 #: How many times an exec that quinebox could not get started (the engine wedged) is tried again.
 START_RETRIES = 2
-#: The longest a read_file may take, as Inspect's docker provider gives its file copies (a FIFO never ends).
+#: The longest a read_file or write_file may take, as Inspect's docker provider gives its file copies (a box that
+#: stops the reader would otherwise hold it for ever; a FIFO, a socket or a device is refused at once).
 FILE_TIMEOUT = 600
 #: Each OSError a file operation raises, with the errno Python's own open() would give it.
 ERRNOS: dict[type[OSError], int] = {
@@ -320,9 +322,11 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
     async def write_file(self, file: str, contents: str | bytes) -> None:
         """`contents` into `file` as the box's user, its missing parents made; replaced whole."""
         try:
-            await in_thread(self._sandbox.write_file, self._path(file), contents)
+            await in_thread(self._sandbox.write_file, self._path(file), contents, timeout=FILE_TIMEOUT)
         except (FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError) as exc:
             raise os_error(type(exc), file) from exc
+        except shutil.SpecialFileError as exc:  # a FIFO, a socket, a device: of Inspect's documented errors, this one
+            raise PermissionError(errno.EACCES, str(exc), file) from exc
         except QuineboxError as exc:
             if self._sandbox.returncode is not None:
                 raise self._unavailable() from exc
@@ -336,7 +340,8 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
 
     async def read_file(self, file: str, text: bool = True) -> Union[str, bytes]:
         """`file`'s bytes as the box's user reads them (text: strict UTF-8, newlines kept), no more than Inspect's
-        read limit of them: past it the read is stopped and OutputLimitExceededError raised."""
+        read limit of them: past it the read is stopped and OutputLimitExceededError raised (at once when the file's
+        size says so). A FIFO, a socket or a device there is PermissionError saying which: it has no bytes to read."""
         run = ExecRun(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE)
         data = await self._killed_if_cancelled(run, self._read, run, file)
         return data.decode("utf-8") if text else data
@@ -344,14 +349,17 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
     def _read(self, run: ExecRun, file: str) -> bytes:
         # Sandbox.read_file's own exec of the guest's files.py, but with a bounded sink: it reads a file whole.
         try:
-            code = run.run(self._sandbox, [*FILES, "read", self._path(file)], input=None, timeout=FILE_TIMEOUT)
+            cap = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+            code = run.run(self._sandbox, files_command("read", self._path(file), str(cap)), input=None, timeout=FILE_TIMEOUT)
         except QuineboxError as exc:
             if self._sandbox.returncode is not None:
                 raise self._unavailable() from exc
             raise
         if code in FILE_ERRORS:
             raise os_error(FILE_ERRORS[code][0], file)
-        if run.over:
+        if code == NOT_A_FILE:
+            raise PermissionError(errno.EACCES, f"{file} is {bytes(run.stderr).decode(errors='replace').strip().rpartition(':')[0]}", file)
+        if run.over or code == TOO_LARGE:
             raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
         if run.timed_out:
             raise TimeoutError(f"reading {file} took longer than {FILE_TIMEOUT} seconds")

@@ -34,11 +34,13 @@ def real(p):
     if not inside(r): fail(f"{p} resolves to {r}, outside {', '.join(roots)}: the file tools follow no link out of them")
     return r
 def kind(m): return "dir" if stat.S_ISDIR(m) else "file" if stat.S_ISREG(m) else "link" if stat.S_ISLNK(m) else "other"
+def what(m): return next(n for t, n in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (bool, "special file")) if t(m))
 try:
     op = a["op"]
     if op == "read":
-        p = real(a["path"]); fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK); st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode): fail(f"{a['path']} is not a regular file (a {kind(st.st_mode)})")
+        p = real(a["path"]); st = os.stat(p)  # a socket or a device is never opened; what was opened is checked again
+        if stat.S_ISREG(st.st_mode): fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK); st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode): fail(f"{a['path']} is not a regular file (a {what(st.st_mode)}): read_file reads regular files only")
         out = sys.stdout.buffer; out.write(json.dumps({"path": p, "size": st.st_size}).encode() + b"\n")
         os.lseek(fd, a["offset"], 0); left = a["limit"]
         while left > 0:

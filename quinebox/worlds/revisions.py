@@ -94,8 +94,12 @@ class ObjectStore:
             raise WorldError(f"bad object name {sha!r}")
         return self.root / sha[:2] / sha[2:]
 
-    def put(self, dir_fd: int, name: str) -> str | None:
-        """Copy a regular file in, hashing as it goes; None when it is over max_file()."""
+    def put(self, dir_fd: int, name: str) -> tuple[str, int] | None:
+        """Copy a regular file in, hashing as it goes: (its SHA-256, its size), or None when it is over max_file().
+
+        No more is read than its size when opened, so a file the box keeps growing costs what it held then (its
+        next change is read again), and the size recorded is always the bytes kept: a restore plan and an
+        export stream exactly that many."""
         fd = beneath.open_file(dir_fd, name)
         tmp_dir = self.root / "tmp"
         tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -103,21 +107,23 @@ class ObjectStore:
         out = tempfile.NamedTemporaryFile(dir=tmp_dir, delete=False)
         try:
             with os.fdopen(fd, "rb") as src, out:
-                total, limit = 0, max_file()
-                while chunk := src.read(CHUNK):
+                left = os.fstat(fd).st_size
+                if left > max_file():
+                    return None
+                total = 0
+                while left > 0 and (chunk := src.read(min(CHUNK, left))):
                     total += len(chunk)
-                    if total > limit:
-                        return None
+                    left -= len(chunk)
                     digest.update(chunk)
                     out.write(chunk)
             sha = digest.hexdigest()
             final = self.path(sha)
             if final.exists():
-                return sha
+                return sha, total
             final.parent.mkdir(exist_ok=True)
             os.chmod(out.name, 0o444)
             os.replace(out.name, final)
-            return sha
+            return sha, total
         finally:
             if os.path.exists(out.name):
                 os.unlink(out.name)
@@ -143,16 +149,18 @@ class Scanner:
             raise WorldError(f"the world holds more than {self.limit} entries; revisions stop there (remove files, or raise QUINEBOX_WORLD_MAX_ENTRIES)")
         if stat.S_ISREG(st.st_mode):
             old = self.previous.get(rel)
+            size = st.st_size
             if not fresh and old and old["type"] == "f" and old["size"] == st.st_size and old.get("mtime") == st.st_mtime_ns:
                 sha = old["sha"]
             elif st.st_size > max_file():
                 sha = None
             else:
                 try:
-                    sha = self.store.put(dir_fd, name)
+                    kept = self.store.put(dir_fd, name)
                 except PermissionError:
-                    sha = None  # the box made it unreadable: listed, its bytes not kept
-            return {"type": "f", "mode": mode_bits(st), "size": st.st_size, "sha": sha, "mtime": st.st_mtime_ns}
+                    kept = None  # the box made it unreadable: listed, its bytes not kept
+                sha, size = kept if kept is not None else (None, size)
+            return {"type": "f", "mode": mode_bits(st), "size": size, "sha": sha, "mtime": st.st_mtime_ns}
         if stat.S_ISDIR(st.st_mode):
             entry: Entry = {"type": "d", "mode": mode_bits(st)}
             if self.layer and self._opaque(dir_fd, name):

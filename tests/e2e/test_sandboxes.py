@@ -126,3 +126,30 @@ def test_create_refuses_a_bad_grant_in_one_line_and_leaves_nothing():
     done = qb("box", "create", "-g", "rw:/etc", timeout=60)
     assert done.returncode == 125 and done.stderr.count(b"\n") == 1 and done.stdout == b""
     assert soon(holders, within=5) == []
+
+
+def test_cp_of_what_the_box_planted_fails_at_once_and_the_box_stays_up(box, tmp_path):
+    """A FIFO, a socket, devices behind links, and files over the cap: one line each, exit 1, no file left here."""
+    python = "/.quinebox/lib/ld.so --library-path /.quinebox/lib /.quinebox/lib/python3 -I -S"
+    plant = (f"mkfifo /tmp/fifo && ln -s /dev/zero /tmp/zero && head -c 3000 /dev/zero > /tmp/big && "
+             f"{python} -c \"import socket; socket.socket(socket.AF_UNIX).bind('/tmp/sock')\"")
+    assert qb("exec", "--in", box, "--", "sh", "-c", plant).returncode == 0
+    for path, args, words in [
+        ("/tmp/fifo", [], b"a FIFO, not a regular file"), ("/tmp/sock", [], b"a socket, not a regular file"),
+        ("/tmp/zero", [], b"a character device, not a regular file"), ("/dev/null", [], b"a character device"),
+        ("/tmp/big", ["--max-size", "2k"], b"holds 3000 bytes, more than the cap of 2048: give cp --max-size SIZE"),
+    ]:
+        began = time.monotonic()
+        done = qb("cp", *args, f"{box}:{path}", str(tmp_path / "out"), timeout=30)
+        took = time.monotonic() - began
+        print(f"\nplanted cp out {box} {path}: {took:.3f} s")
+        assert done.returncode == 1 and words in done.stderr and done.stderr.count(b"\n") == 1, done.stderr
+        assert took < 5 and os.listdir(tmp_path) == []
+    for path, words in [("/tmp/fifo", b"a FIFO"), ("/tmp/zero", b"a character device")]:
+        began = time.monotonic()
+        done = qb("cp", "-", f"{box}:{path}", input=b"data", timeout=30)
+        print(f"\nplanted cp in {box} {path}: {time.monotonic() - began:.3f} s")
+        assert done.returncode == 1 and words in done.stderr and done.stderr.count(b"\n") == 1, done.stderr
+    assert qb("cp", "--max-size", "3000", f"{box}:/tmp/big", "-").stdout == b"\0" * 3000
+    assert qb("cp", "--max-size", "lots", f"{box}:/tmp/big", "-").returncode == 2
+    assert qb("exec", "--in", box, "--", "echo", "up").stdout == b"up\n"

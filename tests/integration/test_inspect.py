@@ -23,7 +23,7 @@ import anyio
 import pytest
 from inspect_ai.util import OutputLimitExceededError, SandboxUnavailableError, SandboxUserUnsupportedError
 from inspect_ai.util._sandbox import self_check
-from inspect_ai.util._sandbox.limits import override_max_exec_output_size
+from inspect_ai.util._sandbox.limits import override_max_exec_output_size, override_max_read_file_size
 from commands import QUINEBOX, qb
 from inspect_task import HOLD_MARK, IMAGE_MARK
 from live_boxes import live_boxes, runs_in, soon
@@ -250,3 +250,27 @@ def test_kill_9_of_inspect_eval_mid_command_leaves_no_box(engine, tmp_path, back
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_read_and_write_of_what_the_box_planted_fail_at_once(sandbox_envs, backend):
+    """A FIFO, a socket, devices behind links: PermissionError saying which; a file past Inspect's read limit:
+    OutputLimitExceededError at once (its size says so); the box answers afterwards."""
+    env = sandbox_envs(backend)
+    plant = ("mkfifo /tmp/fifo && ln -s /dev/zero /tmp/zero && head -c 2048 /dev/zero > /tmp/big && "
+             "/.quinebox/lib/ld.so --library-path /.quinebox/lib /.quinebox/lib/python3 -I -S "
+             "-c \"import socket; socket.socket(socket.AF_UNIX).bind('/tmp/sock')\"")
+    assert anyio.run(functools.partial(env.exec, ["sh", "-c", plant])).success
+    for path, words in [("/tmp/fifo", "a FIFO"), ("/tmp/sock", "a socket"), ("/tmp/zero", "a character device"), ("/dev/null", "a character device")]:
+        for call in (functools.partial(env.read_file, path), functools.partial(env.write_file, path, "x")):
+            began = time.monotonic()
+            with pytest.raises(PermissionError, match=words):
+                anyio.run(call)
+            print(f"\nplanted inspect {backend} {call.func.__name__} {path}: {time.monotonic() - began:.3f} s")
+            assert time.monotonic() - began < 5
+    with override_max_read_file_size(1024):
+        began = time.monotonic()
+        with pytest.raises(OutputLimitExceededError):
+            anyio.run(functools.partial(env.read_file, "/tmp/big", text=False))
+        print(f"\nplanted inspect {backend} read_file over the limit: {time.monotonic() - began:.3f} s")
+    assert anyio.run(functools.partial(env.exec, ["echo", "up"])).stdout == "up\n"

@@ -403,3 +403,41 @@ def test_http_needs_the_token_and_serves_with_it(engine, tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
+
+
+@pytest.mark.parametrize("backend", ["oci", "docker"])
+def test_file_tools_on_what_the_box_planted_fail_at_once_and_the_box_stays_up(engine, backend):
+    """A FIFO, a socket, a link to a device, a file growing without end: one-line tool errors (or a capped read) within
+    seconds, on either backend."""
+    srv = QuineboxMCP(["pids:128"], backend=backend)
+    py = "/.quinebox/lib/ld.so --library-path /.quinebox/lib /.quinebox/lib/python3 -I -S"
+
+    async def body(c):
+        box = (await ok(c, "create_sandbox"))["box"]
+        await ok(c, "exec", {"box": box, "command": f"cd /world && mkfifo fifo && ln -s /dev/zero zero && "
+                                                    f"{py} -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\" && "
+                                                    "(while :; do head -c 65536 /dev/zero; sleep 0.02; done > grow 2>/dev/null &)"})
+        timings = {}
+        for tool, args, words in [
+            ("read_file", {"path": "fifo"}, ("not a regular file", "a FIFO")),
+            ("read_file", {"path": "sock"}, ("not a regular file", "a socket")),
+            ("read_file", {"path": "zero"}, ("resolves to /dev/zero",)),
+            ("edit_file", {"path": "fifo", "old_string": "a", "new_string": "b"}, ("a FIFO",)),
+            ("write_file", {"path": "fifo", "content": "x"}, ("a FIFO, not a regular file",)),
+            ("write_file", {"path": "sock", "content": "x"}, ("a socket, not a regular file",)),
+        ]:
+            began = time.monotonic()
+            await refused(c, tool, {"box": box, **args}, *words)
+            timings[f"{tool} {args['path']}"] = took = time.monotonic() - began
+            assert took < 5
+        began = time.monotonic()
+        grow = await ok(c, "read_file", {"box": box, "path": "grow", "limit": 4096, "encoding": "base64"})
+        timings["read_file grow"] = time.monotonic() - began
+        assert len(base64.b64decode(grow["content"])) == 4096 and grow["bytes_not_read"] >= 0
+        print("\nplanted mcp", backend, {k: round(v, 3) for k, v in timings.items()})
+        assert (await ok(c, "exec", {"box": box, "command": "pkill -f 'head -c' ; echo up"}))["stdout"].endswith("up\n")
+
+    try:
+        run(srv.mcp, body)
+    finally:
+        srv.close()

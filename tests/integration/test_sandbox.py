@@ -8,6 +8,8 @@ import asyncio
 import glob
 import io
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ import pytest
 import quinebox
 from live_boxes import live_boxes, soon
 from quinebox.box import sandboxes
+from quinebox.box.policy import GUEST_PYTHON
 from quinebox.errors import GrantError, QuineboxError
 
 BACKENDS = [pytest.param("oci", id="runc"), pytest.param("docker", id="docker")]
@@ -227,3 +230,116 @@ def test_a_marked_fixture_box_holds_the_marks_grants(quinebox_sandbox):
     hog = quinebox_sandbox.exec(["python3", "-c", "b = bytearray(256 << 20); print(len(b))"], timeout=30)
     assert hog.returncode == 137 and hog.stdout == b""
     assert quinebox_sandbox.exec(["echo", "still up"]).stdout == b"still up\n"
+
+
+# -- what a box plants where the host reads and writes its files -------------------------------------------------
+
+#: Made by the box as its own user: a FIFO nobody writes, a socket, devices behind links, a file past a small cap, and
+#: a file that grows for as long as the box likes.
+PLANT = (
+    "mkfifo /tmp/fifo && ln -s /tmp/fifo /world/to-fifo && ln -s /dev/zero /tmp/zero && ln -s /dev/null /tmp/null && "
+    "head -c 5000 /dev/zero > /tmp/big && "
+    "(while :; do head -c 65536 /dev/zero; sleep 0.01; done > /tmp/grow 2>/dev/null & echo $! > /tmp/grow.pid) && "
+    + " ".join(GUEST_PYTHON) + " -c \"import socket; s=socket.socket(socket.AF_UNIX); s.bind('/tmp/sock')\""
+)
+#: Each planted path, and what reading it says (its error and words of its message).
+PLANTED_READS = [
+    ("/tmp/fifo", shutil.SpecialFileError, "a FIFO, not a regular file"),
+    ("/world/to-fifo", shutil.SpecialFileError, "a FIFO, not a regular file"),
+    ("/tmp/sock", shutil.SpecialFileError, "a socket, not a regular file"),
+    ("/tmp/zero", shutil.SpecialFileError, "a character device, not a regular file"),
+    ("/tmp/null", shutil.SpecialFileError, "a character device, not a regular file"),
+    ("/dev/zero", shutil.SpecialFileError, "a character device"),
+    ("/tmp/big", quinebox.FileTooLargeError, "holds 5000 bytes, more than the cap of 4096: give read_file(..., max_bytes=N)"),
+    ("/tmp/grow", quinebox.FileTooLargeError, "more than the cap of 4096"),
+]
+
+
+@pytest.fixture(scope="module")
+def planted(sb):
+    assert sb.exec(["sh", "-c", PLANT]).returncode == 0
+    yield sb
+    sb.exec(["sh", "-c", "kill $(cat /tmp/grow.pid); rm -f /tmp/grow"])
+
+
+@pytest.mark.parametrize("path, error, words", PLANTED_READS, ids=[p for p, *_ in PLANTED_READS])
+def test_a_planted_file_is_refused_at_once_and_the_box_stays_up(planted, path, error, words):
+    began = time.monotonic()
+    with pytest.raises(error, match=re.escape(words)) as raised:
+        planted.read_file(path, max_bytes=4096)
+    took = time.monotonic() - began
+    print(f"\nplanted read_file {planted.target.backend} {path}: {took:.3f} s: {raised.value}")
+    assert took < 5 and "\n" not in str(raised.value)
+    assert isinstance(raised.value, OSError)  # one `except OSError` covers every way a read fails
+    assert planted.exec(["echo", "up"]).stdout == b"up\n"
+
+
+@pytest.mark.parametrize("path, words", [("/tmp/fifo", "a FIFO"), ("/world/to-fifo", "a FIFO"), ("/tmp/sock", "a socket"), ("/tmp/zero", "a character device")])
+def test_write_file_onto_a_planted_fifo_socket_or_device_is_refused(planted, path, words):
+    began = time.monotonic()
+    with pytest.raises(shutil.SpecialFileError, match=words):
+        planted.write_file(path, b"data")
+    took = time.monotonic() - began
+    print(f"\nplanted write_file {planted.target.backend} {path}: {took:.3f} s")
+    assert took < 5
+    assert planted.exec(["sh", "-c", f"test -L {path} || test -p {path} || test -S {path}"]).returncode == 0  # left as it was
+
+
+def test_a_file_within_the_cap_is_read_whole_and_the_cap_can_be_raised(planted):
+    assert planted.read_file("/tmp/big", max_bytes=5000) == b"\0" * 5000
+    assert len(planted.read_file("/tmp/big")) == 5000  # the default cap is 256 MiB
+
+
+def test_a_reader_the_box_stops_meets_its_deadline(sb):
+    """The box's own processes run as its user, as files.py does: one may stop the reader. The host's deadline ends it."""
+    sb.exec(["sh", "-c", "echo slow > /tmp/slow"])
+    stop = ("import os, signal\nwhile True:\n for p in os.listdir('/proc'):\n  try:\n"
+            "   if p.isdigit() and int(p) != os.getpid() and b'files.py' in open(f'/proc/{p}/cmdline', 'rb').read(): os.kill(int(p), signal.SIGSTOP)\n"
+            "  except OSError: pass\n")
+    stopper = sb.Popen([*GUEST_PYTHON, "-c", stop], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    try:
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match="took longer than 2 s"):
+            sb.read_file("/tmp/slow", timeout=2)
+        took = time.monotonic() - began
+        print(f"\nstopped reader {sb.target.backend}: {took:.3f} s")
+        assert took < 15
+    finally:
+        stopper.kill()
+        stopper.wait(10)
+    assert sb.read_file("/tmp/slow") == b"slow\n"
+
+
+def test_a_world_holding_what_the_box_planted_is_revised_exported_and_shown_at_once(sb):
+    """The host reads a world itself (revisions, export, the view): a FIFO, a socket, a link to a device and a file
+    still growing are recorded as what they are, and no read waits or runs on."""
+    from quinebox.view import worlds_view
+
+    plant = ("mkdir -p /world/planted && cd /world/planted && mkfifo fifo && ln -s /dev/zero zero && "
+             "(while :; do head -c 65536 /dev/zero; sleep 0.02; done > grow 2>/dev/null & echo $! > /tmp/wgrow.pid) && sleep 0.3 && "
+             + " ".join(GUEST_PYTHON) + " -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"")
+    began = time.monotonic()
+    assert sb.exec(["sh", "-c", plant]).returncode == 0  # and its revision, made by the host as the exec ended
+    try:
+        revised = time.monotonic() - began
+        rev = sb.world.log()[-1]["rev"]
+        began = time.monotonic()
+        out = io.BytesIO()
+        sb.world.export(out)
+        exported = time.monotonic() - began
+        with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+            members = {m.name: m for m in tar.getmembers()}
+            grow = tar.extractfile("planted/grow").read()
+        assert members["planted/fifo"].isfifo() and members["planted/zero"].issym() and "planted/sock" not in members
+        assert len(grow) == members["planted/grow"].size and set(grow) <= {0}
+        began = time.monotonic()
+        shown = {name: worlds_view.file(sb.id, rev, f"planted/{name}") for name in ("fifo", "zero", "sock", "grow")}
+        viewed = time.monotonic() - began
+        assert (shown["fifo"]["type"], shown["sock"]["type"], shown["zero"]["text"]) == ("p", "s", "-> /dev/zero")
+        assert shown["grow"]["size"] == len(grow)
+        print(f"\nplanted world {sb.target.backend}: exec and revision {revised:.3f} s, export {exported:.3f} s, view {viewed:.3f} s")
+        assert max(revised, exported, viewed) < 5
+    finally:
+        sb.exec(["sh", "-c", "kill $(cat /tmp/wgrow.pid); rm -rf /world/planted"])
+    assert sb.exec(["echo", "up"]).stdout == b"up\n"

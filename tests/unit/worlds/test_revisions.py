@@ -59,9 +59,11 @@ def stored(store, tmp_path, data: bytes) -> str:
     (tmp_path / "src" / "f").write_bytes(data)
     fd = os.open(tmp_path / "src", beneath.DIR_FLAGS)
     try:
-        return store.put(fd, "f")
+        sha, size = store.put(fd, "f")
     finally:
         os.close(fd)
+    assert size == len(data)
+    return sha
 
 
 @pytest.fixture
@@ -246,3 +248,40 @@ def test_a_revision_is_the_fold_of_its_base_and_its_changes(tmp_path):
     with pytest.raises(WorldError, match="no revision 5: its revisions are 0 to 1"):
         child.manifest(5)
 
+
+
+def test_a_file_growing_while_stored_is_kept_at_its_size_when_opened(tmp_path):
+    """A box may append to a file for ever: the store reads what it held when opened, and says how much that was."""
+    import threading
+
+    store = ObjectStore(tmp_path / "objects")
+    (tmp_path / "src").mkdir()
+    grow = tmp_path / "src" / "f"
+    grow.write_bytes(b"x" * (8 << 20))
+    stop = threading.Event()
+
+    def append():
+        with open(grow, "ab") as f:
+            while not stop.is_set():
+                f.write(b"y" * 65536)
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    fd = os.open(tmp_path / "src", beneath.DIR_FLAGS)
+    try:
+        sha, size = store.put(fd, "f")
+    finally:
+        stop.set()
+        writer.join()
+        os.close(fd)
+    assert size >= 8 << 20 and len(store.path(sha).read_bytes()) == size
+
+
+def test_a_fifo_is_never_opened_into_the_store(world, tmp_path):
+    store = ObjectStore(tmp_path / "objects")
+    fd = os.open(world, beneath.DIR_FLAGS)
+    try:
+        with pytest.raises(beneath.Escape, match="not a regular file"):
+            store.put(fd, "fifo")  # O_NONBLOCK: no writer, yet no wait
+    finally:
+        os.close(fd)
