@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from quinebox.box import streams
 from quinebox.box.backends.ocibox import oci_runtime
+from quinebox.box.execs import say_unfiltered
 from quinebox.box.labels import BoxInfo, live_boxes
 from quinebox.errors import EngineError, QuineboxError
 from quinebox.state import run_dir
@@ -76,6 +77,8 @@ class EnteredRuntime:
         except (OSError, ValueError, KeyError):
             raise EngineError(f"box {box.session} is going away: its bundle is gone") from None
         user = f"{process['user']['uid']}:{process['user']['gid']}"
+        if runtime.gvisor:
+            say_unfiltered(box.session)
         self._process = subprocess.Popen(runtime.exec_argv(box.container, argv, tty=tty, user=user, cwd=process.get("cwd")))
 
     def resize(self, rows: int, cols: int) -> None:

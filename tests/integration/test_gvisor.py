@@ -74,3 +74,13 @@ def test_a_sandbox_that_dies_says_why_in_one_line_and_137(monkeypatch):
     assert (proc.wait(60), out, err) == (137, b"", b""), proc.sandbox_died
     assert proc.sandbox_died is not None and "\n" not in proc.sandbox_died
     assert proc.sandbox_died.startswith("gVisor's sandbox died: the host refused it a resource (") and "may number 80 on the host" in proc.sandbox_died
+
+
+def test_an_exec_into_a_lasting_box_says_once_that_it_runs_without_the_profile(capfd):
+    """This runsc loads the profile for the box's init only: an exec beside it is weaker, and that is said, once per box."""
+    with quinebox.Sandbox(runtime="runsc") as box:
+        first = box.exec(["grep", "^Seccomp:", "/proc/self/status"])
+        second = box.exec(["true"])
+        said = capfd.readouterr().err
+    assert (first.returncode, first.stdout, second.returncode) == (0, b"Seccomp:\t0\n", 0)  # what the line owns up to
+    assert said.count(f"quinebox: box {box.id} is on gVisor: commands exec'd into it run without its seccomp profile") == 1, said
