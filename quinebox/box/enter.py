@@ -15,8 +15,8 @@ import threading
 from typing import TYPE_CHECKING
 
 from quinebox.box import streams
+from quinebox.box.backends.oci import say_unfiltered
 from quinebox.box.backends.ocibox import oci_runtime
-from quinebox.box.execs import say_unfiltered
 from quinebox.box.labels import BoxInfo, live_boxes
 from quinebox.errors import EngineError, QuineboxError
 from quinebox.state import run_dir

@@ -24,7 +24,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -32,31 +31,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from quinebox.box import streams
+from quinebox.box.backends.oci import say_unfiltered
 from quinebox.box.backends.ocibox import oci_runtime
 from quinebox.box.direct import DirectStdio, Stream
 from quinebox.box.exec_cgroups import ExecCgroup, box_cgroup, cgroup_of, watchdog
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.errors import EngineError, GrantError
 from quinebox.state import run_dir
-
-#: Boxes this process has said it of: once per box, not once per exec.
-_said_unfiltered: set[str] = set()
-_said_lock = threading.Lock()
-
-
-def say_unfiltered(session: str) -> None:
-    """Say, once per box, that what `runsc exec` starts runs without the box's seccomp profile: this runsc loads
-    the profile for the box's init only, and a box is never weaker than its policy without saying so."""
-    with _said_lock:
-        if session in _said_unfiltered:
-            return
-        _said_unfiltered.add(session)
-    print(
-        f"quinebox: box {session} is on gVisor: commands exec'd into it run without its seccomp profile "
-        "(runsc loads it for the box's init only); gVisor's kernel still answers their system calls",
-        file=sys.stderr,
-        flush=True,
-    )
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend

@@ -16,6 +16,8 @@ import os
 import select
 import shutil
 import subprocess
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -227,3 +229,23 @@ def _logged_reason(log: str) -> str:
         if record.get("level") in ("error", "fatal") or "error" in str(record.get("msg", "")):
             return str(record.get("msg", line)).strip()
     return lines[-1].strip() if lines else "it logged no reason (its own words, if any, are above)"
+
+
+#: Boxes this process has said it of: once per box, not once per exec.
+_said_unfiltered: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def say_unfiltered(session: str) -> None:
+    """Say, once per box, that what `runsc exec` starts runs without the box's seccomp profile: this runsc loads
+    the profile for the box's init only, and a box is never weaker than its policy without saying so."""
+    with _said_lock:
+        if session in _said_unfiltered:
+            return
+        _said_unfiltered.add(session)
+    print(
+        f"quinebox: box {session} is on gVisor: commands exec'd into it run without its seccomp profile "
+        "(runsc loads it for the box's init only); gVisor's kernel still answers their system calls",
+        file=sys.stderr,
+        flush=True,
+    )
