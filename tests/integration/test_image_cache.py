@@ -110,3 +110,14 @@ def test_gc_detaches_and_removes_a_boxs_root_its_dead_owner_left_mounted(engine)
         boxroot.detach(alive)
         shutil.rmtree(alive)
     assert seal.changed(tree.parent, tree) is None
+
+
+def test_a_box_started_under_a_tight_umask_can_still_enter_its_root(monkeypatch):
+    """The merged root takes its upper layer's mode: made under umask 077, `/` would shut the box's user out."""
+    monkeypatch.setenv("QUINEBOX_BACKEND", "oci")
+    old = os.umask(0o077)
+    try:
+        result = quinebox.exec(["sh", "-c", "ls / >/dev/null && stat -c %a /"])
+    finally:
+        os.umask(old)
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"755\n", b"")

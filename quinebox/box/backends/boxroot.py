@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import stat
 from pathlib import Path
 
 from quinebox.box.policy import LABEL_PREFIX
@@ -77,6 +78,12 @@ def layered(image_root: str, bundle: Path) -> str:
         try:
             (layer / "upper").mkdir()
             (layer / "work").mkdir()
+            # The merged root takes the upper layer's mode and owner, not the image's: under a host's umask of 077
+            # a box's user could not even enter `/`, so the layer is given the image root's own.
+            image = os.stat(image_root)
+            os.chmod(layer / "upper", stat.S_IMODE(image.st_mode))
+            if os.geteuid() == 0:
+                os.chown(layer / "upper", image.st_uid, image.st_gid)
             fds = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in (image_root, layer / "upper", layer / "work")]
             try:
                 _mount("overlay", str(root), "overlay", "lowerdir=/proc/self/fd/{},upperdir=/proc/self/fd/{},workdir=/proc/self/fd/{}".format(*fds))
