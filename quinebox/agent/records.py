@@ -66,7 +66,7 @@ class Function(msgspec.Struct):
 
 
 class ToolCall(msgspec.Struct):
-    id: str
+    id: str | None  # some OpenAI-compatible servers send null; the key is written back as it came
     type: str
     function: Function
 

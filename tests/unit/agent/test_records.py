@@ -108,3 +108,10 @@ def test_a_box_cannot_write_a_kind_of_the_hosts(name):
 def test_a_box_writes_its_own_kinds_with_the_hosts_time_and_only_their_fields(name):
     record = as_dict(box_record({"kind": "event", "event": name, "t": 9e99, "message": "forged", **GOOD[name]}, 2.0))
     assert record["kind"] == name and record["t"] == 2.0 and "message" not in record
+
+
+def test_a_tool_call_whose_id_the_server_sent_as_null_reads_back_as_written():
+    """Some OpenAI-compatible servers send `"id": null`: the turn must not vanish from show, fork and replay."""
+    fields = {**GOOD["response"], "message": {"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": None}]}}
+    tape = read_lines([line("response", fields)])
+    assert tape.skipped == 0 and as_dict(next(iter(tape)))["message"]["tool_calls"] == [{**CALL, "id": None}]
