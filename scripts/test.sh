@@ -70,7 +70,8 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ -x /usr/bin/python3 ]; then
     if [ "$(/usr/bin/python3 -c 'import sys; print(sys.version)')" = "$(.venv/bin/python -c 'import sys; print(sys.version)')" ]; then
         say ".venv is the distribution's own python3 already: no second pass under it"
     else
-        [ -x .venv-debian/bin/python ] || /usr/bin/python3 -m venv .venv-debian
+        # A venv left without pip by a failed creation (no ensurepip then) is made again, never reused broken.
+        .venv-debian/bin/python -m pip --version >/dev/null 2>&1 || { rm -rf .venv-debian; /usr/bin/python3 -m venv .venv-debian; }
         if ! cmp -s pyproject.toml .venv-debian/pyproject.toml; then  # installed again only when the dependencies change
             # quinebox and, of the test extra, only what these tests use (no browser, no cluster): half the time to install.
             wanted=$(.venv-debian/bin/python -c 'import tomllib; print(*(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"] if r.startswith(("pytest", "hypothesis"))))')
