@@ -19,7 +19,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from quinebox.audit import log
-from quinebox.box.backends.ocibox import STALE, bundle_owner, oci_containers, oci_runtime, remove_bundle, sweep_cgroups
+from quinebox.box.backends.boxroot import remove_bundle
+from quinebox.box.backends.ocibox import STALE, bundle_owner, oci_containers, oci_runtime, sweep_cgroups
 from quinebox.box.claim import claimed_as
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
@@ -165,9 +166,10 @@ def collect_garbage(backend: DockerBackend | None = None, *, repaired: Callable[
     for name, why in _prune_images(containers, backend):
         if repaired is not None:
             repaired(name, why)
-    sweep_cgroups({container["Labels"].get(LABEL_SESSION, "") for container in containers if container.get("Runtime")})
+    on_runtimes = {container["Labels"].get(LABEL_SESSION, "") for container in containers if container.get("Runtime")}
+    sweep_cgroups(on_runtimes)
+    _sweep_bundles(on_runtimes)
     present = {container["Id"] for container in containers}
-    _sweep_bundles({container["Labels"].get(LABEL_SESSION, "") for container in containers if container.get("Runtime")})
     for record in run_dir().glob("claimed/*.json"):
         if record.stem not in present:
             record.unlink(missing_ok=True)

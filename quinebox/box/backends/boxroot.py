@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -107,3 +108,9 @@ def detach(bundle: Path) -> None:
             _unmount(target)
         except OSError:
             pass  # not ours to detach (EPERM): the bundle's removal then stops at it, and the cache is not written
+
+
+def remove_bundle(bundle: Path) -> None:
+    """A box's bundle removed, its root detached first: the one way a box's, a keeper's or gc's leaves."""
+    detach(bundle)
+    shutil.rmtree(bundle, ignore_errors=True)

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
 
-from quinebox.box.backends.boxroot import detach
+from quinebox.box.backends.boxroot import remove_bundle
 
 DEADLINE = 10.0
 #: What /proc/PID/comm says of a keeper (a forked process otherwise looks like its owner).
@@ -82,8 +81,7 @@ def sweep(held: dict[str, tuple[list[str], str]]) -> None:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         if bundle:
-            detach(Path(bundle))  # a box's root its owner died before detaching (boxroot.py)
-            shutil.rmtree(bundle, ignore_errors=True)
+            remove_bundle(Path(bundle))  # a box's root its owner died before detaching included
 
 
 def _name_self() -> None:

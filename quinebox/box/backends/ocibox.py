@@ -16,7 +16,6 @@ import contextlib
 import ctypes
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from quinebox.box.backends import boxroot, keeper
-from quinebox.box.backends.boxroot import IMAGE_ROOT
+from quinebox.box.backends.boxroot import IMAGE_ROOT, remove_bundle
 from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id, sandbox_death
 from quinebox.box.console import ConsoleSocket, console_path
 from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER, LABEL_SESSION
@@ -178,12 +177,6 @@ def sweep_cgroups(known: set[str]) -> list[str]:
     return sorted(removed)
 
 
-def remove_bundle(bundle: Path) -> None:
-    """A box's bundle removed, its root (boxroot.py) detached first."""
-    boxroot.detach(bundle)
-    shutil.rmtree(bundle, ignore_errors=True)
-
-
 def bundle_owner(bundle: Path) -> str | None:
     """The owner label a bundle's config names; None when it has none to read (a bundle being written, or debris)."""
     try:
@@ -276,8 +269,7 @@ class OciBox:
                     terminal.close()
         except BaseException:
             self.kill()
-            boxroot.detach(self.bundle)
-            self.remove()
+            self.remove()  # its root detached with its bundle
             reap([self.pid] if self.pid is not None else [])  # ours (a subreaper's) to reap once dead
             reap(self._helpers)
             raise
