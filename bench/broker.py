@@ -33,7 +33,7 @@ from openai_server import FakeOpenAI, exit_  # noqa: E402
 from quinebox.agent.budgets import Budget  # noqa: E402
 from quinebox.agent.providers.openai import OpenAIProvider  # noqa: E402
 from quinebox.agent.session import AgentSession  # noqa: E402
-from quinebox.box.broker import Broker  # noqa: E402
+from quinebox.box.net.broker import Broker  # noqa: E402
 from quinebox.guest import protocol  # noqa: E402
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))

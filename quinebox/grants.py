@@ -79,7 +79,7 @@ class Grants:
     mounts: tuple[Mount, ...] = ()
     #: Where the box may connect (netrules.py); empty: nowhere.
     net: frozenset[NetRule] = frozenset()
-    #: Secrets the box may use but never hold, each with the hosts it goes to (box/secrets.py).
+    #: Secrets the box may use but never hold, each with the hosts it goes to (box/net/secrets.py).
     secrets: tuple[tuple[str, tuple[str, ...]], ...] = ()
     cpus: float | None = None
     mem: int | None = None

@@ -21,9 +21,9 @@ import time
 from typing import IO, TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from quinebox.api import ExecResult
-from quinebox.box import sandboxes
-from quinebox.box.execs import BoxExec, Target
-from quinebox.box.direct import DEVNULL, PIPE, Stream
+from quinebox.box.live import sandboxes
+from quinebox.box.live.execs import BoxExec, Target
+from quinebox.box.streams.direct import DEVNULL, PIPE, Stream
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.box.process import BoxProcess
 from quinebox.box.spec import build_spec, owner_id

@@ -5,13 +5,13 @@
       sessions/<id>/tape.jsonl   append-only record of a session (agent/store.py)
       sessions/<id>/world/       the session's world and its revisions (worlds/)
       objects/                   file contents of every revision, by SHA-256 (worlds/revisions.py)
-      run/<id>.sock              each live box's socket (box/broker.py)
+      run/<id>.sock              each live box's socket (box/net/broker.py)
       run/serve.sock             the command server's socket (cli/server.py), and serve.log its log
-      run/pool.sock              its pool of warm boxes (box/pool.py); run/claimed/<container>.json
-                                 whose session a claimed warm box became (box/claim.py)
+      run/pool.sock              its pool of warm boxes (box/pool/warm.py); run/claimed/<container>.json
+                                 whose session a claimed warm box became (box/pool/claim.py)
       pool/<box>/                a warm box's empty world until it is claimed
       runs/<id>/                 each `map` and `batch` run: its inputs, attempts and end (tree/runs.py)
-      engine.log                 what the engine failed to do, for `quinebox doctor` (box/watch.py)
+      engine.log                 what the engine failed to do, for `quinebox doctor` (box/backends/watch.py)
       audit/                     the hash-chained audit log and its head; pending requests, decisions and
                                  remembered rules of approvals (audit/)
 
@@ -56,7 +56,7 @@ def serve_socket() -> str:
 
 
 def pool_socket() -> Path:
-    """Where the command server's pool of warm boxes is claimed from (box/pool.py, box/claim.py)."""
+    """Where the command server's pool of warm boxes is claimed from (box/pool/warm.py, box/pool/claim.py)."""
     return state_dir() / "run" / "pool.sock"
 
 

@@ -4,7 +4,7 @@ Python's own safety net, `extractall(filter="data")`, came in 3.11.4 — Debian 
 python3 is 3.11.2 — and its checks resolve paths as strings with realpath, which
 links and over-long names got past until the June 2025 releases. So quinebox
 uses tarfile only to read archives and writes every member itself, as
-box/layers.py does for image layers: each directory is reached from the
+box/images/layers.py does for image layers: each directory is reached from the
 destination's fd one component at a time with O_NOFOLLOW, so nothing is ever
 written through a link, whatever the archive planted before.
 

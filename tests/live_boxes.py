@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 from quinebox.box.backends.ocibox import oci_containers
 
-from quinebox.box.claim import claimed_as
+from quinebox.box.pool.claim import claimed_as
 from quinebox.box.policy import LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
 from quinebox.box.shape import LABEL_POOL
 

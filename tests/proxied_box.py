@@ -3,7 +3,7 @@
 import socket
 import threading
 
-from quinebox.box.egress import Egress
+from quinebox.box.net.egress import Egress
 
 
 class ProxiedBox:

@@ -20,7 +20,7 @@ from quinebox.agent.providers.replay import digest
 from quinebox.agent.records import BOX_SHARE, MAX_REFUSALS, Exit, Refusal, Terminated, as_dict, box_record
 from quinebox.agent.store import Index, Tape
 from quinebox.audit import log
-from quinebox.box.broker import error_frame
+from quinebox.box.net.broker import error_frame
 from quinebox.errors import StateError
 from quinebox.state import session_dir
 

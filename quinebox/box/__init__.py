@@ -1,12 +1,24 @@
 """One hardened box: what it may do, and running it.
 
-Owns the grants' resolution into a `BoxSpec` (spec.py), the one pure function
-from a spec to the container configuration (policy.py), the engine backend,
-the image, the byte streams, the host end of the box's socket (broker.py)
-and its egress proxy (egress.py, handover.py, proxywire.py, secrets.py), `BoxProcess` (process.py), noticing an engine
-gone quiet (watch.py), and finding boxes by label for ps/kill/gc.
+The box's rules, flat here and pure: what to run (spec.py), the one function
+from a spec to the container configuration (policy.py, and policy_oci.py for
+an OCI runtime's config.json), and a request's shape (shape.py). Beside them:
+configure.py (image + guest runtime + policy), `BoxProcess` (process.py) and
+`quinebox doctor` (doctor.py). The rest is in rooms, from the bottom up:
 
-May import: worlds (a box mounts one), the foundation modules and
+    streams/   a box's bytes and its terminal
+    net/       its socket to the host, the model broker, egress and secrets
+    backends/  the engine and the OCI runtimes, and which one
+    images/    images found, built, unpacked and sealed; the guest's runtime
+    pool/      warm boxes and claiming one
+    owners/    every box found by its labels: ps, kill, gc
+    live/      long-lived boxes, execs and entering them
+
+Each room imports only the rooms below it (tests/unit/test_layout.py). The
+rules sit between net and backends; configure between images and pool;
+process and doctor at the top.
+
+May import: worlds (a box mounts one), audit, the foundation modules and
 guest.protocol. Knows nothing of agents or the tree: a box's place in a tree
 reaches it as a `Place` it is handed.
 """

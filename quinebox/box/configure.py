@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from quinebox.box.images import resolve_image
+from quinebox.box.images.lookup import resolve_image
 from quinebox.box.policy import RUNTIME, ContainerConfig, container_config, native_arch
 from quinebox.box.policy_oci import oci_config
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, ImageInfo, seccomp_base
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def configure(spec: BoxSpec, backend: DockerBackend) -> tuple[BoxSpec, ImageInfo, ContainerConfig]:
     """(the spec, its argv filled from the image when it had none; the image; the container configuration)."""
-    from quinebox.box.runtime import runtime_dir
+    from quinebox.box.images.guest_runtime import runtime_dir
 
     ours = spec.image == DEFAULT_IMAGE  # quinebox's own image: never pulled, surely has /bin/sh
     image = resolve_image(backend, spec.image, pull=spec.pull, pullable=not ours)
@@ -46,7 +46,7 @@ def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo,
 
 def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
     """(the image, its unpacked root): with no engine call once it is unpacked (unless --pull always)."""
-    from quinebox.box import rootfs
+    from quinebox.box.images import rootfs
 
     if pull != "always":
         known = rootfs.lookup(name)

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from quinebox.box.spec import DEFAULT_IMAGE
-from quinebox.box.ways import ENGINE, RUNTIME_NAMES, Way, local_engine_way, local_runtime_way
+from quinebox.box.backends.ways import ENGINE, RUNTIME_NAMES, Way, local_engine_way, local_runtime_way
 from quinebox.errors import QuineboxError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def run() -> int:
     def say(mark: str, what: str, fix: str = "") -> None:
         console.print(f"{MARKS[mark]} {escape(what)}" + (f"\n      → {escape(fix)}" if fix else ""), soft_wrap=True)
 
-    from quinebox.box.watch import recent_incidents
+    from quinebox.box.backends.watch import recent_incidents
 
     for incident in recent_incidents():
         when = datetime.fromtimestamp(incident["t"]).strftime("%Y-%m-%d %H:%M:%S")
@@ -82,8 +82,8 @@ def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> b
 
 
 def _image_ready(say: Say, on: str, backend: DockerBackend | None, *, build: str) -> bool:
-    from quinebox.box import rootfs
-    from quinebox.box.image import image_exists
+    from quinebox.box.images import rootfs
+    from quinebox.box.images.agent_image import image_exists
 
     if on == "oci":
         known = rootfs.lookup(DEFAULT_IMAGE)
@@ -100,7 +100,7 @@ def _image_ready(say: Say, on: str, backend: DockerBackend | None, *, build: str
         say("FAIL", f"image {DEFAULT_IMAGE} is not in the engine", build)
         return False
     say("ok", f"image {DEFAULT_IMAGE} present in the engine")
-    from quinebox.box.runtime import runtime_dir
+    from quinebox.box.images.guest_runtime import runtime_dir
 
     try:
         where = runtime_dir(backend, DEFAULT_IMAGE)
@@ -112,7 +112,7 @@ def _image_ready(say: Say, on: str, backend: DockerBackend | None, *, build: str
 
 
 def _orphans(say: Say, backend: DockerBackend) -> None:
-    from quinebox.box.labels import live_boxes, owner_alive
+    from quinebox.box.owners.listing import live_boxes, owner_alive
 
     try:
         orphans = [box.session for box in live_boxes(backend) if not owner_alive(box.owner)]

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from quinebox.box.secrets import BUNDLE_VARIABLES, TLS_DIR, placeholder
+from quinebox.box.net.secrets import BUNDLE_VARIABLES, TLS_DIR, placeholder
 from quinebox.box.spec import BoxSpec, ImageInfo
 from quinebox.grants import Grants, format_size
 
@@ -27,7 +27,7 @@ DEFAULT_WORLD = 1 << 30
 
 #: Where the box's end of its host socket appears.
 HOST_SOCKET = "/run/quinebox/host.sock"
-#: Where the guest's runtime (box/runtime.py) appears, read-only, in every box.
+#: Where the guest's runtime (box/images/guest_runtime.py) appears, read-only, in every box.
 RUNTIME = "/.quinebox"
 #: How every guest program starts: the runtime's own loader runs the runtime's Python, isolated from the image.
 GUEST_PYTHON = (f"{RUNTIME}/lib/ld.so", "--library-path", f"{RUNTIME}/lib", f"{RUNTIME}/lib/python3", "-I", "-S")

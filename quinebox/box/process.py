@@ -21,19 +21,20 @@ import time
 from typing import IO, TYPE_CHECKING, Any, Callable, Protocol
 
 from quinebox.audit.approvals import Decision
-from quinebox.box import streams, watch
-from quinebox.box.attached import AttachedStdio
+from quinebox.box.streams import relay
+from quinebox.box.backends import watch
+from quinebox.box.streams.attached import AttachedStdio
 from quinebox.box.backends.choice import Choice, choose
 from quinebox.box.backends.ocibox import OciBox, oci_runtime
-from quinebox.box.broker import Broker, Handler, Spawner
-from quinebox.box.claim import claim, forget
-from quinebox.box.console import ConsoleRelay
+from quinebox.box.net.broker import Broker, Handler, Spawner
+from quinebox.box.pool.claim import claim, forget
+from quinebox.box.streams.console import ConsoleRelay
 from quinebox.box.configure import configure, configure_oci
-from quinebox.box.direct import DEVNULL, PIPE, DirectStdio, Stream  # noqa: F401 - PIPE is taken from here, as from subprocess
-from quinebox.box.egress import Egress
+from quinebox.box.streams.direct import DEVNULL, PIPE, DirectStdio, Stream  # noqa: F401 - PIPE is taken from here, as from subprocess
+from quinebox.box.net.egress import Egress
 from quinebox.box.policy import DEFAULT_WORLD, oci_refusal, proxied
-from quinebox.box.rootfs import in_rootfs
-from quinebox.box.secrets import engine_reader, prepare_secrets, rootfs_reader
+from quinebox.box.images.rootfs import in_rootfs
+from quinebox.box.net.secrets import engine_reader, prepare_secrets, rootfs_reader
 from quinebox.box.shape import claim_frame
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec
 from quinebox.errors import EXIT_QUINEBOX, EngineError, ImageError
@@ -87,7 +88,7 @@ class BoxProcess:
         self.returncode: int | None = None
         self.timed_out = False
         self.oom_killed = False
-        self.stdin: streams.StdinWriter | None = None
+        self.stdin: relay.StdinWriter | None = None
         self.stdout: IO[bytes] | None = None
         self.stderr: IO[bytes] | None = None
         self.id: str | None = None
@@ -98,7 +99,7 @@ class BoxProcess:
         self._deadline: threading.Timer | None = None
         self._closed = False
         self._killing = False  # a kill event is ours, not the engine's own
-        self._err: streams.Sink | None = None
+        self._err: relay.Sink | None = None
         self._finishing = threading.Lock()
         #: Why the host killed the box for its world (it grew past its world:SIZE grant), if it did.
         self.world_full: str | None = None
@@ -130,7 +131,7 @@ class BoxProcess:
         read = rootfs_reader(config["root"]["path"]) if oci else engine_reader(self._backend, image.id or spec.image)
         egress = self._egress(handler, image.id or spec.image, read) if proxied(spec) else None
         self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
-        #: The warm box this one is, when the pool had one of its shape (box/claim.py); else it is made here.
+        #: The warm box this one is, when the pool had one of its shape (box/pool/claim.py); else it is made here.
         self.claimed = None if oci else claim(spec, config, self._backend)
         self._egress_proxy = egress
         self._broker: Broker | None = None

@@ -40,7 +40,7 @@ from quinebox.box.spec import BoxSpec
 LABEL_POOL = LABEL_PREFIX + "pool"
 #: What a warm box runs: the guest's init, waiting on its lifeline for the one command it will run.
 POOL_COMMAND = (*GUEST_PYTHON, f"{RUNTIME}/guest/lifeline.py", "--pool")
-#: A warm box's session label is this and its own id; its claim record (box/claim.py) says whose it became.
+#: A warm box's session label is this and its own id; its claim record (box/pool/claim.py) says whose it became.
 POOL_SESSION = "pool-"
 #: What a warm box is made with and a claim sets as the request says: the memory limit (and swap, the same).
 UPDATABLE = ("mem_limit", "memswap_limit")

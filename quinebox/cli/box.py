@@ -96,8 +96,8 @@ def exec_in(ref: str, cmd: List[str], *, tty: bool, cwd: Optional[str], env: Lis
     import os
     import signal
 
-    from quinebox.box import sandboxes
-    from quinebox.box.execs import BoxExec
+    from quinebox.box.live import sandboxes
+    from quinebox.box.live.execs import BoxExec
     from quinebox.grants import parse_duration
 
     if not cmd:
@@ -163,7 +163,7 @@ def enter(
     session: str = typer.Argument(..., help="The box's session id (or a unique prefix), as `quinebox ps` shows it."),
     cmd: Optional[List[str]] = typer.Argument(None, metavar="[-- CMD [ARGS...]]"),
 ) -> None:
-    from quinebox.box.enter import enter_box
+    from quinebox.box.live.enter import enter_box
 
     tty = sys.stdin.isatty()
     cmd = cmd[1:] if cmd and cmd[0] == "--" else cmd  # parsing stops at SESSION, so `--` arrives as a word
@@ -192,19 +192,19 @@ def record_entry(session: str, argv: List[str], code: int) -> None:
 
 @app.command("ps", help="List live boxes: id, command, age, owner.")
 def ps_command() -> None:
-    from quinebox.box import labels
+    from quinebox.box.owners import listing
 
     with reported():
-        rows = labels.live_boxes()
-    labels.print_table(rows)
+        rows = listing.live_boxes()
+    listing.print_table(rows)
 
 
 @app.command("kill", help="Kill a box and every box below it in its tree.")
 def kill_command(session: str = typer.Argument(..., help="The box's session id (or a unique prefix).")) -> None:
-    from quinebox.box import labels
+    from quinebox.box.owners import listing
 
     with reported():
-        killed = labels.kill_subtree(session)
+        killed = listing.kill_subtree(session)
     if not killed:
         say(f"no live box {session!r} (or more than one starts so): `quinebox ps` lists them")
         raise typer.Exit(125)
@@ -213,16 +213,17 @@ def kill_command(session: str = typer.Argument(..., help="The box's session id (
 
 @app.command("gc", help="Remove boxes whose owning quinebox process is gone, and guest runtimes no box uses any more.")
 def gc_command() -> None:
-    from quinebox.box import labels, runtime
+    from quinebox.box.owners import listing
+    from quinebox.box.images import guest_runtime
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.spec import DEFAULT_IMAGE
 
-    from quinebox.box import sandboxes
+    from quinebox.box.live import sandboxes
 
     with reported():
-        removed = labels.collect_garbage(repaired=lambda name, why: say(f"removed unpacked image {name[:12]}: {why}; the next box of it unpacks it afresh"))
-        sandboxes.remove_stale({box.session for box in labels.live_boxes()})
-        runtimes = runtime.prune(DockerBackend.connect(), DEFAULT_IMAGE)
+        removed = listing.collect_garbage(repaired=lambda name, why: say(f"removed unpacked image {name[:12]}: {why}; the next box of it unpacks it afresh"))
+        sandboxes.remove_stale({box.session for box in listing.live_boxes()})
+        runtimes = guest_runtime.prune(DockerBackend.connect(), DEFAULT_IMAGE)
     say(f"removed {len(removed)} orphaned box{'es' if len(removed) != 1 else ''}" + (": " + " ".join(removed) if removed else ""))
     if runtimes:
         say(f"removed {len(runtimes)} guest runtime(s) of older agent images: {' '.join(runtimes)}")
@@ -252,7 +253,7 @@ def image_build_command(
     base: Optional[str] = typer.Option(None, "--base", help="Base image to build on (default: debian:bookworm-slim, else a debootstrapped one)."),
 ) -> None:
     from quinebox.box.backends.docker import DockerBackend
-    from quinebox.box.image import build_image
+    from quinebox.box.images.agent_image import build_image
 
     with reported():
         build_image(DockerBackend.connect(timeout=600), base=base)
@@ -265,7 +266,7 @@ def image_load_command(
 ) -> None:
     import os
 
-    from quinebox.box.archives import from_docker_archive, from_oci_layout
+    from quinebox.box.images.archives import from_docker_archive, from_oci_layout
 
     with reported():
         layout = os.path.isdir(path) or _holds_oci_index(path)

@@ -16,7 +16,7 @@ import typer
 from quinebox.cli.app import BACKEND_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, say, use_backend
 
 if TYPE_CHECKING:
-    from quinebox.box.sandboxes import Record
+    from quinebox.box.live.sandboxes import Record
 
 box_app = typer.Typer(no_args_is_help=True, help="Long-lived boxes: made once, any number of commands run in them (`quinebox exec --in ID`).")
 app.add_typer(box_app, name="box")
@@ -88,7 +88,7 @@ def _holder(options: dict[str, object], idle: float | None, report: int) -> int:
     import signal
     import time
 
-    from quinebox.box import sandboxes
+    from quinebox.box.live import sandboxes
     from quinebox.errors import QuineboxError
     from quinebox.sandbox import Sandbox
 
@@ -121,7 +121,7 @@ def _holder(options: dict[str, object], idle: float | None, report: int) -> int:
 def box_ls_command() -> None:
     import time
 
-    from quinebox.box import sandboxes
+    from quinebox.box.live import sandboxes
 
     with reported():
         rows = sandboxes.live()
@@ -146,7 +146,8 @@ def _duration(seconds: float | None) -> str:
 
 @box_app.command("rm", help="Remove long-lived boxes and everything running in them.")
 def box_rm_command(refs: List[str] = typer.Argument(..., metavar="ID|NAME...")) -> None:
-    from quinebox.box import labels, sandboxes
+    from quinebox.box.owners import listing
+    from quinebox.box.live import sandboxes
 
     code = 0
     for ref in refs:
@@ -157,7 +158,7 @@ def box_rm_command(refs: List[str] = typer.Argument(..., metavar="ID|NAME...")) 
                 say(str(exc))
                 code = 125
                 continue
-            labels.kill_subtree(record.session)
+            listing.kill_subtree(record.session)
             gone = sandboxes.wait_gone(record.session, 10)
             sandboxes.remove_record(record.session)
         if not gone:
@@ -180,7 +181,7 @@ def cp_command(
     max_size: str = typer.Option(CP_MAX, "--max-size", metavar="SIZE", help="Copy out at most this much (a larger file is refused)."),
     timeout: str = typer.Option(CP_TIMEOUT, "--timeout", metavar="DURATION", help="Give up a copy that takes longer than this."),
 ) -> None:
-    from quinebox.box import sandboxes
+    from quinebox.box.live import sandboxes
     from quinebox.errors import GrantError
     from quinebox.grants import parse_duration, parse_size
 
@@ -209,7 +210,7 @@ def cp_command(
 
 def _copy_out(record: Record, path: str, dest: str, cap: int, timeout: float) -> None:
     """The box's file into `dest` as it comes (a new file is renamed into place once whole), or onto stdout."""
-    from quinebox.box import sandboxes
+    from quinebox.box.live import sandboxes
 
     docker = sandboxes.engine_for(record)
     where = sandboxes.target(record, docker)
@@ -269,7 +270,7 @@ def _discard(out, scratch: str | None) -> None:
 
 
 def _write_in(record: Record, path: str, data: bytes, source: str, timeout: float) -> None:
-    from quinebox.box import sandboxes
+    from quinebox.box.live import sandboxes
 
     if path.endswith("/"):
         path += os.path.basename(source) if source != "-" else "stdin"

@@ -39,7 +39,7 @@ def serve(
     if ctx.invoked_subcommand:
         return
     from quinebox.agent.providers import load_config
-    from quinebox.box.pool import Settings
+    from quinebox.box.pool.warm import Settings
     from quinebox.cli.server import Server, status, warm
     from quinebox.state import state_dir
 

@@ -12,7 +12,7 @@ which kills its boxes. Workers are processes of their own: stopping the server
 ends no command that runs.
 
 The server never starts a thread or keeps an engine connection, so every
-worker starts clean: the pool of warm boxes (box/pool.py) lives in a process of its
+worker starts clean: the pool of warm boxes (box/pool/warm.py) lives in a process of its
 own, forked before anything is served. Workers and the pool die with the
 server, however it dies (SIGKILL included), and their boxes with them; `serve
 stop` lets running commands finish first. Only the owner's uid may connect.
@@ -33,7 +33,7 @@ from quinebox import fdpass
 from quinebox.state import pool_socket, run_dir, serve_socket
 
 if TYPE_CHECKING:
-    from quinebox.box.pool import Settings
+    from quinebox.box.pool.warm import Settings
 
 #: A client sends its request as it connects; one that says nothing for this long is dropped (it would hold the server up).
 REQUEST_TIMEOUT = 2.0
@@ -47,7 +47,7 @@ def warm() -> None:
     import importlib
 
     for name in ("docker", "openai", "yaml", "rich.console", "cryptography.x509", "sqlite3", "quinebox.cli", "quinebox.api", "quinebox.agent.session",
-                 "quinebox.tree.agent", "quinebox.tree.fanout", "quinebox.box.labels", "quinebox.audit.approvals", "quinebox.worlds.tracker",
+                 "quinebox.tree.agent", "quinebox.tree.fanout", "quinebox.box.owners.listing", "quinebox.audit.approvals", "quinebox.worlds.tracker",
                  "quinebox.agent.diagnostics", "quinebox.agent.providers.script", "quinebox.agent.providers.openai", "typer._click.decorators"):
         importlib.import_module(name)
     from quinebox.box.backends.docker import DockerBackend
@@ -97,7 +97,7 @@ class Server:
         """Fork the pool's keeper (it dies with this process), unless the pool's size is 0."""
         if not self.pool.size:
             return
-        from quinebox.box.pool import keep
+        from quinebox.box.pool.warm import keep
 
         parent = os.getpid()
         sys.stdout.flush()
@@ -169,7 +169,7 @@ class Server:
                     if self.listener is not None:
                         self.listener.close()  # the worker's copy: only the server accepts
                     os.setsid()
-                    from quinebox.box.pool import die_with_parent
+                    from quinebox.box.pool.warm import die_with_parent
 
                     die_with_parent(parent)
                     code = worker(conn, message, fds)

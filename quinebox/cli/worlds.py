@@ -50,13 +50,13 @@ def world_adopt_command(
     child: str,
     force: bool = typer.Option(False, "--force", help="On a conflict (the parent changed the same path), take the child's version."),
 ) -> None:
-    from quinebox.box import labels
+    from quinebox.box.owners import listing
     from quinebox.worlds import adopt, build, history
 
     with reported():
         session = history.resolve(child)
         spec, _ = build.load_spec(session)
-        running = spec.base is not None and labels.is_running(spec.base[0])
+        running = spec.base is not None and listing.is_running(spec.base[0])
         parent, adopted, missing = adopt.adopt(session, force=force, parent_running=running)
     for code, path in adopted:
         print(f"{code} {path}")
@@ -67,13 +67,13 @@ def world_adopt_command(
 
 @world_app.command("commit", help="Take a revision of an ended session's world now (an agent's world gets one after each sh call).")
 def world_commit_command(session: str) -> None:
-    from quinebox.box import labels
+    from quinebox.box.owners import listing
     from quinebox.worlds import history
     from quinebox.worlds.world import World
 
     with reported():
         session = history.resolve(session)
-        if labels.is_running(session):
+        if listing.is_running(session):
             say(f"{session} is still running: its world is revised after each sh call; commit once it ends")
             raise typer.Exit(2)
         world = World.offline(session)

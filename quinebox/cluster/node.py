@@ -44,7 +44,7 @@ def host_name() -> str:
 def unready(image: str | None) -> str | None:
     """Why this node cannot run boxes of `image` now (no engine, no image), or None when it can."""
     from quinebox.box.backends.docker import DockerBackend
-    from quinebox.box.image import image_exists
+    from quinebox.box.images.agent_image import image_exists
     from quinebox.box.spec import DEFAULT_IMAGE
 
     name = image or DEFAULT_IMAGE
@@ -67,7 +67,7 @@ def check(image: str | None = None) -> dict[str, Any]:
 
 def collect_garbage() -> list[str]:
     """This node's `quinebox gc`, after a stop: a worker killed between a box's create and its start leaves it created, never run."""
-    from quinebox.box.labels import collect_garbage as collect
+    from quinebox.box.owners.listing import collect_garbage as collect
 
     return collect()
 

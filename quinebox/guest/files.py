@@ -4,7 +4,7 @@ The host runs this as an exec (its source sent with `python -c`, so it is always
 box's user, so the kernel decides what may be read or written, through
 the box's own mounts and links, as for any command there. read: the file's bytes on stdout, at most CAP of
 them; write: stdin into the file, its missing parent directories made, replaced whole (a reader never sees
-half of it). Each failure is an exit status the host turns back into Python's own error (box/sandboxes.py),
+half of it). Each failure is an exit status the host turns back into Python's own error (box/live/sandboxes.py),
 its reason on stderr.
 
 The box may have made PATH anything: only a regular file is opened, never blocking (a FIFO nobody writes

@@ -3,7 +3,7 @@
 The box has no network. QUINEBOX_EGRESS (127.0.0.1:3128) is where HTTP_PROXY,
 HTTPS_PROXY and ALL_PROXY point; each connection accepted there is passed, as
 the socket itself (SCM_RIGHTS), over the box's egress socket to the host's
-egress proxy (box/egress.py), which decides it and then reads and writes it
+egress proxy (box/net/egress.py), which decides it and then reads and writes it
 directly. Nothing is decided here, and no byte is copied here: this runs inside
 the box, and the box could hand the host any socket of its own instead.
 

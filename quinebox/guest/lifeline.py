@@ -9,7 +9,7 @@ mapped as a shell would (126 not executable, 127 not found, 128+n signal n).
 The agent loop holds its lifeline itself (`connect` and `watch` below), so an
 agent box runs one interpreter, not two.
 
-A warm box (`--pool`, box/pool.py) starts the same init before it has a
+A warm box (`--pool`, box/pool/warm.py) starts the same init before it has a
 command: it connects, then waits on the lifeline for its claim — the argv and
 environment a cold box would have been created with — and runs that as
 above; an agent's loop takes the process over instead, lifeline and all.

@@ -43,7 +43,7 @@ from inspect_ai.util._subprocess import max_subprocesses_context_var
 from pydantic import BaseModel
 
 from quinebox import DEVNULL
-from quinebox.box.sandboxes import FILE_ERRORS, NOT_A_FILE, TOO_LARGE, files_command
+from quinebox.box.live.sandboxes import FILE_ERRORS, NOT_A_FILE, TOO_LARGE, files_command
 from quinebox.errors import EngineError, GrantError, QuineboxError
 from quinebox.integrations.inspect_config import QuineboxEnvironmentConfig, QuineboxSandboxConfig, build_image, load_config
 from quinebox.sandbox import Sandbox
@@ -385,16 +385,16 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
 
 
 def remove_boxes(id: str | None) -> list[str]:
-    """Remove box `id` (its id, a prefix of it, or its name), or every box of this provider's; then collect the
-    boxes whose owner died without removing them. The session ids removed."""
-    from quinebox.box import labels, sandboxes
+    """Remove box `id` (its id, prefix or name), or all of this provider's, then collect orphans; the sessions removed."""
+    from quinebox.box.owners import listing
+    from quinebox.box.live import sandboxes
 
     if id is not None:
         doomed = [sandboxes.find(id)[0].session]
     else:
         doomed = [record.session for record in sandboxes.records() if (record.name or "").startswith(NAME_PREFIX)]
     for session in doomed:  # as `quinebox box rm` does
-        labels.kill_subtree(session)
+        listing.kill_subtree(session)
         sandboxes.wait_gone(session, 10)
         sandboxes.remove_record(session)
-    return doomed + labels.collect_garbage()
+    return doomed + listing.collect_garbage()

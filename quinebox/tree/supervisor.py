@@ -24,7 +24,7 @@ from quinebox.agent.providers import resolve_model
 from quinebox.audit import log
 from quinebox.audit.approvals import Approver, Decision, Request
 from quinebox.audit.asks import ASK, DENY, REFUSE, Asks
-from quinebox.box.broker import Channel
+from quinebox.box.net.broker import Channel
 from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
 from quinebox.box.process import PIPE, BoxProcess, Stream
 from quinebox.box.spec import BoxSpec, build_spec, new_session_id, protected_paths, run_files

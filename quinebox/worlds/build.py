@@ -49,7 +49,7 @@ def create(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
 
 def _make_layer(spec: WorldSpec) -> None:
     """A dir world's directory; one already there is taken only when empty and meant to stay empty:
-    a warm box's world, moved into its session when the box was claimed (box/claim.py)."""
+    a warm box's world, moved into its session when the box was claimed (box/pool/claim.py)."""
     try:
         os.mkdir(spec.layer, 0o755)
     except FileExistsError:

@@ -196,12 +196,12 @@ def test_sigkill_of_the_host_ends_a_box_of_any_image(engine):
 
 def test_concurrent_first_use_agrees_on_one_runtime(tmp_path, monkeypatch):
     """Many processes may extract the runtime at once; each renames atomically, and all get the same one."""
-    from quinebox.box import runtime
+    from quinebox.box.images import guest_runtime
     from quinebox.box.backends.docker import DockerBackend
 
     monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path))
     found, backend = [], DockerBackend.connect()
-    threads = [threading.Thread(target=lambda: found.append(runtime.runtime_dir(backend, DEFAULT_IMAGE))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: found.append(guest_runtime.runtime_dir(backend, DEFAULT_IMAGE))) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -11,7 +11,8 @@ import pytest
 from commands import qb
 
 import quinebox
-from quinebox.box import rootfs, seal
+from quinebox.box.images import rootfs
+from quinebox.box.images import seal
 from quinebox.box.backends import boxroot
 from quinebox.box.configure import unpacked_image
 from quinebox.box.policy import LABEL_OWNER

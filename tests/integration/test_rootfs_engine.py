@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from quinebox.box import archives, rootfs
+from quinebox.box.images import archives
+from quinebox.box.images import rootfs
 from quinebox.box.backends.docker import DockerBackend
-from quinebox.box.images import resolve_image
+from quinebox.box.images.lookup import resolve_image
 from quinebox.box.policy import LABEL_OWNER, LABEL_SESSION
 from quinebox.box.spec import DEFAULT_IMAGE, owner_id
 

@@ -20,7 +20,7 @@ import pytest
 
 import quinebox
 from live_boxes import live_boxes, soon
-from quinebox.box import sandboxes
+from quinebox.box.live import sandboxes
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.errors import GrantError, QuineboxError
 

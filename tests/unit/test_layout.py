@@ -1,6 +1,7 @@
 """The package's rooms and the one direction of their imports, read from the source.
 
-    cli, api → tree → agent → box → worlds → foundation (errors, grants, state, …)
+    cli, api → cluster → tree → agent → box → worlds → audit → foundation (errors, grants, state, …)
+    box/: live → owners → pool → configure → images → backends → rules → net → streams
     guest: stdlib only, importable by the host (the frame format), never importing it
 
 Every import counts, lazy ones inside functions included: a lazy import that
@@ -24,6 +25,16 @@ ROOMS = [
     ("guest", ("quinebox.guest",)),
     ("audit", ("quinebox.audit",)),
     ("worlds", ("quinebox.worlds",)),
+    # box/, its rooms from the bottom up; its flat modules in three tiers (see quinebox/box/__init__.py)
+    ("box.streams", ("quinebox.box.streams",)),
+    ("box.net", ("quinebox.box.net",)),
+    ("box rules", ("quinebox.box.spec", "quinebox.box.policy", "quinebox.box.policy_oci", "quinebox.box.shape")),
+    ("box.backends", ("quinebox.box.backends",)),
+    ("box.images", ("quinebox.box.images",)),
+    ("box.configure", ("quinebox.box.configure",)),
+    ("box.pool", ("quinebox.box.pool",)),
+    ("box.owners", ("quinebox.box.owners",)),
+    ("box.live", ("quinebox.box.live",)),
     ("box", ("quinebox.box",)),
     ("agent", ("quinebox.agent",)),
     ("tree", ("quinebox.tree",)),

@@ -1,1 +1,10 @@
-"""Container engines that can run a policy's container configuration."""
+"""Where boxes run: the Docker engine and the OCI runtimes, each as a thin layer and its box.
+
+Holds the engine's thin layer (docker.py), an OCI runtime's (oci.py) and one
+box on it (ocibox.py), each box's own root over its image (boxroot.py), what
+removes a dead process's runtime boxes (reaper.py), which backend a box runs
+on (choice.py, probe.py), each way a box could run here and its fix (ways.py,
+reach.py), and noticing an engine gone quiet (watch.py).
+
+May import: the box's rules (spec, policy), streams and below.
+"""

@@ -5,7 +5,7 @@ with no relay in between: every channel is byte-exact and runs at pipe speed. `r
 box's init runs, and the init is reparented to this process (a child subreaper while it starts a box), which waits for it: its exit
 status is the box's. An OOM kill is read from the box's memory cgroup before `runtime delete` removes it.
 
-The keeper (keeper.py) is told of each box before it is made, and removes whatever this process still holds
+The keeper (reaper.py) is told of each box before it is made, and removes whatever this process still holds
 when this process dies, SIGKILL included.
 """
 
@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from quinebox.box.backends import boxroot, keeper
+from quinebox.box.backends import boxroot
+from quinebox.box.backends import reaper
 from quinebox.box.backends.boxroot import IMAGE_ROOT, remove_bundle
 from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id, sandbox_death
-from quinebox.box.console import ConsoleSocket, console_path
+from quinebox.box.streams.console import ConsoleSocket, console_path
 from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER, LABEL_SESSION
 from quinebox.errors import EngineError
 from quinebox.state import run_dir, state_dir
@@ -93,7 +94,7 @@ def _tell(line: dict[str, Any]) -> None:
         if _keeper is None or _keeper[0] != os.getpid() or not _alive(_keeper[1]):
             if _keeper is not None and _keeper[0] == os.getpid():
                 os.close(_keeper[2])
-            _keeper = (os.getpid(), *keeper.start())
+            _keeper = (os.getpid(), *reaper.start())
         try:
             os.write(_keeper[2], json.dumps(line).encode() + b"\n")  # one line, far below PIPE_BUF: written whole
         except OSError:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from quinebox.agent.budgets import Budget
 from quinebox.agent.providers.script import ScriptProvider
 from quinebox.agent.session import AgentSession
-from quinebox.box.broker import MAX_CONNECTIONS, Broker
+from quinebox.box.net.broker import MAX_CONNECTIONS, Broker
 from quinebox.box.spec import build_spec
 from quinebox.guest import protocol
 from quinebox.tree.supervisor import Node

@@ -14,7 +14,7 @@ from quinebox.agent.budgets import Budget
 from quinebox.agent.providers.script import ScriptProvider
 from quinebox.agent.session import AgentSession, check_chat
 from quinebox.agent.store import read_tape
-from quinebox.box.broker import Broker
+from quinebox.box.net.broker import Broker
 from quinebox.guest import protocol
 
 CHAT = {"kind": "chat", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "Begin."}], "tools": [{"type": "function", "function": {"name": "sh"}}]}

@@ -247,7 +247,7 @@ def test_anything_but_a_tcp_socket_handed_over_is_closed_unread(servers, tmp_pat
 
 
 def test_a_box_holds_at_most_its_cap_of_connections_and_the_next_is_told_so(servers, monkeypatch):
-    from quinebox.box import egress
+    from quinebox.box.net import egress
 
     _, echo = servers
     monkeypatch.setattr(egress, "MAX_CONNECTIONS", 3)
@@ -342,7 +342,7 @@ def test_a_network_fault_is_said_as_failed_never_as_refused(servers):
 
 
 def test_past_its_cap_of_refusals_a_box_is_told_so_once_and_floods_neither_stderr_nor_the_log(servers, monkeypatch):
-    from quinebox.box import egress
+    from quinebox.box.net import egress
 
     monkeypatch.setattr(egress, "MAX_TOLD", 2)
     session = f"flood-{os.getpid()}-{time.monotonic_ns()}"

@@ -21,7 +21,7 @@ from cryptography.x509.oid import NameOID
 from proxied_box import ProxiedBox
 
 from quinebox.audit.log import AuditLog
-from quinebox.box.secrets import Authority, Secret, placeholder
+from quinebox.box.net.secrets import Authority, Secret, placeholder
 from quinebox.netrules import parse_rule
 
 REAL = "real-token-" + os.urandom(8).hex()

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from quinebox.box.enter import find_box
-from quinebox.box.labels import BoxInfo
+from quinebox.box.live.enter import find_box
+from quinebox.box.owners.listing import BoxInfo
 from quinebox.errors import QuineboxError
 
 ME = str(os.getuid())

@@ -5,7 +5,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from quinebox.box.image import build_context
+from quinebox.box.images.agent_image import build_context
 from quinebox.resources import guest_dir
 
 
@@ -43,7 +43,7 @@ def test_guest_code_imports_only_the_standard_library():
 def test_the_image_has_python_as_debian_names_it():
     """`python`, which agents, users and LangChain's sandbox suite type: Debian's python-is-python3, bootstrapped
     into the offline base, and installed by the build on a base without it (debian:bookworm-slim, an older base)."""
-    from quinebox.box.image import BOOTSTRAP_PACKAGES
+    from quinebox.box.images.agent_image import BOOTSTRAP_PACKAGES
 
     assert "python-is-python3" in BOOTSTRAP_PACKAGES
     with tarfile.open(fileobj=build_context()) as tar:

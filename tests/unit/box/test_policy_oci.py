@@ -20,7 +20,7 @@ from quinebox.box.policy import (
     oci_refusal,
 )
 from quinebox.box.policy_oci import GVISOR_TASKS_BASE, GVISOR_TASKS_PER_PID, gvisor_seccomp, oci_config, oci_seccomp
-from quinebox.box.secrets import TLS_DIR
+from quinebox.box.net.secrets import TLS_DIR
 from quinebox.box.spec import BoxSpec, ImageInfo, seccomp_base
 from quinebox.worlds.spec import WorldSpec
 from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, USER_IMAGE, spec  # the same images, runtime and specs as the engine's table

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from quinebox.box import archives, rootfs
+from quinebox.box.images import archives
+from quinebox.box.images import rootfs
 from quinebox.box.policy import native_machine
 from quinebox.box.spec import ImageInfo, owner_tag
 from quinebox.errors import EngineError, ImageError

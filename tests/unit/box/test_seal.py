@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from quinebox.box import rootfs, seal
+from quinebox.box.images import rootfs
+from quinebox.box.images import seal
 from quinebox.box.backends import boxroot
 from quinebox.box.spec import ImageInfo
 from quinebox.errors import EngineError

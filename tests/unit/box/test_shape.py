@@ -6,7 +6,7 @@ import pytest
 
 from quinebox.audit.asks import Asks
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, HOST_SOCKET, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER, RUNTIME, container_config
-from quinebox.box.pool import Settings
+from quinebox.box.pool.warm import Settings
 from quinebox.box.shape import (
     LABEL_POOL,
     POOL_COMMAND,

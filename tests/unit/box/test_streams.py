@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from quinebox.box import streams
+from quinebox.box.streams import relay
 from quinebox.worlds.tracker import Tracker
 
 
@@ -33,7 +33,7 @@ def test_stdin_is_pumped_from_an_fd_past_1024(high_fds):
     assert read_end > 1024
     ours, theirs = socket.socketpair()
     theirs.settimeout(10)
-    pump = threading.Thread(target=streams.pump_fd, args=(read_end, ours, stop_r))
+    pump = threading.Thread(target=relay.pump_fd, args=(read_end, ours, stop_r))
     pump.start()
     os.write(write_end, b"material")
     os.close(write_end)

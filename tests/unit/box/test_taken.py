@@ -2,7 +2,7 @@
 
 import pytest
 
-from quinebox.box.sandboxes import Taken
+from quinebox.box.live.sandboxes import Taken
 
 
 class Exec:

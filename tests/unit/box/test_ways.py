@@ -8,7 +8,7 @@ import pytest
 from quinebox.box.backends import reach
 from quinebox.box.backends.oci import runtime_hint
 from quinebox.box.backends.reach import Unreachable
-from quinebox.box.ways import ENGINE, ROOTLESS, Way, cgroup_hierarchy, engine_way, runtime_way
+from quinebox.box.backends.ways import ENGINE, ROOTLESS, Way, cgroup_hierarchy, engine_way, runtime_way
 from quinebox.errors import EngineError
 
 V1 = "cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\ncgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n"

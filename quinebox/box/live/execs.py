@@ -9,7 +9,7 @@ write): killing what that cgroup lists ends the exec's whole tree and nothing el
   stderr are the caller's own descriptors, as a box's init's are (direct.py).
 - The engine: its exec cannot be placed, so it starts as a guest stub that stops itself; the host moves the
   stopped stub into the cgroup, then lets it become the command. Its streams come over the engine's
-  connection (streams.py).
+  connection (relay.py).
 - gVisor: the box's processes live in gVisor's kernel, not the host's, and have no host cgroup; an exec's
   tree is what `runsc ps` says descends from it (a process re-parented to the box's init escapes it there).
 
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from quinebox.box import streams
+from quinebox.box.streams import relay
 from quinebox.box.backends.oci import say_unfiltered
 from quinebox.box.backends.ocibox import oci_runtime
-from quinebox.box.direct import DirectStdio, Stream
-from quinebox.box.exec_cgroups import ExecCgroup, box_cgroup, cgroup_of, watchdog
+from quinebox.box.streams.direct import DirectStdio, Stream
+from quinebox.box.live.exec_cgroups import ExecCgroup, box_cgroup, cgroup_of, watchdog
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.errors import EngineError, GrantError
 from quinebox.state import run_dir
@@ -204,17 +204,17 @@ class BoxExec:
 
     def _relay_in(self) -> None:
         try:
-            streams.pump_fd(self._relayed[0], self._sock, self._stop_r)
+            relay.pump_fd(self._relayed[0], self._sock, self._stop_r)
         finally:
             os.close(self._relayed[0])
 
     def _relay_out(self) -> None:
-        reader = self._sock.makefile("rb", buffering=streams.CHUNK)
+        reader = self._sock.makefile("rb", buffering=relay.CHUNK)
         try:
             if self._tty:
-                streams.copy(reader, streams.fd_sink(self._relayed[1]))
+                relay.copy(reader, relay.fd_sink(self._relayed[1]))
             else:
-                streams.demux(reader, streams.fd_sink(self._relayed[1]), streams.fd_sink(self._relayed[2]))
+                relay.demux(reader, relay.fd_sink(self._relayed[1]), relay.fd_sink(self._relayed[2]))
         except OSError:
             pass
         finally:
@@ -282,7 +282,7 @@ class BoxExec:
                     deadline = time.monotonic() + KILLED_GRACE  # every process that held them is gone by then
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 for fd, _ in poller.poll(None if left is None else left * 1000):
-                    data = os.read(fd, streams.CHUNK)
+                    data = os.read(fd, relay.CHUNK)
                     if data:
                         got[fd].append(data)
                     else:

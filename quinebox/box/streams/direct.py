@@ -1,7 +1,7 @@
 """A box's stdin, stdout and stderr as file descriptors the box's process holds itself (the OCI runtime's way).
 
 `BoxProcess` takes stream arguments as `subprocess.Popen` does; on the engine they are relayed over the attach
-connection (streams.py), on an OCI runtime each becomes a file descriptor handed to the box: the caller's own
+connection (relay.py), on an OCI runtime each becomes a file descriptor handed to the box: the caller's own
 (None, an fd, a file), /dev/null, or a pipe whose other end is ours — `.stdin` / `.stdout` / `.stderr` for PIPE,
 a thread for bytes given as input or a callable that takes each chunk. Only those last two copy bytes, as
 Popen's own `communicate` would.
@@ -13,7 +13,7 @@ import os
 import threading
 from typing import IO, Any, Callable, Union
 
-from quinebox.box import streams
+from quinebox.box.streams import relay
 
 PIPE = -1
 DEVNULL = -3
@@ -84,7 +84,7 @@ class DirectStdio:
         with self._say_lock:
             if self._say_fd is not None:
                 try:
-                    streams.fd_sink(self._say_fd)(data)
+                    relay.fd_sink(self._say_fd)(data)
                 except OSError:
                     pass
 
@@ -114,7 +114,7 @@ class DirectStdio:
 
 def _feed(fd: int, data: bytes) -> None:
     try:
-        streams.fd_sink(fd)(data)
+        relay.fd_sink(fd)(data)
     except OSError:
         pass  # the box stopped reading: nothing more to deliver
     finally:
@@ -124,7 +124,7 @@ def _feed(fd: int, data: bytes) -> None:
 def _drain(fd: int, sink: Callable[[bytes], None]) -> None:
     try:
         while True:
-            data = os.read(fd, streams.CHUNK)
+            data = os.read(fd, relay.CHUNK)
             if not data:
                 return
             sink(data)

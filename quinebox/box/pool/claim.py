@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quinebox import fdpass
-from quinebox.box.broker import Broker, Channel
+from quinebox.box.net.broker import Broker, Channel
 from quinebox.box.policy import ContainerConfig
 from quinebox.box.shape import shape_of, updates, why_cold
 from quinebox.box.spec import BoxSpec

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from quinebox.audit import log
 from quinebox.box.backends.boxroot import remove_bundle
 from quinebox.box.backends.ocibox import STALE, bundle_owner, oci_containers, oci_runtime, sweep_cgroups
-from quinebox.box.claim import claimed_as
+from quinebox.box.pool.claim import claimed_as
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
 from quinebox.box.spec import process_start_ticks
@@ -224,7 +224,7 @@ def _engine(backend: DockerBackend | None) -> DockerBackend | None:
 def _prune_images(containers: list[dict[str, Any]], backend: DockerBackend | None) -> list[tuple[str, str]]:
     """Remove unpacked images that no live box uses and whose image is gone or replaced (see rootfs.prune), and
     those changed since their unpack (rootfs.repair): (directory, why) of each of the latter."""
-    from quinebox.box import rootfs
+    from quinebox.box.images import rootfs
 
     in_use = {os.path.basename(os.path.dirname(c["Rootfs"])) for c in containers if c.get("Rootfs")}
     try:

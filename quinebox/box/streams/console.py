@@ -18,8 +18,8 @@ import termios
 import threading
 from typing import IO
 
-from quinebox.box import streams
-from quinebox.box.direct import DEVNULL, PIPE, Stream
+from quinebox.box.streams import relay
+from quinebox.box.streams.direct import DEVNULL, PIPE, Stream
 from quinebox.errors import EngineError
 
 SHORT_PREFIX = "quinebox-tty-"
@@ -85,13 +85,13 @@ class ConsoleRelay:
         if stdout == PIPE:
             read_end, self._out_w = os.pipe()
             self.stdout = os.fdopen(read_end, "rb")
-            self._sink = streams.fd_sink(self._out_w)
+            self._sink = relay.fd_sink(self._out_w)
         elif stdout == DEVNULL:
-            self._sink = streams.discard
+            self._sink = relay.discard
         elif callable(stdout):
             self._sink = stdout
         else:
-            self._sink = streams.fd_sink(1 if stdout is None else stdout if isinstance(stdout, int) else stdout.fileno())  # type: ignore[union-attr]
+            self._sink = relay.fd_sink(1 if stdout is None else stdout if isinstance(stdout, int) else stdout.fileno())  # type: ignore[union-attr]
 
     def attach(self, master: int) -> None:
         self._master = master
@@ -104,7 +104,7 @@ class ConsoleRelay:
         assert self._master is not None
         try:
             while True:
-                data = os.read(self._master, streams.CHUNK)
+                data = os.read(self._master, relay.CHUNK)
                 if not data:
                     return
                 self._sink(data)
@@ -123,7 +123,7 @@ class ConsoleRelay:
         assert self._master is not None
         try:
             if self._input_bytes is not None:
-                streams.fd_sink(self._master)(self._input_bytes)
+                relay.fd_sink(self._master)(self._input_bytes)
                 return
             if self._input_r is None:
                 return
@@ -134,10 +134,10 @@ class ConsoleRelay:
                 ready = {fd for fd, _ in poller.poll()}
                 if self._stop_fd in ready:
                     return
-                data = os.read(self._input_r, streams.CHUNK)
+                data = os.read(self._input_r, relay.CHUNK)
                 if not data:
                     return  # a terminal has no end of input to pass on: the box goes on until it exits
-                streams.fd_sink(self._master)(data)
+                relay.fd_sink(self._master)(data)
         except OSError:
             pass
 

@@ -4,7 +4,7 @@ An OCI runtime starts a box from a directory, not an image. Each image is
 unpacked once per image id, from wherever it comes: the engine's store
 (`docker export` of a container created for it and never started, which
 flattens its layers for us), a `docker save` tarball or an OCI image layout
-(box/archives.py, their layers applied by box/layers.py). Once unpacked, a box of it costs one
+(box/images/archives.py, their layers applied by box/images/layers.py). Once unpacked, a box of it costs one
 stat and no engine call, so a frozen or stopped engine stops no such box.
 
     images/<hex of the image id>/rootfs/       the tree, under every box's own root (backends/boxroot.py), never written
@@ -42,7 +42,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from quinebox.box import seal
+from quinebox.box.images import seal
 from quinebox.box.spec import ImageInfo, owner_tag, process_start_ticks
 from quinebox.errors import ImageError, QuineboxError
 from quinebox.state import run_dir, state_dir, unwritable
@@ -214,7 +214,7 @@ def from_engine(backend: DockerBackend, info: ImageInfo) -> Path:
     if path is None:
 
         def fill(root: Path) -> None:
-            from quinebox.box.layers import Tree  # tarfile and its compressors: only when an image is unpacked
+            from quinebox.box.images.layers import Tree  # tarfile and its compressors: only when an image is unpacked
 
             tree = Tree(str(root), f"image {info.name}")
             with backend.export_image(info.id) as stream:

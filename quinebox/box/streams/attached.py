@@ -1,7 +1,7 @@
 """A box's stdin, stdout and stderr relayed over the engine's attach connection (the Docker backend's way).
 
 The mirror of direct.py: the same `subprocess.Popen`-style stream arguments, here turned into sinks the
-connection's frames are routed to (streams.demux) and a pump that feeds the box's stdin into the connection.
+connection's frames are routed to (relay.demux) and a pump that feeds the box's stdin into the connection.
 A reader that went away stops the box, as SIGPIPE would stop a process.
 """
 
@@ -12,13 +12,13 @@ import socket
 import threading
 from typing import IO, Any, Callable
 
-from quinebox.box import streams
-from quinebox.box.direct import DEVNULL, PIPE, Stream
+from quinebox.box.streams import relay
+from quinebox.box.streams.direct import DEVNULL, PIPE, Stream
 
 
 class AttachedStdio:
     def __init__(self, sock: socket.socket, stdout: Stream, stderr: Stream, *, tty: bool, broken: Callable[[], None], name: str):
-        self.stdin: streams.StdinWriter | None = None
+        self.stdin: relay.StdinWriter | None = None
         self.stdout: IO[bytes] | None = None
         self.stderr: IO[bytes] | None = None
         self._sock = sock
@@ -26,10 +26,10 @@ class AttachedStdio:
         self._broken = broken
         self._pipe_ends: list[int] = []
         self._pump: threading.Thread | None = None
-        out = streams.guarded(self._sink(stdout, 1, "stdout"), broken)
+        out = relay.guarded(self._sink(stdout, 1, "stdout"), broken)
         #: Where the host's own diagnostics about the box go: the box's stderr.
-        self.err = streams.guarded(self._sink(stderr, 2, "stderr"), broken)
-        reader = sock.makefile("rb", buffering=streams.CHUNK)
+        self.err = relay.guarded(self._sink(stderr, 2, "stderr"), broken)
+        reader = sock.makefile("rb", buffering=relay.CHUNK)
         # A terminal has one output, not multiplexed: all of it is the box's stdout.
         self._demux = self._spawn(self._relay, "demux", reader, out, None if tty else self.err)
 
@@ -38,26 +38,26 @@ class AttachedStdio:
         thread.start()
         return thread
 
-    def _sink(self, target: Stream, fd: int, attr: str) -> streams.Sink:
+    def _sink(self, target: Stream, fd: int, attr: str) -> relay.Sink:
         if target is None:
-            return streams.fd_sink(fd)
+            return relay.fd_sink(fd)
         if target == DEVNULL:
-            return streams.discard
+            return relay.discard
         if target == PIPE:
             read_end, write_end = os.pipe()
             setattr(self, attr, os.fdopen(read_end, "rb"))
             self._pipe_ends.append(write_end)
-            return streams.fd_sink(write_end)
+            return relay.fd_sink(write_end)
         if callable(target):
             return target
-        return streams.fd_sink(target if isinstance(target, int) else target.fileno())  # type: ignore[union-attr]
+        return relay.fd_sink(target if isinstance(target, int) else target.fileno())  # type: ignore[union-attr]
 
-    def _relay(self, reader: IO[bytes], out: streams.Sink, err: streams.Sink | None) -> None:
+    def _relay(self, reader: IO[bytes], out: relay.Sink, err: relay.Sink | None) -> None:
         try:
             if err is None:
-                streams.copy(reader, out)
+                relay.copy(reader, out)
             else:
-                streams.demux(reader, out, err)  # type: ignore[arg-type]
+                relay.demux(reader, out, err)  # type: ignore[arg-type]
         except OSError:
             pass
         finally:
@@ -67,14 +67,14 @@ class AttachedStdio:
     def connect_stdin(self, stdin: Stream | bytes, stop_fd: int) -> None:
         """Feed the box's stdin (after the box started: the engine drops what comes before)."""
         if stdin == PIPE:
-            self.stdin = streams.StdinWriter(self._sock)
+            self.stdin = relay.StdinWriter(self._sock)
         elif stdin == DEVNULL:
-            streams.StdinWriter(self._sock).close()
+            relay.StdinWriter(self._sock).close()
         elif isinstance(stdin, (bytes, bytearray, memoryview)):
-            self._pump = self._spawn(streams.pump_bytes, "stdin", bytes(stdin), self._sock)
+            self._pump = self._spawn(relay.pump_bytes, "stdin", bytes(stdin), self._sock)
         else:
             fd = 0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno()  # type: ignore[union-attr]
-            self._pump = self._spawn(streams.pump_fd, "stdin", fd, self._sock, stop_fd)
+            self._pump = self._spawn(relay.pump_fd, "stdin", fd, self._sock, stop_fd)
 
     def drain(self, timeout: float) -> None:
         """Wait until the engine has delivered all of the box's output."""

@@ -32,9 +32,9 @@ from typing import IO, Any, Callable
 from quinebox.audit import log
 from quinebox.audit.approvals import Decision
 from quinebox.audit.asks import ASK, HOLD, Asks
-from quinebox.box.handover import Handover
-from quinebox.box.proxywire import Refused, answer, exactly, forward_head, host_port, parse_head, read_head, resolve, splice, swap
-from quinebox.box.secrets import Authority, Secret
+from quinebox.box.net.handover import Handover
+from quinebox.box.net.proxywire import Refused, answer, exactly, forward_head, host_port, parse_head, read_head, resolve, splice, swap
+from quinebox.box.net.secrets import Authority, Secret
 from quinebox.errors import QuineboxError
 from quinebox.netrules import HOST_LOOPBACK, LOOPBACK_ADDRESSES, Address, NetRule, is_host_name
 

@@ -13,7 +13,7 @@ import stat
 import threading
 from typing import Callable
 
-from quinebox.box.broker import box_socket
+from quinebox.box.net.broker import box_socket
 
 
 class Handover:

@@ -2,7 +2,7 @@
 
 Both end as rootfs.py's unpacked images. A tarball's manifest.json (or a
 layout's index.json, then its manifest) names the image's config and its
-layers in order; the layers are applied by box/layers.py, each checked
+layers in order; the layers are applied by box/images/layers.py, each checked
 against the config's diff ids. The image id is the config's digest, as
 Docker computes it, so an image loaded from a file and the same image in the
 engine share one unpacked tree, and a file cannot pass for another image.
@@ -20,9 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-from quinebox.box.layers import Tree
+from quinebox.box.images.layers import Tree
 from quinebox.box.policy import native_machine
-from quinebox.box.rootfs import HEX, familiar, remember, unpack, unpacked
+from quinebox.box.images.rootfs import HEX, familiar, remember, unpack, unpacked
 from quinebox.box.spec import ImageInfo
 from quinebox.errors import ImageError
 

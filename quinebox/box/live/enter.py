@@ -14,10 +14,10 @@ import subprocess
 import threading
 from typing import TYPE_CHECKING
 
-from quinebox.box import streams
+from quinebox.box.streams import relay
 from quinebox.box.backends.oci import say_unfiltered
 from quinebox.box.backends.ocibox import oci_runtime
-from quinebox.box.labels import BoxInfo, live_boxes
+from quinebox.box.owners.listing import BoxInfo, live_boxes
 from quinebox.errors import EngineError, QuineboxError
 from quinebox.state import run_dir
 
@@ -40,15 +40,15 @@ class Entered:
         self._stop_r, self._stop_w = os.pipe()
         self._out = threading.Thread(target=self._relay, name=f"enter:{box.session}", daemon=True)
         self._out.start()
-        threading.Thread(target=streams.pump_fd, args=(0, self._sock, self._stop_r), daemon=True).start()
+        threading.Thread(target=relay.pump_fd, args=(0, self._sock, self._stop_r), daemon=True).start()
 
     def _relay(self) -> None:
-        reader = self._sock.makefile("rb", buffering=streams.CHUNK)
+        reader = self._sock.makefile("rb", buffering=relay.CHUNK)
         try:
             if self._tty:
-                streams.copy(reader, streams.fd_sink(1))
+                relay.copy(reader, relay.fd_sink(1))
             else:
-                streams.demux(reader, streams.fd_sink(1), streams.fd_sink(2))
+                relay.demux(reader, relay.fd_sink(1), relay.fd_sink(2))
         except OSError:
             pass
         finally:

@@ -6,7 +6,7 @@ keeper dies (PR_SET_PDEATHSIG), and every warm box with it (their
 lifelines). A warm box runs only the guest's init (`shape.POOL_COMMAND`): it
 holds no session, no grants beyond its shape, no mounts beyond its own empty
 world, and no command, environment or secret reaches it before it is claimed
-(box/claim.py). Whoever claims it gets its sockets and owns it from then on;
+(box/pool/claim.py). Whoever claims it gets its sockets and owns it from then on;
 the pool forgets it, and makes another.
 
 Shapes are learned from demand (each miss registers its shape), beside the
@@ -35,8 +35,8 @@ from typing import Any
 
 from quinebox import fdpass
 from quinebox.box.backends.docker import DockerBackend
-from quinebox.box.broker import box_socket
-from quinebox.box.claim import WarmBox
+from quinebox.box.net.broker import box_socket
+from quinebox.box.pool.claim import WarmBox
 from quinebox.box.configure import configure
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, shape_key, shape_of, warm_config, well_formed
 from quinebox.box.spec import build_spec, new_session_id, owner_id

@@ -1,0 +1,11 @@
+"""What a box's root is made of: images found, built, unpacked and sealed, and the guest's runtime.
+
+Holds finding a box's image on the engine (lookup.py), building quinebox's
+agent image (agent_image.py), images unpacked into read-only root filesystems
+for the OCI runtimes (rootfs.py, layers.py, archives.py), what an unpacked
+image held (seal.py), and the guest's runtime copied out of the agent image
+(guest_runtime.py).
+
+May import: backends (the engine, to read and build images), the box's rules
+(spec, policy) and below.
+"""

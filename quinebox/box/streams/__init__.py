@@ -1,0 +1,10 @@
+"""A box's bytes: its stdin, stdout and stderr, and its terminal.
+
+Holds the engine's multiplexed attach frames and the pumps that move bytes
+(relay.py), the engine's attach connection relayed (attached.py), streams
+handed straight to a box on an OCI runtime (direct.py), and a terminal's
+master relayed (console.py).
+
+May import only the foundation modules: every other room of box/ moves bytes
+through here.
+"""
