@@ -26,7 +26,8 @@ from quinebox.box.live.execs import BoxExec, Target
 from quinebox.box.streams.direct import DEVNULL, PIPE, Stream
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.box.process import BoxProcess
-from quinebox.box.spec import build_spec, owner_id
+from quinebox.box.spec import build_spec
+from quinebox.processes import owner_id
 from quinebox.errors import QuineboxError
 from quinebox.tree.supervisor import Node
 

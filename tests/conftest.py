@@ -92,7 +92,8 @@ def _left_behind(state: str) -> list[str]:
     import glob
 
     from quinebox.box.backends.ocibox import oci_containers
-    from quinebox.box.owners.listing import live_boxes, owner_alive
+    from quinebox.box.owners.listing import live_boxes
+    from quinebox.processes import owner_alive
 
     found = [f"box {c['Id']} on {c['Runtime']} ({c['State']})" for c in oci_containers()]
     try:

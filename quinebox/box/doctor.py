@@ -112,7 +112,8 @@ def _image_ready(say: Say, on: str, backend: DockerBackend | None, *, build: str
 
 
 def _orphans(say: Say, backend: DockerBackend) -> None:
-    from quinebox.box.owners.listing import live_boxes, owner_alive
+    from quinebox.box.owners.listing import live_boxes
+    from quinebox.processes import owner_alive
 
     try:
         orphans = [box.session for box in live_boxes(backend) if not owner_alive(box.owner)]

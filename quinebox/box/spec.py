@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +18,7 @@ from quinebox import __version__
 from quinebox.audit.asks import Asks
 from quinebox.errors import GrantError
 from quinebox.grants import Grants, parse_duration, resolve
+from quinebox.processes import owner_id
 from quinebox.resources import resource_path
 from quinebox.state import run_dir, state_dir
 from quinebox.worlds.spec import WorldSpec, root_world
@@ -109,13 +109,6 @@ def new_session_id() -> str:
     return os.urandom(6).hex()  # secrets.token_hex, without the start-up of `secrets` (random, hmac, base64)
 
 
-def process_start_ticks(pid: int) -> str:
-    """The kernel's start time of `pid`, so a reused pid is not mistaken for a live owner."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "0"
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def run_files(session: str, grants: Grants, asks: Asks) -> dict[str, str | None]:
@@ -133,16 +126,8 @@ def run_files(session: str, grants: Grants, asks: Asks) -> dict[str, str | None]
     }
 
 
-def owner_id() -> str:
-    """`host:pid:start` of this process: whose boxes these are, checked by `gc`."""
-    pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{process_start_ticks(pid)}"
 
 
-def owner_tag() -> str:
-    """`PID-START` of this process, for naming what it leaves on disk (see state.cluster_dir)."""
-    pid = os.getpid()
-    return f"{pid}-{process_start_ticks(pid)}"
 
 
 def load_policy(name_or_path: str) -> dict[str, Any]:

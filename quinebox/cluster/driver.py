@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection
 
-from quinebox.box.spec import owner_tag
+from quinebox.processes import owner_tag
 from quinebox.cluster.commit import Commits, Staged
 from quinebox.cluster.connect import RESOURCE, Cluster, first_line
 from quinebox.cluster.node import CHUNK, attempt

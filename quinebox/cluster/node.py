@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from quinebox.box.spec import owner_tag
+from quinebox.processes import owner_tag
 from quinebox.errors import EngineError, ImageError, QuineboxError
 from quinebox.state import cluster_dir, session_dir
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Collection, Iterable
 
-from quinebox.box.spec import owner_id
+from quinebox.processes import owner_id
 from quinebox.state import state_dir
 
 RUN = "run.json"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from quinebox.box.owners.listing import owner_alive
+from quinebox.processes import owner_alive
 from quinebox.tree.fanout import RESULTS
 from quinebox.tree.runs import ATTEMPTS, END, RUN, runs_dir
 

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 from quinebox.agent.store import Index, SessionRow, read_tape
-from quinebox.box.owners.listing import owner_alive
+from quinebox.processes import owner_alive
 from quinebox.state import session_dir
 from quinebox.view.audit_view import AuditTail
 

@@ -16,7 +16,8 @@ from quinebox.box.images import seal
 from quinebox.box.backends import boxroot
 from quinebox.box.configure import unpacked_image
 from quinebox.box.policy import LABEL_OWNER
-from quinebox.box.spec import DEFAULT_IMAGE, process_start_ticks
+from quinebox.box.spec import DEFAULT_IMAGE
+from quinebox.processes import process_start_ticks
 from quinebox.state import run_dir, state_dir
 
 BACKENDS = {"runc": ("oci", "runc"), "runsc": ("oci", "runsc"), "engine": ("docker", "")}

@@ -13,7 +13,8 @@ from quinebox.box.images import rootfs
 from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.images.lookup import resolve_image
 from quinebox.box.policy import LABEL_OWNER, LABEL_SESSION
-from quinebox.box.spec import DEFAULT_IMAGE, owner_id
+from quinebox.box.spec import DEFAULT_IMAGE
+from quinebox.processes import owner_id
 
 #: What the engine's never-started container adds to an image (its init layer), beside the image's own files.
 INIT_LAYER = {".dockerenv", "etc/hostname", "etc/hosts", "etc/resolv.conf", "etc/mtab", "dev/console", "dev/pts", "dev/shm"}

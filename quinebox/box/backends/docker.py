@@ -22,7 +22,7 @@ from docker.utils import kwargs_from_env
 
 from quinebox.box.backends.reach import unreachable
 from quinebox.box.policy import LABEL_OWNER, LABEL_SESSION, ContainerConfig
-from quinebox.box.spec import owner_id
+from quinebox.processes import owner_id
 from quinebox.errors import EngineError, ImageError
 
 ENGINE_HINT = "start the engine (`dockerd &` as root, or `systemctl start docker`), or set DOCKER_HOST; `quinebox doctor` checks"

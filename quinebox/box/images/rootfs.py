@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from quinebox.box.images import seal
-from quinebox.box.spec import ImageInfo, owner_tag, process_start_ticks
+from quinebox.box.spec import ImageInfo
+from quinebox.processes import owner_tag, process_start_ticks
 from quinebox.errors import ImageError, QuineboxError
 from quinebox.state import run_dir, state_dir, unwritable
 

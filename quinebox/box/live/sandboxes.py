@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Callable
 
 from quinebox.box.streams.direct import DEVNULL
 from quinebox.box.live.execs import BoxExec, Target, target_of
-from quinebox.box.owners.listing import BoxInfo, live_boxes, owner_alive
+from quinebox.box.owners.listing import BoxInfo, live_boxes
+from quinebox.processes import owner_alive
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.errors import FileTooLargeError, GrantError, QuineboxError
 from quinebox.state import run_dir

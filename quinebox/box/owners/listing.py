@@ -24,8 +24,8 @@ from quinebox.box.backends.ocibox import STALE, bundle_owner, oci_containers, oc
 from quinebox.box.pool.claim import claimed_as
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
-from quinebox.box.spec import process_start_ticks
 from quinebox.errors import EngineError
+from quinebox.processes import owner_alive
 from quinebox.state import cluster_dir, pool_dir, run_dir
 
 if TYPE_CHECKING:
@@ -50,30 +50,8 @@ class BoxInfo:
     backend: str = "docker"
 
 
-def owner_alive(owner: str, hostname: str | None = None) -> bool:
-    """Is the `host:pid:start` process still running? Owners on other hosts are assumed alive."""
-    host, _, rest = owner.partition(":")
-    pid, _, start = rest.partition(":")
-    if host != (hostname or socket.gethostname()):
-        return True
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return process_start_ticks(int(pid)) == start and not _zombie(int(pid))
 
 
-def _zombie(pid: int) -> bool:
-    """A process that has exited and not been waited for: gone, whatever its pid still says."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
 
 
 def _info(container: dict) -> BoxInfo:

@@ -39,7 +39,8 @@ from quinebox.box.net.broker import box_socket
 from quinebox.box.pool.claim import WarmBox
 from quinebox.box.configure import configure
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, shape_key, shape_of, warm_config, well_formed
-from quinebox.box.spec import build_spec, new_session_id, owner_id
+from quinebox.box.spec import build_spec, new_session_id
+from quinebox.processes import owner_id
 from quinebox.errors import EngineError, QuineboxError
 from quinebox.state import pool_dir, pool_socket, run_dir
 

@@ -19,7 +19,8 @@ import pytest
 from quinebox.box.images import archives
 from quinebox.box.images import rootfs
 from quinebox.box.policy import native_machine
-from quinebox.box.spec import ImageInfo, owner_tag
+from quinebox.box.spec import ImageInfo
+from quinebox.processes import owner_tag
 from quinebox.errors import EngineError, ImageError
 
 ROOT = os.geteuid() == 0

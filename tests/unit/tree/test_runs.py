@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from quinebox.box.spec import owner_id, process_start_ticks
+from quinebox.processes import owner_id, process_start_ticks
 from quinebox.tree import fanout, runs
 from quinebox.view import runs_view
 

@@ -1,0 +1,63 @@
+"""Who a process is, so that a reused pid is never taken for it: its start time, an owner id, and whether it runs.
+
+Boxes, unpacked images in use, pending approvals and run records all name the process that owns them as
+`host:pid:start` (the kernel's start time in clock ticks). A pid alone is not an identity — the kernel hands it
+out again — so every liveness check compares the start time too, here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+
+def process_start_ticks(pid: int) -> str:
+    """The kernel's start time of `pid`, so a reused pid is not mistaken for a live owner ("0" if none runs)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "0"
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_id(pid: int | None = None) -> str:
+    """`host:pid:start` of this process (or of `pid`): whose boxes these are, checked by `gc`."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{process_start_ticks(pid)}"
+
+
+def owner_tag() -> str:
+    """`PID-START` of this process, for naming what it leaves on disk (see state.cluster_dir)."""
+    pid = os.getpid()
+    return f"{pid}-{process_start_ticks(pid)}"
+
+
+def owner_alive(owner: str, hostname: str | None = None) -> bool:
+    """Is the `host:pid:start` process still running? Owners on other hosts are assumed alive."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != (hostname or socket.gethostname()):
+        return True
+    if not pid.isdigit():
+        return False
+    return pid_alive(int(pid), start)
+
+
+def pid_alive(pid: int, start: str) -> bool:
+    """Does `pid` run, as the process that started at `start`? A zombie has exited, whatever its pid says."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return process_start_ticks(pid) == start and not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
