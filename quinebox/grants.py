@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Mapping
 
 from quinebox.errors import GrantError
 from quinebox.netrules import NetRule, covers, is_host_name, parse_rule, unreachable
@@ -95,14 +95,14 @@ class Grants:
     syscalls: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
-    def parse(cls, specs: Iterable[str], *, cwd: str | None = None, keeping_out: bool = False) -> "Grants":
+    def parse(cls, specs: Iterable[str], *, cwd: str | None = None, keeping_out: bool = False) -> Grants:
         """Combine grant strings; a later limit overrides an earlier one, as flags do. `keeping_out`: deny rules (parse_grant)."""
         grants = cls()
         for spec in specs:
             grants = grants.merge(parse_grant(spec, cwd=cwd, keeping_out=keeping_out))
         return grants
 
-    def merge(self, other: "Grants") -> "Grants":
+    def merge(self, other: Grants) -> Grants:
         """`other` on top of `self`: scalars override, mounts/env/syscalls accumulate."""
         changes: dict[str, object] = {}
         for name in ("cpus", "mem", "pids", "tmp", "world", "time", "spawn", "depth", "tokens"):

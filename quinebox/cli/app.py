@@ -10,7 +10,8 @@ import contextlib
 import json
 import signal
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import typer
 

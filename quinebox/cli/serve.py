@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import time
-from typing import Optional
 
 import typer
 
@@ -32,7 +31,7 @@ def pool_unneeded() -> bool:
 def serve(
     ctx: typer.Context,
     background: bool = typer.Option(False, "--background", help="Detach, log to the state dir's serve.log, and return once it answers."),
-    pool: Optional[int] = typer.Option(
+    pool: int | None = typer.Option(
         None, "--pool", help="Warm boxes kept per shape (default 4 on the Docker backend, none on an OCI runtime; or `pool:` in config.yaml); 0: none."
     ),
 ) -> None:

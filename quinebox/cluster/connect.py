@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from quinebox.errors import QuineboxError
 
@@ -110,7 +111,7 @@ def _init(ray: Any, target: str, address: str) -> None:
     def init() -> None:
         try:
             ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False)
-        except BaseException as exc:  # Ray's own errors are many: each becomes the one line below
+        except BaseException as exc:  # noqa: BLE001 Ray's own errors are many: each becomes the one line below
             failed.append(exc)
         finally:
             done.set()
