@@ -227,8 +227,8 @@ def parse(line: bytes) -> AnyRecord | None:
         return None
 
 
-def as_dict(record: Record) -> dict[str, Any]:
-    """A record as the JSON object it was written as (fields at their defaults left out), for readers that show it."""
+def as_dict(record: msgspec.Struct) -> dict[str, Any]:
+    """A record (or a message in one) as the JSON object it was written as (fields at their defaults left out), for readers that show it."""
     return msgspec.to_builtins(record)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
@@ -124,10 +125,10 @@ def exec_in(ref: str, cmd: list[str], *, tty: bool, cwd: str | None, env: list[s
     return 128 + received[0] if received else code
 
 
-def run_box(cmd: list[str], *, json_summary: bool, tty: bool = False, verbose: bool = False, **options: object) -> int:
+def run_box(cmd: list[str], *, json_summary: bool, tty: bool = False, verbose: bool = False, **options: Any) -> int:
     from quinebox.api import Popen
 
-    return supervise(lambda: Popen(cmd, tty=tty, **options), json_summary=json_summary, tty=tty, verbose=verbose)  # type: ignore[arg-type]
+    return supervise(lambda: Popen(cmd, tty=tty, **options), json_summary=json_summary, tty=tty, verbose=verbose)
 
 
 def shell_argv(tty: bool) -> list[str]:

@@ -6,7 +6,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import typer
@@ -14,7 +14,7 @@ import typer
 from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, DENY_HELP, FORWARDED_SIGNALS, OTEL_HELP, app, export_traces, reported, say, tracing
 
 
-def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool, cluster: str | None = None, forward_env: list[str] = (),
+def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool, cluster: str | None = None, forward_env: Sequence[str] = (),
             trace: str | None = None) -> int:
     """Run jobs with progress on stderr, here or on a cluster; signals stop new starts and kill what runs.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -53,14 +53,14 @@ def box_create_command(
         idle_s = parse_duration(idle) if idle not in ("0", "") else None
         if ttl is not None and parse_duration(ttl) <= 0:
             raise GrantError(f"bad --ttl {ttl!r}: give a duration, as in --ttl 30m")
-    options = {
+    options: dict[str, Any] = {  # Sandbox's keyword arguments
         "grants": [*grant, *(f"env:{e}" for e in env)], "image": image, "pull": pull, "workdir": workdir, "policy": policy,
         "world": world, "world_from": world_from or None, "world_tar": world_tar, "ttl": ttl, "name": name,
     }
     raise typer.Exit(hold(options, idle_s))
 
 
-def hold(options: dict[str, object], idle: float | None) -> int:
+def hold(options: dict[str, Any], idle: float | None) -> int:
     """Fork the holder, which makes the box and owns it; print the id it reports, or its one line of failure."""
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -83,7 +83,7 @@ def hold(options: dict[str, object], idle: float | None) -> int:
     return int(said.partition(" ")[0]) if said[:3].isdigit() else 125
 
 
-def _holder(options: dict[str, object], idle: float | None, report: int) -> int:
+def _holder(options: dict[str, Any], idle: float | None, report: int) -> int:
     """The box's owner: made here, so it ends with this process; said to the CLI, then waited over."""
     import signal
     import time
@@ -97,7 +97,7 @@ def _holder(options: dict[str, object], idle: float | None, report: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        box = Sandbox(**options, _holder=True, _idle=idle)  # type: ignore[arg-type]
+        box = Sandbox(**options, _holder=True, _idle=idle)
     except QuineboxError as exc:
         os.write(report, f"{exc.exit_code} {exc}\n".encode(errors="replace"))
         return exc.exit_code

@@ -51,7 +51,8 @@ def serve(
     warm()
     if background:
         if os.fork():
-            server.listener.close()  # type: ignore[union-attr]  # the child holds it now
+            assert server.listener is not None  # bound above
+            server.listener.close()  # the child holds it now
             for _ in range(100):
                 if status() is not None:
                     say(f"serving on {server.path}")

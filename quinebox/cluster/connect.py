@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,7 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def forwarded_env(names: Iterable[str], environ: dict[str, str] | None = None) -> dict[str, str]:
+def forwarded_env(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """`--forward-env NAME`: the driver's value of each NAME, for the nodes' attempts (never the boxes)."""
     environ = os.environ if environ is None else environ
     chosen: dict[str, str] = {}
@@ -90,7 +90,7 @@ def forwarded_env(names: Iterable[str], environ: dict[str, str] | None = None) -
     return chosen
 
 
-def ray_address(address: str, environ: dict[str, str] | None = None) -> str:
+def ray_address(address: str, environ: Mapping[str, str] | None = None) -> str:
     """What `ray.init` is given: `ray://HOST:PORT` (Ray Client), `HOST:PORT` (the head's GCS), or `auto`."""
     environ = os.environ if environ is None else environ
     if address == "auto":

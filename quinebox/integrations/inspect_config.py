@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import yaml
 from inspect_ai.util import SandboxEnvironmentConfigType
@@ -67,7 +67,7 @@ class QuineboxEnvironmentConfig(BaseModel):
             raise ValueError("`context` is the build context of a `dockerfile`: give one")
         return self
 
-    def resolved(self, base: Path) -> QuineboxEnvironmentConfig:
+    def resolved(self, base: Path) -> Self:
         """This config with its relative host paths made absolute from `base` (a config file's directory)."""
 
         def absolute(path: str | None) -> str | None:
@@ -121,7 +121,7 @@ class QuineboxSandboxConfig(QuineboxEnvironmentConfig):
         default = QuineboxEnvironmentConfig(**self.model_dump(exclude={"environments"}))
         return {"default": default, **self.environments}
 
-    def resolved(self, base: Path) -> QuineboxSandboxConfig:
+    def resolved(self, base: Path) -> Self:
         top = QuineboxEnvironmentConfig.resolved(self, base)
         return top.model_copy(update={"environments": {name: env.resolved(base) for name, env in self.environments.items()}})
 
