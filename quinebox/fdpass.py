@@ -14,7 +14,8 @@ import socket
 
 TYPE_CHECKING = False  # typing itself is not imported: the thin client's start-up counts
 if TYPE_CHECKING:
-    from typing import Any, Sequence
+    from collections.abc import Sequence
+    from typing import Any
 
 #: A request bigger than this is not one of ours.
 MAX_MESSAGE = 4 << 20

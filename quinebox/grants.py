@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Mapping
+from typing import Any
 
 from quinebox.errors import GrantError
 from quinebox.netrules import NetRule, covers, is_host_name, parse_rule, unreachable
@@ -95,19 +96,16 @@ class Grants:
     syscalls: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
-    def parse(cls, specs: Iterable[str], *, cwd: str | None = None, keeping_out: bool = False) -> "Grants":
+    def parse(cls, specs: Iterable[str], *, cwd: str | None = None, keeping_out: bool = False) -> Grants:
         """Combine grant strings; a later limit overrides an earlier one, as flags do. `keeping_out`: deny rules (parse_grant)."""
         grants = cls()
         for spec in specs:
             grants = grants.merge(parse_grant(spec, cwd=cwd, keeping_out=keeping_out))
         return grants
 
-    def merge(self, other: "Grants") -> "Grants":
+    def merge(self, other: Grants) -> Grants:
         """`other` on top of `self`: scalars override, mounts/env/syscalls accumulate."""
-        changes: dict[str, object] = {}
-        for name in ("cpus", "mem", "pids", "tmp", "world", "time", "spawn", "depth", "tokens"):
-            if getattr(other, name) is not None:
-                changes[name] = getattr(other, name)
+        changes: dict[str, Any] = {name: getattr(other, name) for name in ("cpus", "mem", "pids", "tmp", "world", "time", "spawn", "depth", "tokens") if getattr(other, name) is not None}
         mounts = list(self.mounts)
         for mount in other.mounts:
             if any(m.dest == mount.dest for m in mounts):
@@ -198,7 +196,8 @@ def parse_grant(spec: str, *, cwd: str | None = None, keeping_out: bool = False)
         return Grants(cpus=cpus)
     if kind in ("mem", "tmp", "world"):
         try:
-            return Grants(**{kind: parse_size(value)})
+            size: dict[str, Any] = {kind: parse_size(value)}  # the one field `kind` names
+            return Grants(**size)
         except GrantError as exc:
             raise GrantError(f"bad grant {spec!r}: {exc}") from None
     if kind == "time":
@@ -207,7 +206,8 @@ def parse_grant(spec: str, *, cwd: str | None = None, keeping_out: bool = False)
         except GrantError as exc:
             raise GrantError(f"bad grant {spec!r}: {exc}") from None
     if kind in ("pids", "spawn", "depth", "tokens"):
-        return Grants(**{kind: _positive_int(kind, value)})
+        count: dict[str, Any] = {kind: _positive_int(kind, value)}  # the one field `kind` names
+        return Grants(**count)
     if kind == "env":
         name, eq, env_value = value.partition("=")
         if not _ENV_NAME_RE.match(name):
@@ -356,9 +356,9 @@ def attenuate(parent: Grants, child: Grants) -> Grants:
         mounts.append(Mount(source=source, dest=mount.dest, writable=mount.writable))
     for rule in sorted(child.net):
         if not covers(parent.net, rule):
-            held = " ".join(r.format() for r in sorted(parent.net)) or "none"
-            raise _refuse(rule.format(), f"wider than this box's network grants ({held})")
-    limits: dict[str, object] = {}
+            rules = " ".join(r.format() for r in sorted(parent.net)) or "none"
+            raise _refuse(rule.format(), f"wider than this box's network grants ({rules})")
+    limits: dict[str, Any] = {}  # each a field of its own type
     for name in ("cpus", "mem", "pids", "tmp", "world", "time"):
         mine, asked = getattr(parent, name), getattr(child, name)
         if asked is not None and mine is not None and asked > mine:

@@ -128,12 +128,12 @@ def unreachable(rule: NetRule) -> str:
     if rule.kind != "cidr":
         return ""
     network = ipaddress.ip_network(rule.value)
-    if any(network.version == n.version and network.overlaps(n) for n in _HOST_ITSELF):  # type: ignore[arg-type]
+    if any(network.version == n.version and network.overlaps(n) for n in _HOST_ITSELF):
         wide = "" if network.num_addresses == 1 else " (grant net for any public destination, and net:CIDR for the private networks you need)"
         return f"{network} reaches the host's own loopback, which no address grant may; {instead}{wide}"
-    if any(network.version == n.version and network.subnet_of(n) for n in _IPV4_IN_IPV6):  # type: ignore[arg-type]
+    if any(network.version == n.version and network.subnet_of(n) for n in _IPV4_IN_IPV6):  # type: ignore[arg-type]  # the versions match, which mypy cannot see
         return f"{network} spells IPv4 addresses as IPv6, and connections are checked at their IPv4 address: grant the IPv4 network instead"
-    if any(network.version == n.version and network.subnet_of(n) for n in _NO_TCP):  # type: ignore[arg-type]
+    if any(network.version == n.version and network.subnet_of(n) for n in _NO_TCP):  # type: ignore[arg-type]  # the versions match, which mypy cannot see
         return f"{network} is multicast, broadcast or IPv6 link-local: no connection through the host's proxy can go there"
     return ""
 
@@ -244,6 +244,6 @@ def covers(held: frozenset[NetRule], asked: NetRule) -> bool:
             return True
         if rule.kind == "cidr" and asked.kind == "cidr":
             mine, theirs = ipaddress.ip_network(rule.value), ipaddress.ip_network(asked.value)
-            if mine.version == theirs.version and theirs.subnet_of(mine):  # type: ignore[arg-type]
+            if mine.version == theirs.version and theirs.subnet_of(mine):  # type: ignore[arg-type]  # the versions match, which mypy cannot see
                 return True
     return False

@@ -83,12 +83,11 @@ class _reading:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, _BROKEN):
             raise Unreadable(str(exc) or type(exc).__name__) from None
         if isinstance(exc, OSError):  # a bz2 stream's damage, or the archive's file that cannot be opened
             raise Unreadable(exc.strerror or str(exc)) from None
-        return False
 
 
 class _Plan:

@@ -19,6 +19,12 @@ if [ ! -x /usr/bin/chromium ]; then
     fi
 fi
 .venv/bin/python -c 'import playwright.sync_api' || { say "Playwright's Python package is missing from .venv (the test extra)"; exit 1; }
+# The lint first, before any box starts: ruff's rules and mypy's settings are pyproject.toml's, and one finding fails the run.
+[ -x .venv/bin/ruff ] && [ -x .venv/bin/mypy ] || { say "ruff or mypy is missing from .venv (the test extra)"; exit 1; }
+say "ruff check quinebox"
+.venv/bin/ruff check --no-cache quinebox || { say "ruff's findings above fail the run (each noqa left says why)"; exit 1; }
+say "mypy (the whole package, the guest too)"
+.venv/bin/mypy || { say "mypy's findings above fail the run (each type: ignore[code] left says why)"; exit 1; }
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" tests
 status=$?

@@ -10,9 +10,10 @@ no reader of a tape has to guard an index of its own.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -211,10 +212,10 @@ class Terminated(Record, tag="terminated"):
 #: The kinds a box may add, by the event name its guest sends (guest/agent.py): no other name becomes a record.
 BOX_KINDS: dict[str, type[Record]] = {"tool": Tool, "tool_error": ToolFailure, "exec": Exec, "exit": Exit, "terminated": Terminated}
 
-AnyRecord = Union[
-    Meta, Request, Response, ProviderFailure, Cycle, Revision, WorldError, RestoreWorld, Adopt, Egress, Spawn,
-    EscalationRefused, Entered, BoxRefused, Outcome, Tool, ToolFailure, Exec, Exit, Terminated,
-]
+AnyRecord = (
+    Meta | Request | Response | ProviderFailure | Cycle | Revision | WorldError | RestoreWorld | Adopt | Egress | Spawn
+    | EscalationRefused | Entered | BoxRefused | Outcome | Tool | ToolFailure | Exec | Exit | Terminated
+)
 _decoder = msgspec.json.Decoder(AnyRecord)
 
 
@@ -226,8 +227,8 @@ def parse(line: bytes) -> AnyRecord | None:
         return None
 
 
-def as_dict(record: Record) -> dict[str, Any]:
-    """A record as the JSON object it was written as (fields at their defaults left out), for readers that show it."""
+def as_dict(record: msgspec.Struct) -> dict[str, Any]:
+    """A record (or a message in one) as the JSON object it was written as (fields at their defaults left out), for readers that show it."""
     return msgspec.to_builtins(record)
 
 

@@ -12,7 +12,8 @@ import json
 import shutil
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from quinebox.agent.budgets import Budget
 from quinebox.agent.providers import Provider, ProviderError

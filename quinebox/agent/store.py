@@ -11,8 +11,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import astuple, dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from quinebox.agent.records import Outcome, Records, as_dict, parse, read_file
 from quinebox.errors import StateError
@@ -64,7 +65,7 @@ def read_records(session: str) -> Records:
     return read_file(session_dir(session) / "tape.jsonl")
 
 
-def follow_tape(session: str, stop: "threading.Event | None" = None, poll: float = 0.2) -> Iterator[dict[str, Any]]:
+def follow_tape(session: str, stop: threading.Event | None = None, poll: float = 0.2) -> Iterator[dict[str, Any]]:
     """Records as they are appended (as `read_tape` gives them), until the outcome record (or `stop`)."""
     path = session_dir(session) / "tape.jsonl"
     with open(path, "rb") as f:

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
 from quinebox.cli.app import (
-    ASK_HELP, ASK_TIMEOUT_HELP, BACKEND_HELP, DENY_HELP, OTEL_HELP, OTEL_INSTALL, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP,
-    WORLD_TAR_HELP, app, otel_installed, reported, say, supervise, tracing, use_backend,
+    ASK_HELP,
+    ASK_TIMEOUT_HELP,
+    BACKEND_HELP,
+    DENY_HELP,
+    OTEL_HELP,
+    OTEL_INSTALL,
+    PULL_HELP,
+    RUNTIME_HELP,
+    WORLD_FROM_HELP,
+    WORLD_HELP,
+    WORLD_TAR_HELP,
+    app,
+    otel_installed,
+    reported,
+    say,
+    supervise,
+    tracing,
+    use_backend,
 )
 
 if TYPE_CHECKING:
@@ -18,25 +34,25 @@ if TYPE_CHECKING:
 @app.command(help="Run an agent: MISSION is its task, stdin its material, stdout its deliverable, stderr its diagnostics.")
 def run(
     mission: str = typer.Argument(..., help="What the agent should do."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name, script:FILE.yaml or replay:SESSION (default: QUINEBOX_MODEL)."),
-    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant, as for exec (tokens:N caps the model budget)."),
-    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit; exit 124 when reached."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1, help="Model turns per conversation (default 40)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Token budget for the whole run."),
-    image: Optional[str] = typer.Option(None, "--image", help="Any image with /bin/sh: the agent's sh runs the image's shell and tools."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model name, script:FILE.yaml or replay:SESSION (default: QUINEBOX_MODEL)."),
+    grant: list[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant, as for exec (tokens:N caps the model budget)."),
+    timeout: str | None = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit; exit 124 when reached."),
+    max_turns: int | None = typer.Option(None, "--max-turns", min=1, help="Model turns per conversation (default 40)."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Token budget for the whole run."),
+    image: str | None = typer.Option(None, "--image", help="Any image with /bin/sh: the agent's sh runs the image's shell and tools."),
     pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
-    workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
-    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
-    world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
-    world_from: List[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
-    world_tar: Optional[str] = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
-    ask: List[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
-    deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
-    ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
+    workdir: str | None = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
+    policy: str | None = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
+    world: str | None = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
+    world_from: list[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
+    world_tar: str | None = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
+    ask: list[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
+    deny: list[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
+    ask_timeout: str | None = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr (the agent's own diagnostics still pass)."),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
-    backend: Optional[str] = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
-    runtime: Optional[str] = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
+    backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
     from quinebox.agent.diagnostics import make_view
@@ -58,11 +74,11 @@ def run(
 def fork(
     session: str = typer.Argument(..., help="The recorded session (or a unique prefix)."),
     at: int = typer.Option(..., "--at", min=1, help="The turn to go on from: the model answers it afresh."),
-    mission: Optional[str] = typer.Option(None, "--mission", help="New instructions, given to the model after the recorded conversation."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model for the new session (default: QUINEBOX_MODEL)."),
-    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="Grants (default: the recorded session's)."),
-    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION"),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1),
+    mission: str | None = typer.Option(None, "--mission", help="New instructions, given to the model after the recorded conversation."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model for the new session (default: QUINEBOX_MODEL)."),
+    grant: list[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="Grants (default: the recorded session's)."),
+    timeout: str | None = typer.Option(None, "--timeout", metavar="DURATION"),
+    max_turns: int | None = typer.Option(None, "--max-turns", min=1),
     quiet: bool = typer.Option(False, "-q", "--quiet"),
     json_summary: bool = typer.Option(False, "--json"),
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
@@ -136,7 +152,7 @@ def tree_command(session: str) -> None:
 @app.command("trace", help="Export a recorded session and every session below it as OpenTelemetry spans to an OTLP/HTTP collector; prints the trace id.")
 def trace_command(
     session: str,
-    endpoint: Optional[str] = typer.Option(
+    endpoint: str | None = typer.Option(
         None, "--endpoint", metavar="URL", help="The collector: http://HOST:4318 or its full traces URL (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else localhost:4318)."
     ),
 ) -> None:

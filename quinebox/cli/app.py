@@ -10,7 +10,8 @@ import contextlib
 import json
 import signal
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import typer
 
@@ -61,7 +62,7 @@ def command() -> Any:
 
     Calling it is what `app()` does, less the pretty exceptions the app turns off."""
     global _command
-    registered = (len(app.registered_commands), *(len(group.typer_instance.registered_commands) for group in app.registered_groups))
+    registered = (len(app.registered_commands), *(len(group.typer_instance.registered_commands) for group in app.registered_groups if group.typer_instance))
     if _command is None or _command[0] != registered:
         _command = (registered, typer.main.get_command(app))
     return _command[1]

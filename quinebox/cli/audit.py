@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 import typer
 
@@ -21,14 +21,14 @@ def _since(text: str) -> str:
     from quinebox.grants import parse_duration
 
     try:
-        return datetime.fromtimestamp(time.time() - parse_duration(text), timezone.utc).isoformat(timespec="microseconds")
+        return datetime.fromtimestamp(time.time() - parse_duration(text), UTC).isoformat(timespec="microseconds")
     except GrantError:
         pass
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise typer.BadParameter(f"{text!r} is neither a time (2026-11-30T18:00) nor a duration back from now (10m, 2h)") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).astimezone(timezone.utc).isoformat(timespec="microseconds")
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def _facts(facts: dict[str, Any]) -> str:
@@ -40,8 +40,8 @@ def _facts(facts: dict[str, Any]) -> str:
 @audit_app.callback(invoke_without_command=True)
 def audit(
     ctx: typer.Context,
-    session: Optional[str] = typer.Option(None, "--session", help="Only this session's records (or those of sessions starting so)."),
-    since: Optional[str] = typer.Option(None, "--since", metavar="TIME", help="Only records since this time (ISO) or this long ago (10m, 2h)."),
+    session: str | None = typer.Option(None, "--session", help="Only this session's records (or those of sessions starting so)."),
+    since: str | None = typer.Option(None, "--since", metavar="TIME", help="Only records since this time (ISO) or this long ago (10m, 2h)."),
     json_out: bool = typer.Option(False, "--json", help="One record per line, as stored."),
 ) -> None:
     if ctx.invoked_subcommand:

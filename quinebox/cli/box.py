@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import Any
 
 import typer
 
@@ -36,31 +36,31 @@ from quinebox.cli.app import (
     help="Run CMD as the main process of a fresh hardened box: stdin, stdout, stderr and the exit status pass through.",
 )
 def exec_command(
-    cmd: Optional[List[str]] = typer.Argument(None, metavar="-- CMD [ARGS...]", help="The command to run in the box (default: the image's entrypoint and command)."),
-    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant: ro:PATH[=DEST], rw:…, net, cpus:N, mem:SIZE, pids:N, tmp:SIZE, time:DUR, env:NAME[=VALUE], syscall:NAME."),
-    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit (30, 30s, 5m); exit 124 when reached."),
-    memory: Optional[str] = typer.Option(None, "--memory", metavar="SIZE", help="Memory limit (128m, 2g); same as -g mem:SIZE."),
-    cpus: Optional[str] = typer.Option(None, "--cpus", metavar="N", help="CPU limit; same as -g cpus:N."),
-    pids: Optional[str] = typer.Option(None, "--pids", metavar="N", help="Process limit; same as -g pids:N."),
-    image: Optional[str] = typer.Option(None, "--image", help="Any image: its environment, workdir and default command are honoured."),
+    cmd: list[str] | None = typer.Argument(None, metavar="-- CMD [ARGS...]", help="The command to run in the box (default: the image's entrypoint and command)."),
+    grant: list[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant: ro:PATH[=DEST], rw:…, net, cpus:N, mem:SIZE, pids:N, tmp:SIZE, time:DUR, env:NAME[=VALUE], syscall:NAME."),
+    timeout: str | None = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit (30, 30s, 5m); exit 124 when reached."),
+    memory: str | None = typer.Option(None, "--memory", metavar="SIZE", help="Memory limit (128m, 2g); same as -g mem:SIZE."),
+    cpus: str | None = typer.Option(None, "--cpus", metavar="N", help="CPU limit; same as -g cpus:N."),
+    pids: str | None = typer.Option(None, "--pids", metavar="N", help="Process limit; same as -g pids:N."),
+    image: str | None = typer.Option(None, "--image", help="Any image: its environment, workdir and default command are honoured."),
     pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
     tty: bool = typer.Option(False, "-t", "--tty", help=TTY_HELP),
     interactive: bool = typer.Option(False, "-i", "--interactive", help="Accepted as docker takes it: stdin is always attached."),
-    workdir: Optional[str] = typer.Option(None, "-w", "--workdir", "--cwd", help="Working directory inside the box."),
-    env: List[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Pass one variable; same as -g env:…"),
-    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset (strict, dev, pypi, github)."),
-    world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
-    world_from: List[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
-    world_tar: Optional[str] = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
-    ask: List[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
-    deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
-    ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
+    workdir: str | None = typer.Option(None, "-w", "--workdir", "--cwd", help="Working directory inside the box."),
+    env: list[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Pass one variable; same as -g env:…"),
+    policy: str | None = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset (strict, dev, pypi, github)."),
+    world: str | None = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
+    world_from: list[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
+    world_tar: str | None = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
+    ask: list[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
+    deny: list[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
+    ask_timeout: str | None = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
-    backend: Optional[str] = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
-    runtime: Optional[str] = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
+    backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Say where the box runs (which backend and runtime) and why."),
-    inside: Optional[str] = typer.Option(None, "--in", metavar="ID|NAME", help="Run CMD in this long-lived box (`quinebox box create`) instead of a fresh one."),
-    user: Optional[str] = typer.Option(None, "--user", metavar="UID[:GID]|NAME", help="With --in: run as this user of the box (never root)."),
+    inside: str | None = typer.Option(None, "--in", metavar="ID|NAME", help="Run CMD in this long-lived box (`quinebox box create`) instead of a fresh one."),
+    user: str | None = typer.Option(None, "--user", metavar="UID[:GID]|NAME", help="With --in: run as this user of the box (never root)."),
 ) -> None:
     if inside is not None:
         fixed = {"-g": grant, "--memory": memory, "--cpus": cpus, "--pids": pids, "--image": image, "--policy": policy, "--world": world,
@@ -90,7 +90,7 @@ def exec_command(
     )
 
 
-def exec_in(ref: str, cmd: List[str], *, tty: bool, cwd: Optional[str], env: List[str], user: Optional[str], timeout: Optional[str]) -> int:
+def exec_in(ref: str, cmd: list[str], *, tty: bool, cwd: str | None, env: list[str], user: str | None, timeout: str | None) -> int:
     """CMD in a long-lived box, with this process's stdin, stdout and stderr. If this process dies first (SIGKILL
     included), what the command started goes with it; the box stays up either way."""
     import os
@@ -125,10 +125,10 @@ def exec_in(ref: str, cmd: List[str], *, tty: bool, cwd: Optional[str], env: Lis
     return 128 + received[0] if received else code
 
 
-def run_box(cmd: List[str], *, json_summary: bool, tty: bool = False, verbose: bool = False, **options: object) -> int:
+def run_box(cmd: list[str], *, json_summary: bool, tty: bool = False, verbose: bool = False, **options: Any) -> int:
     from quinebox.api import Popen
 
-    return supervise(lambda: Popen(cmd, tty=tty, **options), json_summary=json_summary, tty=tty, verbose=verbose)  # type: ignore[arg-type]
+    return supervise(lambda: Popen(cmd, tty=tty, **options), json_summary=json_summary, tty=tty, verbose=verbose)
 
 
 def shell_argv(tty: bool) -> list[str]:
@@ -139,13 +139,13 @@ def shell_argv(tty: bool) -> list[str]:
 
 @app.command(help="An interactive shell in a fresh box, with this directory granted read-write (--read-only: read-only).")
 def shell(
-    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="More grants, as for exec."),
+    grant: list[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="More grants, as for exec."),
     read_only: bool = typer.Option(False, "--read-only", help="Grant this directory read-only."),
-    image: Optional[str] = typer.Option(None, "--image", help="Any image that has /bin/sh (default: the agent image)."),
+    image: str | None = typer.Option(None, "--image", help="Any image that has /bin/sh (default: the agent image)."),
     pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
-    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit; exit 124 when reached."),
-    env: List[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Pass one variable; same as -g env:…"),
-    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
+    timeout: str | None = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit; exit 124 when reached."),
+    env: list[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="Pass one variable; same as -g env:…"),
+    policy: str | None = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
 ) -> None:
     import os
 
@@ -161,7 +161,7 @@ def shell(
 )
 def enter(
     session: str = typer.Argument(..., help="The box's session id (or a unique prefix), as `quinebox ps` shows it."),
-    cmd: Optional[List[str]] = typer.Argument(None, metavar="[-- CMD [ARGS...]]"),
+    cmd: list[str] | None = typer.Argument(None, metavar="[-- CMD [ARGS...]]"),
 ) -> None:
     from quinebox.box.live.enter import enter_box
 
@@ -177,7 +177,7 @@ def enter(
     raise typer.Exit(code)
 
 
-def record_entry(session: str, argv: List[str], code: int) -> None:
+def record_entry(session: str, argv: list[str], code: int) -> None:
     """An agent's tape says who came in, with what, and how it ended."""
     import os
 
@@ -213,12 +213,11 @@ def kill_command(session: str = typer.Argument(..., help="The box's session id (
 
 @app.command("gc", help="Remove boxes whose owning quinebox process is gone, and guest runtimes no box uses any more.")
 def gc_command() -> None:
-    from quinebox.box.owners import listing
-    from quinebox.box.images import guest_runtime
     from quinebox.box.backends.docker import DockerBackend
-    from quinebox.box.spec import DEFAULT_IMAGE
-
+    from quinebox.box.images import guest_runtime
     from quinebox.box.live import sandboxes
+    from quinebox.box.owners import listing
+    from quinebox.box.spec import DEFAULT_IMAGE
 
     with reported():
         removed = listing.collect_garbage(repaired=lambda name, why: say(f"removed unpacked image {name[:12]}: {why}; the next box of it unpacks it afresh"))
@@ -231,8 +230,8 @@ def gc_command() -> None:
 
 @app.command("doctor", help="Each way a box could run here (runc, crun, runsc, the Docker engine): works or not, and the one command that fixes it. Exit 0 when the default way is ready.")
 def doctor_command(
-    cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help="Check every node of this Ray cluster instead: which can run boxes, and why not."),
-    image: Optional[str] = typer.Option(None, "--image", help="With --cluster: the image the nodes need (default quinebox's own)."),
+    cluster: str | None = typer.Option(None, "--cluster", metavar="ADDRESS", help="Check every node of this Ray cluster instead: which can run boxes, and why not."),
+    image: str | None = typer.Option(None, "--image", help="With --cluster: the image the nodes need (default quinebox's own)."),
 ) -> None:
     if cluster is None:
         from quinebox.box import doctor
@@ -250,7 +249,7 @@ def doctor_command(
 
 @image_app.command("build", help="Build the agent image (bootstrapping the base offline when no registry is reachable).")
 def image_build_command(
-    base: Optional[str] = typer.Option(None, "--base", help="Base image to build on (default: debian:bookworm-slim, else a debootstrapped one)."),
+    base: str | None = typer.Option(None, "--base", help="Base image to build on (default: debian:bookworm-slim, else a debootstrapped one)."),
 ) -> None:
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.images.agent_image import build_image
@@ -262,7 +261,7 @@ def image_build_command(
 @image_app.command("load", help="Unpack an image from a `docker save` tarball or an OCI layout (directory or tar): boxes of it then need no engine.")
 def image_load_command(
     path: str = typer.Argument(..., help="The tarball (`docker save -o FILE IMAGE`) or the OCI image layout."),
-    name: Optional[str] = typer.Option(None, "--name", help="Which image, when it holds several (a tag, or an OCI ref.name)."),
+    name: str | None = typer.Option(None, "--name", help="Which image, when it holds several (a tag, or an OCI ref.name)."),
 ) -> None:
     import os
 

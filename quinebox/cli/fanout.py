@@ -6,14 +6,15 @@ import json
 import signal
 import sys
 import time
-from typing import Any, Callable, List, Optional
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import typer
 
 from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, DENY_HELP, FORWARDED_SIGNALS, OTEL_HELP, app, export_traces, reported, say, tracing
 
 
-def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool, cluster: str | None = None, forward_env: List[str] = (),
+def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool, cluster: str | None = None, forward_env: Sequence[str] = (),
             trace: str | None = None) -> int:
     """Run jobs with progress on stderr, here or on a cluster; signals stop new starts and kill what runs.
 
@@ -97,25 +98,25 @@ FANOUT_HELP = "Deliverables go to DIR/NAME.out, diagnostics to DIR/NAME.err, one
 @app.command("map", help="Run one agent per input, the input as its material. " + FANOUT_HELP)
 def map_command(
     mission: str = typer.Argument(..., help="The mission, the same for every input."),
-    inputs: List[str] = typer.Argument(None, metavar="INPUTS...", help="Files or globs."),
-    jsonl: Optional[str] = typer.Option(None, "--jsonl", metavar="FILE", help="One material per line, as a JSON string."),
-    parallel: Optional[int] = typer.Option(None, "--parallel", "-P", min=1, help=PARALLEL_HELP),
+    inputs: list[str] = typer.Argument(None, metavar="INPUTS...", help="Files or globs."),
+    jsonl: str | None = typer.Option(None, "--jsonl", metavar="FILE", help="One material per line, as a JSON string."),
+    parallel: int | None = typer.Option(None, "--parallel", "-P", min=1, help=PARALLEL_HELP),
     out: str = typer.Option("quinebox-out", "--out", "-o", metavar="DIR", help="Where outputs and results.jsonl go."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="As for run."),
-    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant for every agent."),
-    image: Optional[str] = typer.Option(None, "--image"),
-    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION", help="Per agent."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Per agent."),
+    model: str | None = typer.Option(None, "--model", "-m", help="As for run."),
+    grant: list[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant for every agent."),
+    image: str | None = typer.Option(None, "--image"),
+    timeout: str | None = typer.Option(None, "--timeout", metavar="DURATION", help="Per agent."),
+    max_turns: int | None = typer.Option(None, "--max-turns", min=1),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Per agent."),
     retries: int = typer.Option(0, "--retries", min=0, help="Retry temporary failures (exit 75, engine hiccups), never an agent's own."),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Stop at the first failure, killing what runs."),
     resume: bool = typer.Option(False, "--resume", help="Skip inputs that results.jsonl says succeeded."),
-    ask: List[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
-    deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
-    ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
+    ask: list[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
+    deny: list[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
+    ask_timeout: str | None = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     json_summary: bool = typer.Option(False, "--json", help="One JSON summary line on stderr at the end."),
-    cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help=CLUSTER_HELP),
-    forward_env: List[str] = typer.Option([], "--forward-env", metavar="NAME", help=FORWARD_HELP),
+    cluster: str | None = typer.Option(None, "--cluster", metavar="ADDRESS", help=CLUSTER_HELP),
+    forward_env: list[str] = typer.Option([], "--forward-env", metavar="NAME", help=FORWARD_HELP),
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
     from quinebox.tree.fanout import map_jobs
@@ -132,19 +133,19 @@ def map_command(
 @app.command("batch", help="Run the jobs of a YAML file (mission, material or input, grants, image, model per job). " + FANOUT_HELP)
 def batch_command(
     jobs_file: str = typer.Argument(..., metavar="JOBS.yaml"),
-    parallel: Optional[int] = typer.Option(None, "--parallel", "-P", min=1, help=PARALLEL_HELP),
+    parallel: int | None = typer.Option(None, "--parallel", "-P", min=1, help=PARALLEL_HELP),
     out: str = typer.Option("quinebox-out", "--out", "-o", metavar="DIR"),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1),
+    max_turns: int | None = typer.Option(None, "--max-turns", min=1),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", min=1),
     retries: int = typer.Option(0, "--retries", min=0),
     fail_fast: bool = typer.Option(False, "--fail-fast"),
     resume: bool = typer.Option(False, "--resume"),
-    ask: List[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
-    deny: List[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
-    ask_timeout: Optional[str] = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
+    ask: list[str] = typer.Option([], "--ask", metavar="SPEC", help=ASK_HELP),
+    deny: list[str] = typer.Option([], "--deny", metavar="SPEC", help=DENY_HELP),
+    ask_timeout: str | None = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     json_summary: bool = typer.Option(False, "--json"),
-    cluster: Optional[str] = typer.Option(None, "--cluster", metavar="ADDRESS", help=CLUSTER_HELP),
-    forward_env: List[str] = typer.Option([], "--forward-env", metavar="NAME", help=FORWARD_HELP),
+    cluster: str | None = typer.Option(None, "--cluster", metavar="ADDRESS", help=CLUSTER_HELP),
+    forward_env: list[str] = typer.Option([], "--forward-env", metavar="NAME", help=FORWARD_HELP),
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
     from quinebox.tree.fanout import batch_jobs

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import List, Optional
 
 import typer
 
@@ -18,16 +17,16 @@ TOKEN_ENV = "QUINEBOX_MCP_TOKEN"
     "agents in them, read, write and edit their files, and see and roll back their worlds. -g/--policy are the most any box may hold.",
 )
 def mcp_command(
-    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant every box may be given at most (repeat): rw:PATH, ro:PATH, net:HOST, mem:SIZE, ..."),
-    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants (and deny rules) from a policy file or preset: the ceiling too."),
-    image: Optional[str] = typer.Option(None, "--image", help="The image of boxes a client does not choose one for (default: the agent image)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="The model of run_mission and fork_session (default: QUINEBOX_MODEL or config.yaml)."),
+    grant: list[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant every box may be given at most (repeat): rw:PATH, ro:PATH, net:HOST, mem:SIZE, ..."),
+    policy: str | None = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants (and deny rules) from a policy file or preset: the ceiling too."),
+    image: str | None = typer.Option(None, "--image", help="The image of boxes a client does not choose one for (default: the agent image)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="The model of run_mission and fork_session (default: QUINEBOX_MODEL or config.yaml)."),
     max_boxes: int = typer.Option(8, "--max-boxes", min=1, help="How many boxes the server holds at once."),
     http: bool = typer.Option(False, "--http", help="Serve streamable HTTP on 127.0.0.1 instead of stdio."),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="With --http: the port (default: a free one, printed)."),
-    token_file: Optional[str] = typer.Option(None, "--token-file", metavar="FILE", help=f"With --http: the bearer token, from this file (else ${TOKEN_ENV}, else a random one, printed)."),
-    backend: Optional[str] = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
-    runtime: Optional[str] = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
+    token_file: str | None = typer.Option(None, "--token-file", metavar="FILE", help=f"With --http: the bearer token, from this file (else ${TOKEN_ENV}, else a random one, printed)."),
+    backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
 ) -> None:
     use_backend(backend, runtime)
     token = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -27,20 +27,20 @@ DEFAULT_IDLE = "1h"
 
 @box_app.command("create", help="Make a box that lasts; print its id. Commands run in it with `quinebox exec --in ID -- CMD`.")
 def box_create_command(
-    grant: List[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant, as for exec: fixed for the box's life."),
-    image: Optional[str] = typer.Option(None, "--image", help="Any image (default: the agent image)."),
+    grant: list[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant, as for exec: fixed for the box's life."),
+    image: str | None = typer.Option(None, "--image", help="Any image (default: the agent image)."),
     pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
-    workdir: Optional[str] = typer.Option(None, "-w", "--workdir", help="Each command's default working directory."),
-    env: List[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="A variable every command gets; same as -g env:…"),
-    policy: Optional[str] = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
-    world: Optional[str] = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
-    world_from: List[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
-    world_tar: Optional[str] = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
-    name: Optional[str] = typer.Option(None, "--name", help="A name `exec --in`, `cp` and `box rm` take instead of the id."),
-    ttl: Optional[str] = typer.Option(None, "--ttl", metavar="DURATION", help="Remove the box this long after it is made (30m, 2h)."),
+    workdir: str | None = typer.Option(None, "-w", "--workdir", help="Each command's default working directory."),
+    env: list[str] = typer.Option([], "-e", "--env", metavar="NAME[=VALUE]", help="A variable every command gets; same as -g env:…"),
+    policy: str | None = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),
+    world: str | None = typer.Option(None, "--world", metavar="DIR", help=WORLD_HELP),
+    world_from: list[str] = typer.Option([], "--world-from", metavar="empty|PATH", help=WORLD_FROM_HELP),
+    world_tar: str | None = typer.Option(None, "--world-tar", metavar="FILE", help=WORLD_TAR_HELP),
+    name: str | None = typer.Option(None, "--name", help="A name `exec --in`, `cp` and `box rm` take instead of the id."),
+    ttl: str | None = typer.Option(None, "--ttl", metavar="DURATION", help="Remove the box this long after it is made (30m, 2h)."),
     idle: str = typer.Option(DEFAULT_IDLE, "--idle", metavar="DURATION", help="Remove it after this long with no command run in it (0: never)."),
-    backend: Optional[str] = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
-    runtime: Optional[str] = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
+    backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
 ) -> None:
     from quinebox.errors import GrantError
     from quinebox.grants import parse_duration
@@ -53,14 +53,14 @@ def box_create_command(
         idle_s = parse_duration(idle) if idle not in ("0", "") else None
         if ttl is not None and parse_duration(ttl) <= 0:
             raise GrantError(f"bad --ttl {ttl!r}: give a duration, as in --ttl 30m")
-    options = {
+    options: dict[str, Any] = {  # Sandbox's keyword arguments
         "grants": [*grant, *(f"env:{e}" for e in env)], "image": image, "pull": pull, "workdir": workdir, "policy": policy,
         "world": world, "world_from": world_from or None, "world_tar": world_tar, "ttl": ttl, "name": name,
     }
     raise typer.Exit(hold(options, idle_s))
 
 
-def hold(options: dict[str, object], idle: float | None) -> int:
+def hold(options: dict[str, Any], idle: float | None) -> int:
     """Fork the holder, which makes the box and owns it; print the id it reports, or its one line of failure."""
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -83,7 +83,7 @@ def hold(options: dict[str, object], idle: float | None) -> int:
     return int(said.partition(" ")[0]) if said[:3].isdigit() else 125
 
 
-def _holder(options: dict[str, object], idle: float | None, report: int) -> int:
+def _holder(options: dict[str, Any], idle: float | None, report: int) -> int:
     """The box's owner: made here, so it ends with this process; said to the CLI, then waited over."""
     import signal
     import time
@@ -97,7 +97,7 @@ def _holder(options: dict[str, object], idle: float | None, report: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        box = Sandbox(**options, _holder=True, _idle=idle)  # type: ignore[arg-type]
+        box = Sandbox(**options, _holder=True, _idle=idle)
     except QuineboxError as exc:
         os.write(report, f"{exc.exit_code} {exc}\n".encode(errors="replace"))
         return exc.exit_code
@@ -126,7 +126,7 @@ def box_ls_command() -> None:
     with reported():
         rows = sandboxes.live()
     print(f"{'ID':12}  {'NAME':16}  {'BACKEND':7}  {'AGE':>6}  {'TTL':>6}  {'IDLE':>6}  OWNER")
-    for record, box in rows:
+    for record, _box in rows:
         owner = record.owner.split(":")[1]
         age = time.time() - record.created
         print(
@@ -145,16 +145,16 @@ def _duration(seconds: float | None) -> str:
 
 
 @box_app.command("rm", help="Remove long-lived boxes and everything running in them.")
-def box_rm_command(refs: List[str] = typer.Argument(..., metavar="ID|NAME...")) -> None:
-    from quinebox.box.owners import listing
+def box_rm_command(refs: list[str] = typer.Argument(..., metavar="ID|NAME...")) -> None:
     from quinebox.box.live import sandboxes
+    from quinebox.box.owners import listing
 
     code = 0
     for ref in refs:
         with reported():
             try:
                 record, _ = sandboxes.find(ref)
-            except Exception as exc:  # one missing box does not keep the others
+            except Exception as exc:  # noqa: BLE001 one missing box (or one the engine fails on) does not keep the others
                 say(str(exc))
                 code = 125
                 continue

@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import time
-from typing import Optional
 
 import typer
 
@@ -32,7 +31,7 @@ def pool_unneeded() -> bool:
 def serve(
     ctx: typer.Context,
     background: bool = typer.Option(False, "--background", help="Detach, log to the state dir's serve.log, and return once it answers."),
-    pool: Optional[int] = typer.Option(
+    pool: int | None = typer.Option(
         None, "--pool", help="Warm boxes kept per shape (default 4 on the Docker backend, none on an OCI runtime; or `pool:` in config.yaml); 0: none."
     ),
 ) -> None:
@@ -52,7 +51,8 @@ def serve(
     warm()
     if background:
         if os.fork():
-            server.listener.close()  # type: ignore[union-attr]  # the child holds it now
+            assert server.listener is not None  # bound above
+            server.listener.close()  # the child holds it now
             for _ in range(100):
                 if status() is not None:
                     say(f"serving on {server.path}")

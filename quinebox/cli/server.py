@@ -71,7 +71,7 @@ def warm() -> None:
 
 
 class Server:
-    def __init__(self, pool: "Settings") -> None:
+    def __init__(self, pool: Settings) -> None:
         self.path = str(serve_socket())
         self.started = time.time()
         self.served = 0
@@ -210,10 +210,10 @@ def _wait_for(children: set[int]) -> None:
 def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
     """In the forked process: become the client's command, run it as the CLI would, report its exit status."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    for target, fd in zip((0, 1, 2), fds):
+    for target, fd in zip((0, 1, 2), fds, strict=False):  # a fourth fd, the terminal, stays where it is
         os.dup2(fd, target)
         os.close(fd)
-    sys.stdin = open(0, "r", closefd=False)
+    sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", buffering=1 if os.isatty(1) else -1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     os.environ.clear()

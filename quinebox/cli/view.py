@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from quinebox.cli.app import app, reported, say
@@ -17,12 +15,12 @@ MISSING = "the view needs its extra ({name} is missing): pip install 'quinebox[v
     "transcripts, worlds, map/batch runs, the audit log and requests waiting for a person. --export DIR writes it as static files instead.",
 )
 def view_command(
-    session: Optional[str] = typer.Argument(None, help="Open at this session's tree (or, with --export, export only its tree)."),
+    session: str | None = typer.Argument(None, help="Open at this session's tree (or, with --export, export only its tree)."),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="The port (default 0: a free one, printed)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Where to listen; anything beyond loopback is warned about."),
     open_browser: bool = typer.Option(False, "--open", help="Open the URL in a browser too."),
     allow_approve: bool = typer.Option(False, "--allow-approve", help="Let the page approve or deny waiting requests (audited as any decision)."),
-    export_dir: Optional[str] = typer.Option(None, "--export", metavar="DIR", help="Write the views as a static bundle to DIR (no server), e.g. for CI artifacts."),
+    export_dir: str | None = typer.Option(None, "--export", metavar="DIR", help="Write the views as a static bundle to DIR (no server), e.g. for CI artifacts."),
 ) -> None:
     try:
         from quinebox.view.export import export

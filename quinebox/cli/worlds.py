@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
@@ -21,8 +20,8 @@ def world_log_command(session: str) -> None:
 @world_app.command("diff", help="What revision REV (default: the newest) changed since --against (default: the one before it).")
 def world_diff_command(
     session: str,
-    rev: Optional[int] = typer.Argument(None, min=0),
-    against: Optional[int] = typer.Option(None, "--against", min=0, metavar="REV"),
+    rev: int | None = typer.Argument(None, min=0),
+    against: int | None = typer.Option(None, "--against", min=0, metavar="REV"),
 ) -> None:
     from quinebox.worlds import history
 
@@ -31,7 +30,7 @@ def world_diff_command(
 
 
 @world_app.command("export", help="Write a revision of a world (default: the newest) as a tar archive to stdout.")
-def world_export_command(session: str, rev: Optional[int] = typer.Argument(None, min=0)) -> None:
+def world_export_command(session: str, rev: int | None = typer.Argument(None, min=0)) -> None:
     import os
 
     from quinebox.worlds import history

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from quinebox.errors import QuineboxError
 
@@ -76,7 +77,7 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def forwarded_env(names: Iterable[str], environ: dict[str, str] | None = None) -> dict[str, str]:
+def forwarded_env(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """`--forward-env NAME`: the driver's value of each NAME, for the nodes' attempts (never the boxes)."""
     environ = os.environ if environ is None else environ
     chosen: dict[str, str] = {}
@@ -89,7 +90,7 @@ def forwarded_env(names: Iterable[str], environ: dict[str, str] | None = None) -
     return chosen
 
 
-def ray_address(address: str, environ: dict[str, str] | None = None) -> str:
+def ray_address(address: str, environ: Mapping[str, str] | None = None) -> str:
     """What `ray.init` is given: `ray://HOST:PORT` (Ray Client), `HOST:PORT` (the head's GCS), or `auto`."""
     environ = os.environ if environ is None else environ
     if address == "auto":
@@ -110,7 +111,7 @@ def _init(ray: Any, target: str, address: str) -> None:
     def init() -> None:
         try:
             ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False)
-        except BaseException as exc:  # Ray's own errors are many: each becomes the one line below
+        except BaseException as exc:  # noqa: BLE001 Ray's own errors are many: each becomes the one line below
             failed.append(exc)
         finally:
             done.set()

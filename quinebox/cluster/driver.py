@@ -15,15 +15,16 @@ import secrets
 import shutil
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
 
-from quinebox.processes import owner_tag
 from quinebox.cluster.commit import Commits, Staged
 from quinebox.cluster.connect import RESOURCE, Cluster, first_line
 from quinebox.cluster.node import CHUNK, attempt
 from quinebox.errors import QuineboxError
+from quinebox.processes import owner_tag
 from quinebox.state import cluster_dir
 from quinebox.tree.fanout import RETRY_PAUSE, Attempt, Job, Options, Progress, Runner
 
@@ -74,7 +75,7 @@ class Dispatch:
         for generator in running:
             try:
                 self.cluster.ray.cancel(generator, force=True)
-            except Exception:  # it ended meanwhile
+            except Exception:  # noqa: BLE001 it ended meanwhile (Ray's error for that has no stable type)
                 pass
 
     def run_attempt(self, job: Job, number: int, avoid: Collection[str] = ()) -> Staged | Unready:

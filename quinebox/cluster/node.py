@@ -16,12 +16,13 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from quinebox.processes import owner_tag
 from quinebox.errors import EngineError, ImageError, QuineboxError
+from quinebox.processes import owner_tag
 from quinebox.state import cluster_dir, session_dir
 
 #: The most any one object of an attempt's stream holds.
@@ -55,7 +56,7 @@ def unready(image: str | None) -> str | None:
             return f"image {name} is not on node {host_name()}: build or load it there (`quinebox image build` for quinebox's own)"
     except QuineboxError as exc:
         return str(exc)
-    except Exception as exc:  # an engine that stopped answering between requests
+    except Exception as exc:  # noqa: BLE001 an engine that stopped answering between requests
         return f"the engine on node {host_name()} did not answer: {exc}"
     return None
 

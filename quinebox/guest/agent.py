@@ -27,14 +27,22 @@ import socket
 import sys
 import threading
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import forwarder  # noqa: E402  (the guest directory is not a package on sys.path)
-import lifeline  # noqa: E402
-import protocol  # noqa: E402
-from host import Host, Refused  # noqa: E402
-from prompt import FINAL_TOOLS, SYSTEM_PROMPT, TOOLS, network  # noqa: E402
-from tools import DELIVERABLE, DIAGNOSTICS, MATERIAL, fork, run_sh  # noqa: E402
-from worldplan import restore_world  # noqa: E402
+TYPE_CHECKING = False  # typing's flag, without importing typing (start-up): mypy reads the guest as the package, a box runs it flat
+if TYPE_CHECKING:
+    from quinebox.guest import forwarder, lifeline, protocol
+    from quinebox.guest.host import Host, Refused
+    from quinebox.guest.prompt import FINAL_TOOLS, SYSTEM_PROMPT, TOOLS, network
+    from quinebox.guest.tools import DELIVERABLE, DIAGNOSTICS, MATERIAL, fork, run_sh
+    from quinebox.guest.worldplan import restore_world
+else:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the guest directory is not a package on sys.path
+    import forwarder
+    import lifeline
+    import protocol
+    from host import Host, Refused
+    from prompt import FINAL_TOOLS, SYSTEM_PROMPT, TOOLS, network
+    from tools import DELIVERABLE, DIAGNOSTICS, MATERIAL, fork, run_sh
+    from worldplan import restore_world
 
 NOTE_CAP = 64 << 10
 SH_TIMEOUT = 120.0

@@ -14,8 +14,12 @@ import socket
 import sys
 import threading
 
-sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
-import protocol  # noqa: E402
+TYPE_CHECKING = False  # typing's flag, without importing typing (start-up): mypy reads the guest as the package, a box runs it flat
+if TYPE_CHECKING:
+    from quinebox.guest import protocol
+else:
+    sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+    import protocol
 
 HOST_SOCKET = "/run/quinebox/host.sock"
 CHUNK = 64 << 10

@@ -114,7 +114,7 @@ def main(argv):
         return TOO_LARGE
     except OSError as exc:
         sys.stderr.write(f"{exc.strerror or exc}: {argv[2]}\n")
-        return CODES.get(exc.errno, OTHER)
+        return CODES.get(exc.errno or 0, OTHER)  # one without an errno is OTHER too
     return 0
 
 

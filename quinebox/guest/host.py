@@ -5,7 +5,11 @@ Stdlib only: it runs inside boxes.
 
 import socket
 
-import protocol
+TYPE_CHECKING = False  # typing's flag, without importing typing (start-up): mypy reads the guest as the package, a box runs it flat
+if TYPE_CHECKING:
+    from quinebox.guest import protocol
+else:
+    import protocol
 
 HOST_SOCKET = "/run/quinebox/host.sock"
 

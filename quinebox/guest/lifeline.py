@@ -17,14 +17,19 @@ above; an agent's loop takes the process over instead, lifeline and all.
 Runs inside untrusted boxes: stdlib only, small, no state.
 """
 
-import _signal as signal  # noqa: I001  signal and socket without their enum wrappers: enum, json and threading
-import _socket as socket  # are a third of an interpreter's start-up in a box, paid by every box; the rest comes on need
-import fcntl
+import _socket as socket  # signal and socket without their enum wrappers: enum, json and threading
+import fcntl  # are a third of an interpreter's start-up in a box, paid by every box; the rest comes on need
 import os
 import select
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory off sys.path
+TYPE_CHECKING = False  # typing's flag, without importing typing (start-up): mypy reads the guest as the package, a box runs it flat
+if TYPE_CHECKING:
+    import signal  # typeshed describes _signal only as signal
+else:
+    import _signal as signal
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory off sys.path
 
 HOST_SOCKET = "/run/quinebox/host.sock"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -98,7 +103,7 @@ def await_size(fd, tries=SIZE_TRIES):
         select.select([], [], [], 0.01)
 
 
-_keep = []
+_keep: list[object] = []
 
 
 def exited_fd(child):
@@ -135,8 +140,12 @@ def reap_orphans(child):
 
 def claimed(lifeline):
     """A warm box's wait for its command: (argv, environment, whether an agent takes over); the host gone ends the box."""
-    import protocol
     import socket as sockets
+
+    if TYPE_CHECKING:
+        from quinebox.guest import protocol
+    else:
+        import protocol
 
     reader = sockets.socket(fileno=os.dup(lifeline.fileno())).makefile("rb")  # the host sends nothing after the claim: nothing is read ahead
     try:
@@ -183,7 +192,10 @@ def main(argv):
         if agent:
             take_over(argv, lifeline)
     if os.environ.get("QUINEBOX_EGRESS"):  # only a box with egress has a forwarder (and threads)
-        import forwarder
+        if TYPE_CHECKING:
+            from quinebox.guest import forwarder
+        else:
+            import forwarder
 
         forwarder.start()
     if os.isatty(0):

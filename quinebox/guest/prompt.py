@@ -35,7 +35,7 @@ def network(granted, asked=""):
     return said
 
 
-TOOLS = [
+TOOLS: list[dict] = [  # JSON schemas, as the model's API takes them
     {
         "type": "function",
         "function": {

@@ -8,8 +8,13 @@ import os
 import signal
 import threading
 
-import protocol
-from worldplan import adopt_world
+TYPE_CHECKING = False  # typing's flag, without importing typing (start-up): mypy reads the guest as the package, a box runs it flat
+if TYPE_CHECKING:
+    from quinebox.guest import protocol
+    from quinebox.guest.worldplan import adopt_world
+else:
+    import protocol
+    from worldplan import adopt_world
 
 #: The box's stdin, stdout and stderr, as the agent's sh commands see them.
 MATERIAL, DELIVERABLE, DIAGNOSTICS = 3, 4, 5
@@ -78,11 +83,15 @@ def run_sh(command, timeout):
 
 def fork(children, mode, adopt=False, host=None):
     """Start the children over the host socket; their results as the model reads them."""
-    import cli  # the in-box command's client; argparse and all, so only when forking
+    if TYPE_CHECKING:
+        from quinebox.guest import cli
+    else:
+        import cli  # the in-box command's client; argparse and all, so only when forking
 
     if mode not in ("wait", "race", "forget") or not isinstance(children, list) or not children:
         return "error: fork needs a non-empty list of children and a mode of wait, race or forget"
-    started, results = [], [None] * len(children)
+    started: list[tuple[int, cli.Child]] = []
+    results: list[dict | None] = [None] * len(children)
     for index, spec in enumerate(children):
         if not isinstance(spec, dict) or not isinstance(spec.get("mission"), str):
             results[index] = {"error": "each child needs a string mission"}
@@ -99,7 +108,7 @@ def fork(children, mode, adopt=False, host=None):
             results[index] = {"error": f"cannot reach the host: {exc}"}
             continue
         started.append((index, child))
-    winner = []
+    winner: list[int] = []
 
     def follow(index, child):
         out, err = Collected(), Collected()
@@ -130,6 +139,7 @@ def fork(children, mode, adopt=False, host=None):
     outcome = {"mode": mode, "children": results}
     if mode == "race":
         outcome["winner"] = winner[0] if winner else None
-        if adopt and winner:
-            outcome["adopted"] = adopt_world(host, results[winner[0]]["session"])
+        won = results[winner[0]] if winner else None  # the winner's result is in before it is the winner
+        if adopt and won:
+            outcome["adopted"] = adopt_world(host, won["session"])
     return json.dumps(outcome, indent=1)

@@ -8,7 +8,11 @@ Stdlib only: it runs inside boxes.
 import os
 import stat
 
-import protocol
+TYPE_CHECKING = False  # typing's flag, without importing typing (start-up): mypy reads the guest as the package, a box runs it flat
+if TYPE_CHECKING:
+    from quinebox.guest import protocol
+else:
+    import protocol
 
 WORLD = "/world"
 NODES = {"p": stat.S_IFIFO, "s": stat.S_IFSOCK}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import yaml
 from inspect_ai.util import SandboxEnvironmentConfigType
@@ -60,14 +60,14 @@ class QuineboxEnvironmentConfig(BaseModel):
     """The longest a box may live ("2h"): a sample still running then finds its sandbox gone."""
 
     @model_validator(mode="after")
-    def _one_image(self) -> "QuineboxEnvironmentConfig":
+    def _one_image(self) -> QuineboxEnvironmentConfig:
         if self.image and self.dockerfile:
             raise ValueError("give `image` or `dockerfile`, not both")
         if self.context and not self.dockerfile:
             raise ValueError("`context` is the build context of a `dockerfile`: give one")
         return self
 
-    def resolved(self, base: Path) -> "QuineboxEnvironmentConfig":
+    def resolved(self, base: Path) -> Self:
         """This config with its relative host paths made absolute from `base` (a config file's directory)."""
 
         def absolute(path: str | None) -> str | None:
@@ -108,7 +108,7 @@ class QuineboxSandboxConfig(QuineboxEnvironmentConfig):
     environments: dict[str, QuineboxEnvironmentConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _named(self) -> "QuineboxSandboxConfig":
+    def _named(self) -> QuineboxSandboxConfig:
         if "default" in self.environments:
             raise ValueError("the top-level fields are the 'default' environment: name the others something else")
         return self
@@ -121,7 +121,7 @@ class QuineboxSandboxConfig(QuineboxEnvironmentConfig):
         default = QuineboxEnvironmentConfig(**self.model_dump(exclude={"environments"}))
         return {"default": default, **self.environments}
 
-    def resolved(self, base: Path) -> "QuineboxSandboxConfig":
+    def resolved(self, base: Path) -> Self:
         top = QuineboxEnvironmentConfig.resolved(self, base)
         return top.model_copy(update={"environments": {name: env.resolved(base) for name, env in self.environments.items()}})
 

@@ -24,7 +24,8 @@ import shlex
 import shutil
 import threading
 import uuid
-from typing import Any, Callable, Literal, TypeVar, Union, overload
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, overload
 
 import anyio
 from inspect_ai.util import (
@@ -58,12 +59,7 @@ START_RETRIES = 2
 #: stops the reader would otherwise hold it for ever; a FIFO, a socket or a device is refused at once).
 FILE_TIMEOUT = 600
 #: Each OSError a file operation raises, with the errno Python's own open() would give it.
-ERRNOS: dict[type[OSError], int] = {
-    FileNotFoundError: errno.ENOENT,
-    IsADirectoryError: errno.EISDIR,
-    PermissionError: errno.EACCES,
-    NotADirectoryError: errno.ENOTDIR,
-}
+ERRNOS: dict[type[OSError], int] = {FileNotFoundError: errno.ENOENT, IsADirectoryError: errno.EISDIR, PermissionError: errno.EACCES, NotADirectoryError: errno.ENOTDIR}
 
 T = TypeVar("T")
 
@@ -142,7 +138,7 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
     """One quinebox box of a sample: `sandbox()` (its "default" environment) or `sandbox(NAME)`."""
 
     #: The environments of each task's samples that are still up, so task_cleanup can remove what samples left.
-    _live: dict[str, set["QuineboxSandboxEnvironment"]] = {}
+    _live: dict[str, set[QuineboxSandboxEnvironment]] = {}
 
     def __init__(self, sandbox: Sandbox):
         super().__init__()
@@ -177,7 +173,7 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
         async def make(name: str, env: QuineboxEnvironmentConfig) -> None:
             try:
                 sandbox = await in_thread(Sandbox, **env.sandbox_options(), name=box_name(task_name, name))
-            except Exception as exc:  # the first is raised as it is, not in an ExceptionGroup
+            except Exception as exc:  # noqa: BLE001 whatever a box's start raised, collected: the first is raised as it is, not in an ExceptionGroup
                 failed.append(exc)
                 return
             made[name] = cls(sandbox)
@@ -224,7 +220,7 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
         print(f"removed {len(removed)} quinebox box{'es' if len(removed) != 1 else ''}" + (": " + " ".join(removed) if removed else ""))
 
     @staticmethod
-    async def _close(environments: list["QuineboxSandboxEnvironment"]) -> None:
+    async def _close(environments: list[QuineboxSandboxEnvironment]) -> None:
         async with anyio.create_task_group() as group:
             for env in environments:
                 group.start_soon(functools.partial(in_thread, env._sandbox.close))
@@ -279,7 +275,7 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
             raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR, run.output())
         if run.timed_out:
             error = TimeoutError(f"Command timed out after {timeout} seconds")
-            setattr(error, "truncated_output", run.output())  # what Inspect shows the model of a command cut short
+            setattr(error, "truncated_output", run.output())  # noqa: B010 what Inspect shows the model of a command cut short; TimeoutError declares no such attribute
             raise error
         stdout, stderr = bytes(run.stdout).decode(errors="replace"), bytes(run.stderr).decode(errors="replace")
         if code != 0 and self._sandbox.returncode is not None:
@@ -338,7 +334,7 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
     @overload
     async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
 
-    async def read_file(self, file: str, text: bool = True) -> Union[str, bytes]:
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
         """`file`'s bytes as the box's user reads them (text: strict UTF-8, newlines kept), no more than Inspect's
         read limit of them: past it the read is stopped and OutputLimitExceededError raised (at once when the file's
         size says so). A FIFO, a socket or a device there is PermissionError saying which: it has no bytes to read."""
@@ -386,8 +382,8 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
 
 def remove_boxes(id: str | None) -> list[str]:
     """Remove box `id` (its id, prefix or name), or all of this provider's, then collect orphans; the sessions removed."""
-    from quinebox.box.owners import listing
     from quinebox.box.live import sandboxes
+    from quinebox.box.owners import listing
 
     if id is not None:
         doomed = [sandboxes.find(id)[0].session]

@@ -49,7 +49,8 @@ class Capped:
     """An output stream's first `cap` bytes, and how many came after them."""
 
     def __init__(self, cap: int):
-        self.cap, self.parts, self.kept, self.total = cap, [], 0, 0
+        self.cap, self.kept, self.total = cap, 0, 0
+        self.parts: list[bytes] = []
 
     def __call__(self, chunk: bytes) -> None:
         self.total += len(chunk)

@@ -26,7 +26,8 @@ import secrets
 import sys
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -183,7 +184,7 @@ def strict(fn: Callable[..., Any], name: str) -> Tool:
     tool = Tool.from_function(guarded(fn), name=name, structured_output=False)
     base = tool.fn_metadata.arg_model
 
-    class Arguments(base):  # type: ignore[misc, valid-type]
+    class Arguments(base):  # type: ignore[misc, valid-type]  # a base known only at run time (the SDK's model of fn's arguments)
         model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     Arguments.__name__ = base.__name__

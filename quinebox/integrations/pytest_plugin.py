@@ -19,7 +19,8 @@ missing engine or runtime means a broken machine, not a reason to test less.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
