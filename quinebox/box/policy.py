@@ -195,10 +195,10 @@ def proxied(spec: BoxSpec) -> bool:
     return bool(spec.grants.net or spec.asks.ask.net) and not bridged(spec.grants)
 
 
-def environment_for(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
+def environment_for(spec: BoxSpec, image: ImageInfo) -> dict[str, str | None]:
     """The image's environment stands (the engine applies it); ours goes on top: a writable HOME, the session,
     the egress forwarder for every kind of client, the grants."""
-    environment = {"HOME": "/tmp", "TMPDIR": "/tmp", "QUINEBOX_SESSION": spec.session}
+    environment: dict[str, str | None] = {"HOME": "/tmp", "TMPDIR": "/tmp", "QUINEBOX_SESSION": spec.session}
     if not image.sets("PATH"):
         environment["PATH"] = BOX_PATH
     if not image.sets("LANG"):
@@ -217,7 +217,7 @@ def environment_for(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
         environment[name] = placeholder(spec.session, name)
     if spec.tls_dir:
         environment.update({variable: f"{TLS_DIR}/bundle.pem" for variable in BUNDLE_VARIABLES}, NODE_EXTRA_CA_CERTS=f"{TLS_DIR}/ca.pem")
-    environment.update(dict(spec.grants.env))
+    environment.update(dict(spec.grants.env))  # a grant without a value (None) unsets the name
     return environment
 
 

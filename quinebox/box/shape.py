@@ -20,20 +20,7 @@ import hashlib
 import json
 from typing import Any
 
-from quinebox.box.policy import (
-    DEFAULT_MEM,
-    GUEST_PYTHON,
-    HOST_SOCKET,
-    LABEL_CREATED,
-    LABEL_OWNER,
-    LABEL_PARENT,
-    LABEL_PREFIX,
-    LABEL_SESSION,
-    LABEL_USER,
-    RUNTIME,
-    ContainerConfig,
-    proxied,
-)
+from quinebox.box.policy import DEFAULT_MEM, GUEST_PYTHON, HOST_SOCKET, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_PREFIX, LABEL_SESSION, LABEL_USER, RUNTIME, ContainerConfig, proxied
 from quinebox.box.spec import BoxSpec
 
 #: On a warm box: the digest of its shape (it holds no session until claimed).

@@ -9,10 +9,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from quinebox import __version__
 from quinebox.audit.asks import Asks
@@ -47,13 +48,13 @@ class ImageInfo:
     arch: str = "amd64"
 
     @classmethod
-    def from_inspect(cls, name: str, data: dict[str, Any]) -> "ImageInfo":
+    def from_inspect(cls, name: str, data: dict[str, Any]) -> ImageInfo:
         config = data.get("Config") or {}
-        env = tuple(tuple(item.split("=", 1)) for item in config.get("Env") or [] if "=" in item)
+        env = tuple((key, value) for key, _, value in (item.partition("=") for item in config.get("Env") or []) if _)
         return cls(
             name=name,
             id=data.get("Id", ""),
-            env=env,  # type: ignore[arg-type]
+            env=env,
             workdir=config.get("WorkingDir") or "",
             entrypoint=tuple(config.get("Entrypoint") or ()),
             cmd=tuple(config.get("Cmd") or ()),
@@ -231,7 +232,7 @@ def build_spec(
         image=image or DEFAULT_IMAGE,
         session=session,
         owner=owner_id(),
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
         cwd=cwd,
         uid=uid,
         gid=gid,
@@ -260,4 +261,4 @@ def required_backend(policy: Mapping[str, Any], backend: str | None, runtime: st
             raise GrantError(f"the policy requires {key} {required}, and {asked} was asked for: drop --{key} or use another policy")
     if policy.get("runtime") and (policy.get("backend") or backend) == "docker":
         raise GrantError(f"the policy requires the OCI runtime {policy['runtime']}, which the Docker backend does not use")
-    return policy.get("backend") or backend or (("oci" if policy.get("runtime") else None)), policy.get("runtime") or runtime
+    return policy.get("backend") or backend or ("oci" if policy.get("runtime") else None), policy.get("runtime") or runtime

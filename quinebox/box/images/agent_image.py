@@ -15,8 +15,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import docker.errors
 
@@ -99,7 +99,8 @@ def bootstrap_base(backend: DockerBackend, log: Log = _say) -> None:
         try:
             backend.api.import_image(src=tar.stdout, repository=repository, tag=tag)
         finally:
-            tar.stdout.close()
+            if tar.stdout:
+                tar.stdout.close()
             tar.wait()
 
 

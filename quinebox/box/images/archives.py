@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from quinebox.box.images.layers import Tree
-from quinebox.box.policy import native_machine
 from quinebox.box.images.rootfs import HEX, familiar, remember, unpack, unpacked
+from quinebox.box.policy import native_machine
 from quinebox.box.spec import ImageInfo
 from quinebox.errors import ImageError
 
@@ -144,7 +144,7 @@ def _unpack_archive(files: _Files, config_bytes: bytes, layers: list[str], name:
 
         def fill(root: Path) -> None:
             tree = Tree(str(root), f"image {info.name}")
-            for number, (layer, diff_id) in enumerate(zip(layers, diff_ids), 1):
+            for number, (layer, diff_id) in enumerate(zip(layers, diff_ids, strict=True), 1):
                 with files.open(layer) as stream:
                     tree.layer(stream, diff_id=diff_id, number=number)
             tree.close()

@@ -11,7 +11,8 @@ quinebox runs native code only (its seccomp profile is for one architecture).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from quinebox.box.policy import native_machine
 from quinebox.box.spec import ImageInfo

@@ -33,19 +33,20 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import stat
 import re
 import shutil
+import stat
 import tempfile
 import urllib.parse
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from quinebox.box.images import seal
 from quinebox.box.spec import ImageInfo
-from quinebox.processes import owner_tag, process_start_ticks
 from quinebox.errors import ImageError, QuineboxError
+from quinebox.processes import owner_tag, process_start_ticks
 from quinebox.state import run_dir, state_dir, unwritable
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ def unpacked(image_id: str) -> Path | None:
 def in_rootfs(root: str, path: str) -> bool:
     """Whether an unpacked image holds `path`, its links resolved as the box would see them (inside its root:
     busybox's /bin/sh and a merged /usr's /bin are links); only looked at, never opened."""
-    parts, seen, hops = [p for p in path.split("/") if p], [], 0
+    parts, hops = [p for p in path.split("/") if p], 0
+    seen: list[str] = []
     while parts:
         name = parts.pop(0)
         if name == "..":

@@ -45,7 +45,7 @@ def digest(root: str | Path) -> tuple[int, str]:
     return count, sha.hexdigest()
 
 
-def _add(sha: "hashlib._Hash", name: str, info: os.stat_result) -> None:
+def _add(sha: hashlib._Hash, name: str, info: os.stat_result) -> None:
     sha.update(os.fsencode(name) + b"\0")
     sha.update(f"{info.st_mode:o} {info.st_uid} {info.st_gid} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns}\n".encode())
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from quinebox import fdpass
 from quinebox.errors import QuineboxError
@@ -50,7 +51,7 @@ class Relay(Protocol):
 class Spawner(Protocol):
     """Starts child boxes for this box (its place in the tree). `None`: this box may not."""
 
-    def spawn(self, request: dict[str, Any], channel: "Channel") -> Relay: ...
+    def spawn(self, request: dict[str, Any], channel: Channel) -> Relay: ...
 
 
 class Channel:

@@ -17,8 +17,7 @@ would allow it; a SOCKS refusal). Each refused destination is one line on
 stderr and one `egress` record (allowed false) on the audit log, once per box;
 a network fault is said as "failed" and recorded with `fault`. The box's tape
 records every decision. The host's loopback is reached only by the name
-`host-loopback`, never resolved, at a port granted as net:host-loopback:PORT.
-"""
+`host-loopback`, never resolved, at a port granted as net:host-loopback:PORT."""
 
 from __future__ import annotations
 
@@ -27,7 +26,9 @@ import os
 import socket
 import threading
 import urllib.parse
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from io import BufferedReader
+from typing import IO, Any
 
 from quinebox.audit import log
 from quinebox.audit.approvals import Decision
@@ -100,7 +101,7 @@ class Egress:
             reader.close()
             conn.close()
 
-    def handle(self, conn: socket.socket, reader: IO[bytes]) -> None:
+    def handle(self, conn: socket.socket, reader: BufferedReader) -> None:
         """One connection the box handed over, until it ends (the caller closes it)."""
         with self._lock:
             full = self._open >= MAX_CONNECTIONS

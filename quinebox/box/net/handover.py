@@ -11,7 +11,7 @@ import os
 import socket
 import stat
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from quinebox.box.net.broker import box_socket
 

@@ -8,7 +8,8 @@ import ipaddress
 import os
 import socket
 import urllib.parse
-from typing import IO, Callable
+from collections.abc import Callable
+from typing import IO
 
 from quinebox.netrules import Address
 
@@ -56,7 +57,7 @@ def resolve(name: str, port: int) -> list[Address]:
         infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise Refused(f"egress to {name}:{port} failed: cannot resolve {name} ({exc})", status=502, socks=4, destination=f"{name}:{port}", fault=True) from None
-    return list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
+    return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
 
 
 def parse_head(head: bytes) -> tuple[str, str, str, list[list[str]], dict[str, str]]:

@@ -17,8 +17,9 @@ import datetime
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from quinebox.errors import GrantError
 
@@ -70,7 +71,7 @@ class Authority:
 
         self._x509, self._hashes, self._serialization, self._ec, self._oid = x509, hashes, serialization, ec, NameOID
         self._key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"quinebox box {session}")])
         self._name = name
         self.certificate = (
@@ -85,25 +86,25 @@ class Authority:
             .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
             .sign(self._key, hashes.SHA256())
         )
-        self._contexts: dict[str, "ssl.SSLContext"] = {}
+        self._contexts: dict[str, ssl.SSLContext] = {}
         self._lock = threading.Lock()
 
     def pem(self) -> bytes:
         return self.certificate.public_bytes(self._serialization.Encoding.PEM)
 
-    def context(self, host: str) -> "ssl.SSLContext":
+    def context(self, host: str) -> ssl.SSLContext:
         """A TLS server context presenting a certificate for `host` signed by this authority."""
         with self._lock:
             if host not in self._contexts:
                 self._contexts[host] = self._server_context(host)
             return self._contexts[host]
 
-    def _server_context(self, host: str) -> "ssl.SSLContext":
+    def _server_context(self, host: str) -> ssl.SSLContext:
         import ssl
 
         x509, serialization = self._x509, self._serialization
         key = self._ec.generate_private_key(self._ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         leaf = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(self._oid.COMMON_NAME, host)]))
