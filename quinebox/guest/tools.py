@@ -55,15 +55,19 @@ def run_sh(command, timeout):
 
     environment = dict(os.environ)  # the image's own, as the box was given it
     environment["PATH"] = environment.get("PATH", DEFAULT_PATH) + ":" + IN_BOX_BIN
-    proc = subprocess.Popen(
-        ["/bin/sh", "-c", command],
-        env=environment,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        pass_fds=(MATERIAL, DELIVERABLE, DIAGNOSTICS),
-        start_new_session=True,
-    )
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(MATERIAL, DELIVERABLE, DIAGNOSTICS),
+            start_new_session=True,
+        )
+    except (OSError, ValueError) as exc:  # a command past the kernel's argument limit (E2BIG), or holding a NUL
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        return 126, f"error: the command cannot be run ({why}; it is {len(command.encode(errors='replace'))} bytes): write a long script to a file under /tmp and run that"
     out, err = Collected(), Collected()
     readers = [threading.Thread(target=out.drain, args=(proc.stdout,)), threading.Thread(target=err.drain, args=(proc.stderr,))]
     for reader in readers:
