@@ -386,7 +386,7 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
 
 def remove_boxes(id: str | None) -> list[str]:
     """Remove box `id` (its id, prefix or name), or all of this provider's, then collect orphans; the sessions removed."""
-    from quinebox.box.owners import listing
+    from quinebox.box.owners import gc, listing
     from quinebox.box.live import sandboxes
 
     if id is not None:
@@ -397,4 +397,4 @@ def remove_boxes(id: str | None) -> list[str]:
         listing.kill_subtree(session)
         sandboxes.wait_gone(session, 10)
         sandboxes.remove_record(session)
-    return doomed + listing.collect_garbage()
+    return doomed + gc.collect_garbage()

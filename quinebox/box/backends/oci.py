@@ -106,16 +106,8 @@ class Runtime:
                                     stderr=stdio[2] if stdio else subprocess.PIPE, start_new_session=new_session)
         except OSError as exc:
             raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {runtime_hint(self.name)}") from None
-        pidfd = os.pidfd_open(proc.pid)
-        try:
-            ready = select.poll()
-            ready.register(pidfd, select.POLLIN)
-            if not ready.poll(timeout * 1000):
-                proc.kill()
-                proc.wait()
-                raise EngineError(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)")
-        finally:
-            os.close(pidfd)
+        if not _ended_within(proc, timeout):
+            raise EngineError(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)")
         err = proc.stderr.read() if proc.stderr else b""
         if proc.stderr:
             proc.stderr.close()
@@ -149,8 +141,9 @@ class Runtime:
         return self._quietly(["kill", "--all", cid, signal], "kill the box")
 
     def delete(self, cid: str) -> bool:
-        """Remove the box, killed first if it still runs; its cgroup and state go with it. False when the runtime did not answer."""
-        return self._quietly(["delete", "--force", cid], "remove the box")
+        """Remove the box, killed first if it still runs; its cgroup and state go with it. True only when the
+        runtime no longer knows it; False when it refused or did not answer."""
+        return deleted(self.argv(), cid)
 
     def _quietly(self, args: list[str], what: str) -> bool:
         try:
@@ -190,6 +183,41 @@ class Runtime:
         """The command line that runs `argv` in a live box, as `user`, within the box's namespaces, cgroup and seccomp."""
         options = ["--user", user, *(["--cwd", cwd] if cwd else []), *(a for e in env for a in ("--env", e))]
         return self.argv("exec", *(["--tty"] if tty else []), *options, cid, *argv)
+
+
+def _ended_within(proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether `proc` ended within `timeout`, waited for on a pidfd (seen at once; subprocess's own deadline
+    polls, up to 50 ms late); one that did not is killed and reaped."""
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        ready = select.poll()
+        ready.register(pidfd, select.POLLIN)
+        if ready.poll(timeout * 1000):
+            return True
+        proc.kill()
+        proc.wait()
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def _status(argv: list[str]) -> int | None:
+    """A quiet verb's exit status; None when it could not run or outlasted QUICK_TIMEOUT."""
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+    return proc.wait() if _ended_within(proc, QUICK_TIMEOUT) else None
+
+
+def deleted(runtime: list[str], cid: str) -> bool:
+    """`runtime` (a Runtime's argv) told to delete `cid` by force: whether it is gone, deleted now or before. A
+    delete that fails is asked after with `state`: only a runtime that no longer knows the box has removed it;
+    one that does not answer in time has not. Plain argv, so the keeper a process forks (reaper.py) deletes the same way."""
+    done = _status([*runtime, "delete", "--force", cid])
+    if done is None:
+        return False
+    return done == 0 or _status([*runtime, "state", cid]) not in (0, None)
 
 
 def sandbox_death(bundle: str) -> str | None:
