@@ -56,6 +56,10 @@ def container_id(session: str) -> str:
     return f"quinebox-{session}"
 
 
+class TimedOut(EngineError):
+    """The runtime did not answer within its deadline: told apart by its type, not its words."""
+
+
 @dataclass(frozen=True)
 class Runtime:
     """One OCI runtime binary and the directory it keeps its containers' state in."""
@@ -91,7 +95,7 @@ class Runtime:
         try:
             done = subprocess.run(self.argv(*args), timeout=timeout or runtime_timeout(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except subprocess.TimeoutExpired:
-            raise EngineError(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)") from None
+            raise TimedOut(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)") from None
         except OSError as exc:
             raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {runtime_hint(self.name)}") from None
         if done.returncode != 0:
@@ -107,7 +111,7 @@ class Runtime:
         except OSError as exc:
             raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {runtime_hint(self.name)}") from None
         if not _ended_within(proc, timeout):
-            raise EngineError(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)")
+            raise TimedOut(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)")
         err = proc.stderr.read() if proc.stderr else b""
         if proc.stderr:
             proc.stderr.close()
@@ -130,33 +134,20 @@ class Runtime:
         argv = self.argv("--log", log, "--log-format", "json", *panic, "run", "--detach", "--bundle", bundle, "--pid-file", pid_file, *extra, cid)
         try:
             self._call(argv, "start the box", timeout=runtime_timeout(), stdio=stdio, new_session=True)
-        except EngineError as exc:
-            if "in time" in str(exc):
-                raise
+        except TimedOut:
+            raise
+        except EngineError:
             raise EngineError(f"the OCI runtime {self.name} could not start the box: {_logged_reason(log)}") from None
 
     def kill(self, cid: str, signal: str = "KILL") -> bool:
-        """Signal every process of the box. False only when the runtime did not answer in time: a box that has
-        stopped or is gone already is not running either way."""
-        return self._quietly(["kill", "--all", cid, signal], "kill the box")
+        """Signal every process of the box. False only when the runtime could not be run or did not answer in
+        time: a box that has stopped or is gone already (the runtime refuses those) is not running either way."""
+        return _status(self.argv("kill", "--all", cid, signal)) is not None
 
     def delete(self, cid: str) -> bool:
         """Remove the box, killed first if it still runs; its cgroup and state go with it. True only when the
         runtime no longer knows it; False when it refused or did not answer."""
         return deleted(self.argv(), cid)
-
-    def _quietly(self, args: list[str], what: str) -> bool:
-        try:
-            self._call(self.argv(*args), what, timeout=QUICK_TIMEOUT)
-        except EngineError as exc:
-            return "in time" not in str(exc)
-        return True
-
-    def state(self, cid: str) -> dict[str, Any] | None:
-        try:
-            return json.loads(self._run(["state", cid], "say the box's state", timeout=QUICK_TIMEOUT).stdout)
-        except (EngineError, ValueError):
-            return None
 
     def containers(self) -> list[dict[str, Any]]:
         """Every container of this runtime's root: id, pid, status, bundle, annotations."""
@@ -179,10 +170,6 @@ class Runtime:
         except (OSError, ValueError, KeyError, TypeError):
             return []
 
-    def exec_argv(self, cid: str, argv: Sequence[str], *, tty: bool, user: str, cwd: str | None = None, env: Sequence[str] = ()) -> list[str]:
-        """The command line that runs `argv` in a live box, as `user`, within the box's namespaces, cgroup and seccomp."""
-        options = ["--user", user, *(["--cwd", cwd] if cwd else []), *(a for e in env for a in ("--env", e))]
-        return self.argv("exec", *(["--tty"] if tty else []), *options, cid, *argv)
 
 
 def _ended_within(proc: subprocess.Popen, timeout: float) -> bool:
