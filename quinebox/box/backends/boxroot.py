@@ -126,13 +126,14 @@ def detach(bundle: Path) -> None:
             pass  # not ours to detach (EPERM): the bundle's removal then stops at it, and the cache is not written
 
 
-def remove_box(runtime: list[str], cid: str, bundle: Path) -> bool:
+def remove_box(runtime: list[str], cid: str, bundle: Path | None) -> bool:
     """The one way a box on an OCI runtime and its remains go, for its owner, its keeper, gc and `box rm` alike:
     deleted by `runtime` (a Runtime's argv), then its bundle. True only when both are gone; a delete that failed
     leaves the bundle, and the box listed, for the next try."""
     if not deleted(runtime, cid):
         return False
-    remove_bundle(bundle)
+    if bundle is not None:  # a keeper told of none (never from our own hold) removes the box alone
+        remove_bundle(bundle)
     return True
 
 

@@ -81,7 +81,7 @@ def sweep(held: dict[str, tuple[list[str], str]]) -> None:
             subprocess.run([*runtime, "kill", "--all", cid, "KILL"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=DEADLINE)
         except (OSError, subprocess.TimeoutExpired):
             pass
-        remove_box(runtime, cid, Path(bundle))
+        remove_box(runtime, cid, Path(bundle) if bundle else None)
 
 
 def _name_self() -> None:
