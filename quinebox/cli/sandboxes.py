@@ -160,7 +160,8 @@ def box_rm_command(refs: List[str] = typer.Argument(..., metavar="ID|NAME...")) 
                 continue
             listing.kill_subtree(record.session)
             gone = sandboxes.wait_gone(record.session, 10)
-            sandboxes.remove_record(record.session)
+            if gone:  # one that stays keeps its record: `box ls` still shows it, and `box rm` tries again
+                sandboxes.remove_record(record.session)
         if not gone:
             say(f"box {record.session} did not go in time: `quinebox gc` removes it once its runtime answers")
             code = 125
