@@ -114,15 +114,16 @@ class Sandbox:
         self._closed = False
         self._revising = threading.Lock()  # one revision of the world at a time: execs may run concurrently
         self._box = BoxProcess(spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec))
-        self._docker = getattr(self._box, "_backend", None) if self._box.choice.backend == "docker" else None
+        choice = self._box.choice
+        docker = getattr(self._box, "_backend", None) if choice.engine else None
         try:
-            where = "docker" if self._docker else self._box.choice.runtime or "runc"
+            where = choice.backend if choice.engine else choice.runtime or "runc"
             record = sandboxes.Record(
                 self.id, self._box.id or "", where, owner_id(), time.time(), name=name, holder=_holder,
                 ttl=self._box.spec.grants.time, idle=_idle,
             )
             sandboxes.write_record(record)
-            self.target: Target = sandboxes.target(record, self._docker)
+            self.target: Target = sandboxes.target(record, engine=docker)
         except BaseException:
             self._box.kill()
             self._box.wait()
@@ -169,7 +170,7 @@ class Sandbox:
         bad = [k for k in (env or {}) if not k or "=" in k or "\0" in k]
         if bad:
             raise QuineboxError(f"bad environment variable name {bad[0]!r}: a name has no '=' and no NUL")
-        return BoxExec(self.target, list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, user=sandboxes.user_of(self.target, user, docker=self._docker), docker=self._docker)
+        return BoxExec(self.target, list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, user=sandboxes.user_of(self.target, user))
 
     def exec(
         self,
@@ -206,13 +207,13 @@ class Sandbox:
         shutil.SpecialFileError, a file of more than `max_bytes` (default 256 MiB) FileTooLargeError, a read
         longer than `timeout` seconds TimeoutError — each at once or by its bound, and the box stays up."""
         self._ready()
-        return sandboxes.read_bytes(self.target, path, max_bytes=max_bytes, timeout=timeout, docker=self._docker)
+        return sandboxes.read_bytes(self.target, path, max_bytes=max_bytes, timeout=timeout)
 
     def write_file(self, path: str, data: bytes | str, *, timeout: float = sandboxes.FILE_TIMEOUT) -> None:
         """`data` (str as UTF-8) into a file of the box, its missing parent directories made, replaced whole;
         shutil.SpecialFileError if the box made `path` a FIFO, a socket or a device."""
         self._ready()
-        sandboxes.write_bytes(self.target, path, data.encode() if isinstance(data, str) else data, timeout=timeout, docker=self._docker)
+        sandboxes.write_bytes(self.target, path, data.encode() if isinstance(data, str) else data, timeout=timeout)
         self._revise(["write_file", path])
 
     def diagnostics(self) -> str:

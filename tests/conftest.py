@@ -91,7 +91,8 @@ def _left_behind(state: str) -> list[str]:
     """What quinebox still holds of this test session's state dir: boxes, their cgroups, mounts, processes."""
     import glob
 
-    from quinebox.box.backends.ocibox import oci_containers
+    from live_boxes import oci_containers
+
     from quinebox.box.owners.listing import live_boxes
     from quinebox.processes import owner_alive
 

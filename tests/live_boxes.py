@@ -2,11 +2,15 @@
 
 from types import SimpleNamespace
 
-from quinebox.box.backends.ocibox import oci_containers
-
-from quinebox.box.pool.claim import claimed_as
+from quinebox.box.backends.runtimebox import runtime_boxes
 from quinebox.box.policy import LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
+from quinebox.box.pool.claim import claimed_as
 from quinebox.box.shape import LABEL_POOL
+
+
+def oci_containers() -> list[dict]:
+    """The OCI runtimes' boxes (runtimebox.runtime_boxes) in the engine's listing shape, as these tests compare them."""
+    return [{"Id": b.id, "Labels": dict(b.labels), "Command": b.command, "State": b.state, "Runtime": b.backend} for b in runtime_boxes()]
 
 
 def live_boxes(engine, label: str = "io.quinebox.session") -> list:

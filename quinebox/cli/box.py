@@ -107,11 +107,10 @@ def exec_in(ref: str, cmd: list[str], *, tty: bool, cwd: str | None, env: list[s
     with reported():
         limit = parse_duration(timeout) if timeout else None
         record, _ = sandboxes.find(ref)
-        docker = sandboxes.engine_for(record)
-        where = sandboxes.target(record, docker)
+        where = sandboxes.target(record)
         variables = [e if "=" in e else f"{e}={os.environ.get(e, '')}" for e in env]
         with sandboxes.Running(record.session), raw_terminal(tty):
-            proc = BoxExec(where, cmd, cwd=cwd, env=variables, user=sandboxes.user_of(where, user, docker=docker), tty=tty, guard=True, docker=docker)
+            proc = BoxExec(where, cmd, cwd=cwd, env=variables, user=sandboxes.user_of(where, user), tty=tty, guard=True)
 
             def on_signal(signum: int, _frame: object) -> None:
                 received.append(signum)
@@ -163,7 +162,7 @@ def enter(
     session: str = typer.Argument(..., help="The box's session id (or a unique prefix), as `quinebox ps` shows it."),
     cmd: list[str] | None = typer.Argument(None, metavar="[-- CMD [ARGS...]]"),
 ) -> None:
-    from quinebox.box.live.enter import enter_box
+    from quinebox.box.live.execs import enter_box
 
     tty = sys.stdin.isatty()
     cmd = cmd[1:] if cmd and cmd[0] == "--" else cmd  # parsing stops at SESSION, so `--` arrives as a word
@@ -173,7 +172,7 @@ def enter(
         if tty:
             follow_window(entered)
         code = entered.wait()
-    record_entry(entered.session, argv, code)
+    record_entry(entered.target.session, argv, code)
     raise typer.Exit(code)
 
 
@@ -216,11 +215,14 @@ def gc_command() -> None:
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.images import guest_runtime
     from quinebox.box.live import sandboxes
-    from quinebox.box.owners import listing
+    from quinebox.box.owners import gc, listing
     from quinebox.box.spec import DEFAULT_IMAGE
 
     with reported():
-        removed = listing.collect_garbage(repaired=lambda name, why: say(f"removed unpacked image {name[:12]}: {why}; the next box of it unpacks it afresh"))
+        removed = gc.collect_garbage(
+            repaired=lambda name, why: say(f"removed unpacked image {name[:12]}: {why}; the next box of it unpacks it afresh"),
+            unremoved=lambda session, why: say(f"did not remove box {session}: {why}"),
+        )
         sandboxes.remove_stale({box.session for box in listing.live_boxes()})
         runtimes = guest_runtime.prune(DockerBackend.connect(), DEFAULT_IMAGE)
     say(f"removed {len(removed)} orphaned box{'es' if len(removed) != 1 else ''}" + (": " + " ".join(removed) if removed else ""))

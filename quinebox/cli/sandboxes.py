@@ -160,7 +160,8 @@ def box_rm_command(refs: list[str] = typer.Argument(..., metavar="ID|NAME...")) 
                 continue
             listing.kill_subtree(record.session)
             gone = sandboxes.wait_gone(record.session, 10)
-            sandboxes.remove_record(record.session)
+            if gone:  # one that stays keeps its record: `box ls` still shows it, and `box rm` tries again
+                sandboxes.remove_record(record.session)
         if not gone:
             say(f"box {record.session} did not go in time: `quinebox gc` removes it once its runtime answers")
             code = 125
@@ -212,8 +213,7 @@ def _copy_out(record: Record, path: str, dest: str, cap: int, timeout: float) ->
     """The box's file into `dest` as it comes (a new file is renamed into place once whole), or onto stdout."""
     from quinebox.box.live import sandboxes
 
-    docker = sandboxes.engine_for(record)
-    where = sandboxes.target(record, docker)
+    where = sandboxes.target(record)
     target = dest if dest == "-" else os.path.join(dest, os.path.basename(path)) if os.path.isdir(dest) else dest
     out, scratch = _open_here(target)
     failed: list[OSError] = []
@@ -226,7 +226,7 @@ def _copy_out(record: Record, path: str, dest: str, cap: int, timeout: float) ->
                 failed.append(exc)
 
     try:
-        sandboxes.read_into(where, path, take, max_bytes=cap, timeout=timeout, raise_it="give cp --max-size SIZE", docker=docker)
+        sandboxes.read_into(where, path, take, max_bytes=cap, timeout=timeout, raise_it="give cp --max-size SIZE")
         if not failed:
             out.flush()
     except OSError as exc:
@@ -274,9 +274,8 @@ def _write_in(record: Record, path: str, data: bytes, source: str, timeout: floa
 
     if path.endswith("/"):
         path += os.path.basename(source) if source != "-" else "stdin"
-    docker = sandboxes.engine_for(record)
     try:
-        sandboxes.write_bytes(sandboxes.target(record, docker), path, data, timeout=timeout, docker=docker)
+        sandboxes.write_bytes(sandboxes.target(record), path, data, timeout=timeout)
     except OSError as exc:
         say(f"cannot copy into {path} in the box: {exc.strerror or exc}")
         raise typer.Exit(1) from None

@@ -68,7 +68,7 @@ def check(image: str | None = None) -> dict[str, Any]:
 
 def collect_garbage() -> list[str]:
     """This node's `quinebox gc`, after a stop: a worker killed between a box's create and its start leaves it created, never run."""
-    from quinebox.box.owners.listing import collect_garbage as collect
+    from quinebox.box.owners.gc import collect_garbage as collect
 
     return collect()
 

@@ -383,7 +383,7 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
 def remove_boxes(id: str | None) -> list[str]:
     """Remove box `id` (its id, prefix or name), or all of this provider's, then collect orphans; the sessions removed."""
     from quinebox.box.live import sandboxes
-    from quinebox.box.owners import listing
+    from quinebox.box.owners import gc, listing
 
     if id is not None:
         doomed = [sandboxes.find(id)[0].session]
@@ -393,4 +393,4 @@ def remove_boxes(id: str | None) -> list[str]:
         listing.kill_subtree(session)
         sandboxes.wait_gone(session, 10)
         sandboxes.remove_record(session)
-    return doomed + listing.collect_garbage()
+    return doomed + gc.collect_garbage()

@@ -14,8 +14,8 @@ import time
 import docker
 import pytest
 from commands import QUINEBOX
+from live_boxes import oci_containers
 
-from quinebox.box.backends.ocibox import oci_containers
 from quinebox.box.policy import LABEL_SESSION
 
 

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from live_boxes import oci_containers
 
 import quinebox
-from quinebox.box.backends.ocibox import oci_containers
 from quinebox.state import run_dir, state_dir
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))

@@ -38,8 +38,10 @@ import shutil
 import stat
 from pathlib import Path
 
+from quinebox.box.backends.oci import deleted
 from quinebox.box.policy import LABEL_PREFIX
 from quinebox.errors import EngineError
+from quinebox.state import run_dir
 
 #: The box's root and the tmpfs its upper layer lives on, in the box's bundle directory.
 ROOT = "rootfs"
@@ -65,6 +67,20 @@ def _unmount(target: Path) -> None:
     if _libc.umount2(str(target).encode(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), str(target))
+
+
+#: What a bundle's directory name ends with, after its box's session.
+BUNDLE_SUFFIX = ".oci"
+
+
+def bundle_of(session: str) -> Path:
+    """Where the box of `session` keeps its bundle: its config, its root, its runtime's log."""
+    return run_dir() / f"{session}{BUNDLE_SUFFIX}"
+
+
+def bundles() -> list[tuple[str, Path]]:
+    """(session, bundle) of every bundle here, whether or not its box still runs."""
+    return [(path.name[: -len(BUNDLE_SUFFIX)], path) for path in sorted(run_dir().glob(f"*{BUNDLE_SUFFIX}"))]
 
 
 def layered(image_root: str, bundle: Path) -> str:
@@ -110,7 +126,18 @@ def detach(bundle: Path) -> None:
             pass  # not ours to detach (EPERM): the bundle's removal then stops at it, and the cache is not written
 
 
+def remove_box(runtime: list[str], cid: str, bundle: Path | None) -> bool:
+    """The one way a box on an OCI runtime and its remains go, for its owner, its keeper, gc and `box rm` alike:
+    deleted by `runtime` (a Runtime's argv), then its bundle. True only when both are gone; a delete that failed
+    leaves the bundle, and the box listed, for the next try."""
+    if not deleted(runtime, cid):
+        return False
+    if bundle is not None:  # a keeper told of none (never from our own hold) removes the box alone
+        remove_bundle(bundle)
+    return True
+
+
 def remove_bundle(bundle: Path) -> None:
-    """A box's bundle removed, its root detached first: the one way a box's, a keeper's or gc's leaves."""
+    """A box's bundle removed, its root detached first (a box removes its own as soon as it ends, see ocibox)."""
     detach(bundle)
     shutil.rmtree(bundle, ignore_errors=True)

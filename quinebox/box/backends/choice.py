@@ -29,11 +29,24 @@ DEFAULT_RUNTIME = "runc"
 PROBE_RETRY = 600.0
 
 
+#: The Docker engine's name among the backends; the OCI runtimes go by their own.
+ENGINE = "docker"
+
+
+def on_engine(backend: str) -> bool:
+    """Whether a backend's name (a choice's, a record's, a listed box's) is the engine's."""
+    return backend == ENGINE
+
+
 @dataclass(frozen=True)
 class Choice:
-    backend: str  # "oci" or "docker"
+    backend: str  # "oci" or ENGINE
     runtime: str | None  # the OCI runtime's name or path, with backend "oci"
     why: str
+
+    @property
+    def engine(self) -> bool:
+        return on_engine(self.backend)
 
 
 def requested(backend: str | None = None, runtime: str | None = None) -> tuple[str, str | None]:
@@ -53,20 +66,20 @@ def choose(refusal: str | None, *, backend: str | None = None, runtime: str | No
 
     `probe(runtime)` → None when the runtime can run boxes here, else why not (default: `usable`)."""
     asked, named = requested(backend, runtime)
-    if asked == "docker":
-        return Choice("docker", None, "the Docker backend was asked for")
+    if on_engine(asked):
+        return Choice(ENGINE, None, "the Docker backend was asked for")
     name = named or DEFAULT_RUNTIME
     if refusal:
         if named and name != DEFAULT_RUNTIME:  # a runtime asked for by name (a policy may require gVisor) is never swapped for the engine's runc
             raise QuineboxError(f"the OCI runtime {name} cannot run this box: {refusal}; drop the runtime, or the grant")
-        return Choice("docker", None, f"this box runs on the Docker engine: {refusal}")
+        return Choice(ENGINE, None, f"this box runs on the Docker engine: {refusal}")
     if asked == "oci":
         return Choice("oci", name, f"the OCI backend was asked for ({name})")
     problem = (probe or usable)(name)
     if problem:
         if named:  # a runtime named outright that cannot run boxes is an error, never a quiet fallback
             raise QuineboxError(f"OCI runtime {name} cannot run boxes here: {problem}")
-        return Choice("docker", None, f"boxes run on the Docker engine: {problem}")
+        return Choice(ENGINE, None, f"boxes run on the Docker engine: {problem}")
     return Choice("oci", name, f"boxes run on the OCI runtime {name}")
 
 

@@ -56,6 +56,10 @@ def container_id(session: str) -> str:
     return f"quinebox-{session}"
 
 
+class TimedOut(EngineError):
+    """The runtime did not answer within its deadline: told apart by its type, not its words."""
+
+
 @dataclass(frozen=True)
 class Runtime:
     """One OCI runtime binary and the directory it keeps its containers' state in."""
@@ -91,7 +95,7 @@ class Runtime:
         try:
             done = subprocess.run(self.argv(*args), timeout=timeout or runtime_timeout(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except subprocess.TimeoutExpired:
-            raise EngineError(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)") from None
+            raise TimedOut(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)") from None
         except OSError as exc:
             raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {runtime_hint(self.name)}") from None
         if done.returncode != 0:
@@ -106,16 +110,8 @@ class Runtime:
                                     stderr=stdio[2] if stdio else subprocess.PIPE, start_new_session=new_session)
         except OSError as exc:
             raise EngineError(f"cannot run the OCI runtime {self.binary}: {exc.strerror}; {runtime_hint(self.name)}") from None
-        pidfd = os.pidfd_open(proc.pid)
-        try:
-            ready = select.poll()
-            ready.register(pidfd, select.POLLIN)
-            if not ready.poll(timeout * 1000):
-                proc.kill()
-                proc.wait()
-                raise EngineError(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)")
-        finally:
-            os.close(pidfd)
+        if not _ended_within(proc, timeout):
+            raise TimedOut(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)")
         err = proc.stderr.read() if proc.stderr else b""
         if proc.stderr:
             proc.stderr.close()
@@ -138,32 +134,20 @@ class Runtime:
         argv = self.argv("--log", log, "--log-format", "json", *panic, "run", "--detach", "--bundle", bundle, "--pid-file", pid_file, *extra, cid)
         try:
             self._call(argv, "start the box", timeout=runtime_timeout(), stdio=stdio, new_session=True)
-        except EngineError as exc:
-            if "in time" in str(exc):
-                raise
+        except TimedOut:
+            raise
+        except EngineError:
             raise EngineError(f"the OCI runtime {self.name} could not start the box: {_logged_reason(log)}") from None
 
     def kill(self, cid: str, signal: str = "KILL") -> bool:
-        """Signal every process of the box. False only when the runtime did not answer in time: a box that has
-        stopped or is gone already is not running either way."""
-        return self._quietly(["kill", "--all", cid, signal], "kill the box")
+        """Signal every process of the box. False only when the runtime could not be run or did not answer in
+        time: a box that has stopped or is gone already (the runtime refuses those) is not running either way."""
+        return _status(self.argv("kill", "--all", cid, signal)) is not None
 
     def delete(self, cid: str) -> bool:
-        """Remove the box, killed first if it still runs; its cgroup and state go with it. False when the runtime did not answer."""
-        return self._quietly(["delete", "--force", cid], "remove the box")
-
-    def _quietly(self, args: list[str], what: str) -> bool:
-        try:
-            self._call(self.argv(*args), what, timeout=QUICK_TIMEOUT)
-        except EngineError as exc:
-            return "in time" not in str(exc)
-        return True
-
-    def state(self, cid: str) -> dict[str, Any] | None:
-        try:
-            return json.loads(self._run(["state", cid], "say the box's state", timeout=QUICK_TIMEOUT).stdout)
-        except (EngineError, ValueError):
-            return None
+        """Remove the box, killed first if it still runs; its cgroup and state go with it. True only when the
+        runtime no longer knows it; False when it refused or did not answer."""
+        return deleted(self.argv(), cid)
 
     def containers(self) -> list[dict[str, Any]]:
         """Every container of this runtime's root: id, pid, status, bundle, annotations."""
@@ -186,10 +170,41 @@ class Runtime:
         except (OSError, ValueError, KeyError, TypeError):
             return []
 
-    def exec_argv(self, cid: str, argv: Sequence[str], *, tty: bool, user: str, cwd: str | None = None, env: Sequence[str] = ()) -> list[str]:
-        """The command line that runs `argv` in a live box, as `user`, within the box's namespaces, cgroup and seccomp."""
-        options = ["--user", user, *(["--cwd", cwd] if cwd else []), *(a for e in env for a in ("--env", e))]
-        return self.argv("exec", *(["--tty"] if tty else []), *options, cid, *argv)
+
+
+def _ended_within(proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether `proc` ended within `timeout`, waited for on a pidfd (seen at once; subprocess's own deadline
+    polls, up to 50 ms late); one that did not is killed and reaped."""
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        ready = select.poll()
+        ready.register(pidfd, select.POLLIN)
+        if ready.poll(timeout * 1000):
+            return True
+        proc.kill()
+        proc.wait()
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def _status(argv: list[str]) -> int | None:
+    """A quiet verb's exit status; None when it could not run or outlasted QUICK_TIMEOUT."""
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+    return proc.wait() if _ended_within(proc, QUICK_TIMEOUT) else None
+
+
+def deleted(runtime: list[str], cid: str) -> bool:
+    """`runtime` (a Runtime's argv) told to delete `cid` by force: whether it is gone, deleted now or before. A
+    delete that fails is asked after with `state`: only a runtime that no longer knows the box has removed it;
+    one that does not answer in time has not. Plain argv, so the keeper a process forks (reaper.py) deletes the same way."""
+    done = _status([*runtime, "delete", "--force", cid])
+    if done is None:
+        return False
+    return done == 0 or _status([*runtime, "state", cid]) not in (0, None)
 
 
 def sandbox_death(bundle: str) -> str | None:

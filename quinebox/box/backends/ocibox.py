@@ -24,18 +24,14 @@ from typing import Any, Callable, Iterator
 
 from quinebox.box.backends import boxroot
 from quinebox.box.backends import reaper
-from quinebox.box.backends.boxroot import IMAGE_ROOT, remove_bundle
+from quinebox.box.backends.boxroot import IMAGE_ROOT, bundle_of, remove_box, remove_bundle
 from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id, sandbox_death
 from quinebox.box.streams.console import ConsoleSocket, console_path
-from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER, LABEL_SESSION
 from quinebox.errors import EngineError
-from quinebox.state import run_dir, state_dir
 
 PR_SET_CHILD_SUBREAPER = 36
 #: Where each cgroup hierarchy says how often the kernel killed a process for memory (v1, then v2).
 _OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup", "memory.events"), ("/sys/fs/cgroup/unified", "memory.events"))
-#: How old an empty cgroup no runtime knows must be before `gc` takes it (one being made now is not yet known).
-STALE = 60.0
 
 #: (exit status, OOM-killed, why the sandbox itself died, if it did)
 Ended = Callable[[int, bool, "str | None"], None]
@@ -133,59 +129,6 @@ def oci_runtime(name: str) -> Runtime:
     return _runtimes[name]
 
 
-def oci_containers() -> list[dict[str, Any]]:
-    """quinebox's boxes on every OCI runtime this state dir has used, in the engine's listing shape (Id, Labels,
-    Command, State, Runtime), so that ps, kill and gc treat boxes of every backend alike."""
-    found = []
-    roots = state_dir() / "oci"
-    for root in sorted(roots.iterdir()) if roots.is_dir() else ():
-        if not root.is_dir():
-            continue
-        try:
-            runtime = oci_runtime(root.name)
-            listed = runtime.containers()
-        except EngineError:
-            continue  # a runtime no longer installed, or not answering: `gc` tries again later
-        for entry in listed:
-            labels = entry.get("annotations") or {}
-            if LABEL_SESSION not in labels:
-                continue
-            try:
-                args = json.loads(Path(entry.get("bundle", ""), "config.json").read_text())["process"]["args"]
-            except (OSError, ValueError, KeyError):
-                args = []
-            found.append({"Id": entry["id"], "Labels": labels, "Command": " ".join(args), "State": entry.get("status", "?"), "Runtime": runtime.name,
-                          "Rootfs": labels.get(IMAGE_ROOT) or entry.get("rootfs", "")})
-    return found
-
-
-def sweep_cgroups(known: set[str]) -> list[str]:
-    """Remove box cgroups left empty with no runtime state naming them (a delete that raced a dead owner's init
-    may leave one), each a minute old or more and not among `known` sessions; and /quinebox, the parent boxes
-    shared before each had a cgroup of its own. rmdir takes only an empty cgroup, so no box that still has a
-    process loses its own. Returns the names of the cgroups that went."""
-    root = Path("/sys/fs/cgroup")
-    boxes = [g for g in (*root.glob(f"*/{CGROUP_PREFIX}*"), *root.glob(f"{CGROUP_PREFIX}*")) if g.name[len(CGROUP_PREFIX) :] not in known]
-    removed: set[str] = set()
-    for group in [*root.glob("*/quinebox"), root / "quinebox", *boxes]:
-        try:
-            if group.name != "quinebox" and time.time() - group.stat().st_mtime < STALE:
-                continue
-            os.rmdir(group)
-        except OSError:
-            continue  # busy (it has processes or children), not a directory, or gone already
-        removed.add(group.name)
-    return sorted(removed)
-
-
-def bundle_owner(bundle: Path) -> str | None:
-    """The owner label a bundle's config names; None when it has none to read (a bundle being written, or debris)."""
-    try:
-        return str(json.loads((bundle / "config.json").read_text())["annotations"][LABEL_OWNER])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 @atexit.register
 def finish_removals() -> None:
     """Wait for the boxes that have ended to be removed (a runtime delete each, ~10 ms), rather than leave them
@@ -245,7 +188,7 @@ class OciBox:
         self._removed = threading.Event()
         self._cgroup = config.get("linux", {}).get("cgroupsPath", "")
         self._config = config
-        self.bundle = run_dir() / f"{session}.oci"
+        self.bundle = bundle_of(session)
         self.bundle.mkdir(mode=0o700)
         try:
             image_root = config["root"]["path"]
@@ -317,9 +260,14 @@ class OciBox:
         if self.pid is None:
             self.runtime.kill(self.id)
 
-    def remove(self) -> None:
-        self.runtime.delete(self.id)
-        remove_bundle(self.bundle)
-        release(self.id)
-        self._removed.set()
-        _leaving.discard(self)
+    def remove(self) -> bool:
+        """The box and its remains removed (boxroot.remove_box); True only then. One the runtime would not
+        delete stays held by the keeper, which tries once more when this process ends, and listed for `gc`."""
+        try:
+            removed = remove_box(self.runtime.argv(), self.id, self.bundle)
+            if removed:
+                release(self.id)
+            return removed
+        finally:
+            self._removed.set()
+            _leaving.discard(self)

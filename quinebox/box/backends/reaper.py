@@ -21,7 +21,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from quinebox.box.backends.boxroot import remove_bundle
+from quinebox.box.backends.boxroot import remove_box
 
 DEADLINE = 10.0
 #: What /proc/PID/comm says of a keeper (a forked process otherwise looks like its owner).
@@ -74,14 +74,14 @@ def keep(fd: int) -> None:
 
 
 def sweep(held: dict[str, tuple[list[str], str]]) -> None:
+    """Kill and remove each box still held (a box's root its owner died before detaching included); one the
+    runtime would not delete stays listed, for `quinebox gc`."""
     for cid, (runtime, bundle) in held.items():
-        for verb in (["kill", "--all", cid, "KILL"], ["delete", "--force", cid]):
-            try:
-                subprocess.run(runtime + verb, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=DEADLINE)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        if bundle:
-            remove_bundle(Path(bundle))  # a box's root its owner died before detaching included
+        try:
+            subprocess.run([*runtime, "kill", "--all", cid, "KILL"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=DEADLINE)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        remove_box(runtime, cid, Path(bundle) if bundle else None)
 
 
 def _name_self() -> None:

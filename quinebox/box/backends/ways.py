@@ -82,7 +82,7 @@ def engine_way(*, blocked: Unreachable | None, answer: Callable[[], tuple[dict, 
         info, version, where = answer()
     except QuineboxError as exc:
         return Way(ENGINE, False, str(exc), "restart the engine, or check DOCKER_HOST")
-    except Exception as exc:  # an engine that stopped answering between requests
+    except OSError as exc:  # an engine that stopped answering between requests (requests' and docker-py's errors are OSErrors)
         return Way(ENGINE, False, f"did not answer: {exc}", "restart the engine")
     what = f"{version.get('Version')} (API {version.get('ApiVersion')}) at {where}"
     if "seccomp" not in " ".join(info.get("SecurityOptions") or []):

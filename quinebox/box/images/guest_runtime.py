@@ -84,7 +84,7 @@ def prune(backend: DockerBackend, agent_image: str) -> list[str]:
     if not root.is_dir():
         return []
     current = runtime_dir(backend, agent_image) if backend.image_id(agent_image) else None
-    mounted = {m.get("Source") for box in backend.boxes() for m in box.get("Mounts") or []}
+    mounted = {source for box in backend.boxes() for source in box.mounts}
     removed = []
     for path in sorted(root.iterdir()):
         if path.is_dir() and not path.name.startswith(".") and str(path) != current and str(path) not in mounted:

@@ -26,10 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from quinebox.box.streams.direct import DEVNULL
+from quinebox.box.backends.boxes import Box
+from quinebox.box.backends.choice import on_engine
 from quinebox.box.live.execs import BoxExec, Target, target_of
 from quinebox.box.owners.listing import BoxInfo, live_boxes
 from quinebox.processes import owner_alive
-from quinebox.box.policy import GUEST_PYTHON
+from quinebox.box.backends.dockerbox import DockerBox
+from quinebox.box.backends.ocibox import oci_runtime
+from quinebox.box.backends.runtimebox import RuntimeBox
+from quinebox.box.policy import GUEST_PYTHON, LABEL_SESSION
 from quinebox.errors import FileTooLargeError, GrantError, QuineboxError
 from quinebox.state import run_dir
 
@@ -70,7 +75,7 @@ FILE_ERRORS: dict[int, tuple[type[OSError], int]] = {
 class Record:
     session: str
     container: str
-    #: "docker", or the OCI runtime's name.
+    #: The engine's name, or the OCI runtime's (target reopens the box from it).
     backend: str
     owner: str
     created: float
@@ -147,17 +152,21 @@ def find(ref: str, backend: DockerBackend | None = None) -> tuple[Record, BoxInf
     return record, box
 
 
-def engine_for(record: Record) -> DockerBackend | None:
-    """The engine, for a box on it; None for a box on an OCI runtime (no engine on its path)."""
-    if record.backend != "docker":
-        return None
-    from quinebox.box.backends.docker import DockerBackend
-
-    return DockerBackend.shared()
+def target(record: Record, *, engine: DockerBackend | None = None) -> Target:
+    """Where an exec in the recorded box runs: its box, reached from its record (no listing asked); on the
+    engine through `engine` when given (the client its box was made with)."""
+    return target_of(record.session, _reopen(record, engine))
 
 
-def target(record: Record, docker: DockerBackend | None = None) -> Target:
-    return target_of(record.session, record.container, record.backend, run_dir() / f"{record.session}.oci", docker or engine_for(record))
+def _reopen(record: Record, engine: DockerBackend | None) -> Box:
+    """The box a record names, by its backend's name and its id; on the engine through `engine`, else this
+    process's shared client."""
+    labels = {LABEL_SESSION: record.session}
+    if on_engine(record.backend):
+        from quinebox.box.backends.docker import DockerBackend
+
+        return DockerBox(engine or DockerBackend.shared(), {"Id": record.container, "Labels": labels})
+    return RuntimeBox(oci_runtime(record.backend), record.container, labels)
 
 
 def exec_user(user: str | None, default: str, passwd: bytes | None) -> str:
@@ -179,11 +188,11 @@ def exec_user(user: str | None, default: str, passwd: bytes | None) -> str:
     return f"{int(name)}:{int(group)}"
 
 
-def user_of(where: Target, user: str | None, *, docker: DockerBackend | None = None) -> str | None:
+def user_of(where: Target, user: str | None) -> str | None:
     """An exec's `uid:gid` for `user` (a uid, uid:gid or a name the box's /etc/passwd knows); None: the box's own."""
     if not user:
         return None
-    passwd = None if user.partition(":")[0].isdigit() else read_bytes(where, "/etc/passwd", docker=docker)
+    passwd = None if user.partition(":")[0].isdigit() else read_bytes(where, "/etc/passwd")
     return exec_user(user, where.user, passwd)
 
 
@@ -237,17 +246,17 @@ def busy(session: str) -> bool:
 
 def read_bytes(
     where: Target, path: str, *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT, raise_it: str = RAISE_IT,
-    docker: DockerBackend | None = None, user: str | None = None,
+    user: str | None = None,
 ) -> bytes:
     """A file's bytes, read in the box as its user: Python's own errors for what is missing or refused (see read_into)."""
     out: list[bytes] = []
-    read_into(where, path, out.append, max_bytes=max_bytes, timeout=timeout, raise_it=raise_it, docker=docker, user=user)
+    read_into(where, path, out.append, max_bytes=max_bytes, timeout=timeout, raise_it=raise_it, user=user)
     return b"".join(out)
 
 
 def read_into(
     where: Target, path: str, sink: Callable[[bytes], None], *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT,
-    raise_it: str = RAISE_IT, docker: DockerBackend | None = None, user: str | None = None,
+    raise_it: str = RAISE_IT, user: str | None = None,
 ) -> None:
     """A file's bytes into `sink` as they come, never more than `max_bytes` of them and never longer than `timeout`.
 
@@ -260,7 +269,7 @@ def read_into(
     full = _absolute(where, path)
     taken = Taken(sink, max_bytes)
     err = Taken(None, ERR_MAX)
-    proc = BoxExec(where, files_command("read", full, str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err, docker=docker, user=user)
+    proc = BoxExec(where, files_command("read", full, str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err, user=user)
     taken.watch(proc)
     code = proc.wait(timeout)
     taken.close()
@@ -272,12 +281,12 @@ def read_into(
 
 
 def write_bytes(
-    where: Target, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT, docker: DockerBackend | None = None, user: str | None = None,
+    where: Target, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT, user: str | None = None,
 ) -> None:
     """`data` into a file in the box as its user (its parents made); Python's own errors for what is refused,
     shutil.SpecialFileError for a FIFO, a socket or a device there, TimeoutError past `timeout`."""
     err = Taken(None, ERR_MAX)
-    proc = BoxExec(where, files_command("write", _absolute(where, path)), stdin=bytes(data), stdout=DEVNULL, stderr=err, docker=docker, user=user)
+    proc = BoxExec(where, files_command("write", _absolute(where, path)), stdin=bytes(data), stdout=DEVNULL, stderr=err, user=user)
     code = proc.wait(timeout)
     _raise(code, path, err, proc.timed_out, timeout, "writing")
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from quinebox.box.live.enter import find_box
+from quinebox.box.live.execs import find_box
 from quinebox.box.owners.listing import BoxInfo
 from quinebox.errors import QuineboxError
 

@@ -1,0 +1,138 @@
+"""Garbage collection: what a quinebox process that is gone left behind — its boxes, their cgroups, bundles and
+sockets, stale claim records and spools — and unpacked images no box uses that changed or went.
+
+Each orphaned box is removed through its own object (`Box.destroy`, the one way for every backend); one whose
+backend would not remove it (a delete that failed or timed out) stays listed, is told to `unremoved`, and is
+never counted as removed: the next `gc` tries it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quinebox.box.backends.boxes import Box
+from quinebox.box.backends.boxroot import bundles, remove_bundle
+from quinebox.box.owners.listing import every_box, info, reachable_engine
+from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER
+from quinebox.box.shape import POOL_SESSION
+from quinebox.errors import EngineError
+from quinebox.processes import owner_alive
+from quinebox.state import cluster_dir, pool_dir, run_dir
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.docker import DockerBackend
+
+#: How old an empty cgroup or an ownerless bundle no runtime knows must be before `gc` takes it (one being made now is not yet known).
+STALE = 60.0
+
+Said = Callable[[str, str], None]
+
+
+def collect_garbage(backend: DockerBackend | None = None, *, repaired: Said | None = None, unremoved: Said | None = None) -> list[str]:
+    """Remove boxes (and sockets) whose owner is gone; return the sessions of those removed. A box its backend
+    would not remove is told to `unremoved(session, why)` instead. Unpacked images that changed since their unpack
+    are removed too, each told to `repaired(image directory, why)`."""
+    engine = reachable_engine(backend)
+    removed = []
+    live_sessions = set()
+    boxes = every_box(engine, connect=False)
+    for box in boxes:
+        row = info(box)
+        if owner_alive(row.owner):
+            live_sessions.add(row.session)
+        elif box.destroy():
+            removed.append(row.session)
+        elif unremoved is not None:
+            unremoved(row.session, f"its backend ({box.backend}) refused to remove it or did not answer in time; it stays listed for the next `quinebox gc`")
+    for name, why in _prune_images(boxes, engine):
+        if repaired is not None:
+            repaired(name, why)
+    known = {box.session for box in boxes}  # what is still listed keeps its cgroup and bundle
+    sweep_cgroups(known)
+    _sweep_bundles(known)
+    present = {box.id for box in boxes}
+    for record in run_dir().glob("claimed/*.json"):
+        if record.stem not in present:
+            record.unlink(missing_ok=True)
+    for world in pool_dir().glob("*"):
+        if POOL_SESSION + world.name not in live_sessions:
+            shutil.rmtree(world, ignore_errors=True)
+    for spool in cluster_dir().glob("*"):  # a cluster driver's staging, a node's attempts: PID-START of their process
+        pid, _, start = spool.name.partition("-")
+        if not owner_alive(f"{socket.gethostname()}:{pid}:{start}"):
+            shutil.rmtree(spool, ignore_errors=True)
+    for sock in run_dir().glob("*.sock"):
+        if sock.stem not in live_sessions:
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(sock))
+            except OSError:
+                sock.unlink(missing_ok=True)
+            finally:
+                probe.close()
+    return removed
+
+
+def _sweep_bundles(known: set[str]) -> None:
+    """Remove bundles of boxes no runtime lists (not among `known` sessions) whose owner is gone: what an owner and
+    its keeper both killed mid-start leave, a box's root still mounted maybe. One with no owner to read goes once a
+    minute old (one is written before its box is made)."""
+    for session, bundle in bundles():
+        if session in known:
+            continue
+        owner = bundle_owner(bundle)
+        try:
+            young = time.time() - bundle.stat().st_mtime < STALE
+        except OSError:
+            continue
+        if owner_alive(owner) if owner is not None else young:
+            continue
+        remove_bundle(bundle)
+
+
+def sweep_cgroups(known: set[str]) -> list[str]:
+    """Remove box cgroups left empty with no runtime state naming them (a delete that raced a dead owner's init
+    may leave one), each a minute old or more and not among `known` sessions; and /quinebox, the parent boxes
+    shared before each had a cgroup of its own. rmdir takes only an empty cgroup, so no box that still has a
+    process loses its own. Returns the names of the cgroups that went."""
+    root = Path("/sys/fs/cgroup")
+    boxes = [g for g in (*root.glob(f"*/{CGROUP_PREFIX}*"), *root.glob(f"{CGROUP_PREFIX}*")) if g.name[len(CGROUP_PREFIX) :] not in known]
+    removed: set[str] = set()
+    for group in [*root.glob("*/quinebox"), root / "quinebox", *boxes]:
+        try:
+            if group.name != "quinebox" and time.time() - group.stat().st_mtime < STALE:
+                continue
+            os.rmdir(group)
+        except OSError:
+            continue  # busy (it has processes or children), not a directory, or gone already
+        removed.add(group.name)
+    return sorted(removed)
+
+
+def bundle_owner(bundle: Path) -> str | None:
+    """The owner label a bundle's config names; None when it has none to read (a bundle being written, or debris)."""
+    try:
+        return str(json.loads((bundle / "config.json").read_text())["annotations"][LABEL_OWNER])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _prune_images(boxes: list[Box], engine: DockerBackend | None) -> list[tuple[str, str]]:
+    """Remove unpacked images that no box listed uses and whose image is gone or replaced (see rootfs.prune),
+    and those changed since their unpack (rootfs.repair): (directory, why) of each of the latter."""
+    from quinebox.box.images import rootfs
+
+    in_use = {os.path.basename(os.path.dirname(box.image_root)) for box in boxes if box.image_root}
+    try:
+        engine_ids = engine.image_ids() if engine is not None else None
+    except EngineError:
+        engine_ids = None
+    rootfs.prune(in_use, rootfs.current_ids(engine_ids))
+    return rootfs.repair(in_use)
