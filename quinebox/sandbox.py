@@ -18,17 +18,18 @@ import io
 import shlex
 import threading
 import time
-from typing import IO, TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
 
 from quinebox.api import ExecResult
 from quinebox.box.live import sandboxes
 from quinebox.box.live.execs import BoxExec, Target
-from quinebox.box.streams.direct import DEVNULL, PIPE, Stream
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.box.process import BoxProcess
 from quinebox.box.spec import build_spec
-from quinebox.processes import owner_id
+from quinebox.box.streams.direct import DEVNULL, PIPE, Stream
 from quinebox.errors import QuineboxError
+from quinebox.processes import owner_id
 from quinebox.tree.supervisor import Node
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ HOLD = (*GUEST_PYTHON, "-c", "import signal\nsignal.pause()")
 class SandboxWorld:
     """A long-lived box's /world and its revisions: one after each exec that changed it, as an agent's after each sh call."""
 
-    def __init__(self, sandbox: "Sandbox"):
+    def __init__(self, sandbox: Sandbox):
         self._sandbox = sandbox
         self.session = sandbox.id
 
@@ -237,7 +238,7 @@ class Sandbox:
         sandboxes.remove_record(self.id)
         return code
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -261,11 +262,11 @@ class Sandbox:
         await self._in_thread(self.close)
 
     @classmethod
-    async def acreate(cls, **options: Any) -> "Sandbox":
+    async def acreate(cls, **options: Any) -> Sandbox:
         """`Sandbox(**options)` without blocking the event loop while the box starts."""
         return await asyncio.get_running_loop().run_in_executor(None, functools.partial(cls, **options))
 
-    async def __aenter__(self) -> "Sandbox":
+    async def __aenter__(self) -> Sandbox:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -8,14 +8,15 @@ installed, say) is listed with its fix and fails nothing.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
-from quinebox.box.spec import DEFAULT_IMAGE
 from quinebox.box.backends.ways import ENGINE, RUNTIME_NAMES, Way, local_engine_way, local_runtime_way
+from quinebox.box.spec import DEFAULT_IMAGE
 from quinebox.errors import QuineboxError
 
 if TYPE_CHECKING:

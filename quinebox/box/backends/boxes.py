@@ -14,13 +14,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Protocol
 
-from quinebox.box.policy import (
-    LABEL_CREATED,
-    LABEL_OWNER,
-    LABEL_PARENT,
-    LABEL_SESSION,
-    LABEL_USER,
-)
+from quinebox.box.policy import LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 
 
 class Box(Protocol):

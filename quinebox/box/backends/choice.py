@@ -15,8 +15,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from quinebox.box.backends.oci import Runtime
 from quinebox.box.spec import BACKENDS
@@ -116,7 +116,9 @@ def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = No
     except (OSError, ValueError, TypeError):
         pass
     if run_probe is None:
-        from quinebox.box.backends.probe import probe_runtime as run_probe
+        from quinebox.box.backends.probe import probe_runtime
+
+        run_probe = probe_runtime
     problem = run_probe(found)
     if problem is not None:  # once more: runc 1.1 can fail a box under load ("unable to store init state") and run the next
         problem = run_probe(found)

@@ -17,7 +17,8 @@ import contextlib
 import io
 import os
 import socket
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import docker
 import docker.errors
@@ -28,8 +29,8 @@ from docker.utils import kwargs_from_env
 from quinebox.box.backends.dockerbox import DockerBox
 from quinebox.box.backends.reach import unreachable
 from quinebox.box.policy import LABEL_OWNER, LABEL_SESSION, ContainerConfig
-from quinebox.processes import owner_id
 from quinebox.errors import EngineError, ImageError, QuineboxError
+from quinebox.processes import owner_id
 
 ENGINE_HINT = "start the engine (`dockerd &` as root, or `systemctl start docker`), or set DOCKER_HOST; `quinebox doctor` checks"
 
@@ -45,7 +46,7 @@ def engine_timeout() -> float:
     return float(os.environ.get("QUINEBOX_ENGINE_TIMEOUT", "30"))
 
 
-_shared: "DockerBackend | None" = None
+_shared: DockerBackend | None = None
 
 
 def timed_out(exc: BaseException | None) -> bool:
@@ -104,7 +105,7 @@ class DockerBackend:
         self.quick = quick or api
 
     @classmethod
-    def shared(cls) -> "DockerBackend":
+    def shared(cls) -> DockerBackend:
         """One client per process: each connect costs a version round trip and a connection pool."""
         global _shared
         if _shared is None:
@@ -112,7 +113,7 @@ class DockerBackend:
         return _shared
 
     @classmethod
-    def connect(cls, timeout: float | None = None) -> "DockerBackend":
+    def connect(cls, timeout: float | None = None) -> DockerBackend:
         """`timeout` bounds each request (default engine_timeout()); streams (attach, events) never time out."""
         options = kwargs_from_env()
         known = cls.known_version

@@ -18,9 +18,10 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from quinebox.errors import EngineError
 from quinebox.state import state_dir
@@ -69,7 +70,7 @@ class Runtime:
     flags: tuple[str, ...] = ()
 
     @classmethod
-    def named(cls, name: str) -> "Runtime":
+    def named(cls, name: str) -> Runtime:
         """`runc`, `crun`, `runsc`, or a path to any runtime binary; EngineError when it is not installed."""
         binary = name if "/" in name else shutil.which(name) or next(
             (f"{d}/{name}" for d in ("/usr/sbin", "/usr/bin", "/sbin", "/usr/local/sbin", "/usr/local/bin") if os.access(f"{d}/{name}", os.X_OK)), None
@@ -93,7 +94,7 @@ class Runtime:
     def _run(self, args: Sequence[str], what: str, *, timeout: float | None = None) -> subprocess.CompletedProcess:
         """A verb whose output is read (list, state): its output may be large, so it is read as it comes."""
         try:
-            done = subprocess.run(self.argv(*args), timeout=timeout or runtime_timeout(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            done = subprocess.run(self.argv(*args), timeout=timeout or runtime_timeout(), capture_output=True)
         except subprocess.TimeoutExpired:
             raise TimedOut(f"the OCI runtime {self.name} did not {what} in time: it may be wedged (`quinebox doctor` checks)") from None
         except OSError as exc:

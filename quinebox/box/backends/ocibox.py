@@ -19,11 +19,11 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from quinebox.box.backends import boxroot
-from quinebox.box.backends import reaper
+from quinebox.box.backends import boxroot, reaper
 from quinebox.box.backends.boxroot import IMAGE_ROOT, bundle_of, remove_box, remove_bundle
 from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id, sandbox_death
 from quinebox.box.streams.console import ConsoleSocket, console_path
@@ -43,7 +43,7 @@ _EXHAUSTED = ("resource temporarily unavailable", "cannot allocate memory", "out
 _keeper: tuple[int, int, int] | None = None  # (this process, its keeper, the pipe to it)
 _keeper_lock = threading.Lock()
 #: Boxes that have ended and are being removed: a process lets them finish before it exits (finish_removals).
-_leaving: set["OciBox"] = set()
+_leaving: set[OciBox] = set()
 _reaping = 0  # boxes being started right now: while any is, this process is a child subreaper
 _reaping_lock = threading.Lock()
 

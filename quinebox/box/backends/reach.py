@@ -68,7 +68,7 @@ def unreachable(path: str | None = None) -> Unreachable | None:
             return Unreachable("not installed", as_root("apt-get install docker.io"))
         elsewhere = "" if path in (DEFAULT_SOCKET, "/run/docker.sock") else ", or point DOCKER_HOST at the socket it listens on"
         return Unreachable(f"installed but not running (nothing listens on {path})", f"start it: `{start_command()}`{elsewhere}")
-    except socket.timeout:
+    except TimeoutError:
         return Unreachable(f"did not accept a connection on {path} in {CONNECT_TIMEOUT:g} s: it may be wedged",
                            "restart it" + (f": `{as_root('systemctl restart docker')}`" if os.path.isdir("/run/systemd/system") else ""))
     except OSError as exc:

@@ -17,7 +17,8 @@ import json
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from quinebox.errors import QuineboxError
 from quinebox.state import state_dir
@@ -96,7 +97,7 @@ def _answers(backend: Any) -> bool:
         return False
 
 
-_watches: "weakref.WeakKeyDictionary[Any, EngineWatch]" = weakref.WeakKeyDictionary()
+_watches: weakref.WeakKeyDictionary[Any, EngineWatch] = weakref.WeakKeyDictionary()
 _watches_lock = threading.Lock()
 
 

@@ -11,8 +11,9 @@ socket this user may not open (reach.py), or answering without seccomp or cgroup
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from quinebox.box.backends.reach import Unreachable, as_root, engine_socket, unreachable
 from quinebox.errors import QuineboxError

@@ -18,8 +18,9 @@ import os
 import select
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from quinebox.box.backends.boxes import Box
 from quinebox.box.live.exec_ways import EXIT_KILLED, Way, way_for
@@ -195,7 +196,7 @@ class BoxExec:
         """Does anything the exec started still run (in its cgroup)?"""
         return self._way.cgroup.busy() if self._way.cgroup is not None else self.returncode is None
 
-    def __enter__(self) -> "BoxExec":
+    def __enter__(self) -> BoxExec:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -20,22 +20,23 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
-from quinebox.box.streams.direct import DEVNULL
 from quinebox.box.backends.boxes import Box
 from quinebox.box.backends.choice import on_engine
-from quinebox.box.live.execs import BoxExec, Target, target_of
-from quinebox.box.owners.listing import BoxInfo, live_boxes
-from quinebox.processes import owner_alive
 from quinebox.box.backends.dockerbox import DockerBox
 from quinebox.box.backends.ocibox import oci_runtime
 from quinebox.box.backends.runtimebox import RuntimeBox
+from quinebox.box.live.execs import BoxExec, Target, target_of
+from quinebox.box.owners.listing import BoxInfo, live_boxes
 from quinebox.box.policy import GUEST_PYTHON, LABEL_SESSION
+from quinebox.box.streams.direct import DEVNULL
 from quinebox.errors import FileTooLargeError, GrantError, QuineboxError
+from quinebox.processes import owner_alive
 from quinebox.state import run_dir
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ class Running:
         self.session = session
         self.marker = records_dir() / f"{session}.execs" / f"{os.getpid()}-{os.urandom(3).hex()}"
 
-    def __enter__(self) -> "Running":
+    def __enter__(self) -> Running:
         self.marker.parent.mkdir(exist_ok=True)
         self.marker.write_text(str(os.getpid()))
         touch(self.session)

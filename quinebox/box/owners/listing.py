@@ -12,15 +12,14 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from quinebox.audit import log
 from quinebox.box.backends.boxes import Box, created_at
 from quinebox.box.backends.choice import ENGINE
 from quinebox.box.backends.runtimebox import runtime_boxes
-from quinebox.box.pool.claim import claimed_as
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
+from quinebox.box.pool.claim import claimed_as
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
 from quinebox.errors import EngineError
 
