@@ -381,7 +381,8 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
 
 
 def remove_boxes(id: str | None) -> list[str]:
-    """Remove box `id` (its id, prefix or name), or all of this provider's, then collect orphans; the sessions removed."""
+    """Remove box `id` (its id, prefix or name), or all of this provider's, then collect orphans; the sessions removed.
+    A box that did not go keeps its record, as `quinebox box rm` leaves it, and is not among those named."""
     from quinebox.box.live import sandboxes
     from quinebox.box.owners import gc, listing
 
@@ -389,8 +390,10 @@ def remove_boxes(id: str | None) -> list[str]:
         doomed = [sandboxes.find(id)[0].session]
     else:
         doomed = [record.session for record in sandboxes.records() if (record.name or "").startswith(NAME_PREFIX)]
+    removed = []
     for session in doomed:  # as `quinebox box rm` does
         listing.kill_subtree(session)
-        sandboxes.wait_gone(session, 10)
-        sandboxes.remove_record(session)
-    return doomed + gc.collect_garbage()
+        if sandboxes.wait_gone(session, 10):
+            sandboxes.remove_record(session)
+            removed.append(session)
+    return removed + gc.collect_garbage()
