@@ -18,7 +18,8 @@ import os
 import shutil
 import threading
 import time
-from typing import IO, TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any, Protocol, Self
 
 from quinebox.audit.approvals import Decision
 from quinebox.box.backends import watch
@@ -53,8 +54,8 @@ class Place(Spawner, Protocol):
     puts to a person what the box asked for and only an ask rule covers.
     """
 
-    def attach(self, box: "BoxProcess") -> None: ...
-    def ended(self, box: "BoxProcess") -> None: ...
+    def attach(self, box: BoxProcess) -> None: ...
+    def ended(self, box: BoxProcess) -> None: ...
     def approve(self, kind: str, subject: str, facts: dict[str, Any]) -> Decision: ...
 
 
@@ -205,9 +206,12 @@ class BoxProcess:
         self._end_for(How.WORLD_FULL, message)
 
     def _end_for(self, how: How, reason: str | None = None) -> None:
-        """The host ends the box for `how` (the first such cause is its ending's): it is killed."""
+        """The host ends the box for `how`, the first such cause its ending's: killed if it still runs.
+
+        A cause that comes after the box's exit, before its wait settled, still counts (its time ran
+        out, or its reader left while its output was drained), as it did when each was a flag."""
+        self._ends.cause(how, reason)
         if self._launch.id and not self._ends.exited.is_set():
-            self._ends.cause(how, reason)
             self._launch.kill()
 
     def _end_world(self, *, started: bool = True) -> None:
@@ -230,7 +234,8 @@ class BoxProcess:
 
     def kill(self) -> None:
         """SIGKILL everything in the box; the engine then removes it."""
-        self._end_for(How.KILLED)
+        if self._launch.id and not self._ends.exited.is_set():
+            self._end_for(How.KILLED)
 
     terminate = kill
 
@@ -259,7 +264,8 @@ class BoxProcess:
             raise
         except BaseException:
             self.kill()
-            self._ends.gone.wait(REMOVAL_GRACE) or self._launch.remove()
+            if not self._ends.gone.wait(REMOVAL_GRACE):
+                self._launch.remove()
             self._close()
             raise
         with self._finishing:  # a parent's node and the tree's end may wait on one box at once
@@ -291,7 +297,7 @@ class BoxProcess:
         if self.spec.tls_dir:
             shutil.rmtree(self.spec.tls_dir, ignore_errors=True)
 
-    def __enter__(self) -> "BoxProcess":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

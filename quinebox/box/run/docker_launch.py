@@ -13,7 +13,8 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
-from typing import IO, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 import docker.errors
 import requests.exceptions

@@ -8,7 +8,8 @@ its streams, and to kill, resize, drain, close or abandon it.
 
 from __future__ import annotations
 
-from typing import IO, TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from quinebox.box.run.ending import Ends
 from quinebox.box.spec import BoxSpec

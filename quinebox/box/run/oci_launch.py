@@ -7,7 +7,8 @@ the runtime makes it and hands over its master, relayed as the engine's attach i
 
 from __future__ import annotations
 
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any
 
 from quinebox.box.backends.ocibox import OciBox, oci_runtime
 from quinebox.box.configure import configure_oci
@@ -21,11 +22,14 @@ from quinebox.box.streams.console import ConsoleRelay
 from quinebox.box.streams.direct import DEVNULL, DirectStdio, Stream
 from quinebox.errors import ImageError
 
+if TYPE_CHECKING:
+    from quinebox.box.pool.claim import Claimed
+
 
 class OciLaunch:
     """One box on the OCI runtime named `runtime`."""
 
-    claimed = None  # the pool keeps warm boxes on the engine only
+    claimed: Claimed | None = None  # the pool keeps warm boxes on the engine only
 
     def __init__(self, runtime: str, ends: Ends):
         self.runtime = oci_runtime(runtime)
