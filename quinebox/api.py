@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from quinebox.box.policy import AGENT_COMMAND
 from quinebox.box.process import DEVNULL, PIPE, BoxProcess, Stream
@@ -115,7 +116,7 @@ def exec(
     refuse whatever they cover, held or approved.
     """
     began = time.monotonic()
-    options = {"world": world, "world_from": world_from, "world_tar": world_tar, "pull": pull, "ask": ask, "deny": deny, "ask_timeout": ask_timeout}
+    options: dict[str, Any] = {"world": world, "world_from": world_from, "world_tar": world_tar, "pull": pull, "ask": ask, "deny": deny, "ask_timeout": ask_timeout}
     proc, code, out, err = _captured(
         lambda **streams: Popen(argv, grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, **options, **streams), input
     )
@@ -240,7 +241,7 @@ class Box:
 
     def run(self, mission: str, *, input: bytes | None = None, **overrides: Any) -> RunResult:
         if self.cluster is not None:
-            results = self._on_cluster(mission, [input], 1, overrides)
+            results = self._on_cluster(self.cluster, mission, [input], 1, overrides)
             try:
                 return next(results)[1]
             finally:
@@ -263,7 +264,7 @@ class Box:
 
         if self.cluster is not None:
             loop = asyncio.get_running_loop()
-            results = self._on_cluster(mission, list(inputs), parallel, overrides)
+            results = self._on_cluster(self.cluster, mission, list(inputs), parallel, overrides)
             try:
                 while (item := await loop.run_in_executor(None, next, results, None)) is not None:
                     yield item
@@ -287,7 +288,7 @@ class Box:
                 for task in tasks:
                     task.cancel()
 
-    def _on_cluster(self, mission: str, inputs: list[bytes | None], parallel: int, overrides: dict[str, Any]) -> Iterator[tuple[int, RunResult]]:
+    def _on_cluster(self, address: str, mission: str, inputs: list[bytes | None], parallel: int, overrides: dict[str, Any]) -> Generator[tuple[int, RunResult], None, None]:
         """The cluster's runner over `inputs`, its results as they land; closing this stops what still runs."""
         import contextlib
         import queue
@@ -304,7 +305,7 @@ class Box:
         local_only = [name for name in ("policy", "workdir", *WORLD_OPTIONS) if options.get(name)]
         if local_only:
             raise QuineboxError(f"{', '.join(local_only)} cannot go to a cluster's nodes: drop them, or run without cluster=")
-        cluster = connect(self.cluster, self.forward_env)
+        cluster = connect(address, self.forward_env)
         timeout = None if options["timeout"] is None else str(options["timeout"])
         jobs = [
             Job(name=f"{index:06d}", source=str(index), mission=mission, material=data, grants=tuple(options["grants"]),
@@ -312,11 +313,18 @@ class Box:
             for index, data in enumerate(inputs)
         ]
         landed: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        asks = {name: tuple(options[name]) for name in ("ask", "deny")}
-        run_options = Options(parallel=parallel, max_turns=options["max_turns"], max_tokens=options["max_tokens"], ask_timeout=options["ask_timeout"], **asks)
+        run_options = Options(
+            parallel=parallel, max_turns=options["max_turns"], max_tokens=options["max_tokens"], ask_timeout=options["ask_timeout"],
+            ask=tuple(options["ask"]), deny=tuple(options["deny"]),
+        )
         sessions = Index()  # the driver's, where each landed session's row now is
         with contextlib.closing(sessions), tempfile.TemporaryDirectory(prefix="quinebox-map-") as out:
-            runner = ClusterRunner(jobs, out, run_options, lambda _tally, record: record and landed.put(record), cluster)
+
+            def land(_tally: Any, record: dict[str, Any] | None) -> None:
+                if record:
+                    landed.put(record)
+
+            runner = ClusterRunner(jobs, out, run_options, land, cluster)
 
             failed: list[BaseException] = []
 

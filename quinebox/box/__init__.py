@@ -11,6 +11,7 @@ configure.py (image + guest runtime + policy), `BoxProcess` (process.py) and
     backends/  the engine and the OCI runtimes, and which one
     images/    images found, built, unpacked and sealed; the guest's runtime
     pool/      warm boxes and claiming one
+    run/       a box's launch on its backend, and its one ending
     owners/    every box found by its labels: ps, kill, gc
     live/      long-lived boxes, execs and entering them
 

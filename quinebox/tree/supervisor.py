@@ -115,8 +115,7 @@ class Node:
     def ended(self, box: BoxProcess) -> None:
         """The box is gone; at the root, nothing in the tree may outlive it."""
         self.world = None
-        why = box.engine_lost or box.world_full or box.sandbox_died or ("time" if box.timed_out else "oom" if box.oom_killed else "exit")
-        log.note("box_ended", self.spec.session, exit=box.returncode, termination=why)
+        log.note("box_ended", self.spec.session, exit=box.returncode, termination=box.ending.termination if box.ending else "exit")
         if self.parent is None:
             self.end_tree()
 

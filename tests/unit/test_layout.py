@@ -1,7 +1,7 @@
 """The package's rooms and the one direction of their imports, read from the source.
 
     cli, api → cluster → tree → agent → box → worlds → audit → foundation (errors, grants, state, …)
-    box/: live → owners → pool → configure → images → backends → rules → net → streams
+    box/: live → owners → run → pool → configure → images → backends → rules → net → streams
     guest: stdlib only, importable by the host (the frame format), never importing it
 
 Every import counts, lazy ones inside functions included: a lazy import that
@@ -33,6 +33,7 @@ ROOMS = [
     ("box.images", ("quinebox.box.images",)),
     ("box.configure", ("quinebox.box.configure",)),
     ("box.pool", ("quinebox.box.pool",)),
+    ("box.run", ("quinebox.box.run",)),
     ("box.owners", ("quinebox.box.owners",)),
     ("box.live", ("quinebox.box.live",)),
     ("box", ("quinebox.box",)),

@@ -1,0 +1,75 @@
+"""What starting a box on one backend takes, behind one interface, and the launch for the backend chosen.
+
+A box's backend is chosen once (backends/choice.py); from then on `BoxProcess`
+asks its `Launch` and never which backend it is on: to configure the box, to
+read files of its image (for secrets), to claim a warm one, to start it with
+its streams, and to kill, resize, drain, close or abandon it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+from quinebox.box.run.ending import Ends
+from quinebox.box.spec import BoxSpec
+from quinebox.box.streams.direct import Stream
+
+if TYPE_CHECKING:
+    from quinebox.box.backends.choice import Choice
+    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.net.broker import Broker
+    from quinebox.box.pool.claim import Claimed
+    from quinebox.box.spec import ImageInfo
+    from quinebox.box.streams import relay
+
+
+class Launch(Protocol):
+    """One box on one backend. `id`, the streams and `say` are there once `start` returned."""
+
+    id: str | None
+    stdin: relay.StdinWriter | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+    #: The host's diagnostics about the box, into the box's stderr; None before the streams are connected.
+    say: Callable[[bytes], None] | None
+    #: The warm box this one is, when the pool had one of its shape; always None on an OCI runtime.
+    claimed: Claimed | None
+
+    def configure(self, spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, Any]:
+        """(the spec with its argv filled in, its image, the backend's configuration of the box)."""
+
+    def reader(self, config: Any, image: str) -> Callable[[str], bytes]:
+        """What reads a file of the box's image (secrets.py's `prepare_secrets` takes it)."""
+
+    def claim(self, spec: BoxSpec, config: Any) -> Any:
+        """A warm box claimed for `spec` if the backend keeps any; the lifeline's listener it hands over, or None."""
+
+    def start(self, spec: BoxSpec, config: Any, streams: tuple[Stream | bytes, Stream, Stream], *, broker: Broker | None, stop_fd: int) -> None:
+        """The box made and started, its streams connected; its end is told to the `Ends` the launch was given."""
+
+    def kill(self) -> None: ...
+
+    def remove(self) -> None: ...
+
+    def resize(self, rows: int, cols: int) -> None: ...
+
+    def drain(self, grace: float) -> None:
+        """Wait, at most `grace` seconds each, until the box's output is all delivered."""
+
+    def close(self) -> None:
+        """Let go of the box's streams and of what followed it (after its stdin pump was told to stop)."""
+
+    def abandon(self) -> None:
+        """A start that failed: release what the launch took, the box included."""
+
+
+def launch_for(choice: Choice, backend: DockerBackend | None, ends: Ends, *, session: str, reader_gone: Callable[[], None]) -> Launch:
+    """The launch for the backend chosen; the engine's client is imported only for a box on the engine."""
+    if choice.backend == "oci":
+        from quinebox.box.run.oci_launch import OciLaunch
+
+        return OciLaunch(choice.runtime or "runc", ends)
+    from quinebox.box.run.docker_launch import DockerLaunch
+
+    return DockerLaunch(backend, ends, session=session, reader_gone=reader_gone)
