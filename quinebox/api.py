@@ -331,7 +331,7 @@ class Box:
             def drive() -> None:
                 try:
                     runner.run()
-                except BaseException as exc:  # raised again in the caller's thread, below
+                except BaseException as exc:  # noqa: BLE001 -- raised again in the caller's thread, below
                     failed.append(exc)
                 finally:
                     landed.put(None)

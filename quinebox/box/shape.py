@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from typing import Any
+from typing import Any, TypeGuard
 
 from quinebox.box.policy import DEFAULT_MEM, GUEST_PYTHON, HOST_SOCKET, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_PREFIX, LABEL_SESSION, LABEL_USER, RUNTIME, ContainerConfig, proxied
 from quinebox.box.spec import BoxSpec
@@ -81,7 +81,7 @@ def updates(config: ContainerConfig) -> dict[str, int]:
     return {} if all(value == DEFAULT_MEM for value in wanted.values()) else wanted
 
 
-def well_formed(shape: Any) -> bool:
+def well_formed(shape: Any) -> TypeGuard[dict[str, Any]]:
     """Whether what a claimer sent has a shape's form (the pool makes boxes of it only if so)."""
     if not isinstance(shape, dict) or set(shape) != {"create", "host"}:
         return False

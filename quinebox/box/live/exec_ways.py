@@ -204,7 +204,7 @@ class EngineWay(Way):
             os.close(self._relayed[0])
 
     def _relay_out(self) -> None:
-        reader = self._sock.makefile("rb", buffering=relay.CHUNK)
+        reader = relay.reader_of(self._sock)
         try:
             if self.tty:
                 relay.copy(reader, relay.fd_sink(self._relayed[1]))

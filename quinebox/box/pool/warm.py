@@ -30,18 +30,18 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from quinebox import fdpass
 from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.configure import configure
 from quinebox.box.net.broker import box_socket
 from quinebox.box.pool.claim import WarmBox
-from quinebox.box.configure import configure
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, shape_key, shape_of, warm_config, well_formed
 from quinebox.box.spec import build_spec, new_session_id
-from quinebox.processes import owner_id
 from quinebox.errors import EngineError, QuineboxError
+from quinebox.processes import owner_id
 from quinebox.state import pool_dir, pool_socket, run_dir
 
 #: How long a warm box may take from create to holding its lifeline.
@@ -62,7 +62,7 @@ class Settings:
     creates: int = 2
 
     @classmethod
-    def from_config(cls, config: Any, size: int | None = None) -> "Settings":
+    def from_config(cls, config: Any, size: int | None = None) -> Settings:
         fields = {"size": config} if isinstance(config, int) else dict(config) if isinstance(config, dict) else {}
         if config is not None and not fields or set(fields) - {"size", "ttl", "creates"}:
             raise QuineboxError("bad `pool:` in config.yaml: give a size (pool: 4) or a mapping of size, ttl (seconds) and creates")
@@ -213,7 +213,7 @@ class Pool:
         box = None
         try:
             box = start_warm(self.backend, kind.shape)
-        except Exception as exc:  # the engine refused or did not answer: say so, wait, and try again
+        except (QuineboxError, OSError) as exc:  # the engine refused or did not answer: say so, wait, and try again (a bug propagates)
             print(f"quinebox pool: cannot make a warm box of shape {kind.key}: {exc}", file=sys.stderr, flush=True)
             kind.failed = time.monotonic()
         finally:
@@ -241,7 +241,7 @@ def start_warm(backend: DockerBackend, shape: dict[str, Any]) -> Warm:
             os.makedirs(world, 0o755)
             if os.getuid() == 0:
                 os.chown(world, *box_user(shape))
-        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        created = datetime.now(UTC).isoformat(timespec="seconds")
         config = warm_config(shape, box=box, lifeline=path, world=world, owner=owner_id(), created=created)
         container = backend.create(config)
         shell = backend.exists(container, "/bin/sh")
@@ -291,7 +291,12 @@ def keep(settings: Settings, parent: int) -> None:
             waited = True
             time.sleep(BACKOFF)
     pool = Pool(settings, backend)
-    signal.signal(signal.SIGTERM, lambda *_: (pool.close(), os._exit(0)))
+
+    def stop(*_: object) -> None:
+        pool.close()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
     listener = fdpass.listen(str(pool_socket()), mode=0o600, backlog=64)
     if settings.size:
         try:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from typing import IO, Any
 
 from quinebox.box.streams import relay
 from quinebox.box.streams.direct import DEVNULL, PIPE, Stream
@@ -29,7 +30,7 @@ class AttachedStdio:
         out = relay.guarded(self._sink(stdout, 1, "stdout"), broken)
         #: Where the host's own diagnostics about the box go: the box's stderr.
         self.err = relay.guarded(self._sink(stderr, 2, "stderr"), broken)
-        reader = sock.makefile("rb", buffering=relay.CHUNK)
+        reader = relay.reader_of(sock)
         # A terminal has one output, not multiplexed: all of it is the box's stdout.
         self._demux = self._spawn(self._relay, "demux", reader, out, None if tty else self.err)
 
@@ -50,14 +51,14 @@ class AttachedStdio:
             return relay.fd_sink(write_end)
         if callable(target):
             return target
-        return relay.fd_sink(target if isinstance(target, int) else target.fileno())  # type: ignore[union-attr]
+        return relay.fd_sink(target if isinstance(target, int) else target.fileno())
 
-    def _relay(self, reader: IO[bytes], out: relay.Sink, err: relay.Sink | None) -> None:
+    def _relay(self, reader: relay.Reader, out: relay.Sink, err: relay.Sink | None) -> None:
         try:
             if err is None:
                 relay.copy(reader, out)
             else:
-                relay.demux(reader, out, err)  # type: ignore[arg-type]
+                relay.demux(reader, out, err)
         except OSError:
             pass
         finally:

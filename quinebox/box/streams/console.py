@@ -91,7 +91,7 @@ class ConsoleRelay:
         elif callable(stdout):
             self._sink = stdout
         else:
-            self._sink = relay.fd_sink(1 if stdout is None else stdout if isinstance(stdout, int) else stdout.fileno())  # type: ignore[union-attr]
+            self._sink = relay.fd_sink(1 if stdout is None else stdout if isinstance(stdout, int) else stdout.fileno())
 
     def attach(self, master: int) -> None:
         self._master = master

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import IO, Any, Callable, Union
+from collections.abc import Callable
+from typing import IO, Any
 
 from quinebox.box.streams import relay
 
 PIPE = -1
 DEVNULL = -3
 
-Stream = Union[None, int, IO[Any], Callable[[bytes], None]]
+Stream = None | int | IO[Any] | Callable[[bytes], None]
 
 
 class DirectStdio:
@@ -52,7 +53,7 @@ class DirectStdio:
             if stdin == PIPE:
                 self.stdin = os.fdopen(write_end, "wb", buffering=0)
             else:
-                self._thread(_feed, write_end, bytes(stdin))  # type: ignore[arg-type]
+                self._thread(_feed, write_end, bytes(stdin))
             return read_end
         return stdin if isinstance(stdin, int) else stdin.fileno()  # type: ignore[union-attr]
 
@@ -69,7 +70,7 @@ class DirectStdio:
             else:
                 self._thread(_drain, read_end, target)
             return write_end
-        return target if isinstance(target, int) else target.fileno()  # type: ignore[union-attr]
+        return target if isinstance(target, int) else target.fileno()
 
     def started(self) -> None:
         """The box holds its ends now: close ours (so EOF comes when the box closes them), start the copiers."""

@@ -7,13 +7,31 @@ forwarded in pieces as they arrive, so nothing is ever buffered whole.
 
 from __future__ import annotations
 
+import io
 import os
 import select
 import socket
-from typing import BinaryIO, Callable
+from collections.abc import Callable
+from typing import Protocol, cast
 
 Sink = Callable[[bytes], None]
+
+
+class Reader(Protocol):
+    """A buffered binary stream: the attach socket's file, read as its bytes arrive (read1: what is there, at once)."""
+
+    def read(self, size: int = ..., /) -> bytes: ...
+
+    def read1(self, size: int = ..., /) -> bytes: ...
+
+    def close(self) -> None: ...
+
 CHUNK = 1 << 18
+
+
+def reader_of(sock: socket.socket) -> io.BufferedReader:
+    """The attach socket's bytes, buffered CHUNK at a time (what socket.makefile returns for "rb", said as such)."""
+    return cast(io.BufferedReader, sock.makefile("rb", buffering=CHUNK))
 
 
 def fd_sink(fd: int) -> Sink:
@@ -29,7 +47,7 @@ def discard(_data: bytes) -> None:
     pass
 
 
-def demux(reader: BinaryIO, stdout: Sink, stderr: Sink) -> None:
+def demux(reader: Reader, stdout: Sink, stderr: Sink) -> None:
     """Route frames until the engine closes the stream (the box's outputs are closed)."""
     sinks = {1: stdout, 2: stderr}
     while True:
@@ -46,7 +64,7 @@ def demux(reader: BinaryIO, stdout: Sink, stderr: Sink) -> None:
             sink(data)
 
 
-def copy(reader: BinaryIO, sink: Sink) -> None:
+def copy(reader: Reader, sink: Sink) -> None:
     """A terminal's output: raw bytes until the engine closes the stream."""
     while True:
         data = reader.read1(CHUNK)
@@ -116,7 +134,7 @@ class StdinWriter:
             except OSError:
                 pass
 
-    def __enter__(self) -> "StdinWriter":
+    def __enter__(self) -> StdinWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
