@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from quinebox.agent.budgets import TokenPool
 from quinebox.agent.providers import resolve_model
 from quinebox.audit import log
-from quinebox.audit.approvals import Approver, Decision, Request
+from quinebox.audit.approvals import Approver, Decision
+from quinebox.audit.request import Request
 from quinebox.audit.asks import ASK, DENY, REFUSE, Asks
 from quinebox.box.net.broker import Channel
 from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP

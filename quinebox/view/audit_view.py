@@ -127,8 +127,8 @@ class AuditTail:
 
 
 def pending() -> list[dict[str, Any]]:
-    """Requests waiting for a person, with what they asked for; never the process that asked."""
-    return [{k: v for k, v in entry.items() if k != "pid"} for entry in approvals.pending()]
+    """Requests waiting for a person, with what they asked for; never the process that asked (its owner id, or an old record's pid)."""
+    return [{k: v for k, v in entry.items() if k not in ("owner", "pid")} for entry in approvals.pending()]
 
 
 def pending_stamp() -> tuple[str, ...]:

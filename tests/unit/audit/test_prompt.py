@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from quinebox.audit.approvals import Request
+from quinebox.audit.request import Request
 from quinebox.audit.prompt import MAX_SHOWN, escaped, shown
 
 
