@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from quinebox.agent.budgets import TokenPool
 from quinebox.agent.providers import resolve_model
-from quinebox.audit import log
+from quinebox.audit import boxes, log
 from quinebox.audit.approvals import Approver, Decision
 from quinebox.audit.request import Request
 from quinebox.audit.asks import ASK, DENY, REFUSE, Asks
@@ -111,13 +111,13 @@ class Node:
         spec = self.spec
         rules = {"grants": spec.grants.format(), "image": spec.image, "parent": spec.parent, **spec.asks.format()}
         digest = hashlib.sha256(log.canonical({"argv": list(spec.argv), "workdir": spec.workdir, **rules})).hexdigest()
-        log.record("box_created", spec.session, spec_digest=digest, image_digest=box.image_id, owner=spec.owner, agent=spec.agent, **rules)
+        log.record(boxes.CREATED, spec.session, spec_digest=digest, image_digest=box.image_id, owner=spec.owner, agent=spec.agent, **rules)
 
     def ended(self, box: BoxProcess) -> None:
         """The box is gone; at the root, nothing in the tree may outlive it."""
         self.world = None
         why = box.engine_lost or box.world_full or box.sandbox_died or ("time" if box.timed_out else "oom" if box.oom_killed else "exit")
-        log.note("box_ended", self.spec.session, exit=box.returncode, termination=why)
+        log.note(boxes.ENDED, self.spec.session, exit=box.returncode, termination=why)
         if self.parent is None:
             self.end_tree()
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 from quinebox.agent.store import SessionRow
+from quinebox.audit.boxes import BoxLife, box_lives
 
 AttributeValue = Union[str, bool, int, float, Sequence[str]]
 #: The longest mission kept in a span: enough to know which run it was, not a transcript.
@@ -63,20 +63,6 @@ class Run:
     inputs: Mapping[str, str]
 
 
-@dataclass
-class BoxLife:
-    """A box as the audit log saw it."""
-
-    created: float | None = None
-    ended: float | None = None
-    parent: str | None = None
-    agent: bool = False
-    grants: list[str] = field(default_factory=list)
-    image: str | None = None
-    exit_code: int | None = None
-    termination: str | None = None
-
-
 #: Latest time a span may carry (about the year 2096): a box can write any number into its events, and a span's
 #: time in nanoseconds must stay an integer the SDK and OTLP take.
 LATEST_S = 4e9
@@ -101,43 +87,12 @@ def _text(value: Any, limit: int = TEXT_CHARS) -> str | None:
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
-def _epoch(value: Any) -> float | None:
-    """An audit record's ISO time as epoch seconds."""
-    try:
-        return datetime.fromisoformat(value).timestamp() if isinstance(value, str) else None
-    except ValueError:
-        return None
-
-
 def provider_of(model: str) -> str:
     """gen_ai.provider.name: quinebox's own offline providers, or the OpenAI-compatible endpoint every other model is at."""
     for prefix in ("script", "replay"):
         if model.startswith(prefix + ":"):
             return f"quinebox.{prefix}"
     return "openai"
-
-
-def box_lives(audit: Iterable[Any]) -> dict[str, BoxLife]:
-    """Each box the audit log saw created or ended, by session."""
-    boxes: dict[str, BoxLife] = {}
-    for record in audit:
-        if not isinstance(record, dict) or not isinstance(record.get("session"), str):
-            continue
-        facts = record.get("facts") if isinstance(record.get("facts"), dict) else {}
-        kind = record.get("kind")
-        if kind == "box_created":
-            box = boxes.setdefault(record["session"], BoxLife())
-            box.created = _epoch(record.get("time"))
-            box.parent = facts.get("parent") if isinstance(facts.get("parent"), str) else None
-            box.agent = facts.get("agent") is True
-            box.grants = [g for g in facts.get("grants") or [] if isinstance(g, str)] if isinstance(facts.get("grants"), list) else []
-            box.image = _text(facts.get("image"))
-        elif kind == "box_ended":
-            box = boxes.setdefault(record["session"], BoxLife())
-            box.ended = _epoch(record.get("time"))
-            box.exit_code = _int(facts.get("exit"))
-            box.termination = _text(facts.get("termination"))
-    return boxes
 
 
 def clean_tape(tape: Iterable[Any]) -> list[dict[str, Any]]:
@@ -226,16 +181,16 @@ class _Builder:
             "quinebox.box.kind": "agent" if box.agent else "command",
             "quinebox.parent_session": box.parent,
             "quinebox.grants": box.grants,
-            "quinebox.image": box.image,
+            "quinebox.image": _text(box.image),
             "process.exit.code": box.exit_code,
-            "quinebox.termination": box.termination,
+            "quinebox.termination": _text(box.termination),
             **extra,
         }
         index = self.add("box", start, end, parent, attributes)
         if box.ended is None:
             self.spans[index].attributes["quinebox.state"] = "running"
         elif box.exit_code:
-            self.spans[index].error = f"exit {box.exit_code} ({box.termination or 'exit'})"
+            self.spans[index].error = f"exit {box.exit_code} ({_text(box.termination) or 'exit'})"
         return index
 
     def _agent(self, session: str, row: SessionRow | None, meta: dict[str, Any], outcome: dict[str, Any] | None, model: str,
