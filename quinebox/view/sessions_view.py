@@ -7,13 +7,13 @@ page's meaning is tested without a server.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import asdict
 from typing import Any, Callable
 
 from quinebox.agent.store import Index, SessionRow, read_tape
+from quinebox.agent.tool_calls import ToolCalls
 from quinebox.audit.boxes import BoxLife
 from quinebox.processes import owner_alive
 from quinebox.state import session_dir
@@ -43,28 +43,16 @@ def state_of(ended: float | None, exit_code: int | None, termination: str | None
 def how_spawned(tape: list[dict[str, Any]], child: str) -> str | None:
     """How the parent whose tape this is (as `read_tape` gives it) started `child`: fork:wait|race|forget, quinebox run|exec, or a pipeline.
 
-    A spawn happens while one of the tool calls of the last response runs; tools run in order, so the one
-    running is the first that has no `tool`/`tool_error` event yet."""
-    calls: list[dict[str, Any]] = []
-    done = 0
+    A spawn happens while one of the tool calls of the last response runs (`ToolCalls` says which)."""
+    calls = ToolCalls()
     for record in tape:
-        kind = record.get("kind")
-        if kind == "response":  # read through the typed reader: a response's message and its calls have their shape
-            calls = record["message"].get("tool_calls") or []
-            done = 0
-        elif kind in ("tool", "tool_error"):
-            done += 1
-        elif kind == "spawn" and record.get("child") == child:
+        call = calls.step(record)
+        if record.get("kind") == "spawn" and record.get("child") == child:
             what = "quinebox exec" if record.get("what") == "exec" else "quinebox run"
-            if done >= len(calls):
+            if call is None:
                 return what
-            function = calls[done]["function"]
-            try:  # the model's text: it need not be JSON
-                arguments = json.loads(function["arguments"] or "{}")
-            except ValueError:
-                arguments = {}
-            arguments = arguments if isinstance(arguments, dict) else {}
-            if function["name"] == "fork":
+            arguments = call.parsed()
+            if call.name == "fork":
                 mode = arguments.get("mode")
                 return f"fork:{mode}" if mode in ("wait", "race", "forget") else "fork"
             command = str(arguments.get("command") or "")

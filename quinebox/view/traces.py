@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 from quinebox.agent.store import SessionRow
+from quinebox.agent.tool_calls import ANSWERS, Call, ToolCalls
 from quinebox.audit.boxes import BoxLife, box_lives
 
 AttributeValue = Union[str, bool, int, float, Sequence[str]]
@@ -31,8 +32,6 @@ AttributeValue = Union[str, bool, int, float, Sequence[str]]
 MISSION_CHARS = 256
 #: Longest other text (a model name, a status description).
 TEXT_CHARS = 200
-#: Tape records that answer a tool call of the response before them, in the order of its calls.
-ANSWERS = ("tool", "tool_error", "exit")
 AGENT_NAME = "quinebox"
 
 
@@ -98,16 +97,6 @@ def provider_of(model: str) -> str:
 def clean_tape(tape: Iterable[Any]) -> list[dict[str, Any]]:
     """The records that have a kind and a time; anything else on a tape is no event of ours."""
     return [r for r in tape if isinstance(r, dict) and isinstance(r.get("kind"), str) and _num(r.get("t")) is not None]
-
-
-def _tool_calls(message: Any) -> list[tuple[str | None, str | None]]:
-    """(call id, tool name) of each call an answer made."""
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    found = []
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function") if isinstance(call, dict) else None
-        found.append((_text(call.get("id")) if isinstance(call, dict) else None, _text(function.get("name")) if isinstance(function, dict) else None))
-    return found
 
 
 def build(roots: Sequence[str], rows: Mapping[str, SessionRow], tapes: Mapping[str, Sequence[Any]], audit: Iterable[Any], run: Run | None = None) -> list[Span]:
@@ -250,7 +239,7 @@ class _Walk:
         self.model = model
         self.turn: int | None = None  # the open turn's span
         self.requested: float | None = None  # when the open turn's model call was asked for
-        self.calls: list[tuple[str | None, str | None]] = []  # the response's calls not answered yet
+        self.calls = ToolCalls()  # which of the response's calls each answer closes
         self.since = 0.0  # when the next tool call began: the response, or the answer before it
         self.waiting: list[str] = []  # children started by the tool call now running
         self.spawned: dict[str, int] = {}
@@ -260,6 +249,7 @@ class _Walk:
 
     def step(self, record: dict[str, Any]) -> None:
         kind, t = record["kind"], float(record["t"])
+        call = self.calls.step(record)  # a request leaves the calls alone: the turn closes those still open
         if kind == "request":
             self.close_turn()
             number = _int(record.get("turn"))
@@ -273,8 +263,8 @@ class _Walk:
             self.b.spans[index].attributes["error.type"] = _text(record.get("termination")) or "provider_error"
             self.b.spans[index].error = _text(record.get("message")) or "the model provider failed"
             self.requested = None
-        elif kind in ANSWERS or kind == "exec":
-            self.answer(record, kind, t)
+        elif kind in ANSWERS:
+            self.answer(record, kind, call, t)
         elif kind == "cycle":
             self.cycles += 1  # the host's record of a new conversation starting after an exec call
         elif kind == "spawn" and isinstance(record.get("child"), str):
@@ -313,13 +303,12 @@ class _Walk:
         if reason:
             attributes["gen_ai.response.finish_reasons"] = [reason]
         self.requested = None
-        self.calls = _tool_calls(record.get("message"))
         self.since = t
 
-    def answer(self, record: dict[str, Any], kind: str, t: float) -> None:
-        call_id, name = self.calls.pop(0) if self.calls else (None, None)
-        name = name or (kind if kind in ("exit", "exec") else _text(record.get("name"))) or "unknown"
-        index = self.tool_span(call_id, name, self.since, t)
+    def answer(self, record: dict[str, Any], kind: str, call: Call | None, t: float) -> None:
+        """The span of the call `record` answers (as the tape says, when it outran its response's calls)."""
+        name = _text(call.name if call else None) or (kind if kind in ("exit", "exec") else _text(record.get("name"))) or "unknown"
+        index = self.tool_span(_text(call.id) if call else None, name, self.since, t)
         attributes = self.b.spans[index].attributes
         if kind == "tool" and _int(record.get("exit_code")) is not None:
             attributes["quinebox.tool.exit_code"] = record["exit_code"]
@@ -343,9 +332,8 @@ class _Walk:
             self.b.spans[index].attributes["error.type"] = "incomplete"
             self.b.spans[index].error = "no answer was recorded"
             self.requested = None
-        while self.calls:
-            call_id, name = self.calls.pop(0)
-            index = self.tool_span(call_id, name or "unknown", self.since, max(self.since, self.last))
+        for call in self.calls.unanswered():
+            index = self.tool_span(_text(call.id), _text(call.name) or "unknown", self.since, max(self.since, self.last))
             self.b.spans[index].attributes["error.type"] = "incomplete"
             self.b.spans[index].error = "no result was recorded"
 
