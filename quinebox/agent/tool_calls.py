@@ -41,9 +41,9 @@ def calls_of(message: Any) -> list[Call]:
     """The tool calls a response's message made, in order."""
     calls = message.get("tool_calls") if isinstance(message, dict) else None
     found = []
-    for call in calls if isinstance(calls, list) else []:
-        call = call if isinstance(call, dict) else {}
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    for item in calls if isinstance(calls, list) else []:
+        call: dict[str, Any] = item if isinstance(item, dict) else {}
+        function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}
         found.append(Call(_text(call.get("id")), _text(function.get("name")), _text(function.get("arguments"))))
     return found
 

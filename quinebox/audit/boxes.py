@@ -57,7 +57,7 @@ def take(boxes: dict[str, BoxLife], record: Any) -> BoxLife | None:
     """Fold one audit record into `boxes` (by session); the box it told of, or None when it is no box record."""
     if not isinstance(record, dict) or record.get("kind") not in (CREATED, ENDED) or not isinstance(record.get("session"), str):
         return None
-    facts = record.get("facts") if isinstance(record.get("facts"), dict) else {}
+    facts: dict[str, Any] = record["facts"] if isinstance(record.get("facts"), dict) else {}
     box = boxes.setdefault(record["session"], BoxLife(record["session"]))
     box.take(record["kind"], _epoch(record.get("time")), facts)
     return box

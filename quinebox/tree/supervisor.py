@@ -23,8 +23,8 @@ from quinebox.agent.budgets import TokenPool
 from quinebox.agent.providers import resolve_model
 from quinebox.audit import boxes, log
 from quinebox.audit.approvals import Approver, Decision
-from quinebox.audit.request import Request
 from quinebox.audit.asks import ASK, DENY, REFUSE, Asks
+from quinebox.audit.request import Request
 from quinebox.box.net.broker import Channel
 from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
 from quinebox.box.process import PIPE, BoxProcess, Stream

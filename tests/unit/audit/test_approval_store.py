@@ -16,9 +16,9 @@ from commands import QUINEBOX
 
 from quinebox.audit import approvals
 from quinebox.audit.approvals import Approver
-from quinebox.audit.request import Request
 from quinebox.audit.asks import Asks
 from quinebox.audit.log import AuditLog
+from quinebox.audit.request import Request
 
 
 @pytest.fixture

@@ -15,11 +15,14 @@ def at(seconds: float) -> str:
     return datetime.fromtimestamp(T0.timestamp() + seconds, timezone.utc).isoformat()
 
 
-def created(session="s1", time=at(0), **facts):
+START, END = at(0), at(5)
+
+
+def created(session="s1", time=START, **facts):
     return {"kind": "box_created", "session": session, "time": time, "facts": facts}
 
 
-def ended(session="s1", time=at(5), **facts):
+def ended(session="s1", time=END, **facts):
     return {"kind": "box_ended", "session": session, "time": time, "facts": facts}
 
 
