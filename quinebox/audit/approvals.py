@@ -14,14 +14,12 @@ Every question and answer goes to the audit log.
 from __future__ import annotations
 
 import fcntl
-import functools
 import getpass
-import hashlib
 import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,27 +27,13 @@ from typing import Any
 from quinebox.audit import log
 from quinebox.audit.asks import Asks
 from quinebox.audit.prompt import Terminal
+from quinebox.audit.request import Request
 from quinebox.errors import QuineboxError
+from quinebox.processes import owner_alive, owner_id
 
 #: What a person may answer: allow this request only, for the rest of the box's session, or always; or deny.
 SCOPES = ("once", "session", "always")
 POLL_S = 0.1
-
-
-@dataclass(frozen=True)
-class Request:
-    """Something a box asked for that only a person may allow. `subject` is what "session" and "always" remember."""
-
-    session: str
-    kind: str  # "egress" or "child"
-    subject: str
-    facts: dict[str, Any]
-    id: str = field(default_factory=lambda: os.urandom(4).hex())  # as secrets.token_hex
-
-    @functools.cached_property
-    def digest(self) -> str:
-        """Binds an approval to this exact request: the same subject with other arguments is another request."""
-        return hashlib.sha256(log.canonical({"session": self.session, "kind": self.kind, "subject": self.subject, "facts": self.facts})).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -71,14 +55,16 @@ def _write(path: Path, value: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _asker(entry: dict[str, Any]) -> str | None:
+    """The owner id (`host:pid:start`) of the process waiting on a pending request, so a reused pid never keeps it.
+
+    A record from before owners were written carries only its asker's pid: it is read as that pid with its start
+    unknown, i.e. as whichever process has the pid now, so it stays pending while that pid runs, as it did then.
+    A record with neither is none of ours."""
+    owner, pid = entry.get("owner"), entry.get("pid")
+    if isinstance(owner, str):
+        return owner
+    return owner_id(pid) if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
 
 def pending() -> list[dict[str, Any]]:
@@ -89,7 +75,8 @@ def pending() -> list[dict[str, Any]]:
             entry = json.loads(path.read_bytes())
         except (OSError, ValueError):
             continue
-        if not _alive(int(entry.get("pid", 0))):
+        asker = _asker(entry) if isinstance(entry, dict) else None
+        if asker is None or not owner_alive(asker):
             path.unlink(missing_ok=True)
             continue
         found.append(entry)
@@ -194,7 +181,7 @@ class Approver:
             return self._done(request, Decision(False, "deny", "timeout (--ask-timeout 0)"))
         path = _dir("pending") / f"{request.id}.json"
         _write(path, {"id": request.id, "session": request.session, "kind": request.kind, "subject": request.subject, "facts": request.facts,
-                      "digest": request.digest, "pid": os.getpid(), "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                      "digest": request.digest, "owner": owner_id(), "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                       "deadline": time.time() + wait})
         try:
             decision = self._await(request, time.monotonic() + wait)

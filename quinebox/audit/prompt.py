@@ -17,10 +17,9 @@ from __future__ import annotations
 import os
 import select
 import unicodedata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from quinebox.audit.approvals import Request
+from quinebox.audit.request import Request
 
 #: Longest value shown whole; a box's words are cut to this with their length said.
 MAX_SHOWN = 240
@@ -74,7 +73,7 @@ class Terminal:
             return None
         return cls(fd)
 
-    def ask(self, request: "Request", seconds: float) -> None:
+    def ask(self, request: Request, seconds: float) -> None:
         lines = [f"quinebox: box {escaped(request.session)} asks ({request.kind}, request {request.id}):", f"  | wants: {shown(request.subject)}"]
         lines += [f"  | {escaped(str(name))}: {shown(value)}" for name, value in request.facts.items()]
         lines.append(f"{QUESTION} (default deny, {int(seconds)} s; or `quinebox approve {request.id}` elsewhere) ")

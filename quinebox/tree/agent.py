@@ -9,17 +9,38 @@ and a node meet.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from quinebox.agent.budgets import DEFAULT_MAX_CYCLES, DEFAULT_MAX_TURNS, Budget
+from quinebox.agent.budgets import DEFAULT_MAX_CYCLES, DEFAULT_MAX_TURNS, Budget, TokenPool
 from quinebox.agent.providers import provider_for, resolve_model
 from quinebox.agent.session import AgentSession, View
-from quinebox.box.process import BoxProcess, Stream
+from quinebox.box.process import BoxProcess, Place, Stream
 from quinebox.box.spec import BoxSpec
 from quinebox.errors import QuineboxError
 
-if TYPE_CHECKING:
-    from quinebox.tree.supervisor import Node  # which starts agents: a name here, not an import
+
+class _Tree(Protocol):
+    #: The tree's cap on model calls in flight at once, shared by every agent in it.
+    calls: threading.BoundedSemaphore
+
+
+class Seat(Place, Protocol):
+    """What an agent needs of its place in the tree: a `supervisor.Node`, described here because the supervisor
+    starts agents and so imports this module, never the other way round.
+
+    The agent reads its depth, the tree's cap on model calls and the token pool it spends from, and tells the
+    node its model, its session and itself (what to wait on and kill)."""
+
+    model: str | None
+    tokens: TokenPool
+    session: Any
+    box: Any
+
+    @property
+    def tree(self) -> _Tree: ...
+
+    @property
+    def depth(self) -> int: ...
 
 
 class Agent:
@@ -28,7 +49,7 @@ class Agent:
         mission: str,
         *,
         spec: BoxSpec,
-        node: "Node",
+        node: Seat,
         model: str | None = None,
         max_turns: int | None = None,
         max_cycles: int | None = None,

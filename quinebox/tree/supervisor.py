@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from quinebox.agent.budgets import TokenPool
 from quinebox.agent.providers import resolve_model
-from quinebox.audit import log
-from quinebox.audit.approvals import Approver, Decision, Request
+from quinebox.audit import boxes, log
+from quinebox.audit.approvals import Approver, Decision
 from quinebox.audit.asks import ASK, DENY, REFUSE, Asks
+from quinebox.audit.request import Request
 from quinebox.box.net.broker import Channel
 from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
 from quinebox.box.process import PIPE, BoxProcess, Stream
@@ -110,12 +111,12 @@ class Node:
         spec = self.spec
         rules = {"grants": spec.grants.format(), "image": spec.image, "parent": spec.parent, **spec.asks.format()}
         digest = hashlib.sha256(log.canonical({"argv": list(spec.argv), "workdir": spec.workdir, **rules})).hexdigest()
-        log.record("box_created", spec.session, spec_digest=digest, image_digest=box.image_id, owner=spec.owner, agent=spec.agent, **rules)
+        log.record(boxes.CREATED, spec.session, spec_digest=digest, image_digest=box.image_id, owner=spec.owner, agent=spec.agent, **rules)
 
     def ended(self, box: BoxProcess) -> None:
         """The box is gone; at the root, nothing in the tree may outlive it."""
         self.world = None
-        log.note("box_ended", self.spec.session, exit=box.returncode, termination=box.ending.termination if box.ending else "exit")
+        log.note(boxes.ENDED, self.spec.session, exit=box.returncode, termination=box.ending.termination if box.ending else "exit")
         if self.parent is None:
             self.end_tree()
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from datetime import datetime
 from typing import Any
 
 from quinebox.audit import approvals
+from quinebox.audit.boxes import CREATED, BoxLife, take
 from quinebox.audit.log import AuditLog, verify
 from quinebox.documents import json_objects
 from quinebox.view.redact import secret_names
@@ -22,19 +22,12 @@ from quinebox.view.redact import secret_names
 RECENT = 2000
 
 
-def _epoch(stamp: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(stamp)).timestamp()
-    except ValueError:
-        return None
-
-
 class AuditTail:
     """Boxes and recent records from the audit log, kept current by `refresh()`."""
 
     def __init__(self) -> None:
         self.path = AuditLog().path
-        self.boxes: dict[str, dict[str, Any]] = {}
+        self.boxes: dict[str, BoxLife] = {}
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         #: The variables any box was granted as a secret, by name: their values are what the view must never send.
         self.secret_names: set[str] = set()
@@ -72,38 +65,19 @@ class AuditTail:
 
     def _take(self, record: dict[str, Any]) -> None:
         self.recent.append(record)
-        session, facts = record.get("session"), record.get("facts")
-        if not isinstance(session, str) or not isinstance(facts, dict):
+        known = isinstance(record.get("session"), str) and record["session"] in self.boxes
+        box = take(self.boxes, record)
+        if box is None or record.get("kind") != CREATED:
             return
-        if record.get("kind") == "box_created":
-            parent = facts.get("parent")
-            grants = facts.get("grants")
-            self.secret_names |= secret_names(grants if isinstance(grants, list) else [])
-            if isinstance(parent, str) and session not in self.boxes:
-                self._children.setdefault(parent, []).append(session)
-            self.boxes[session] = {
-                "session": session,
-                "parent": parent if isinstance(parent, str) else None,
-                "agent": bool(facts.get("agent")),
-                "owner": str(facts.get("owner") or ""),
-                "grants": [str(g) for g in grants] if isinstance(grants, list) else [],
-                "image": str(facts.get("image") or ""),
-                "created": _epoch(record.get("time")),
-                "ended": None,
-                "exit_code": None,
-                "termination": None,
-            }
-        elif record.get("kind") == "box_ended" and session in self.boxes:
-            box = self.boxes[session]
-            box["ended"] = _epoch(record.get("time"))
-            box["exit_code"] = facts.get("exit") if isinstance(facts.get("exit"), int) else None
-            box["termination"] = str(facts.get("termination") or "")
+        self.secret_names |= secret_names(box.grants)
+        if box.parent is not None and not known:
+            self._children.setdefault(box.parent, []).append(box.session)
 
-    def children(self, session: str) -> list[dict[str, Any]]:
+    def children(self, session: str) -> list[BoxLife]:
         with self._lock:
             return [self.boxes[child] for child in self._children.get(session, ())]
 
-    def box(self, session: str) -> dict[str, Any] | None:
+    def box(self, session: str) -> BoxLife | None:
         with self._lock:
             return self.boxes.get(session)
 
@@ -127,8 +101,8 @@ class AuditTail:
 
 
 def pending() -> list[dict[str, Any]]:
-    """Requests waiting for a person, with what they asked for; never the process that asked."""
-    return [{k: v for k, v in entry.items() if k != "pid"} for entry in approvals.pending()]
+    """Requests waiting for a person, with what they asked for; never the process that asked (its owner id, or an old record's pid)."""
+    return [{k: v for k, v in entry.items() if k not in ("owner", "pid")} for entry in approvals.pending()]
 
 
 def pending_stamp() -> tuple[str, ...]:

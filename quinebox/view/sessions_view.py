@@ -7,13 +7,14 @@ page's meaning is tested without a server.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import asdict
 from typing import Any, Callable
 
 from quinebox.agent.store import Index, SessionRow, read_tape
+from quinebox.agent.tool_calls import ToolCalls
+from quinebox.audit.boxes import BoxLife
 from quinebox.processes import owner_alive
 from quinebox.state import session_dir
 from quinebox.view.audit_view import AuditTail
@@ -42,28 +43,16 @@ def state_of(ended: float | None, exit_code: int | None, termination: str | None
 def how_spawned(tape: list[dict[str, Any]], child: str) -> str | None:
     """How the parent whose tape this is (as `read_tape` gives it) started `child`: fork:wait|race|forget, quinebox run|exec, or a pipeline.
 
-    A spawn happens while one of the tool calls of the last response runs; tools run in order, so the one
-    running is the first that has no `tool`/`tool_error` event yet."""
-    calls: list[dict[str, Any]] = []
-    done = 0
+    A spawn happens while one of the tool calls of the last response runs (`ToolCalls` says which)."""
+    calls = ToolCalls()
     for record in tape:
-        kind = record.get("kind")
-        if kind == "response":  # read through the typed reader: a response's message and its calls have their shape
-            calls = record["message"].get("tool_calls") or []
-            done = 0
-        elif kind in ("tool", "tool_error"):
-            done += 1
-        elif kind == "spawn" and record.get("child") == child:
+        call = calls.step(record)
+        if record.get("kind") == "spawn" and record.get("child") == child:
             what = "quinebox exec" if record.get("what") == "exec" else "quinebox run"
-            if done >= len(calls):
+            if call is None:
                 return what
-            function = calls[done]["function"]
-            try:  # the model's text: it need not be JSON
-                arguments = json.loads(function["arguments"] or "{}")
-            except ValueError:
-                arguments = {}
-            arguments = arguments if isinstance(arguments, dict) else {}
-            if function["name"] == "fork":
+            arguments = call.parsed()
+            if call.name == "fork":
                 mode = arguments.get("mode")
                 return f"fork:{mode}" if mode in ("wait", "race", "forget") else "fork"
             command = str(arguments.get("command") or "")
@@ -71,6 +60,11 @@ def how_spawned(tape: list[dict[str, Any]], child: str) -> str | None:
                 return "pipeline"
             return what
     return None
+
+
+def _owner_alive(box: BoxLife | None) -> bool:
+    """Whether the process that started a box still runs; a box the log does not name, or names no owner of, is taken to."""
+    return box is None or box.owner is None or owner_alive(box.owner)
 
 
 def critical_path(nodes: list[dict[str, Any]], root: str, now: float) -> list[str]:
@@ -114,8 +108,7 @@ class Sessions:
         self._scrub = scrub
 
     def _alive(self, session: str) -> bool:
-        box = self.audit.box(session)
-        return box is None or not box["owner"] or owner_alive(box["owner"])
+        return _owner_alive(self.audit.box(session))
 
     def row(self, row: SessionRow, waiting: set[str] | None = None) -> dict[str, Any]:
         waiting = self._waiting() if waiting is None else waiting
@@ -166,9 +159,9 @@ class Sessions:
                     pending.append(row.id)
                     nodes.append({**self._node(self.row(row, waiting), tapes, now), "kind": "agent"})
             for box in self.audit.children(parent):
-                if box["session"] not in known and not box["agent"]:
-                    known.add(box["session"])
-                    pending.append(box["session"])
+                if box.session not in known and not box.agent:
+                    known.add(box.session)
+                    pending.append(box.session)
                     nodes.append(self._exec_node(box, tapes, now))
         root = nodes[0]["id"]
         path = critical_path(nodes, root, now)
@@ -190,15 +183,15 @@ class Sessions:
             "how": how_spawned(self._tape(parent, tapes), row["id"]) if parent else None,
         }
 
-    def _exec_node(self, box: dict[str, Any], tapes: dict[str, list[dict[str, Any]]], now: float) -> dict[str, Any]:
-        alive = box["ended"] is not None or not box["owner"] or owner_alive(box["owner"])
-        started = box["created"] or now
+    def _exec_node(self, box: BoxLife, tapes: dict[str, list[dict[str, Any]]], now: float) -> dict[str, Any]:
+        alive = box.ended is not None or _owner_alive(box)
+        started = box.created or now
         return {
-            "id": box["session"], "parent": box["parent"], "mission": "(a command)", "kind": "exec",
-            "state": state_of(box["ended"], box["exit_code"], box["termination"], alive=alive, waiting=False),
-            "exit_code": box["exit_code"], "termination": box["termination"], "turns": 0, "tokens": 0, "started": started,
-            "ended": box["ended"], "duration_s": round((box["ended"] or now) - started, 3), "model": None, "grants": box["grants"],
-            "how": how_spawned(self._tape(box["parent"], tapes), box["session"]) if box["parent"] else None,
+            "id": box.session, "parent": box.parent, "mission": "(a command)", "kind": "exec",
+            "state": state_of(box.ended, box.exit_code, box.termination, alive=alive, waiting=False),
+            "exit_code": box.exit_code, "termination": box.termination, "turns": 0, "tokens": 0, "started": started,
+            "ended": box.ended, "duration_s": round((box.ended or now) - started, 3), "model": None, "grants": box.grants,
+            "how": how_spawned(self._tape(box.parent, tapes), box.session) if box.parent else None,
         }
 
     @staticmethod

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Sequence
 
 from quinebox import __version__
 from quinebox.agent.store import Index, SessionRow, read_tape
+from quinebox.audit.boxes import CREATED, ENDED, box_lives
 from quinebox.audit.log import AuditLog
 from quinebox.view.redact import Redactor, secret_names
 from quinebox.view.traces import Run, Span, build
@@ -36,11 +37,11 @@ def gather(roots: Sequence[str]) -> tuple[dict[str, SessionRow], dict[str, list[
 
     The tree is walked through both: a command box (`quinebox exec` in a box) has no row, but the agents it
     starts in turn do."""
-    audit = [r for r in AuditLog().records() if r.get("kind") in ("box_created", "box_ended")]
-    boxes_below: dict[Any, list[Any]] = {}
-    for record in audit:
-        if record["kind"] == "box_created" and isinstance(record.get("facts"), dict):
-            boxes_below.setdefault(record["facts"].get("parent"), []).append(record.get("session"))
+    audit = [r for r in AuditLog().records() if r.get("kind") in (CREATED, ENDED)]
+    boxes_below: dict[str, list[str]] = {}
+    for box in box_lives(audit).values():
+        if box.parent is not None:
+            boxes_below.setdefault(box.parent, []).append(box.session)
     rows: dict[str, SessionRow] = {}
     index = Index()
     try:
@@ -63,7 +64,7 @@ def gather(roots: Sequence[str]) -> tuple[dict[str, SessionRow], dict[str, list[
 def spans_for(roots: Sequence[str], run: Run | None = None) -> list[Span]:
     """The spans of the trees under `roots`, every text scrubbed of the credentials this process can see."""
     rows, tapes, audit = gather(roots)
-    grants = [g for r in audit for g in (r.get("facts") or {}).get("grants") or [] if isinstance(g, str)]
+    grants = [g for box in box_lives(audit).values() for g in box.grants]
     grants += [g for tape in tapes.values() for r in tape[:1] if isinstance(r, dict) for g in r.get("grants") or [] if isinstance(g, str)]
     redactor = Redactor(extra_names=secret_names(grants))
     # Scrubbed before the builder cuts long texts (a cut could keep the first half of a secret), and again after.

@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 from quinebox.agent.store import SessionRow
+from quinebox.agent.tool_calls import ANSWERS, Call, ToolCalls
+from quinebox.audit.boxes import BoxLife, box_lives
 
 AttributeValue = Union[str, bool, int, float, Sequence[str]]
 #: The longest mission kept in a span: enough to know which run it was, not a transcript.
 MISSION_CHARS = 256
 #: Longest other text (a model name, a status description).
 TEXT_CHARS = 200
-#: Tape records that answer a tool call of the response before them, in the order of its calls.
-ANSWERS = ("tool", "tool_error", "exit")
 AGENT_NAME = "quinebox"
 
 
@@ -63,20 +62,6 @@ class Run:
     inputs: Mapping[str, str]
 
 
-@dataclass
-class BoxLife:
-    """A box as the audit log saw it."""
-
-    created: float | None = None
-    ended: float | None = None
-    parent: str | None = None
-    agent: bool = False
-    grants: list[str] = field(default_factory=list)
-    image: str | None = None
-    exit_code: int | None = None
-    termination: str | None = None
-
-
 #: Latest time a span may carry (about the year 2096): a box can write any number into its events, and a span's
 #: time in nanoseconds must stay an integer the SDK and OTLP take.
 LATEST_S = 4e9
@@ -101,14 +86,6 @@ def _text(value: Any, limit: int = TEXT_CHARS) -> str | None:
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
-def _epoch(value: Any) -> float | None:
-    """An audit record's ISO time as epoch seconds."""
-    try:
-        return datetime.fromisoformat(value).timestamp() if isinstance(value, str) else None
-    except ValueError:
-        return None
-
-
 def provider_of(model: str) -> str:
     """gen_ai.provider.name: quinebox's own offline providers, or the OpenAI-compatible endpoint every other model is at."""
     for prefix in ("script", "replay"):
@@ -117,42 +94,9 @@ def provider_of(model: str) -> str:
     return "openai"
 
 
-def box_lives(audit: Iterable[Any]) -> dict[str, BoxLife]:
-    """Each box the audit log saw created or ended, by session."""
-    boxes: dict[str, BoxLife] = {}
-    for record in audit:
-        if not isinstance(record, dict) or not isinstance(record.get("session"), str):
-            continue
-        facts = record.get("facts") if isinstance(record.get("facts"), dict) else {}
-        kind = record.get("kind")
-        if kind == "box_created":
-            box = boxes.setdefault(record["session"], BoxLife())
-            box.created = _epoch(record.get("time"))
-            box.parent = facts.get("parent") if isinstance(facts.get("parent"), str) else None
-            box.agent = facts.get("agent") is True
-            box.grants = [g for g in facts.get("grants") or [] if isinstance(g, str)] if isinstance(facts.get("grants"), list) else []
-            box.image = _text(facts.get("image"))
-        elif kind == "box_ended":
-            box = boxes.setdefault(record["session"], BoxLife())
-            box.ended = _epoch(record.get("time"))
-            box.exit_code = _int(facts.get("exit"))
-            box.termination = _text(facts.get("termination"))
-    return boxes
-
-
 def clean_tape(tape: Iterable[Any]) -> list[dict[str, Any]]:
     """The records that have a kind and a time; anything else on a tape is no event of ours."""
     return [r for r in tape if isinstance(r, dict) and isinstance(r.get("kind"), str) and _num(r.get("t")) is not None]
-
-
-def _tool_calls(message: Any) -> list[tuple[str | None, str | None]]:
-    """(call id, tool name) of each call an answer made."""
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    found = []
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function") if isinstance(call, dict) else None
-        found.append((_text(call.get("id")) if isinstance(call, dict) else None, _text(function.get("name")) if isinstance(function, dict) else None))
-    return found
 
 
 def build(roots: Sequence[str], rows: Mapping[str, SessionRow], tapes: Mapping[str, Sequence[Any]], audit: Iterable[Any], run: Run | None = None) -> list[Span]:
@@ -226,16 +170,16 @@ class _Builder:
             "quinebox.box.kind": "agent" if box.agent else "command",
             "quinebox.parent_session": box.parent,
             "quinebox.grants": box.grants,
-            "quinebox.image": box.image,
+            "quinebox.image": _text(box.image),
             "process.exit.code": box.exit_code,
-            "quinebox.termination": box.termination,
+            "quinebox.termination": _text(box.termination),
             **extra,
         }
         index = self.add("box", start, end, parent, attributes)
         if box.ended is None:
             self.spans[index].attributes["quinebox.state"] = "running"
         elif box.exit_code:
-            self.spans[index].error = f"exit {box.exit_code} ({box.termination or 'exit'})"
+            self.spans[index].error = f"exit {box.exit_code} ({_text(box.termination) or 'exit'})"
         return index
 
     def _agent(self, session: str, row: SessionRow | None, meta: dict[str, Any], outcome: dict[str, Any] | None, model: str,
@@ -295,7 +239,7 @@ class _Walk:
         self.model = model
         self.turn: int | None = None  # the open turn's span
         self.requested: float | None = None  # when the open turn's model call was asked for
-        self.calls: list[tuple[str | None, str | None]] = []  # the response's calls not answered yet
+        self.calls = ToolCalls()  # which of the response's calls each answer closes
         self.since = 0.0  # when the next tool call began: the response, or the answer before it
         self.waiting: list[str] = []  # children started by the tool call now running
         self.spawned: dict[str, int] = {}
@@ -305,6 +249,7 @@ class _Walk:
 
     def step(self, record: dict[str, Any]) -> None:
         kind, t = record["kind"], float(record["t"])
+        call = self.calls.step(record)  # a request leaves the calls alone: the turn closes those still open
         if kind == "request":
             self.close_turn()
             number = _int(record.get("turn"))
@@ -318,8 +263,8 @@ class _Walk:
             self.b.spans[index].attributes["error.type"] = _text(record.get("termination")) or "provider_error"
             self.b.spans[index].error = _text(record.get("message")) or "the model provider failed"
             self.requested = None
-        elif kind in ANSWERS or kind == "exec":
-            self.answer(record, kind, t)
+        elif kind in ANSWERS:
+            self.answer(record, kind, call, t)
         elif kind == "cycle":
             self.cycles += 1  # the host's record of a new conversation starting after an exec call
         elif kind == "spawn" and isinstance(record.get("child"), str):
@@ -358,13 +303,12 @@ class _Walk:
         if reason:
             attributes["gen_ai.response.finish_reasons"] = [reason]
         self.requested = None
-        self.calls = _tool_calls(record.get("message"))
         self.since = t
 
-    def answer(self, record: dict[str, Any], kind: str, t: float) -> None:
-        call_id, name = self.calls.pop(0) if self.calls else (None, None)
-        name = name or (kind if kind in ("exit", "exec") else _text(record.get("name"))) or "unknown"
-        index = self.tool_span(call_id, name, self.since, t)
+    def answer(self, record: dict[str, Any], kind: str, call: Call | None, t: float) -> None:
+        """The span of the call `record` answers (as the tape says, when it outran its response's calls)."""
+        name = _text(call.name if call else None) or (kind if kind in ("exit", "exec") else _text(record.get("name"))) or "unknown"
+        index = self.tool_span(_text(call.id) if call else None, name, self.since, t)
         attributes = self.b.spans[index].attributes
         if kind == "tool" and _int(record.get("exit_code")) is not None:
             attributes["quinebox.tool.exit_code"] = record["exit_code"]
@@ -388,9 +332,8 @@ class _Walk:
             self.b.spans[index].attributes["error.type"] = "incomplete"
             self.b.spans[index].error = "no answer was recorded"
             self.requested = None
-        while self.calls:
-            call_id, name = self.calls.pop(0)
-            index = self.tool_span(call_id, name or "unknown", self.since, max(self.since, self.last))
+        for call in self.calls.unanswered():
+            index = self.tool_span(_text(call.id), _text(call.name) or "unknown", self.since, max(self.since, self.last))
             self.b.spans[index].attributes["error.type"] = "incomplete"
             self.b.spans[index].error = "no result was recorded"
 

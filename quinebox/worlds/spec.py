@@ -18,21 +18,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 from quinebox.errors import GrantError
 from quinebox.grants import Mount, check_mount
 from quinebox.state import session_dir
 from quinebox.worlds import beneath
-from quinebox.worlds.revisions import WorldError
-
-if TYPE_CHECKING:
-    from quinebox.worlds.world import World
+from quinebox.worlds.revisions import Manifest, WorldError
 
 #: Characters overlay's mount options cannot carry in a path.
 _OVERLAY_UNSAFE = set(",:\\\n")
-
-
 
 
 @dataclass(frozen=True)
@@ -54,6 +49,18 @@ class WorldSpec:
     paths: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     archive: str | None = None
+
+
+class ParentWorld(Protocol):
+    """What a child's world is chosen from: its parent's `world.World` while that box runs, described here
+    because world.py builds on this module and so is never imported by it."""
+
+    session: str
+    spec: WorldSpec
+    rev: int
+    manifest: Manifest
+
+    def revise(self, what: str) -> dict[str, Any] | None: ...
 
 
 def world_dir(session: str) -> Path:
@@ -109,7 +116,7 @@ def _host_path(path: str, cwd: str, protected: list[str], option: str, *, direct
     return check_mount(Mount(source=full, dest="/world", writable=True), protected=protected).source
 
 
-def child_world(parent: "World | None", session: str, choice: Any) -> WorldSpec:
+def child_world(parent: ParentWorld | None, session: str, choice: Any) -> WorldSpec:
     """A child's world from its request's `world`: "inherit" (the default), "empty", or a list of paths in the parent's."""
     choice = "inherit" if choice is None else choice
     if parent is None and choice != "empty":

@@ -15,9 +15,10 @@ import pytest
 from commands import QUINEBOX
 
 from quinebox.audit import approvals
-from quinebox.audit.approvals import Approver, Request
+from quinebox.audit.approvals import Approver
 from quinebox.audit.asks import Asks
 from quinebox.audit.log import AuditLog
+from quinebox.audit.request import Request
 
 
 @pytest.fixture
@@ -184,6 +185,47 @@ def test_a_request_whose_asker_is_gone_is_no_longer_pending(state):
     refused = cli("approve", "deadbeef")
     assert refused.returncode == 125
     assert refused.stderr == "quinebox: no pending request with id 'deadbeef': `quinebox approvals` lists them\n"
+
+
+@pytest.mark.parametrize(
+    ("asker", "kept"),
+    [
+        (lambda me, gone: {"owner": me["owner"]}, True),
+        (lambda me, gone: {"owner": f"{me['host']}:{me['pid']}:1"}, False),  # this pid, but a process started at another time: reused
+        (lambda me, gone: {"owner": gone["owner"]}, False),
+        (lambda me, gone: {"owner": "elsewhere:1:1"}, True),  # another host's asker: this host cannot tell, so it waits
+        (lambda me, gone: {"owner": f"{me['host']}:x:1"}, False),
+        (lambda me, gone: {"pid": me["pid"]}, True),  # a record from before owners: its pid, whatever process has it now
+        (lambda me, gone: {"pid": gone["pid"]}, False),
+        (lambda me, gone: {"pid": 0}, False),
+        (lambda me, gone: {"pid": True}, False),
+        (lambda me, gone: {"pid": str(me["pid"])}, False),
+        (lambda me, gone: {}, False),
+    ],
+)
+def test_a_pending_request_lasts_as_long_as_the_process_that_asked(state, asker, kept):
+    from quinebox.processes import owner_id
+
+    ended = subprocess.Popen(["sleep", "0.2"])
+    gone = {"owner": owner_id(ended.pid), "pid": ended.pid}
+    ended.wait()
+    me = {"owner": owner_id(), "host": owner_id().split(":")[0], "pid": os.getpid()}
+    (state / "audit" / "pending").mkdir(parents=True)
+    entry = {"id": "cafe0001", "session": "s", "kind": "egress", "subject": "net:x:1", "facts": {}, "digest": "d", "since": "t", **asker(me, gone)}
+    (state / "audit" / "pending" / "cafe0001.json").write_text(json.dumps(entry))
+    assert [e["id"] for e in approvals.pending()] == (["cafe0001"] if kept else [])
+    assert (state / "audit" / "pending" / "cafe0001.json").exists() == kept
+
+
+def test_a_pending_request_names_its_asker_by_owner_id(state):
+    from quinebox.processes import owner_id
+
+    asking = Asking(approver(timeout="5"), request())
+    asking.pending_id()
+    entry = json.loads((state / "audit" / "pending" / f"{asking.request.id}.json").read_text())
+    assert entry["owner"] == owner_id() and "pid" not in entry
+    cli("deny", asking.request.id)
+    assert asking.result().allowed is False
 
 
 def test_session_and_always_together_is_a_usage_error(state):

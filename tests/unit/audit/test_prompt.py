@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from quinebox.audit.approvals import Request
 from quinebox.audit.prompt import MAX_SHOWN, escaped, shown
+from quinebox.audit.request import Request
 
 
 @pytest.mark.parametrize(
