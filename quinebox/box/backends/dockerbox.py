@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from quinebox.box.backends.boxes import Box
 from quinebox.box.backends.choice import ENGINE
 
-if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+
+class Engine(Protocol):
+    """What a listed box asks of the engine's thin layer (docker.py's DockerBackend, which imports this module)."""
+
+    def kill(self, container: str, signal: str = ..., /) -> bool: ...
+
+    def remove(self, container: str, /) -> bool: ...
+
+    def container_config(self, container: str, /) -> dict[str, Any]: ...
 
 
 class DockerBox(Box):
@@ -17,7 +24,7 @@ class DockerBox(Box):
     backend = ENGINE
     image_root = ""
 
-    def __init__(self, engine: DockerBackend, entry: dict[str, Any]):
+    def __init__(self, engine: Engine, entry: dict[str, Any]):
         self.engine = engine
         self.id: str = entry["Id"]
         self.labels: dict[str, str] = entry.get("Labels") or {}
