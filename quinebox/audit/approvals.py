@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ def _dir(name: str) -> Path:
     return path
 
 
-def _write(path: Path, value: dict[str, Any]) -> None:
+def _write(path: Path, value: dict[str, Any] | list[dict[str, Any]]) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_bytes(log.canonical(value))
     os.replace(temporary, path)
@@ -129,7 +129,7 @@ def _update(change: Any) -> Any:
 
 def remember(subject: str, *, allow: bool, project: str | None, by: str) -> None:
     entry = {"rule": subject, "decision": "allow" if allow else "deny", "project": project, "by": by,
-             "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+             "at": datetime.now(UTC).isoformat(timespec="seconds")}
     _update(lambda entries: entries.append(entry))
 
 
@@ -181,7 +181,7 @@ class Approver:
             return self._done(request, Decision(False, "deny", "timeout (--ask-timeout 0)"))
         path = _dir("pending") / f"{request.id}.json"
         _write(path, {"id": request.id, "session": request.session, "kind": request.kind, "subject": request.subject, "facts": request.facts,
-                      "digest": request.digest, "owner": owner_id(), "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                      "digest": request.digest, "owner": owner_id(), "since": datetime.now(UTC).isoformat(timespec="seconds"),
                       "deadline": time.time() + wait})
         try:
             decision = self._await(request, time.monotonic() + wait)

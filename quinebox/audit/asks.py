@@ -12,8 +12,8 @@ inherits them, and nothing a box says changes them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Iterable
 
 from quinebox.errors import GrantError
 from quinebox.grants import Grants, Mount, attenuate, parse_duration, within
@@ -36,7 +36,7 @@ class Asks:
     project: str = ""
 
     @classmethod
-    def parse(cls, ask: Iterable[str] = (), deny: Iterable[str] = (), timeout: float | str | None = None, *, cwd: str) -> "Asks":
+    def parse(cls, ask: Iterable[str] = (), deny: Iterable[str] = (), timeout: float | str | None = None, *, cwd: str) -> Asks:
         timeout_s = DEFAULT_ASK_TIMEOUT if timeout is None else 0.0 if str(timeout).strip() in ("0", "0s") else parse_duration(str(timeout))
         return cls(ask=_parse("ask", ask, cwd), deny=_parse("deny", deny, cwd), timeout=timeout_s, project=cwd)
 
@@ -98,9 +98,9 @@ class Asks:
 
     def _touched(self, asked: Grants) -> str:
         """The ask rule a child's grants fall under even if its parent holds them (ask over allow), or ""."""
-        for rule in sorted(asked.net):
-            if covers(self.ask.net, rule):
-                return rule.format()
+        for net in sorted(asked.net):
+            if covers(self.ask.net, net):
+                return net.format()
         for mount in asked.mounts:
             for rule in self.ask.mounts:
                 if within(mount.source, rule.dest) and (mount.writable or not rule.writable):
@@ -108,9 +108,9 @@ class Asks:
         return ""
 
     def _denied(self, asked: Grants) -> str:
-        for rule in sorted(asked.net):
-            if covers(self.deny.net, rule):
-                return f"refused {rule.format()}: denied by this run's deny rules ({' '.join(self.deny.format())})"
+        for net in sorted(asked.net):
+            if covers(self.deny.net, net):
+                return f"refused {net.format()}: denied by this run's deny rules ({' '.join(self.deny.format())})"
         for mount in asked.mounts:
             for rule in self.deny.mounts:
                 overlap = within(mount.source, rule.dest) or within(rule.dest, mount.source)

@@ -11,9 +11,10 @@ crash on a field of the wrong type, so such a field is left out (None, [] or Fal
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 #: The kinds of the two records a box leaves in the audit log.
 CREATED = "box_created"

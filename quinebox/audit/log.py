@@ -29,10 +29,11 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from quinebox.documents import json_objects
 from quinebox.errors import QuineboxError, StateError
@@ -128,7 +129,7 @@ class AuditLog:
     def _write(self, fd: int, last: dict[str, Any] | None, kind: str, session: str | None, facts: dict[str, Any]) -> dict[str, Any]:
         body = {
             "seq": int(last.get("seq", -1)) + 1 if last else 0,
-            "time": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+            "time": datetime.now(UTC).isoformat(timespec="microseconds"),
             "session": session,
             "kind": kind,
             "facts": _bounded(facts),

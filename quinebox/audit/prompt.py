@@ -57,7 +57,7 @@ class Terminal:
         self._typed = b""
 
     @classmethod
-    def open(cls) -> "Terminal | None":
+    def open(cls) -> Terminal | None:
         """The controlling terminal; in a command server's worker, its client's (QUINEBOX_TERMINAL_FD)."""
         try:
             given = os.environ.get("QUINEBOX_TERMINAL_FD", "")

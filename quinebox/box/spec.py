@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quinebox import __version__
 from quinebox.audit.asks import Asks
@@ -112,7 +112,15 @@ def new_session_id() -> str:
 
 
 
-def run_files(session: str, grants: Grants, asks: Asks) -> dict[str, str | None]:
+class RunFiles(TypedDict):
+    """A box's files in the run dir, as BoxSpec's fields of the same names."""
+
+    lifeline: str
+    tls_dir: str | None
+    egress_socket: str | None
+
+
+def run_files(session: str, grants: Grants, asks: Asks) -> RunFiles:
     """Where a box's sockets and trust live on the host, in the run dir: its lifeline always,
     its egress socket with net grants or net rules to ask about, its trust directory with secret grants that
     have a way out. A secret reaches its host only through the egress proxy, which writes that trust: with no

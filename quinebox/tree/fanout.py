@@ -17,10 +17,11 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from quinebox.agent.providers import EXIT_UNAVAILABLE
 from quinebox.documents import read_yaml

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from quinebox.tree.fanout import Progress, Tally
 
@@ -35,9 +36,7 @@ def make_progress(total: int) -> Iterator[Progress]:
 
 @contextlib.contextmanager
 def _bar(total: int) -> Iterator[Progress]:
-    from rich.progress import BarColumn, MofNCompleteColumn
-    from rich.progress import Progress as Bar
-    from rich.progress import TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     bar = Bar(
         TextColumn("[bold]quinebox[/bold]"),

@@ -40,14 +40,14 @@ def replay(session: str, *, quiet: bool) -> int:
     agent.wait()
     replayed = read_tape(agent.session.session)
     before, after = actions(recorded), actions(replayed)
-    for i, (old, new) in enumerate(zip(before, after)):
+    for i, (old, new) in enumerate(zip(before, after, strict=False)):
         if old != new:
             print(f"quinebox: replay diverged at action {i + 1}: recorded {old[:3]}, replayed {new[:3]}", file=sys.stderr)
             return 1
     if len(before) != len(after):
         print(f"quinebox: replay diverged: {len(before)} actions recorded, {len(after)} replayed", file=sys.stderr)
         return 1
-    old_out = next((r for r in reversed(recorded) if r["kind"] == "outcome"), {})
+    old_out: dict[str, Any] = next((r for r in reversed(recorded) if r["kind"] == "outcome"), {})
     new_out = agent.outcome or {}
     if (old_out.get("exit_code"), old_out.get("termination")) != (new_out.get("exit_code"), new_out.get("termination")):
         print(f"quinebox: replay diverged in its outcome: recorded exit {old_out.get('exit_code')} ({old_out.get('termination')}), replayed exit {new_out.get('exit_code')} ({new_out.get('termination')})", file=sys.stderr)

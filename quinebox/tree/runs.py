@@ -15,8 +15,9 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Any, Collection, Iterable
+from typing import Any
 
 from quinebox.processes import owner_id
 from quinebox.state import state_dir

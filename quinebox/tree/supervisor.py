@@ -16,8 +16,9 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from quinebox.agent.budgets import TokenPool
 from quinebox.agent.providers import resolve_model
@@ -65,7 +66,7 @@ def child_model(parent: str | None, requested: str | None) -> str | None:
 
 
 class Node:
-    def __init__(self, tree: Tree, spec: BoxSpec, parent: "Node | None" = None, model: str | None = None, tokens: int | None = None):
+    def __init__(self, tree: Tree, spec: BoxSpec, parent: Node | None = None, model: str | None = None, tokens: int | None = None):
         self.tree = tree
         self.spec = spec
         self.parent = parent
@@ -87,7 +88,7 @@ class Node:
             tree.nodes.append(self)
 
     @classmethod
-    def root(cls, spec: BoxSpec, model: str | None = None, tokens: int | None = None) -> "Node":
+    def root(cls, spec: BoxSpec, model: str | None = None, tokens: int | None = None) -> Node:
         return cls(Tree(spec.asks), spec, model=model, tokens=tokens)
 
     @property
@@ -130,7 +131,7 @@ class Node:
 
     # -- starting a child -----------------------------------------------------------
 
-    def spawn(self, request: dict[str, Any], channel: Channel) -> "ChildRelay":
+    def spawn(self, request: dict[str, Any], channel: Channel) -> ChildRelay:
         what = request["what"]
         if what not in ("run", "exec"):
             raise GrantError(f"cannot start {what!r}: a child is `run` (an agent) or `exec` (a command)")
@@ -234,16 +235,15 @@ class Node:
                 return os.path.normpath(os.path.join(mount.source, os.path.relpath(box_path, mount.dest)))
         return "/nonexistent"
 
-    def start(self, what: str, request: dict[str, Any], relay: "ChildRelay") -> Any:
-        streams = {"stdin": PIPE, "stdout": relay.out, "stderr": relay.err}
+    def start(self, what: str, request: dict[str, Any], relay: ChildRelay) -> Any:
         if what == "exec":
-            return BoxProcess(self.spec, place=self, **streams)
+            return BoxProcess(self.spec, place=self, stdin=PIPE, stdout=relay.out, stderr=relay.err)
         from quinebox.tree.agent import Agent  # sessions and their store: only once an agent starts
 
         max_turns = request.get("max_turns")
-        return Agent(self.spec.argv[-1], spec=self.spec, node=self, model=self.model, max_turns=int(max_turns) if max_turns else None, **streams)
+        return Agent(self.spec.argv[-1], spec=self.spec, node=self, model=self.model, max_turns=int(max_turns) if max_turns else None, stdin=PIPE, stdout=relay.out, stderr=relay.err)
 
-    def _await(self, node: "Node", relay: "ChildRelay") -> None:
+    def _await(self, node: Node, relay: ChildRelay) -> None:
         code = node.box.wait()
         outcome = getattr(node.box, "outcome", None) or {}
         if node.grants.tokens is not None:
@@ -332,9 +332,9 @@ def start_agent(
     stdin: Stream | bytes = None,
     stdout: Stream = None,
     stderr: Stream = None,
-    view: "View | None" = None,
+    view: View | None = None,
     tags: dict[str, str] | None = None,
-) -> "Agent":
+) -> Agent:
     """A root agent from the caller's options: its box checked, the root of a tree of its own."""
     if not mission.strip():
         raise QuineboxError("the mission is empty: say what the agent should do, as in `quinebox run \"summarize this\"`")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Iterator
+from collections.abc import Iterator
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: O_NONBLOCK: a file swapped for a FIFO after we looked must not hang the host.
@@ -117,14 +117,15 @@ def walk(root_fd: int, top: str = "") -> Iterator[tuple[str, int, Iterator[tuple
             continue
         try:
             with os.scandir(fd) as listing:
-
-                def entries() -> Iterator[tuple[str, os.DirEntry]]:
-                    for item in listing:
-                        rel = f"{rel_dir}/{item.name}" if rel_dir else item.name
-                        if item.is_dir(follow_symlinks=False):
-                            pending.append(rel)
-                        yield rel, item
-
-                yield rel_dir, fd, entries()
+                yield rel_dir, fd, _entries(listing, rel_dir, pending)
         finally:
             os.close(fd)
+
+
+def _entries(listing: Iterator[os.DirEntry], rel_dir: str, pending: list[str]) -> Iterator[tuple[str, os.DirEntry]]:
+    """One directory's entries by their path from the top; each directory among them is queued to be walked."""
+    for item in listing:
+        rel = f"{rel_dir}/{item.name}" if rel_dir else item.name
+        if item.is_dir(follow_symlinks=False):
+            pending.append(rel)
+        yield rel, item

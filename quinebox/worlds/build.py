@@ -35,6 +35,8 @@ def create(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
     try:
         if spec.kind == "overlay":
             for path in (spec.layer, spec.work):
+                if path is None:
+                    raise WorldError(f"world {session}: an overlay world has no work directory")
                 os.mkdir(path, 0o755)
                 _own(path, uid, gid)
         elif spec.kind == "dir":

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 from quinebox.worlds import beneath
-from quinebox.worlds.revisions import CHUNK, NODES, Changes, Entry, Manifest, ObjectStore, unkept
+from quinebox.worlds.revisions import CHUNK, NODES, Entry, Manifest, ObjectStore, unkept
 
 
 def exported(manifest: Manifest, store: ObjectStore, out) -> list[str]:
@@ -41,7 +41,7 @@ def exported(manifest: Manifest, store: ObjectStore, out) -> list[str]:
 
 
 def carry_out(
-    delta: Changes,
+    delta: Mapping[str, Entry | None],
     store: ObjectStore,
     root_fd: int,
     *,
@@ -66,7 +66,7 @@ def carry_out(
         finally:
             os.close(parent)
     skipped = []
-    chown = uid is not None and gid is not None and os.getuid() == 0
+    owner = (uid, gid) if uid is not None and gid is not None and os.getuid() == 0 else None
     made = {p: e for p, e in delta.items() if e is not None}
     for path in sorted(made, key=lambda p: (p.count("/"), p)):
         entry = made[path]
@@ -92,8 +92,8 @@ def carry_out(
                 os.chmod(name, entry["mode"], dir_fd=parent, follow_symlinks=False)
             else:
                 write_file(parent, name, store, entry)
-            if chown:
-                os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
+            if owner:
+                os.chown(name, *owner, dir_fd=parent, follow_symlinks=False)
         finally:
             os.close(parent)
     for path in sorted((p for p, e in made.items() if e["type"] == "d"), key=lambda p: -p.count("/")):

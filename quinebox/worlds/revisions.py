@@ -25,8 +25,9 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from quinebox.errors import QuineboxError
 from quinebox.state import session_dir, state_dir

@@ -16,9 +16,10 @@ or only the listed paths, copied from the parent's newest revision.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 from quinebox.errors import GrantError
 from quinebox.grants import Mount, check_mount

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import select
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from inotify_simple import Event, INotify, flags
 

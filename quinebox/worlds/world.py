@@ -8,28 +8,12 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from quinebox.worlds import beneath
 from quinebox.worlds.build import create, discard, load_spec
-from quinebox.worlds.revisions import (
-    CHUNK,
-    NODES,
-    Changes,
-    ConflictError,
-    Manifest,
-    ObjectStore,
-    RevisionLog,
-    Scanner,
-    WorldError,
-    apply,
-    below,
-    changes,
-    describe,
-    merge,
-    new_bytes,
-    unkept,
-)
+from quinebox.worlds.revisions import CHUNK, NODES, Changes, ConflictError, Manifest, ObjectStore, RevisionLog, Scanner, WorldError, apply, below, changes, describe, merge, new_bytes, unkept
 from quinebox.worlds.spec import WorldSpec, world_dir
 
 
@@ -69,7 +53,7 @@ class World:
             self._append(first, self.manifest)
 
     @classmethod
-    def offline(cls, session: str) -> "World":
+    def offline(cls, session: str) -> World:
         spec, _ = load_spec(session)
         return cls(session, spec, track=False)
 
@@ -210,7 +194,9 @@ class World:
 
 
 def _same_file(current: dict[str, Any] | None, target: dict[str, Any]) -> bool:
-    return bool(current) and current["type"] == "f" and current.get("sha") == target["sha"] and current["mode"] == target["mode"]
+    if not current:
+        return False
+    return current["type"] == "f" and current.get("sha") == target["sha"] and current["mode"] == target["mode"]
 
 
 def _differs(now: dict[str, Any] | None, then: dict[str, Any] | None) -> bool:

@@ -26,7 +26,6 @@ import requests.exceptions
 import urllib3.exceptions
 from docker.utils import kwargs_from_env
 
-from quinebox.box.backends.dockerbox import DockerBox
 from quinebox.box.backends.reach import unreachable
 from quinebox.box.policy import LABEL_OWNER, LABEL_SESSION, ContainerConfig
 from quinebox.errors import EngineError, ImageError, QuineboxError
@@ -327,11 +326,10 @@ class DockerBackend:
         except ENGINE_ERRORS:
             pass  # not started yet, gone, or the engine is slow: the next change of size tries again
 
-    def boxes(self) -> list[DockerBox]:
-        """Every quinebox container, running or not."""
+    def containers(self) -> list[dict[str, Any]]:
+        """The engine's list entry of every quinebox container, running or not (dockerbox.boxes makes them Boxes)."""
         with _asking("the request to list boxes", "cannot list boxes"):
-            listed = self.api.containers(all=True, filters={"label": LABEL_SESSION})
-        return [DockerBox(self, entry) for entry in listed]
+            return self.api.containers(all=True, filters={"label": LABEL_SESSION})
 
 
 class _Missing(QuineboxError):

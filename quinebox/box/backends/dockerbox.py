@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from quinebox.box.backends.boxes import Box
 from quinebox.box.backends.choice import ENGINE
+from quinebox.box.backends.docker import DockerBackend
 
 
-class Engine(Protocol):
-    """What a listed box asks of the engine's thin layer (docker.py's DockerBackend, which imports this module)."""
-
-    def kill(self, container: str, signal: str = ..., /) -> bool: ...
-
-    def remove(self, container: str, /) -> bool: ...
-
-    def container_config(self, container: str, /) -> dict[str, Any]: ...
+def boxes(engine: DockerBackend) -> list[DockerBox]:
+    """Every quinebox container on the engine, running or not, as the Box that owns it."""
+    return [DockerBox(engine, entry) for entry in engine.containers()]
 
 
 class DockerBox(Box):
@@ -24,7 +20,7 @@ class DockerBox(Box):
     backend = ENGINE
     image_root = ""
 
-    def __init__(self, engine: Engine, entry: dict[str, Any]):
+    def __init__(self, engine: DockerBackend, entry: dict[str, Any]):
         self.engine = engine
         self.id: str = entry["Id"]
         self.labels: dict[str, str] = entry.get("Labels") or {}

@@ -80,11 +80,13 @@ def _extract(backend: DockerBackend, image: str, target: Path) -> None:
 
 def prune(backend: DockerBackend, agent_image: str) -> list[str]:
     """Remove runtimes copied out of older agent images that no box still mounts; the names removed."""
+    from quinebox.box.backends import dockerbox  # the engine's client: only for gc
+
     root = runtime_root()
     if not root.is_dir():
         return []
     current = runtime_dir(backend, agent_image) if backend.image_id(agent_image) else None
-    mounted = {source for box in backend.boxes() for source in box.mounts}
+    mounted = {source for box in dockerbox.boxes(backend) for source in box.mounts}
     removed = []
     for path in sorted(root.iterdir()):
         if path.is_dir() and not path.name.startswith(".") and str(path) != current and str(path) not in mounted:

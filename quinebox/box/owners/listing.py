@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quinebox.audit import log
+from quinebox.box.backends import dockerbox
 from quinebox.box.backends.boxes import Box, created_at
 from quinebox.box.backends.choice import ENGINE
 from quinebox.box.backends.runtimebox import runtime_boxes
@@ -77,7 +78,7 @@ def every_box(engine: DockerBackend | None, *, connect: bool = True) -> list[Box
             from quinebox.box.backends.docker import DockerBackend
 
             engine = DockerBackend.connect()
-        return [*engine.boxes(), *on_runtimes]
+        return [*dockerbox.boxes(engine), *on_runtimes]
     except EngineError:
         if on_runtimes or engine is None and os.environ.get("QUINEBOX_BACKEND") == "oci":
             return on_runtimes

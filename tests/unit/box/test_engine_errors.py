@@ -48,7 +48,7 @@ def test_a_deadline_is_told_by_its_type_not_its_words(wedged):
     with pytest.raises(EngineError, match="did not answer a ping in time"):
         engine_at(wedged).ping()
     with pytest.raises(EngineError, match="did not answer the request to list boxes in time"):
-        engine_at(wedged).boxes()
+        engine_at(wedged).containers()
 
 
 def test_an_engine_nobody_listens_for_is_unreachable_and_quiet_calls_say_false(tmp_path):
