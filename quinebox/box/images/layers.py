@@ -39,7 +39,7 @@ import shutil
 import stat
 import tarfile
 import zlib
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from quinebox.errors import ImageError
 
@@ -82,7 +82,7 @@ def uncompressed(stream: IO[bytes], what: str) -> IO[bytes]:
     magic = stream.read(4)
     stream.seek(-len(magic), io.SEEK_CUR)
     if magic[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[return-value]
+        return cast(IO[bytes], gzip.GzipFile(fileobj=stream, mode="rb"))  # a binary stream, which typeshed types apart
     if magic == b"\x28\xb5\x2f\xfd":
         raise ImageError(f"{what} is compressed with zstd, which quinebox cannot read: recompress the image with gzip (e.g. `skopeo copy --dest-compress-format gzip`)")
     return stream

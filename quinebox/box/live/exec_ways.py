@@ -117,7 +117,7 @@ class RuntimeWay(Way):
         """Under gVisor: what `runsc ps` says descends from the exec's process."""
         runtime = self.box.runtime
         try:
-            root = int(Path(self._pid_file).read_text())  # type: ignore[arg-type]
+            root = int(Path(self._pid_file).read_text())  # type: ignore[arg-type]  # set with the runtime's --internal-pid-file above
         except (OSError, ValueError, TypeError):
             self._proc.kill()
             return

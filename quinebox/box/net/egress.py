@@ -376,7 +376,7 @@ class Egress:
         tail = b""
         try:
             while left != 0:
-                chunk = source.read1(CHUNK if left < 0 else min(CHUNK, left))  # type: ignore[attr-defined]
+                chunk = source.read1(CHUNK if left < 0 else min(CHUNK, left))  # type: ignore[attr-defined]  # always a socket file opened "rb", buffered: it has read1
                 if not chunk or not self._count(len(chunk)):
                     break
                 if watched:

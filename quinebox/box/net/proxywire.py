@@ -109,9 +109,10 @@ def host_port(text: str, default: int | None) -> tuple[str, int]:
         port = parsed.port
     except ValueError:
         port = None
-    if parsed.hostname is None or (port is None and default is None):
+    chosen = port if port is not None else default
+    if parsed.hostname is None or chosen is None:
         raise Refused(f"egress refused: {text[:100]!r} is not HOST:PORT", status=400, socks=1)
-    return parsed.hostname.lower().rstrip("."), port if port is not None else default  # type: ignore[return-value]
+    return parsed.hostname.lower().rstrip("."), chosen
 
 
 def answer(conn: socket.socket, exc: Refused, socks: bool) -> None:

@@ -159,7 +159,10 @@ def engine_reader(backend: Any, image: str) -> Callable[[str], bytes]:
             member = next(iter(tar), None)
             if member is None or not member.isfile():
                 raise FileNotFoundError(path)
-            return tar.extractfile(member).read()  # type: ignore[union-attr]
+            extracted = tar.extractfile(member)
+            if extracted is None:
+                raise FileNotFoundError(path)
+            return extracted.read()
 
     return read
 

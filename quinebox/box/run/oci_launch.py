@@ -58,11 +58,11 @@ class OciLaunch:
             raise ImageError(f"image {spec.image} has no /bin/sh: an agent's sh tool runs the image's own shell; choose an image that has one")
         if spec.tty:  # the runtime makes the terminal, and hands us its master: a relay, as the engine's attach is
             self._console = ConsoleRelay(stdin, stdout, stop_fd)
-            self.stdin, self.stdout = self._console.stdin, self._console.stdout  # type: ignore[assignment]
+            self.stdin, self.stdout = self._console.stdin, self._console.stdout  # type: ignore[assignment]  # the console's own writer and reader serve as the box's
             stdin = stdout = DEVNULL
         self._direct = direct = DirectStdio(stdin, stdout, stderr)
         if not spec.tty:
-            self.stdin, self.stdout = direct.stdin, direct.stdout  # type: ignore[assignment]
+            self.stdin, self.stdout = direct.stdin, direct.stdout  # type: ignore[assignment]  # raw pipe files, written and read as the relay's would be
         self.stderr, self.say = direct.stderr, direct.say
         self._box = OciBox(
             self.runtime, spec.session, config, stdio=direct.fds, ended=self._ended, console=self._console.attach if self._console else None,

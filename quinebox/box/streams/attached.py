@@ -74,7 +74,7 @@ class AttachedStdio:
         elif isinstance(stdin, (bytes, bytearray, memoryview)):
             self._pump = self._spawn(relay.pump_bytes, "stdin", bytes(stdin), self._sock)
         else:
-            fd = 0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno()  # type: ignore[union-attr]
+            fd = 0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno()  # type: ignore[union-attr]  # a callable Stream is an output sink: a stdin here is a file
             self._pump = self._spawn(relay.pump_fd, "stdin", fd, self._sock, stop_fd)
 
     def drain(self, timeout: float) -> None:

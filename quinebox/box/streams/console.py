@@ -79,7 +79,7 @@ class ConsoleRelay:
         elif isinstance(stdin, (bytes, bytearray, memoryview)):
             self._input_bytes = bytes(stdin)
         elif stdin != DEVNULL:
-            self._input_r = os.dup(0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno())  # type: ignore[union-attr]
+            self._input_r = os.dup(0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno())  # type: ignore[union-attr]  # a callable Stream is an output sink: a stdin here is a file
         self._out_w: int | None = None
         self._lock = threading.Lock()
         if stdout == PIPE:

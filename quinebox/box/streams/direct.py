@@ -55,7 +55,7 @@ class DirectStdio:
             else:
                 self._thread(_feed, write_end, bytes(stdin))
             return read_end
-        return stdin if isinstance(stdin, int) else stdin.fileno()  # type: ignore[union-attr]
+        return stdin if isinstance(stdin, int) else stdin.fileno()  # type: ignore[union-attr]  # a callable Stream is an output sink: a stdin here is a file
 
     def _output(self, target: Stream, default: int, attr: str) -> int:
         if target is None:
