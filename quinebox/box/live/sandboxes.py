@@ -36,7 +36,7 @@ from quinebox.box.owners.listing import BoxInfo, live_boxes
 from quinebox.box.policy import GUEST_PYTHON, LABEL_SESSION
 from quinebox.box.streams.direct import DEVNULL
 from quinebox.errors import FileTooLargeError, GrantError, QuineboxError
-from quinebox.processes import owner_alive
+from quinebox.processes import owner_alive, owner_id
 from quinebox.state import run_dir
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class Running:
 
     def __enter__(self) -> Running:
         self.marker.parent.mkdir(exist_ok=True)
-        self.marker.write_text(str(os.getpid()))
+        self.marker.write_text(owner_id())
         touch(self.session)
         return self
 
@@ -231,14 +231,16 @@ class Running:
 
 
 def busy(session: str) -> bool:
-    """Does an exec of another live process run in the box?"""
+    """Does an exec of another live process run in the box? (Its marker names it by owner id: a reused pid is not it.)"""
     execs = records_dir() / f"{session}.execs"
     for marker in execs.glob("*") if execs.is_dir() else ():
         try:
-            os.kill(int(marker.read_text()), 0)
-            return True
-        except (OSError, ValueError):
-            marker.unlink(missing_ok=True)
+            owner = marker.read_text()
+            if owner.count(":") == 2 and owner_alive(owner):  # a bare pid (an older quinebox's marker) is taken as gone
+                return True
+        except OSError:
+            pass
+        marker.unlink(missing_ok=True)
     return False
 
 
