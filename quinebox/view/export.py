@@ -7,8 +7,10 @@ The page asks the same API paths either way; in a bundle it finds their answers 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from quinebox.errors import QuineboxError
 from quinebox.view.catalog import Catalog
@@ -42,18 +44,18 @@ def export(out: str, session: str | None = None, catalog: Catalog | None = None)
         ids = [row["id"] for row in rows]
         for row in rows:
             if row["parent"] is None:
-                put(f"/api/sessions/{row['id']}/tree", lambda r=row: catalog.sessions.tree(r["id"]))
+                put(f"/api/sessions/{row['id']}/tree", partial(catalog.sessions.tree, row["id"]))
     for sid in ids:
-        put(f"/api/sessions/{sid}", lambda s=sid: catalog.sessions.one(s))
+        put(f"/api/sessions/{sid}", partial(catalog.sessions.one, sid))
         if f"/api/sessions/{sid}/tree" not in data:
-            put(f"/api/sessions/{sid}/tree", lambda s=sid: catalog.sessions.tree(s))
-        put(f"/api/sessions/{sid}/transcript", lambda s=sid: catalog.sessions.transcript(s))
-        world = put(f"/api/sessions/{sid}/world", lambda s=sid: catalog.world_revisions(s)) or {"revisions": []}
+            put(f"/api/sessions/{sid}/tree", partial(catalog.sessions.tree, sid))
+        put(f"/api/sessions/{sid}/transcript", partial(catalog.sessions.transcript, sid))
+        world = put(f"/api/sessions/{sid}/world", partial(catalog.world_revisions, sid)) or {"revisions": []}
         for revision in world["revisions"]:
-            put(f"/api/sessions/{sid}/world/{revision['rev']}/diff", lambda s=sid, r=revision["rev"]: catalog.world_diff(s, r))
+            put(f"/api/sessions/{sid}/world/{revision['rev']}/diff", partial(catalog.world_diff, sid, revision["rev"]))
     runs = put("/api/runs", lambda: {"runs": catalog.runs()}) or {"runs": []}
     for run in runs["runs"]:
-        put(f"/api/runs/{run['id']}", lambda r=run: {"run": catalog.run(r["id"])})
+        put(f"/api/runs/{run['id']}", partial(lambda run_id: {"run": catalog.run(run_id)}, run["id"]))
     put("/api/audit", lambda: catalog.audit.page(2000))
     data["/api/approvals"] = {"pending": catalog.pending(), "allow_approve": False}
 

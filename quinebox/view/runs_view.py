@@ -13,9 +13,10 @@ import os
 import re
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from quinebox.processes import owner_alive
 from quinebox.tree.fanout import RESULTS
@@ -120,14 +121,14 @@ def _header(run_id: str) -> _Header | None:
             return None
         out = _text(doc.get("out"))
         inputs: dict[str, str] = {}
-        for entry in doc.get("inputs") if isinstance(doc.get("inputs"), list) else []:
+        listed, resumed = doc.get("inputs"), doc.get("resumed")
+        for entry in listed if isinstance(listed, list) else []:
             if isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("source"), str):
                 inputs.setdefault(entry["name"], entry["source"])
-        resumed = doc.get("resumed") if isinstance(doc.get("resumed"), list) else []
         return _Header(
             id=run_id, kind=_text(doc.get("kind")), mission=_text(doc.get("mission")),
             out=Path(out) if out and os.path.isabs(out) else None, started=_number(doc.get("started")), owner=_text(doc.get("owner")),
-            inputs=tuple(inputs.items()), resumed=frozenset(s for s in resumed if isinstance(s, str)),
+            inputs=tuple(inputs.items()), resumed=frozenset(s for s in resumed if isinstance(s, str)) if isinstance(resumed, list) else frozenset(),
         )
 
     return _parsed("run", runs_dir() / run_id / RUN, parse)
@@ -286,7 +287,7 @@ def _output(out: Path | None, name: str, scrub: Callable[[str], str]) -> tuple[s
 def run_stamp() -> str:
     """Changes whenever a run's record or results change, or a run's owner dies: a few stats per run, no parsing
     (a run.json is parsed once). A deliverable growing while its input runs does not count until its result lands."""
-    seen = []
+    seen: list[tuple[str, Any]] = []
     for run_id in sorted(_ids()):
         here = runs_dir() / run_id
         header = _header(run_id)

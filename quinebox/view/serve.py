@@ -7,7 +7,7 @@ import socket
 import sys
 import threading
 import webbrowser
-from typing import Callable
+from collections.abc import Callable
 
 from quinebox.view.app import Settings, make_app
 

@@ -7,10 +7,12 @@ page's meaning is tested without a server.
 
 from __future__ import annotations
 
+import builtins
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any
 
 from quinebox.agent.store import Index, SessionRow, read_tape
 from quinebox.agent.tool_calls import ToolCalls
@@ -116,7 +118,7 @@ class Sessions:
         state = state_of(row.ended, row.exit_code, row.termination, alive=alive, waiting=row.id in waiting)
         return {**asdict(row), "state": state}
 
-    def list(self, *, q: str = "", state: str = "", since: float | None = None, exit_code: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    def list(self, *, q: str = "", state: str = "", since: float | None = None, exit_code: int | None = None, limit: int = 200) -> builtins.list[dict[str, Any]]:
         self.audit.refresh()
         waiting = self._waiting()
         rows = [self.row(r, waiting) for r in self.index.recent(max(limit * 4, 1000) if (q or state or exit_code is not None) else limit)]
@@ -169,7 +171,7 @@ class Sessions:
             node["critical"] = node["id"] in path
         return {"root": root, "nodes": nodes, "critical_path": path}
 
-    def _node(self, row: dict[str, Any], tapes: dict[str, list[dict[str, Any]]], now: float) -> dict[str, Any]:
+    def _node(self, row: dict[str, Any], tapes: dict[str, builtins.list[dict[str, Any]]], now: float) -> dict[str, Any]:
         tape = self._tape(row["id"], tapes)
         meta = (tape or [{}])[0]
         parent = row["parent"]
@@ -183,7 +185,7 @@ class Sessions:
             "how": how_spawned(self._tape(parent, tapes), row["id"]) if parent else None,
         }
 
-    def _exec_node(self, box: BoxLife, tapes: dict[str, list[dict[str, Any]]], now: float) -> dict[str, Any]:
+    def _exec_node(self, box: BoxLife, tapes: dict[str, builtins.list[dict[str, Any]]], now: float) -> dict[str, Any]:
         alive = box.ended is not None or _owner_alive(box)
         started = box.created or now
         return {
@@ -195,7 +197,7 @@ class Sessions:
         }
 
     @staticmethod
-    def _tape(session: str | None, tapes: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    def _tape(session: str | None, tapes: dict[str, builtins.list[dict[str, Any]]]) -> builtins.list[dict[str, Any]]:
         if session is None:
             return []
         if session not in tapes:

@@ -15,8 +15,9 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from quinebox import __version__
 from quinebox.agent.store import Index, SessionRow, read_tape
@@ -131,7 +132,7 @@ def replayed(spans: Sequence[Span]) -> list[Any]:
         if span.error is not None:
             live.set_status(Status(StatusCode.ERROR, span.error))
         made.append(live)
-    for live, span in zip(made, spans):
+    for live, span in zip(made, spans, strict=True):
         live.end(end_time=span.end_ns)
     finished = list(memory.get_finished_spans())
     provider.shutdown()

@@ -20,14 +20,15 @@ type is left out, never a crash, since a tape is written by a box's requests.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any
 
 from quinebox.agent.store import SessionRow
 from quinebox.agent.tool_calls import ANSWERS, Call, ToolCalls
 from quinebox.audit.boxes import BoxLife, box_lives
 
-AttributeValue = Union[str, bool, int, float, Sequence[str]]
+AttributeValue = str | bool | int | float | Sequence[str]
 #: The longest mission kept in a span: enough to know which run it was, not a transcript.
 MISSION_CHARS = 256
 #: Longest other text (a model name, a status description).
@@ -154,7 +155,7 @@ class _Builder:
         if row is not None or tape:
             agent = self._agent(session, row, meta, outcome, model, (start, end), parent if box_span is None else box_span, extra if box_span is None else {})
             spawned = self._tape(session, tape, agent, model)
-            holder = agent
+            holder: int | None = agent
         else:
             holder = box_span
         for child in sorted(self.children.get(session, []), key=self._started):
@@ -185,7 +186,8 @@ class _Builder:
     def _agent(self, session: str, row: SessionRow | None, meta: dict[str, Any], outcome: dict[str, Any] | None, model: str,
                times: tuple[float, float], parent: int | None, extra: Mapping[str, Any]) -> int:
         mission = _text(meta.get("mission"), MISSION_CHARS) or (_text(row.mission, MISSION_CHARS) if row else None)
-        forked = meta.get("forked_from") if isinstance(meta.get("forked_from"), dict) else {}
+        forked_from = meta.get("forked_from")
+        forked = forked_from if isinstance(forked_from, dict) else {}
         result = outcome or {}
         exit_code = _int(result.get("exit_code")) if outcome else (_int(row.exit_code) if row else None)
         termination = _text(result.get("termination")) if outcome else (_text(row.termination) if row else None)
@@ -291,7 +293,8 @@ class _Walk:
         if self.requested is not None:
             start = max(start, self.requested)
         index = self.chat_span(start, t)
-        usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
+        given = record.get("usage")
+        usage = given if isinstance(given, dict) else {}
         attributes = self.b.spans[index].attributes
         for key, name in (("prompt_tokens", "gen_ai.usage.input_tokens"), ("completion_tokens", "gen_ai.usage.output_tokens")):
             count = _int(usage.get(key))

@@ -7,7 +7,8 @@ what the tracker recorded, so a box cannot race the page with a link swapped in 
 from __future__ import annotations
 
 import io
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from quinebox.worlds.history import print_diff
 from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError, changes, describe
