@@ -65,6 +65,11 @@ class Way:
     def start(self, argv: Sequence[str], cwd: str, env: Sequence[str], user: str, fds: tuple[int, int, int]) -> None:
         raise NotImplementedError
 
+    @property
+    def copy_files(self) -> bool:
+        """Whether a regular file among the exec's streams is read or written by us (direct.DirectStdio)."""
+        return False
+
     def kill_untracked(self) -> None:
         """Kill the exec's tree where it has no cgroup to kill."""
 
@@ -90,6 +95,10 @@ class RuntimeWay(Way):
     """The OCI runtime's own `exec`."""
 
     box: RuntimeBox
+
+    @property
+    def copy_files(self) -> bool:
+        return self.box.runtime.gvisor
 
     def start(self, argv: Sequence[str], cwd: str, env: Sequence[str], user: str, fds: tuple[int, int, int]) -> None:
         runtime = self.box.runtime

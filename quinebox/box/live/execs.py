@@ -87,7 +87,7 @@ class BoxExec:
         self._killed = False
         self._lock = threading.Lock()
         self._way: Way = way_for(target.box, target.session, tty=tty, guard=guard)
-        self._stdio = stdio = DirectStdio(stdin, stdout, stderr)
+        self._stdio = stdio = DirectStdio(stdin, stdout, stderr, copy_files=self._way.copy_files)
         self.stdin, self.stdout, self.stderr = stdio.stdin, stdio.stdout, stdio.stderr
         user = user or target.user
         cwd = os.path.join(target.cwd, cwd) if cwd else target.cwd  # a relative cwd is the box's working directory's

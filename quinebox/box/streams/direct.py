@@ -10,6 +10,7 @@ Popen's own `communicate` would.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Callable
 from typing import IO, Any
@@ -23,7 +24,12 @@ Stream = None | int | IO[Any] | Callable[[bytes], None]
 
 
 class DirectStdio:
-    def __init__(self, stdin: Stream | bytes, stdout: Stream, stderr: Stream):
+    """`copy_files`: a regular file given as a stream is read or written here, through a pipe, never handed to the
+    box. gVisor's sentry reads and writes a host file at an offset of its own, from 0: the box would write over
+    what the file held before (`{ echo head; quinebox exec …; } > log`) and read again what was read already."""
+
+    def __init__(self, stdin: Stream | bytes, stdout: Stream, stderr: Stream, *, copy_files: bool = False):
+        self._copy_files = copy_files
         self.stdin: IO[bytes] | None = None
         self.stdout: IO[bytes] | None = None
         self.stderr: IO[bytes] | None = None
@@ -43,8 +49,6 @@ class DirectStdio:
         self._threads.append((threading.Thread(target=target, args=(fd, *args), daemon=True), fd))
 
     def _input(self, stdin: Stream | bytes) -> int:
-        if stdin is None:
-            return 0
         if stdin == DEVNULL:
             return self._devnull(os.O_RDONLY)
         if isinstance(stdin, (bytes, bytearray, memoryview)) or stdin == PIPE:
@@ -55,11 +59,15 @@ class DirectStdio:
             else:
                 self._thread(_feed, write_end, bytes(stdin))
             return read_end
-        return stdin if isinstance(stdin, int) else stdin.fileno()  # type: ignore[union-attr]  # a callable Stream is an output sink: a stdin here is a file
+        fd = 0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno()  # type: ignore[union-attr]  # a callable Stream is an output sink: a stdin here is a file
+        if self._copy_files and _regular(fd):
+            read_end, write_end = os.pipe()
+            self._box_ends.append(read_end)
+            self._thread(_copy, write_end, fd)
+            return read_end
+        return fd
 
     def _output(self, target: Stream, default: int, attr: str) -> int:
-        if target is None:
-            return default
         if target == DEVNULL:
             return self._devnull(os.O_WRONLY)
         if target == PIPE or callable(target):
@@ -70,7 +78,13 @@ class DirectStdio:
             else:
                 self._thread(_drain, read_end, target)
             return write_end
-        return target if isinstance(target, int) else target.fileno()
+        fd = default if target is None else target if isinstance(target, int) else target.fileno()
+        if self._copy_files and _regular(fd):
+            read_end, write_end = os.pipe()
+            self._box_ends.append(write_end)
+            self._thread(_drain, read_end, relay.fd_sink(fd))
+            return write_end
+        return fd
 
     def started(self) -> None:
         """The box holds its ends now: close ours (so EOF comes when the box closes them), start the copiers."""
@@ -111,6 +125,21 @@ class DirectStdio:
         for stream in (self.stdin, self.stdout, self.stderr):
             if stream is not None:
                 stream.close()
+
+
+def _regular(fd: int) -> bool:
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def _copy(fd: int, source: int) -> None:
+    """The caller's file `source` into the box's stdin `fd`, from where the caller has read it to."""
+    try:
+        while data := os.read(source, relay.CHUNK):
+            relay.fd_sink(fd)(data)
+    except OSError:
+        pass  # the box stopped reading, or the file cannot be read: the box sees its stdin end
+    finally:
+        os.close(fd)
 
 
 def _feed(fd: int, data: bytes) -> None:
