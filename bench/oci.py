@@ -11,7 +11,9 @@ Interleaved (the order rotating each round), each `--runs` times (batches
    The same through `quinebox serve` (the thin client; no pool).
                                                      target: ≤ 0.25× docker run
    The same CLI on the Docker backend is reported beside them (it must be no
-   slower than before the OCI backend came; no target here).
+   slower than before the OCI backend came; no target here), and a box of the
+   host's own root (`exec --image host -- true`, runc).
+                                                     target: ≤ 1.0× docker run
 2. `quinebox.exec(["true"])` in this process (OCI backend, no server) vs
    docker-py's `containers.run(IMAGE, "true", remove=True, network_mode="none")`.
                                                      target: ≤ 0.15×
@@ -230,18 +232,22 @@ def main() -> int:
     try:
         # 1. the cold CLI on each backend vs docker run
         first = compare({"cold CLI, OCI (runc)": command(exec_true, oci), "through serve, OCI (runc)": command(exec_true, served),
-                         "cold CLI, Docker backend": command(exec_true, on_docker), "docker run": command(docker_run, base)}, runs)
+                         "cold CLI, Docker backend": command(exec_true, on_docker), "docker run": command(docker_run, base),
+                         "cold CLI, --image host (runc)": command([QUINEBOX, "exec", "--image", "host", "--", "true"], oci)}, runs)
         ms = {name: median_s(values) * 1000 for name, values in first.items()}
         print(f"1. exec -- true, {runs} runs each, interleaved, medians")
         for name, value in ms.items():
             print(f"   {name:<40} {value:7.1f} ms")
         ratio, beside = ms["cold CLI, OCI (runc)"] / ms["docker run"], ms["cold CLI, Docker backend"] / ms["docker run"]
         through = ms["through serve, OCI (runc)"] / ms["docker run"]
-        print(f"   OCI / docker run {ratio:.2f} (target ≤ 0.5)   through serve {through:.2f} (target ≤ 0.25)   Docker backend / docker run {beside:.2f} (reported)")
+        host = ms["cold CLI, --image host (runc)"] / ms["docker run"]
+        print(f"   OCI / docker run {ratio:.2f} (target ≤ 0.5)   through serve {through:.2f} (target ≤ 0.25)   Docker backend / docker run {beside:.2f} (reported)"
+              f"   --image host / docker run {host:.2f} (target ≤ 1.0)")
         rows += [
             Row("1. exec -- true, cold CLI, OCI (runc)", f"{ms['cold CLI, OCI (runc)']:.1f} ms", f"{ratio:.2f}× docker run (target ≤ 0.5×)", ratio <= 0.5),
             Row("1. exec -- true, through serve, OCI (runc)", f"{ms['through serve, OCI (runc)']:.1f} ms", f"{through:.2f}× docker run (target ≤ 0.25×)", through <= 0.25),
             Row("1. exec -- true, cold CLI, Docker backend", f"{ms['cold CLI, Docker backend']:.1f} ms", f"{beside:.2f}× docker run (reported)"),
+            Row("1. exec --image host -- true, cold CLI, runc", f"{ms['cold CLI, --image host (runc)']:.1f} ms", f"{host:.2f}× docker run (target ≤ 1.0×)", host <= 1.0),
             Row("1. docker run --rm --network none … true", f"{ms['docker run']:.1f} ms", "baseline"),
         ]
 

@@ -59,13 +59,13 @@ fi
 if [ "$status" = 0 ] && [ $# = 0 ]; then
     # gVisor's kernel answers the box's system calls itself: the isolation and seccomp suites run whole there,
     # each case asserting gVisor's own answer where it differs (its /proc, its sysfs, its errno); the image,
-    # terminal and agent tests again, less three still open there: one lists a directory with `ls` (this runsc
+    # terminal, agent and host-root tests again, less three still open there: one lists a directory with `ls` (this runsc
     # refuses coreutils' statx with EINVAL), one expects EROFS where gVisor checks the user's permission first,
     # and 20 MB of material through fd 3.
     echo "test: the isolation, seccomp, image, terminal and agent tests again, on gVisor (runsc)" >&2
     QUINEBOX_BACKEND=oci QUINEBOX_RUNTIME=runsc .venv/bin/python -m pytest -q -p no:cacheprovider \
         tests/integration/test_gvisor.py tests/integration/test_isolation.py tests/integration/test_seccomp.py \
-        tests/integration/test_any_image.py tests/integration/test_agent.py tests/e2e/test_terminals.py \
+        tests/integration/test_any_image.py tests/integration/test_agent.py tests/integration/test_host_image.py tests/e2e/test_terminals.py \
         -k "not foreign_image_through and not 20_mb_of_material and not read_only_refuses"
     status=$?
 fi

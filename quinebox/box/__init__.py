@@ -2,7 +2,8 @@
 
 The box's rules, flat here and pure: what to run (spec.py), the one function
 from a spec to the container configuration (policy.py, and policy_oci.py for
-an OCI runtime's config.json), and a request's shape (shape.py). Beside them:
+an OCI runtime's config.json), what a box of `--image host` sees of the host's
+root (policy_host.py), and a request's shape (shape.py). Beside them:
 configure.py (image + guest runtime + policy), `BoxProcess` (process.py) and
 `quinebox doctor` (doctor.py). The rest is in rooms, from the bottom up:
 

@@ -14,9 +14,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from quinebox.box.images.lookup import resolve_image
-from quinebox.box.policy import RUNTIME, ContainerConfig, container_config, native_arch
+from quinebox.box.policy import RUNTIME, BoxMount, ContainerConfig, container_config, native_arch
 from quinebox.box.policy_oci import oci_config
-from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, ImageInfo, seccomp_base
+from quinebox.box.spec import DEFAULT_IMAGE, HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
 from quinebox.errors import GrantError
 
 if TYPE_CHECKING:
@@ -27,6 +27,9 @@ def configure(spec: BoxSpec, backend: DockerBackend) -> tuple[BoxSpec, ImageInfo
     """(the spec, its argv filled from the image when it had none; the image; the container configuration)."""
     from quinebox.box.images.guest_runtime import runtime_dir
 
+    if spec.image == HOST_IMAGE:
+        raise GrantError("--image host needs an OCI runtime (runc or runsc): the Docker engine cannot root a box in the host's own filesystem; use --backend oci (`quinebox doctor` says why it was not chosen)")
+
     ours = spec.image == DEFAULT_IMAGE  # quinebox's own image: never pulled, surely has /bin/sh
     image = resolve_image(backend, spec.image, pull=spec.pull, pullable=not ours)
     spec = with_argv(spec, image)
@@ -36,11 +39,19 @@ def configure(spec: BoxSpec, backend: DockerBackend) -> tuple[BoxSpec, ImageInfo
 
 def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
     """The same for an OCI runtime: (the spec, the image, its config.json), the image unpacked on first use."""
-    image, rootfs = unpacked_image(spec.image, pull=spec.pull)
+    hidden: list[BoxMount] = []
+    if spec.image == HOST_IMAGE:
+        from quinebox.box.images.host import ROOT, hidden_mounts, host_image
+
+        image, rootfs, hidden = host_image(), ROOT, hidden_mounts()
+    else:
+        image, rootfs = unpacked_image(spec.image, pull=spec.pull)
     spec = with_argv(spec, image)
     agent_root = rootfs if spec.image == DEFAULT_IMAGE else unpacked_image(DEFAULT_IMAGE, pull="never")[1]
     runtime = f"{agent_root}{RUNTIME}"
-    config = oci_config(spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs, gvisor=runtime_name == "runsc")
+    config = oci_config(
+        spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs, gvisor=runtime_name == "runsc", hidden=hidden
+    )
     return spec, image, config
 
 

@@ -10,6 +10,7 @@ engine is on the path; what needs the engine itself is `policy.oci_refusal`.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from quinebox.box.policy import (
@@ -123,14 +124,16 @@ def _device(allow: bool, kind: str, major: int | None, minor: int | None, access
 
 
 def oci_config(
-    spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[str, Any], arch: str, rootfs: str, gvisor: bool = False
+    spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[str, Any], arch: str, rootfs: str, gvisor: bool = False, hidden: Sequence[BoxMount] = ()
 ) -> dict[str, Any]:
     """The same box as container_config, as an OCI runtime config (config.json) for runc/crun/runsc.
 
     `runtime` is the host directory of the guest's runtime (at /.quinebox, read-only) and `rootfs` the host
     path of the image's unpacked root, mounted read-only. `gvisor`: for runsc, whose kernel holds the box's
     process limit (the host's pids cgroup counts gVisor's own helpers, GVISOR_TASKS_*), whose seccomp is
-    `gvisor_seccomp`, and whose read-only mounts are read-only all the way down without rro.
+    `gvisor_seccomp`, and whose read-only mounts are read-only all the way down without rro. `hidden`: what of
+    the root the box is not shown (policy_host.host_view, for the host's own root), mounted before the box's own
+    mounts of the same depth, so a grant inside a hidden directory lands on it.
     """
     grants = spec.grants
     mem = grants.mem or DEFAULT_MEM
@@ -146,7 +149,7 @@ def oci_config(
     if grants.cpus is not None:
         resources["cpu"] = {"period": CPU_PERIOD, "quota": nano_cpus(grants.cpus) * CPU_PERIOD // 1_000_000_000}
     system = [{"destination": dest, "type": kind, "source": source, "options": list(options)} for dest, kind, source, options in SYSTEM_MOUNTS]
-    own = sorted(box_mounts(spec, runtime), key=_depth)
+    own = sorted([*hidden, *box_mounts(spec, runtime)], key=_depth)
     recursive_ro = not gvisor
     return {
         "ociVersion": OCI_VERSION,

@@ -25,6 +25,8 @@ from quinebox.state import run_dir, state_dir
 from quinebox.worlds.spec import WorldSpec, root_world
 
 DEFAULT_IMAGE = f"quinebox/agent:{__version__}"
+#: The image name that roots a box in the host's own filesystem, read-only, for the developer's own tools (policy_host.py).
+HOST_IMAGE = "host"
 #: The labels a caller may give a tree's boxes (as io.quinebox.NAME), beside those quinebox sets itself.
 TAGS = ("run", "input", "attempt")
 #: The uid a box runs as when the caller is root: the image's `agent` user.

@@ -39,7 +39,7 @@ def run(
     timeout: str | None = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit; exit 124 when reached."),
     max_turns: int | None = typer.Option(None, "--max-turns", min=1, help="Model turns per conversation (default 40)."),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Token budget for the whole run."),
-    image: str | None = typer.Option(None, "--image", help="Any image with /bin/sh: the agent's sh runs the image's shell and tools."),
+    image: str | None = typer.Option(None, "--image", help="Any image with /bin/sh: the agent's sh runs the image's shell and tools (`host`: this machine's own)."),
     pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
     workdir: str | None = typer.Option(None, "-w", "--workdir", help="Working directory inside the box."),
     policy: str | None = typer.Option(None, "--policy", metavar="FILE.yaml|PRESET", help="Grants from a policy file or preset."),

@@ -42,7 +42,7 @@ def exec_command(
     memory: str | None = typer.Option(None, "--memory", metavar="SIZE", help="Memory limit (128m, 2g); same as -g mem:SIZE."),
     cpus: str | None = typer.Option(None, "--cpus", metavar="N", help="CPU limit; same as -g cpus:N."),
     pids: str | None = typer.Option(None, "--pids", metavar="N", help="Process limit; same as -g pids:N."),
-    image: str | None = typer.Option(None, "--image", help="Any image: its environment, workdir and default command are honoured."),
+    image: str | None = typer.Option(None, "--image", help="Any image: its environment, workdir and default command are honoured; `host`: this machine's own root, read-only, its data hidden."),
     pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
     tty: bool = typer.Option(False, "-t", "--tty", help=TTY_HELP),
     interactive: bool = typer.Option(False, "-i", "--interactive", help="Accepted as docker takes it: stdin is always attached."),

@@ -29,7 +29,7 @@ from quinebox.audit.request import Request
 from quinebox.box.net.broker import Channel
 from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
 from quinebox.box.process import PIPE, BoxProcess, Stream
-from quinebox.box.spec import BoxSpec, build_spec, new_session_id, protected_paths, run_files
+from quinebox.box.spec import HOST_IMAGE, BoxSpec, build_spec, new_session_id, protected_paths, run_files
 from quinebox.errors import GrantError, QuineboxError
 from quinebox.grants import Grants, Mount, check_mount, parse_duration, read_only_all_the_way, within
 from quinebox.guest.protocol import MAX_PAYLOAD
@@ -150,6 +150,8 @@ class Node:
             raise GrantError("bad image: give an image's name, as in --image python:3.12-slim")
         shown = {k: v for k, v in request.items() if k != "kind"}
         try:
+            if image == HOST_IMAGE and self.spec.image != HOST_IMAGE:
+                raise GrantError("a child may use --image host only if its parent's box is one: the host's own root is more than this box was given")
             model = child_model(self.model, request.get("model")) if what == "run" else None
             outcome, _, why = self._classify(asked)
             if outcome == ASK:

@@ -1,0 +1,60 @@
+"""What a box of `--image host` sees of the host's own root: its programs and their configuration, nobody's data.
+
+A pure function beside policy.py and policy_oci.py. The box's root is the host's `/` as the read-only lower layer
+of the box's own overlay (backends/boxroot.py), so the developer's toolchain (compilers, interpreters, package
+managers) is there at the paths it was installed to. What the host's root holds beyond that is hidden, and the
+rule fails closed: every top-level directory not named in SHOWN is covered by an empty tmpfs, so a directory
+this list never heard of (a `/data`, a `/work`, a `/backup`) shows nothing. Top-level files are covered by an
+empty file; links are kept, as whatever they lead to in the box is shown or hidden by the same rule. Within /etc
+the secrets a host keeps there are hidden too, although the box's user (never root) could not read most of them.
+
+All of it is mounts of the box's own, ordered by depth with its other mounts, not the runtime's maskedPaths: a
+grant (`-g rw:.` in /home/dev/project) and the box's lifeline socket under /run land inside hidden directories,
+and a runtime applies maskedPaths after every mount (covering those again), or not at all (gVisor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from quinebox.box.policy import BoxMount
+
+#: The top-level directories of the host's root a box of `--image host` shows: where programs and their
+#: configuration live (the FHS's, merged /usr or not; Nix's store and Snap's mounts where a host has them).
+SHOWN = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "opt", "nix", "snap"})
+#: Directories every box mounts its own over anyway (policy.SYSTEM_MOUNTS, policy.box_mounts).
+OWN = frozenset({"proc", "sys", "dev", "tmp"})
+#: The secrets a host keeps under /etc, hidden where present (an empty file over a file, an empty directory over
+#: a directory); besides these, the private keys in /etc/ssh (`ssh_host_*_key`).
+ETC_SECRETS = (
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/security/opasswd",
+    "/etc/sudoers", "/etc/sudoers.d", "/etc/ssl/private",
+)
+SSH_DIR = "/etc/ssh"
+#: An empty directory of root's: nothing to read, and nothing the box's user (never root) can write.
+HIDDEN_OPTIONS = ("nosuid", "nodev", "noexec", "size=64k", "nr_inodes=64", "mode=0755")
+KINDS = ("dir", "file", "link")
+
+
+def host_view(top: Iterable[tuple[str, str]], etc: Iterable[tuple[str, str]], empty: str) -> list[BoxMount]:
+    """The mounts that hide what a box of `--image host` is not shown, for a host whose root holds `top`
+    ((name, kind), kind one of KINDS, links not followed) and on which the paths `etc` ((path, kind): those of
+    ETC_SECRETS and of SSH_DIR's entries that exist, links followed, "link" for one that leads nowhere) exist. `empty` is the host path of an empty read-only file, bound over files."""
+    hidden = []
+    for name, kind in sorted(top):
+        if "/" in name or name in ("", ".", "..") or kind not in KINDS:
+            raise ValueError(f"not an entry of the host's root: {name!r} ({kind})")
+        if kind != "link" and name not in SHOWN | OWN:
+            hidden.append(_hide(f"/{name}", kind, empty))
+    for path, kind in sorted(etc):
+        if kind not in KINDS:
+            raise ValueError(f"not a kind of entry: {path!r} ({kind})")
+        parent, _, name = path.rpartition("/")
+        secret = path in ETC_SECRETS or (parent == SSH_DIR and "_key" in name and not name.endswith(".pub"))
+        if secret and kind != "link":
+            hidden.append(_hide(path, kind, empty))
+    return hidden
+
+
+def _hide(path: str, kind: str, empty: str) -> BoxMount:
+    return BoxMount("tmpfs", path, options=HIDDEN_OPTIONS) if kind == "dir" else BoxMount("bind", path, empty)
