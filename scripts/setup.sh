@@ -62,6 +62,19 @@ if [ "${#runtimes[@]}" -gt 0 ]; then
     fi
 fi
 
+# 3b. skopeo pulls an image from its registry where no engine can be asked (box/images/registry.py); the tests
+#     push to Debian's docker-registry on loopback to prove it.
+pulling=()
+command -v skopeo >/dev/null || pulling+=(skopeo)
+command -v docker-registry >/dev/null || pulling+=(docker-registry)
+if [ "${#pulling[@]}" -gt 0 ]; then
+    if is_root && have_apt; then
+        say "installing ${pulling[*]} (images from a registry without the engine, and a registry for the tests)"; apt_install "${pulling[@]}"
+    else
+        say "missing ${pulling[*]}: without the engine, images come only from files and the cache (apt-get install skopeo)"
+    fi
+fi
+
 # 4. The agent image; without a registry it is bootstrapped with debootstrap.
 if is_root && have_apt && ! command -v debootstrap >/dev/null && [ ! -x /usr/sbin/debootstrap ]; then
     say "installing debootstrap (to build the base image without a registry)"; apt_install debootstrap

@@ -17,7 +17,7 @@ from quinebox.box.images.lookup import resolve_image
 from quinebox.box.policy import RUNTIME, BoxMount, ContainerConfig, container_config, native_arch
 from quinebox.box.policy_oci import oci_config
 from quinebox.box.spec import DEFAULT_IMAGE, HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
-from quinebox.errors import GrantError
+from quinebox.errors import EngineError, GrantError
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
@@ -56,7 +56,8 @@ def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo,
 
 
 def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
-    """(the image, its unpacked root): with no engine call once it is unpacked (unless --pull always)."""
+    """(the image, its unpacked root): with no engine call once it is unpacked (unless --pull always); with no
+    engine to ask, from its registry (registry.py)."""
     from quinebox.box.images import rootfs
 
     if pull != "always":
@@ -67,8 +68,16 @@ def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
                 return known, str(root)
     from quinebox.box.backends.docker import DockerBackend
 
-    backend = DockerBackend.shared()
-    image = resolve_image(backend, name, pull=pull, pullable=name != DEFAULT_IMAGE)
+    try:
+        backend = DockerBackend.shared()
+        image = resolve_image(backend, name, pull=pull, pullable=name != DEFAULT_IMAGE)
+    except EngineError as exc:  # no engine to ask (none here, or not this user's): its registry, where it may
+        if name == DEFAULT_IMAGE or pull == "never":
+            raise
+        from quinebox.box.images import registry
+
+        image = registry.pull(name, str(exc).rstrip("."))
+        return image, str(rootfs.unpacked(image.id))
     return image, str(rootfs.from_engine(backend, image))
 
 

@@ -2,7 +2,8 @@
 
 Holds finding a box's image on the engine (lookup.py), building quinebox's
 agent image (agent_image.py), images unpacked into read-only root filesystems
-for the OCI runtimes (rootfs.py, layers.py, archives.py), what an unpacked
+for the OCI runtimes (rootfs.py, layers.py, archives.py; registry.py with no
+engine, through skopeo), what an unpacked
 image held (seal.py), the guest's runtime copied out of the agent image
 (guest_runtime.py), and the host's own root as an image (host.py).
 
