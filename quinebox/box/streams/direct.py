@@ -128,7 +128,10 @@ class DirectStdio:
 
 
 def _regular(fd: int) -> bool:
-    return stat.S_ISREG(os.fstat(fd).st_mode)
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False  # not open: handed on as it is, and the runtime says so as it always has
 
 
 def _copy(fd: int, source: int) -> None:
