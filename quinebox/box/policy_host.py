@@ -10,7 +10,7 @@ the secrets a host keeps there are hidden too, although the box's user (never ro
 
 All of it is mounts of the box's own, ordered by depth with its other mounts, not the runtime's maskedPaths: a
 grant (`-g rw:.` in /home/dev/project) and the box's lifeline socket under /run land inside hidden directories,
-and a runtime applies maskedPaths after every mount (covering those again), or not at all (gVisor).
+and a runtime applies maskedPaths after every mount, covering those again.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ KINDS = ("dir", "file", "link")
 def host_view(top: Iterable[tuple[str, str]], etc: Iterable[tuple[str, str]], empty: str) -> list[BoxMount]:
     """The mounts that hide what a box of `--image host` is not shown, for a host whose root holds `top`
     ((name, kind), kind one of KINDS, links not followed) and on which the paths `etc` ((path, kind): those of
-    ETC_SECRETS and of SSH_DIR's entries that exist, links followed, "link" for one that leads nowhere) exist. `empty` is the host path of an empty read-only file, bound over files."""
+    ETC_SECRETS and of SSH_DIR's entries that exist, links followed, "link" for one that leads nowhere) exist.
+    `empty` is the host path of an empty read-only file, bound over files."""
     hidden = []
     for name, kind in sorted(top):
         if "/" in name or name in ("", ".", "..") or kind not in KINDS:

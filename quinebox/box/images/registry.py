@@ -14,15 +14,12 @@ from __future__ import annotations
 import ipaddress
 import shutil
 import subprocess
-import tempfile
 from dataclasses import replace
 
 from quinebox.box.images import archives
-from quinebox.box.images.rootfs import SCRATCH, images_root, remember
+from quinebox.box.images.rootfs import remember, scratch_dir
 from quinebox.box.spec import ImageInfo
 from quinebox.errors import ImageError
-from quinebox.processes import owner_tag
-from quinebox.state import unwritable
 
 #: How long one pull may take before it is given up (a registry that stops answering mid-way).
 DEADLINE = 600
@@ -62,12 +59,7 @@ def pull(name: str, why: str) -> ImageInfo:
     skopeo = shutil.which("skopeo")
     if skopeo is None:
         raise ImageError(f"cannot pull {name}: {why}; and skopeo, which pulls without the engine, is not installed (apt-get install skopeo)")
-    root = images_root()
-    try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        layout = tempfile.mkdtemp(prefix=f"{SCRATCH}{owner_tag()}-pull-", dir=root)
-    except OSError as exc:
-        raise ImageError(unwritable(f"image {name}", exc)) from None
+    layout = str(scratch_dir(f"image {name}"))
     try:
         try:
             done = subprocess.run(copy_argv(skopeo, name, layout), stdin=subprocess.DEVNULL, capture_output=True, timeout=DEADLINE)

@@ -261,14 +261,20 @@ def unpack(info: ImageInfo, source: str, fill: Callable[[Path], None]) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / ROOTFS).is_dir():
             return final / ROOTFS
-        return _make(info, source, fill, root, final)
+        return _make(info, source, fill, final)
 
 
-def _make(info: ImageInfo, source: str, fill: Callable[[Path], None], root: Path, final: Path) -> Path:
+def scratch_dir(what: str) -> Path:
+    """A directory of this process's in the cache for making `what` in, named so that `prune` removes it should
+    this process die before it does."""
     try:
-        scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{owner_tag()}-", dir=root))
+        return Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{owner_tag()}-", dir=_root()))
     except OSError as exc:
-        raise ImageError(unwritable(f"image {info.name}", exc)) from None
+        raise ImageError(unwritable(what, exc)) from None
+
+
+def _make(info: ImageInfo, source: str, fill: Callable[[Path], None], final: Path) -> Path:
+    scratch = scratch_dir(f"image {info.name}")
     try:
         fill(scratch / ROOTFS)
         (scratch / IMAGE_JSON).write_text(json.dumps({**asdict(info), "source": source}, indent=1) + "\n")

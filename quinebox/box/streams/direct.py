@@ -70,21 +70,18 @@ class DirectStdio:
     def _output(self, target: Stream, default: int, attr: str) -> int:
         if target == DEVNULL:
             return self._devnull(os.O_WRONLY)
-        if target == PIPE or callable(target):
-            read_end, write_end = os.pipe()
-            self._box_ends.append(write_end)
-            if target == PIPE:
-                setattr(self, attr, os.fdopen(read_end, "rb"))
-            else:
-                self._thread(_drain, read_end, target)
-            return write_end
-        fd = default if target is None else target if isinstance(target, int) else target.fileno()
-        if self._copy_files and _regular(fd):
-            read_end, write_end = os.pipe()
-            self._box_ends.append(write_end)
-            self._thread(_drain, read_end, relay.fd_sink(fd))
-            return write_end
-        return fd
+        if target != PIPE and not callable(target):
+            fd = default if target is None else target if isinstance(target, int) else target.fileno()
+            if not (self._copy_files and _regular(fd)):
+                return fd
+            target = relay.fd_sink(fd)  # the file written here, at the offset its holder shares
+        read_end, write_end = os.pipe()
+        self._box_ends.append(write_end)
+        if target == PIPE:
+            setattr(self, attr, os.fdopen(read_end, "rb"))
+        else:
+            self._thread(_drain, read_end, target)
+        return write_end
 
     def started(self) -> None:
         """The box holds its ends now: close ours (so EOF comes when the box closes them), start the copiers."""
