@@ -21,10 +21,17 @@ if TYPE_CHECKING:
 MAX_MESSAGE = 4 << 20
 #: The most descriptors one message carries (stdio and a terminal; a box's three sockets).
 MAX_FDS = 4
+#: The longest path a Unix socket may have (sun_path's 108 bytes, less its terminating NUL).
+MAX_SOCKET_PATH = 107
 
 
 def listen(path: str, *, mode: int, backlog: int) -> socket.socket:
-    """A socket listening at `path` (a stale one there is replaced), its file given `mode`."""
+    """A socket listening at `path` (a stale one there is replaced), its file given `mode`. A path too long for
+    a Unix socket is the state dir's (every socket of ours is in it): StateError, saying so in one line."""
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        from quinebox.errors import StateError
+
+        raise StateError(f"the state dir's path is too long for the Unix socket {path} ({len(os.fsencode(path))} bytes, at most {MAX_SOCKET_PATH}): set QUINEBOX_STATE_DIR to a shorter path")
     try:
         os.unlink(path)
     except FileNotFoundError:
