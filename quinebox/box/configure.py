@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from quinebox.box.images.lookup import resolve_image
 from quinebox.box.policy import RUNTIME, BoxMount, ContainerConfig, container_config, native_arch
-from quinebox.box.policy_oci import oci_config
+from quinebox.box.policy_oci import Rootless, oci_config
 from quinebox.box.spec import DEFAULT_IMAGE, HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
-from quinebox.errors import EngineError, GrantError
+from quinebox.errors import EngineError, GrantError, ImageError
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
@@ -40,25 +40,37 @@ def configure(spec: BoxSpec, backend: DockerBackend) -> tuple[BoxSpec, ImageInfo
 def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
     """The same for an OCI runtime: (the spec, the image, its config.json), the image unpacked on first use."""
     hidden: list[BoxMount] = []
+    rootless = rootless_user()
     if spec.image == HOST_IMAGE:
         from quinebox.box.images.host import ROOT, hidden_mounts, host_image
 
-        image, rootfs, hidden = host_image(), ROOT, hidden_mounts()
+        image, rootfs, hidden = host_image(), ROOT, hidden_mounts(rootless=rootless is not None)
     else:
         image, rootfs = unpacked_image(spec.image, pull=spec.pull)
     spec = with_argv(spec, image)
     agent_root = rootfs if spec.image == DEFAULT_IMAGE else unpacked_image(DEFAULT_IMAGE, pull="never")[1]
     runtime = f"{agent_root}{RUNTIME}"
     config = oci_config(
-        spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs, gvisor=runtime_name == "runsc", hidden=hidden
+        spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs, gvisor=runtime_name == "runsc", hidden=hidden,
+        rootless=rootless,
     )
     return spec, image, config
+
+
+def rootless_user() -> Rootless | None:
+    """Who makes the box when it is not root (backends/rootless.py); refused in one line where they may not."""
+    from quinebox.box.backends.rootless import Refusal, local_rootless
+
+    who = local_rootless()
+    if isinstance(who, Refusal):
+        raise EngineError(f"cannot make a box as a user who is not root: {who.reason}; {who.fix}")
+    return who
 
 
 def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
     """(the image, its unpacked root): with no engine call once it is unpacked (unless --pull always); with no
     engine to ask, from its registry (registry.py)."""
-    from quinebox.box.images import rootfs
+    from quinebox.box.images import rootfs, shared
 
     if pull != "always":
         known = rootfs.lookup(name)
@@ -66,14 +78,22 @@ def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
             root = rootfs.unpacked(known.id)
             if root is not None:
                 return known, str(root)
+        public = shared.lookup(name)  # what root's setup left every user (shared.py), copied as if pulled
+        if public is not None:
+            info, tree = public
+            made = rootfs.unpack(info, "shared", lambda root: shared.copy_into(root, tree))
+            rootfs.remember(info, "shared")
+            return info, str(made)
     from quinebox.box.backends.docker import DockerBackend
 
     try:
         backend = DockerBackend.shared()
         image = resolve_image(backend, name, pull=pull, pullable=name != DEFAULT_IMAGE)
     except EngineError as exc:  # no engine to ask (none here, or not this user's): its registry, where it may
-        if name == DEFAULT_IMAGE or pull == "never":
-            raise
+        if name == DEFAULT_IMAGE:
+            raise EngineError(f"image {name} is not here, and {str(exc)[0].lower()}{str(exc)[1:].rstrip('.')}: or have root share it (`sudo quinebox image share`)") from None
+        if pull == "never":
+            raise ImageError(f"image {name} is not here: --pull never forbids pulling it, and the engine cannot be asked ({str(exc).rstrip('.')})") from None
         from quinebox.box.images import registry
 
         image = registry.pull(name, str(exc).rstrip("."))

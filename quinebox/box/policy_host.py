@@ -8,6 +8,12 @@ this list never heard of (a `/data`, a `/work`, a `/backup`) shows nothing. Top-
 empty file; links are kept, as whatever they lead to in the box is shown or hidden by the same rule. Within /etc
 the secrets a host keeps there are hidden too, although the box's user (never root) could not read most of them.
 
+A rootless box (made by a user who is not root) cannot have the host's `/` as an overlay's lower layer: the
+kernel will not clone, in a user namespace, a mount with mounts locked below it (/proc, /dev…), and `/` has
+them. Its root is an empty directory of its own instead, the host's top-level links made in it (boxroot.py),
+and each SHOWN directory bound into it read-only (`shown=True`); what is hidden is hidden alike. A grant whose
+mount point would lie inside a shown directory and is not there on the host cannot be made in such a box.
+
 All of it is mounts of the box's own, ordered by depth with its other mounts, not the runtime's maskedPaths: a
 grant (`-g rw:.` in /home/dev/project) and the box's lifeline socket under /run land inside hidden directories,
 and a runtime applies maskedPaths after every mount, covering those again.
@@ -36,16 +42,19 @@ HIDDEN_OPTIONS = ("nosuid", "nodev", "noexec", "size=64k", "nr_inodes=64", "mode
 KINDS = ("dir", "file", "link")
 
 
-def host_view(top: Iterable[tuple[str, str]], etc: Iterable[tuple[str, str]], empty: str) -> list[BoxMount]:
+def host_view(top: Iterable[tuple[str, str]], etc: Iterable[tuple[str, str]], empty: str, *, shown: bool = False) -> list[BoxMount]:
     """The mounts that hide what a box of `--image host` is not shown, for a host whose root holds `top`
     ((name, kind), kind one of KINDS, links not followed) and on which the paths `etc` ((path, kind): those of
     ETC_SECRETS and of SSH_DIR's entries that exist, links followed, "link" for one that leads nowhere) exist.
-    `empty` is the host path of an empty read-only file, bound over files."""
+    `empty` is the host path of an empty read-only file, bound over files. `shown`: for a rootless box, whose
+    root is empty, the SHOWN directories bound read-only too (before what hides inside them: same order)."""
     hidden = []
     for name, kind in sorted(top):
         if "/" in name or name in ("", ".", "..") or kind not in KINDS:
             raise ValueError(f"not an entry of the host's root: {name!r} ({kind})")
-        if kind != "link" and name not in SHOWN | OWN:
+        if shown and kind == "dir" and name in SHOWN:
+            hidden.append(BoxMount("bind", f"/{name}", f"/{name}"))
+        elif kind != "link" and name not in SHOWN | OWN:
             hidden.append(_hide(f"/{name}", kind, empty))
     for path, kind in sorted(etc):
         if kind not in KINDS:

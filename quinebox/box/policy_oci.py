@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from quinebox.box.policy import (
@@ -38,7 +39,8 @@ from quinebox.box.policy import (
 from quinebox.box.spec import BoxSpec, ImageInfo
 
 OCI_VERSION = "1.0.2"
-#: Every box's own namespaces; never a user namespace (the box's uid is the host's, and holds nothing).
+#: Every box's own namespaces. A root-made box has no user namespace (its uid is the host's, and holds nothing);
+#: a rootless box has one too (`Rootless`), since an unprivileged runtime can make the others only inside it.
 NAMESPACES = ("pid", "network", "ipc", "uts", "mount", "cgroup")
 #: What OCI's seccomp schema knows, at the top, in a rule and in an argument.
 _SECCOMP_KEYS = ("defaultAction", "defaultErrnoRet", "architectures", "flags", "syscalls")
@@ -103,6 +105,38 @@ def gvisor_seccomp(profile: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in profile.items() if key != "defaultErrnoRet"} | {"syscalls": rules}
 
 
+@dataclass(frozen=True)
+class Rootless:
+    """A box made by a user who is not root: who they are, the ids the system gives them, their cgroup.
+
+    The box's user is the caller, seen in the box as uid 0 and holding no capability there (none in any set,
+    NoNewPrivs, our seccomp): runc makes a rootless box only with its uid 0 mapped, to the caller, since it
+    hands its start FIFO to that uid. A subordinate range (/etc/subuid, through newuidmap) maps the box's uids
+    1… onto it, so the image's other owners are themselves in the box; without one the box has one uid and
+    gid, and every other owner shows as the overflow id. `cgroup`: the cgroup delegated to the caller, each
+    box's a child of it (rootless.py finds it, `quinebox setup-user` makes one).
+    """
+
+    uid: int
+    gid: int
+    cgroup: str
+    subuid: tuple[int, int] | None = None  # (first host id, count)
+    subgid: tuple[int, int] | None = None
+
+    def mappings(self, own: int, sub: tuple[int, int] | None) -> list[dict[str, int]]:
+        return [{"containerID": 0, "hostID": own, "size": 1}, *([{"containerID": 1, "hostID": sub[0], "size": sub[1]}] if sub else [])]
+
+    def mapped_gid(self, gid: int) -> bool:
+        return gid == 0 or (self.subgid is not None and 1 <= gid <= self.subgid[1])
+
+
+def _rootless_mount(mount: dict[str, Any], who: Rootless) -> dict[str, Any]:
+    """A system mount as a user namespace allows: an owner the box's namespace does not map is left out (devpts'
+    gid=5, without a subordinate range), as `runc spec --rootless` leaves it, rather than the box refused."""
+    options = [o for o in mount.get("options", ()) if not (o.startswith("gid=") and not who.mapped_gid(int(o[4:])))]
+    return {**mount, "options": options} if "options" in mount else mount
+
+
 def _mount(mount: BoxMount, recursive_ro: bool) -> dict[str, Any]:
     """A box mount in the runtime's form; read-only binds are read-only all the way down: rro (runc ≥ 1.1), or
     without it (gVisor, whose own file system makes the whole of a read-only mount read-only) plain ro."""
@@ -124,7 +158,16 @@ def _device(allow: bool, kind: str, major: int | None, minor: int | None, access
 
 
 def oci_config(
-    spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: dict[str, Any], arch: str, rootfs: str, gvisor: bool = False, hidden: Sequence[BoxMount] = ()
+    spec: BoxSpec,
+    *,
+    image: ImageInfo,
+    runtime: str,
+    seccomp: dict[str, Any],
+    arch: str,
+    rootfs: str,
+    gvisor: bool = False,
+    hidden: Sequence[BoxMount] = (),
+    rootless: Rootless | None = None,
 ) -> dict[str, Any]:
     """The same box as container_config, as an OCI runtime config (config.json) for runc/crun/runsc.
 
@@ -133,8 +176,13 @@ def oci_config(
     process limit (the host's pids cgroup counts gVisor's own helpers, GVISOR_TASKS_*), whose seccomp is
     `gvisor_seccomp`, and whose read-only mounts are read-only all the way down without rro. `hidden`: what of
     the root the box is not shown (policy_host.host_view, for the host's own root), mounted before the box's own
-    mounts of the same depth, so a grant inside a hidden directory lands on it.
+    mounts of the same depth, so a grant inside a hidden directory lands on it. `rootless`: made by a user who is
+    not root (`Rootless`): the same box in a user namespace of its own, its user the caller's uid 0 there, its
+    cgroup a child of the caller's; the devices cgroup, which only the host's root may write, is left out, as a
+    user namespace already refuses a box every device node but those it is shown (mknod is refused in it).
     """
+    if rootless is not None:  # the box's user is its namespace's uid 0: its world, /world's owner, are that uid's
+        spec = replace(spec, uid=0, gid=0)
     grants = spec.grants
     mem = grants.mem or DEFAULT_MEM
     pids = grants.pids or DEFAULT_PIDS
@@ -151,7 +199,7 @@ def oci_config(
     system = [{"destination": dest, "type": kind, "source": source, "options": list(options)} for dest, kind, source, options in SYSTEM_MOUNTS]
     own = sorted([*hidden, *box_mounts(spec, runtime)], key=_depth)
     recursive_ro = not gvisor
-    return {
+    config: dict[str, Any] = {
         "ociVersion": OCI_VERSION,
         "root": {"path": rootfs, "readonly": True},
         "hostname": HOSTNAME,
@@ -176,4 +224,23 @@ def oci_config(
             "seccomp": gvisor_seccomp(profile) if gvisor else profile,
             "cgroupsPath": f"/{CGROUP_PREFIX}{spec.session}",
         },
+    }
+    if rootless is None:
+        return config
+    config["linux"] = rootless_linux(config["linux"], rootless, f"{CGROUP_PREFIX}{spec.session}")
+    config["mounts"] = [_rootless_mount(m, rootless) for m in config["mounts"]]
+    return config
+
+
+def rootless_linux(linux: dict[str, Any], who: Rootless, cgroup: str) -> dict[str, Any]:
+    """A config's `linux` as `who`, who is not root, makes the box: in a user namespace of its own, its cgroup
+    (named `cgroup`) a child of theirs, and no devices cgroup, which only the host's root may write."""
+    resources = {key: value for key, value in linux.get("resources", {}).items() if key != "devices"}
+    return {
+        **linux,
+        "namespaces": [{"type": "user"}, *linux["namespaces"]],
+        "uidMappings": who.mappings(who.uid, who.subuid),
+        "gidMappings": who.mappings(who.gid, who.subgid),
+        "resources": resources,
+        "cgroupsPath": f"{who.cgroup.rstrip('/')}/{cgroup}",
     }

@@ -25,8 +25,11 @@ and `gc` detach (`detach`). Its layers are named through /proc/self/fd, so no pa
 colons, its length) can be misread as mount options. gVisor's runsc is handed the same directory: its gofer
 serves the overlay as it would the image's tree.
 
-A rootless box (a runtime in a user namespace) cannot have the host mount this; the kernel (≥ 5.11) lets the
-owner of a user namespace mount an overlay in it, so there the overlay would be made in the box's namespace.
+A rootless box (a runtime in a user namespace, made by a user who is not root) cannot have the host mount this;
+the kernel (≥ 5.11) lets the owner of a user namespace mount an overlay in it, so there the same overlay is the
+config's first mount, at `/` over the box's empty root (`in_namespace`): the runtime mounts it in the box's own
+namespace, and the host never holds it. Its layers are directories of the bundle (overlayfs in a user namespace
+keeps its own attributes as `user.` xattrs, which the state dir's file system holds), removed with it.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ import errno
 import os
 import shutil
 import stat
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from quinebox.box.backends.oci import deleted
 from quinebox.box.policy import LABEL_PREFIX
@@ -52,6 +58,10 @@ IMAGE_ROOT = LABEL_PREFIX + "image-root"
 LAYER_OPTIONS = "size=1m,nr_inodes=4096,mode=0700"
 MS_NOSUID, MS_NODEV = 0x2, 0x4
 MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
+#: A tmpfs every user may make a directory in, for a rootless box's layers (_shared_memory_layer).
+SHM = "/dev/shm"
+#: What an overlay's options cannot hold in a path given by name (in_namespace), where no /proc/self/fd can help.
+_UNSAYABLE = ",:\\"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -115,6 +125,45 @@ def layered(image_root: str, bundle: Path) -> str:
     return str(root)
 
 
+def in_namespace(image_root: str, bundle: Path) -> list[dict[str, Any]]:
+    """For a rootless box: the box's root over `image_root` as the config's first mount, made by the runtime in
+    the box's own user namespace (see above); the bundle's ROOT left an empty directory for it to land on. For
+    the host's own `/`, which no user namespace may overlay, none: the root is that directory with the host's
+    top-level links in it, and the config binds in what the box is shown (policy_host.py)."""
+    (bundle / ROOT).mkdir(mode=0o700)
+    if image_root == "/":
+        with os.scandir("/") as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    os.symlink(os.readlink(entry.path), bundle / ROOT / entry.name)
+        os.chmod(bundle / ROOT, 0o755)
+        return []
+    layer = _shared_memory_layer(bundle)
+    upper, work = layer / "upper", layer / "work"
+    for path in (upper, work):
+        path.mkdir(mode=0o700)
+    unsayable = next((path for path in (image_root, str(upper), str(work)) if any(c in path for c in _UNSAYABLE)), None)
+    if unsayable is not None:
+        raise EngineError(f"cannot give the box a root of its own: an overlay cannot name {unsayable} (a comma, colon or backslash in it); set QUINEBOX_STATE_DIR to a plainer path")
+    os.chmod(upper, stat.S_IMODE(os.stat(image_root).st_mode))
+    return [{"destination": "/", "type": "overlay", "source": "overlay",
+             "options": [f"lowerdir={image_root}", f"upperdir={upper}", f"workdir={work}", "userxattr", "nosuid", "nodev"]}]
+
+
+def _shared_memory_layer(bundle: Path) -> Path:
+    """Where a rootless box's layers go: a directory of the box's own in /dev/shm (a tmpfs, as a root-made box's
+    layer is), linked from the bundle as LAYER and removed with it; in the bundle itself where there is none.
+    Never the file system of the image's tree: overlayfs refuses an upper layer inside its lower one, which
+    the host's own `/` (`--image host`) would otherwise be."""
+    try:
+        layer = Path(tempfile.mkdtemp(prefix=f"quinebox-{os.getuid()}-{bundle.name}-", dir=SHM))
+    except OSError:
+        (bundle / LAYER).mkdir(mode=0o700)
+        return bundle / LAYER
+    (bundle / LAYER).symlink_to(layer)
+    return layer
+
+
 def detach(bundle: Path) -> None:
     """Detach the box's root from the host's mount namespace (its box keeps its own copy while it runs); safe to
     call again, or for a bundle that never had one. Before any removal of the bundle: a removal that walked into a
@@ -138,6 +187,20 @@ def remove_box(runtime: list[str], cid: str, bundle: Path | None) -> bool:
 
 
 def remove_bundle(bundle: Path) -> None:
-    """A box's bundle removed, its root detached first (a box removes its own as soon as it ends, see ocibox)."""
+    """A box's bundle removed, its root detached first (a box removes its own as soon as it ends, see ocibox).
+    A rootless box's overlay leaves its work directory unreadable (mode 0, as overlayfs makes it): opened up."""
     detach(bundle)
-    shutil.rmtree(bundle, ignore_errors=True)
+    handler: dict[str, Any] = {"onexc" if sys.version_info >= (3, 12) else "onerror": _open_up}
+    layer = bundle / LAYER
+    if layer.is_symlink():  # a rootless box's layers, in /dev/shm (_shared_memory_layer)
+        shutil.rmtree(os.readlink(layer), **handler)
+    shutil.rmtree(bundle, **handler)
+
+
+def _open_up(function: Any, path: str, exc: Any) -> None:
+    """rmtree's answer to a directory it could not read or empty: made the owner's to read, and tried again."""
+    try:
+        os.chmod(path, 0o700)
+        shutil.rmtree(path, ignore_errors=True)
+    except OSError:
+        pass

@@ -2,7 +2,8 @@
 
 Asked for by `--backend auto|oci|docker` and `--runtime NAME|PATH` (or a policy file's `backend:`/`runtime:`), by
 QUINEBOX_BACKEND / QUINEBOX_RUNTIME, or by `backend:`/`runtime:` in config.yaml, in that order. `auto` probes,
-it does not assume: the OCI runtime is used when this process may create boxes with it (root), its binary is
+it does not assume: the OCI runtime is used when this process may create boxes with it (root, or a user this
+machine gives user namespaces and a delegated cgroup: rootless.py), its binary is
 there, the images live on this machine (no remote engine), and a probe box of the runtime ran here (the result
 is kept per runtime binary in the state dir: a pass until the binary changes, a failure for PROBE_RETRY seconds,
 as a runtime may fail one box under load and run the next). A box the runtime cannot give the same way (policy.oci_refusal)
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from quinebox.box.backends.oci import Runtime
+from quinebox.box.backends.rootless import local_rootless, refusal
+from quinebox.box.policy_oci import Rootless
 from quinebox.box.spec import BACKENDS
 from quinebox.documents import load_config
 from quinebox.errors import GrantError, QuineboxError
@@ -98,8 +101,10 @@ _probing = threading.Lock()
 
 
 def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = None, now: float | None = None) -> str | None:
-    if os.geteuid() != 0:
-        return "not root (rootless runtimes need user namespaces and a delegated cgroup v2; see docs/backends.md#rootless)"
+    who = local_rootless()
+    refused = refusal(name, who)
+    if refused is not None:
+        return f"not root, and {refused.reason} (fix: {refused.fix})"
     if os.environ.get("DOCKER_HOST", "unix://").split("://")[0] not in ("unix", ""):
         return f"the engine at {os.environ['DOCKER_HOST']} is remote: its images are not on this machine"
     try:
@@ -118,7 +123,8 @@ def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = No
     if run_probe is None:
         from quinebox.box.backends.probe import probe_runtime
 
-        run_probe = probe_runtime
+        rootless = who if isinstance(who, Rootless) else None
+        run_probe = lambda runtime: probe_runtime(runtime, rootless=rootless)  # noqa: E731
     problem = run_probe(found)
     if problem is not None:  # once more: runc 1.1 can fail a box under load ("unable to store init state") and run the next
         problem = run_probe(found)

@@ -192,11 +192,16 @@ class OciBox:
         self.bundle.mkdir(mode=0o700)
         try:
             image_root = config["root"]["path"]
-            # The box's own root over the image's tree (boxroot.py): the runtime makes its mount points there, not in the cache.
+            # The box's own root over the image's tree (boxroot.py): the runtime makes its mount points there, not in the
+            # cache. A rootless box's is made in its own namespace (the config's first mount), a root-made one's here.
+            rootless = any(ns["type"] == "user" for ns in config.get("linux", {}).get("namespaces", ()))
             own = {**config, "root": {**config["root"], "path": str(self.bundle / boxroot.ROOT)}, "annotations": {**config.get("annotations", {}), IMAGE_ROOT: image_root}}
+            if rootless:
+                own["mounts"] = [*boxroot.in_namespace(image_root, self.bundle), *config["mounts"]]
             (self.bundle / "config.json").write_text(json.dumps(own, separators=(",", ":")))
             hold(runtime, self.id, str(self.bundle))
-            boxroot.layered(image_root, self.bundle)
+            if not rootless:
+                boxroot.layered(image_root, self.bundle)
             pid_file = str(self.bundle / "init.pid")
             terminal = ConsoleSocket(console_path(str(self.bundle))) if console else None
             try:

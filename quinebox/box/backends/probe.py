@@ -13,21 +13,26 @@ import json
 import os
 import subprocess
 import tempfile
+from pathlib import Path
+from typing import Any
 
 from quinebox.box.backends.oci import Runtime, runtime_timeout
 from quinebox.box.backends.ocibox import hold, release
+from quinebox.box.policy_oci import Rootless, rootless_linux
 
 _BINDS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
 
 
-def probe_config(rootfs: str, cgroup: str) -> dict:
+def probe_config(rootfs: str, cgroup: str, rootless: Rootless | None = None) -> dict[str, Any]:
+    """The probe's config.json; `rootless`: as a user who is not root makes it (policy_oci.Rootless), its user
+    the namespace's uid 0 and its cgroup the user's."""
     mounts = [{"destination": "/proc", "type": "proc", "source": "proc"},
               {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}]
     mounts += [{"destination": path, "type": "bind", "source": os.path.realpath(path), "options": ["rbind", "ro", "rprivate"]}
                for path in _BINDS if os.path.isdir(path) and not os.path.islink(path)]
-    return {
+    config: dict[str, Any] = {
         "ociVersion": "1.0.2",
-        "process": {"args": ["/bin/true"], "cwd": "/", "env": ["PATH=/usr/bin:/bin"], "user": {"uid": 1000, "gid": 1000},
+        "process": {"args": ["/bin/true"], "cwd": "/", "env": ["PATH=/usr/bin:/bin"], "user": {"uid": 0 if rootless else 1000, "gid": 0 if rootless else 1000},
                     "noNewPrivileges": True, "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")}},
         "root": {"path": rootfs, "readonly": True},
         "hostname": "probe",
@@ -39,9 +44,12 @@ def probe_config(rootfs: str, cgroup: str) -> dict:
             "seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [], "syscalls": [{"names": ["ptrace"], "action": "SCMP_ACT_ERRNO"}]},
         },
     }
+    if rootless is not None:
+        config["linux"] = rootless_linux(config["linux"], rootless, cgroup.lstrip("/"))
+    return config
 
 
-def probe_runtime(runtime: Runtime) -> str | None:
+def probe_runtime(runtime: Runtime, rootless: Rootless | None = None) -> str | None:
     """None when a hardened box ran to exit 0 on `runtime`, else the runtime's own reason, in one line."""
     with tempfile.TemporaryDirectory(prefix="quinebox-probe-") as bundle:
         rootfs = os.path.join(bundle, "rootfs")
@@ -54,7 +62,7 @@ def probe_runtime(runtime: Runtime) -> str | None:
         os.mkdir(os.path.join(rootfs, "proc"))
         os.mkdir(os.path.join(rootfs, "dev"))
         cid = f"quinebox-probe-{os.getpid()}-{os.urandom(3).hex()}"  # two processes of one pid namespace never share one
-        config = probe_config(rootfs, f"/{cid}")
+        config = probe_config(rootfs, f"/{cid}", rootless)
         with open(os.path.join(bundle, "config.json"), "w") as out:
             json.dump(config, out)
         runtime.root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -71,7 +79,17 @@ def probe_runtime(runtime: Runtime) -> str | None:
         finally:
             runtime.delete(cid)
             release(cid)
+            _rmdir_cgroups(config["linux"]["cgroupsPath"])
         if done.returncode != 0:
             lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
             return f"{runtime.name} could not run a probe box (exit {done.returncode}): {lines[-1] if lines else 'no reason given'}"
     return None
+
+
+def _rmdir_cgroups(path: str) -> None:
+    """The probe's cgroup in every hierarchy, should the runtime have left it (runsc does, when it fails)."""
+    for group in (*Path("/sys/fs/cgroup").glob(f"*/{path.strip('/')}"), Path("/sys/fs/cgroup", path.strip("/"))):
+        try:
+            group.rmdir()
+        except OSError:
+            pass  # not there, or not empty: gc's sweep takes it once it is

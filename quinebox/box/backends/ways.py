@@ -1,8 +1,9 @@
 """Each way a box could run on this machine — the OCI runtimes runc, crun and runsc, and the Docker engine —
 whether it works here, and for one that does not, why and the one command that fixes it (`quinebox doctor`).
 
-The reasons are told apart because their fixes differ: a runtime not installed (`apt-get install crun`), not
-root (rootless OCI boxes are not done yet: issue 33), a remote engine, crun refusing a hybrid cgroup
+The reasons are told apart because their fixes differ: a runtime not installed (`apt-get install crun`), a
+user who is not root on a machine that keeps them from boxes (no user namespaces, no delegated cgroup:
+rootless.py), a remote engine, crun refusing a hybrid cgroup
 hierarchy, a probe box the runtime would not run; an engine not installed, not running, running with a
 socket this user may not open (reach.py), or answering without seccomp or cgroup limits. `runtime_way` and
 `engine_way` take what they judge as arguments, so their tables are tested without a machine to match.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quinebox.box.backends.reach import Unreachable, as_root, engine_socket, unreachable
+from quinebox.box.backends.rootless import Refusal, local_hierarchy, local_rootless, refusal
 from quinebox.errors import QuineboxError
 
 if TYPE_CHECKING:
@@ -24,11 +26,6 @@ if TYPE_CHECKING:
 #: The OCI runtimes quinebox knows, in the order `quinebox doctor` lists them (runc is the default).
 RUNTIME_NAMES = ("runc", "crun", "runsc")
 ENGINE = "engine"
-MOUNTS = "/proc/self/mounts"
-ROOTLESS = (
-    "not root: OCI boxes need root for now (rootless OCI boxes are issue 33's work, not done yet; docs/backends.md#rootless)",
-    "run quinebox as root (`sudo quinebox …`), or use the Docker engine",
-)
 
 
 @dataclass(frozen=True)
@@ -43,24 +40,15 @@ class Way:
         return "Docker engine" if self.name == ENGINE else "runsc (gVisor)" if self.name == "runsc" else self.name
 
 
-def cgroup_hierarchy(mounts: str) -> str:
-    """"v2", "hybrid" (v1 controllers, v2 beside them at /sys/fs/cgroup/unified) or "v1", from /proc/self/mounts' text."""
-    kinds = {(fields[1], fields[2]) for fields in (line.split() for line in mounts.splitlines()) if len(fields) > 2}
-    if ("/sys/fs/cgroup", "cgroup2") in kinds:
-        return "v2"
-    has_v1 = any(kind == "cgroup" for _, kind in kinds)
-    has_v2 = any(kind == "cgroup2" for _, kind in kinds)
-    return "hybrid" if has_v1 and has_v2 else "v1" if has_v1 else "v2" if has_v2 else "none"
-
-
-def runtime_way(name: str, *, binary: str | None, root: bool, docker_host: str, hierarchy: str, probe: Callable[[], str | None]) -> Way:
-    """Whether the OCI runtime `name` (found at `binary`, or None) can run boxes here; `probe()` runs a probe box
-    (asked only when nothing else already says no) and gives None or the runtime's reason."""
+def runtime_way(name: str, *, binary: str | None, unprivileged: Refusal | None, docker_host: str, hierarchy: str, probe: Callable[[], str | None]) -> Way:
+    """Whether the OCI runtime `name` (found at `binary`, or None) can run boxes here; `unprivileged`: why this
+    user, not root, may have no box here (rootless.py), or None; `probe()` runs a probe box (asked only when
+    nothing else already says no) and gives None or the runtime's reason."""
     if binary is None:
         package = name if name in RUNTIME_NAMES else "runc"
         return Way(name, False, "not installed", as_root(f"apt-get install {package}"))
-    if not root:
-        return Way(name, False, *ROOTLESS)
+    if unprivileged is not None:
+        return Way(name, False, f"not root, and {unprivileged.reason}", unprivileged.fix)
     scheme = docker_host.split("://")[0] if docker_host else "unix"
     if scheme not in ("unix", ""):
         return Way(name, False, f"the engine at {docker_host} is remote: its images are not on this machine, and OCI boxes need them here",
@@ -108,12 +96,8 @@ def local_runtime_way(name: str) -> Way:
     """runtime_way for this machine: the binary looked up, the probe box run once per binary (choice.usable)."""
     from quinebox.box.backends.choice import usable
 
-    try:
-        with open(MOUNTS) as mounts:
-            hierarchy = cgroup_hierarchy(mounts.read())
-    except OSError:
-        hierarchy = "none"
-    return runtime_way(name, binary=find_runtime(name), root=os.geteuid() == 0, docker_host=os.environ.get("DOCKER_HOST", ""),
+    hierarchy = local_hierarchy()
+    return runtime_way(name, binary=find_runtime(name), unprivileged=refusal(name, local_rootless()), docker_host=os.environ.get("DOCKER_HOST", ""),
                        hierarchy=hierarchy, probe=lambda: usable(name))
 
 

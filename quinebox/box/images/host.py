@@ -25,8 +25,9 @@ def host_image() -> ImageInfo:
     return ImageInfo(name=HOST_IMAGE, id=HOST_IMAGE, arch=image_arch(native_arch()))
 
 
-def hidden_mounts() -> list[BoxMount]:
-    """The mounts that hide from a box of the host what it is not shown (policy_host.host_view), for this host now."""
+def hidden_mounts(*, rootless: bool = False) -> list[BoxMount]:
+    """The mounts that hide from a box of the host what it is not shown (policy_host.host_view), for this host now;
+    `rootless`: with the directories it is shown bound in too (its root is empty)."""
     with os.scandir(ROOT) as entries:
         top = [(entry.name, _kind(entry.path, follow=False)) for entry in entries]
     candidates = list(ETC_SECRETS)
@@ -35,7 +36,7 @@ def hidden_mounts() -> list[BoxMount]:
     except OSError:
         pass
     etc = [(path, kind) for path in candidates if (kind := _kind(path, follow=True)) is not None]
-    return host_view([(name, kind) for name, kind in top if kind is not None], etc, str(_empty_file()))
+    return host_view([(name, kind) for name, kind in top if kind is not None], etc, str(_empty_file()), shown=rootless)
 
 
 def _kind(path: str, *, follow: bool) -> str | None:

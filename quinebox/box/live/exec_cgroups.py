@@ -72,8 +72,14 @@ class ExecCgroup:
 
 
 def box_cgroup(session: str) -> str:
-    """The cgroup every OCI box of quinebox's gets (policy.oci_config's cgroupsPath)."""
-    return f"/{CGROUP_PREFIX}{session}"
+    """The cgroup every OCI box of quinebox's gets (policy.oci_config's cgroupsPath): a rootless box's lies in
+    the cgroup delegated to its user (backends/rootless.py)."""
+    from quinebox.box.backends.rootless import local_rootless
+    from quinebox.box.policy_oci import Rootless
+
+    who = local_rootless()
+    parent = who.cgroup.rstrip("/") if isinstance(who, Rootless) else ""
+    return f"{parent}/{CGROUP_PREFIX}{session}"
 
 
 def cgroup_of(pid: int) -> str:

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING
 
 from quinebox.box.backends.boxes import Box
 from quinebox.box.backends.boxroot import bundles, remove_bundle
+from quinebox.box.backends.rootless import delegated_name, local_rootless
 from quinebox.box.owners.listing import every_box, info, reachable_engine
 from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER
+from quinebox.box.policy_oci import Rootless
 from quinebox.box.shape import POOL_SESSION
 from quinebox.errors import EngineError
 from quinebox.processes import owner_alive
@@ -103,7 +105,13 @@ def sweep_cgroups(known: set[str]) -> list[str]:
     shared before each had a cgroup of its own. rmdir takes only an empty cgroup, so no box that still has a
     process loses its own. Returns the names of the cgroups that went."""
     root = Path("/sys/fs/cgroup")
-    boxes = [g for g in (*root.glob(f"*/{CGROUP_PREFIX}*"), *root.glob(f"{CGROUP_PREFIX}*")) if g.name[len(CGROUP_PREFIX) :] not in known]
+    # A rootless box's lies in its user's delegated cgroup (backends/rootless.py): v1's in each hierarchy, v2's one.
+    delegated = [f"*/{delegated_name(os.getuid())}/", f"{delegated_name(os.getuid())}/"]
+    who = local_rootless()
+    if isinstance(who, Rootless) and not who.cgroup.startswith(f"/{delegated_name(os.getuid())}"):
+        delegated.append(who.cgroup.strip("/") + "/")
+    patterns = ["*/", "", *delegated]
+    boxes = [g for pattern in patterns for g in root.glob(f"{pattern}{CGROUP_PREFIX}*") if g.name[len(CGROUP_PREFIX) :] not in known]
     removed: set[str] = set()
     for group in [*root.glob("*/quinebox"), root / "quinebox", *boxes]:
         try:

@@ -22,7 +22,7 @@ from quinebox.box.backends.runtimebox import runtime_boxes
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.pool.claim import claimed_as
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
-from quinebox.errors import EngineError
+from quinebox.errors import EngineError, QuineboxError
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
@@ -80,9 +80,19 @@ def every_box(engine: DockerBackend | None, *, connect: bool = True) -> list[Box
             engine = DockerBackend.connect()
         return [*dockerbox.boxes(engine), *on_runtimes]
     except EngineError:
-        if on_runtimes or engine is None and os.environ.get("QUINEBOX_BACKEND") == "oci":
+        if on_runtimes or engine is None and _boxes_need_no_engine():
             return on_runtimes
         raise
+
+
+def _boxes_need_no_engine() -> bool:
+    """Whether this user's boxes run on an OCI runtime (choice.py): then an engine they cannot reach holds none."""
+    from quinebox.box.backends.choice import choose
+
+    try:
+        return not choose(None).engine
+    except QuineboxError:
+        return False
 
 
 def reachable_engine(engine: DockerBackend | None) -> DockerBackend | None:

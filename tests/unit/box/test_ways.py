@@ -8,7 +8,8 @@ import pytest
 from quinebox.box.backends import reach
 from quinebox.box.backends.oci import runtime_hint
 from quinebox.box.backends.reach import Unreachable
-from quinebox.box.backends.ways import ENGINE, ROOTLESS, Way, cgroup_hierarchy, engine_way, runtime_way
+from quinebox.box.backends.rootless import RUNSC, Refusal, cgroup_hierarchy
+from quinebox.box.backends.ways import ENGINE, Way, engine_way, runtime_way
 from quinebox.errors import EngineError
 
 V1 = "cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\ncgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n"
@@ -38,31 +39,35 @@ CRUN_HYBRID = ("crun refuses the hybrid cgroup hierarchy (v1 controllers, v2 bes
 ANOTHER = "use another runtime (`--runtime runc`), or the Docker engine (`--backend docker`)"
 
 
+NO_CGROUP = Refusal("no cgroup is delegated to dev", "sudo quinebox setup-user dev")
+
+
 @pytest.mark.parametrize(
-    "name, binary, root, docker_host, hierarchy, probe, way",
+    "name, binary, unprivileged, docker_host, hierarchy, probe, way",
     [
-        ("runc", "/usr/sbin/runc", True, "", "hybrid", fine, Way("runc", True, "runs boxes here (/usr/sbin/runc; a hardened probe box ran)")),
-        ("runsc", "/usr/bin/runsc", True, "unix:///var/run/docker.sock", "v2", fine, Way("runsc", True, "runs boxes here (/usr/bin/runsc; a hardened probe box ran)")),
-        ("crun", None, True, "", "hybrid", unasked, Way("crun", False, "not installed", "apt-get install crun")),
-        ("runsc", None, True, "", "v2", unasked, Way("runsc", False, "not installed", "apt-get install runsc")),
-        ("/opt/x/myrt", None, True, "", "v2", unasked, Way("/opt/x/myrt", False, "not installed", "apt-get install runc")),
-        ("runc", "/usr/sbin/runc", False, "", "v2", unasked, Way("runc", False, *ROOTLESS)),
-        ("runc", "/usr/sbin/runc", True, "tcp://10.0.0.1:2375", "v2", unasked,
+        ("runc", "/usr/sbin/runc", None, "", "hybrid", fine, Way("runc", True, "runs boxes here (/usr/sbin/runc; a hardened probe box ran)")),
+        ("runsc", "/usr/bin/runsc", None, "unix:///var/run/docker.sock", "v2", fine, Way("runsc", True, "runs boxes here (/usr/bin/runsc; a hardened probe box ran)")),
+        ("crun", None, None, "", "hybrid", unasked, Way("crun", False, "not installed", "apt-get install crun")),
+        ("runsc", None, None, "", "v2", unasked, Way("runsc", False, "not installed", "apt-get install runsc")),
+        ("/opt/x/myrt", None, None, "", "v2", unasked, Way("/opt/x/myrt", False, "not installed", "apt-get install runc")),
+        ("runc", "/usr/sbin/runc", NO_CGROUP, "", "hybrid", unasked, Way("runc", False, f"not root, and {NO_CGROUP.reason}", NO_CGROUP.fix)),
+        ("runsc", "/usr/bin/runsc", RUNSC, "", "hybrid", unasked, Way("runsc", False, f"not root, and {RUNSC.reason}", RUNSC.fix)),
+        ("runc", "/usr/sbin/runc", None, "tcp://10.0.0.1:2375", "v2", unasked,
          Way("runc", False, "the engine at tcp://10.0.0.1:2375 is remote: its images are not on this machine, and OCI boxes need them here",
              "unset DOCKER_HOST (to use this machine's engine), or unpack an image with `quinebox image load FILE`")),
-        ("crun", "/usr/bin/crun", True, "", "hybrid", refuses, Way("crun", False, *CRUN_HYBRID)),
-        ("crun", "/usr/bin/crun", True, "", "v2", refuses, Way("crun", False, refuses(), ANOTHER)),  # not the hierarchy: the runtime's own reason
-        ("runc", "/usr/sbin/runc", True, "", "hybrid", refuses, Way("runc", False, refuses(), ANOTHER)),
+        ("crun", "/usr/bin/crun", None, "", "hybrid", refuses, Way("crun", False, *CRUN_HYBRID)),
+        ("crun", "/usr/bin/crun", None, "", "v2", refuses, Way("crun", False, refuses(), ANOTHER)),  # not the hierarchy: the runtime's own reason
+        ("runc", "/usr/sbin/runc", None, "", "hybrid", refuses, Way("runc", False, refuses(), ANOTHER)),
     ],
 )
-def test_runtime_way(monkeypatch, name, binary, root, docker_host, hierarchy, probe, way):
+def test_runtime_way(monkeypatch, name, binary, unprivileged, docker_host, hierarchy, probe, way):
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # as_root's sudo is for the fix's user, tested below
-    assert runtime_way(name, binary=binary, root=root, docker_host=docker_host, hierarchy=hierarchy, probe=probe) == way
+    assert runtime_way(name, binary=binary, unprivileged=unprivileged, docker_host=docker_host, hierarchy=hierarchy, probe=probe) == way
 
 
 def test_a_missing_runtime_is_installed_through_sudo_by_a_user(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert runtime_way("crun", binary=None, root=False, docker_host="", hierarchy="v2", probe=unasked).fix == "sudo apt-get install crun"
+    assert runtime_way("crun", binary=None, unprivileged=NO_CGROUP, docker_host="", hierarchy="v2", probe=unasked).fix == "sudo apt-get install crun"
 
 
 GOOD_INFO = {"SecurityOptions": ["name=seccomp,profile=default"], "MemoryLimit": True, "PidsLimit": True}
