@@ -81,6 +81,16 @@ if is_root && have_apt && ! command -v debootstrap >/dev/null && [ ! -x /usr/sbi
 fi
 .venv/bin/quinebox image build
 
+# 4b. Users who are not root: the agent image in the machine's shared cache (/var/lib/quinebox/images), which
+#     their boxes copy from with no engine (box/images/shared.py); newuidmap, for a box's subordinate uid range
+#     where /etc/subuid gives one. Each such user then needs a cgroup for boxes' limits, once: on cgroup v1 and
+#     hybrid machines (systemd delegates none there) `sudo quinebox setup-user NAME`; on v2, systemd's own.
+if is_root; then
+    .venv/bin/quinebox image share >/dev/null
+    if ! command -v newuidmap >/dev/null && have_apt; then say "installing uidmap (newuidmap, for rootless boxes' uid ranges)"; apt_install uidmap; fi
+    say "to let a user run boxes without root or the docker group: sudo quinebox setup-user NAME (once; again after a restart on cgroup v1)"
+fi
+
 # 5. What the demo and the tests build images of their own from (no registry):
 #    a static busybox, musl's loader and compiler wrapper, and a C compiler.
 missing=()

@@ -1,4 +1,4 @@
-"""Commands for boxes: `exec`, `shell`, `enter`, `ps`, `kill`, `gc`, `doctor`, `image build`."""
+"""Commands for boxes: `exec`, `shell`, `enter`, `ps`, `kill`, `gc`, `doctor`, `setup-user`, `image build`."""
 
 from __future__ import annotations
 
@@ -217,6 +217,7 @@ def gc_command() -> None:
     from quinebox.box.live import sandboxes
     from quinebox.box.owners import gc, listing
     from quinebox.box.spec import DEFAULT_IMAGE
+    from quinebox.errors import EngineError
 
     with reported():
         removed = gc.collect_garbage(
@@ -224,7 +225,11 @@ def gc_command() -> None:
             unremoved=lambda session, why: say(f"did not remove box {session}: {why}"),
         )
         sandboxes.remove_stale({box.session for box in listing.live_boxes()})
-        runtimes = guest_runtime.prune(DockerBackend.connect(), DEFAULT_IMAGE)
+        try:  # the guest runtimes are copied out of the engine's images, for its boxes: none without it
+            engine = DockerBackend.connect()
+        except EngineError:
+            engine = None
+        runtimes = guest_runtime.prune(engine, DEFAULT_IMAGE) if engine is not None else []
     say(f"removed {len(removed)} orphaned box{'es' if len(removed) != 1 else ''}" + (": " + " ".join(removed) if removed else ""))
     if runtimes:
         say(f"removed {len(runtimes)} guest runtime(s) of older agent images: {' '.join(runtimes)}")
@@ -247,6 +252,24 @@ def doctor_command(
         where = f"node {report['node'][:12]} ({report['host']})"
         say(f"ok    {where} runs boxes" if report["why"] is None else f"FAIL  {where}: {report['why']}")
     raise typer.Exit(0 if reports and all(r["why"] is None for r in reports) else 1)
+
+
+@app.command("setup-user", help="As root, once: let the user NAME run boxes without root or the engine (a cgroup delegated for their limits, where systemd delegates none).")
+def setup_user_command(name: str = typer.Argument(..., help="The user's login name.")) -> None:
+    import os
+
+    from quinebox.box.backends.rootless import local_hierarchy, setup_user
+
+    if os.geteuid() != 0:
+        say(f"setup-user makes cgroups only root may make: run `sudo quinebox setup-user {name}`")
+        raise typer.Exit(2)
+    try:
+        lines = setup_user(name, local_hierarchy())
+    except (ValueError, OSError) as exc:
+        say(f"cannot set up {name}: {exc}")
+        raise typer.Exit(2) from None
+    for line in lines:
+        say(line)
 
 
 @image_app.command("build", help="Build the agent image (bootstrapping the base offline when no registry is reachable).")
@@ -273,6 +296,18 @@ def image_load_command(
         layout = os.path.isdir(path) or _holds_oci_index(path)
         info = (from_oci_layout if layout else from_docker_archive)(path, name)
         print(f"{info.name or info.id} {info.id}")
+
+
+@image_app.command("share", help="As root: copy images into the machine's shared cache (/var/lib/quinebox/images), where every user's boxes find them without root or the engine.")
+def image_share_command(names: list[str] = typer.Argument(None, help="The images (default quinebox's own agent image).")) -> None:
+    from quinebox.box.configure import unpacked_image
+    from quinebox.box.images.shared import share
+    from quinebox.box.spec import DEFAULT_IMAGE
+
+    with reported():
+        for name in names or [DEFAULT_IMAGE]:
+            info, tree = unpacked_image(name, pull="missing")
+            print(f"{name} {info.id} {share(info, tree)}")
 
 
 def _holds_oci_index(path: str) -> bool:

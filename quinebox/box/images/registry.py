@@ -67,7 +67,7 @@ def pull(name: str, why: str) -> ImageInfo:
             raise ImageError(f"cannot pull {name}: its registry {registry_of(name)} did not finish within {DEADLINE} s") from None
         if done.returncode != 0:
             lines = done.stderr.decode(errors="replace").strip().splitlines() or [f"skopeo exited with {done.returncode}"]
-            raise ImageError(f"cannot pull {name} from {registry_of(name)} (without the engine: {why}): {lines[-1].strip()}")
+            raise ImageError(f"cannot pull {name} (is a registry reachable?): skopeo, pulling from {registry_of(name)} without the engine ({why}), says: {lines[-1].strip()}")
         info = replace(archives.from_oci_layout(layout, REF), name=name)
     finally:
         shutil.rmtree(layout, ignore_errors=True)
