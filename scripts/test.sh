@@ -100,6 +100,31 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ -x /usr/bin/python3 ]; then
         fi
     fi
 fi
+if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]; then
+    # As a user who is not root and may not use the engine (CI makes one; its boxes are rootless, in a cgroup
+    # `setup-user` delegates it): the box tests and the e2e suite once more, less what only root has here
+    # (tests/conftest.py's rootless pass deselects it). Its own copy of the tree and a venv of Debian's python3,
+    # in a directory it may read whatever the clone's own permissions; a short path, as Unix sockets need.
+    user=quinebox-test-user
+    id -u "$user" >/dev/null 2>&1 || useradd --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$user"
+    grep -q "^$user:" /etc/subuid || usermod --add-subuids 300000-365535 --add-subgids 300000-365535 "$user"
+    .venv/bin/quinebox setup-user "$user" >&2
+    work=$(mktemp -d /tmp/qbr-XXXX)
+    git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$work" --one-top-level=src
+    /usr/bin/python3 -m venv "$work/venv"
+    wanted=$("$work/venv/bin/python" -c 'import tomllib; print(*(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"] if r.startswith(("pytest", "hypothesis"))))')
+    "$work/venv/bin/python" -m pip install -q --disable-pip-version-check -e "$work/src" $wanted 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    mkdir -p "$work/home" "$work/tmp"
+    chown -R "$user:" "$work"
+    echo "test: the box and e2e tests again, as $user (not root, no engine: rootless boxes)" >&2
+    runuser -u "$user" -- env -i PATH="$work/venv/bin:/usr/bin:/bin:/usr/sbin:/sbin" HOME="$work/home" TMPDIR="$work/tmp" CI=true QUINEBOX_TEST_ROOTLESS=1 \
+        bash -c "cd '$work/src' && python -m pytest -q -p no:cacheprovider tests/unit/box/test_rootless.py tests/integration/test_rootless_boxes.py \
+            tests/integration/test_exec_api.py tests/integration/test_sandbox.py tests/integration/test_file_streams.py \
+            tests/integration/test_seccomp.py tests/integration/test_agent.py tests/e2e \
+            --ignore=tests/e2e/test_view.py --ignore=tests/e2e/test_view_secrets.py -k 'not 50_mb and not quiet_spell_longer and not a_bad_grant_starts_nothing'"
+    status=$?
+    rm -rf "$work"
+fi
 set -e
 if [ "$status" = 5 ]; then
     echo "test: pytest collected no tests; that is a failure" >&2

@@ -1,12 +1,16 @@
 """Running the `quinebox` command as a user would, and writing scripted models for it."""
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
+#: The uid a box's command runs as: the agent image's user when root makes the box; in a rootless box (CI's
+#: pass as a user who is not root) its namespace's uid 0, which is the caller (policy_oci.Rootless).
+BOX_UID = 0 if os.environ.get("QUINEBOX_TEST_ROOTLESS") == "1" else 1000
 
 
 def qb(*args: str, input: bytes = b"", cwd=None, env=None, timeout: float = 120) -> subprocess.CompletedProcess:

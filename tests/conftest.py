@@ -4,6 +4,9 @@ import os
 
 import pytest
 
+#: Boxes made by a user who is not root: only CI's rootless pass (QUINEBOX_TEST_ROOTLESS=1) is such a user.
+collect_ignore = [] if os.environ.get("QUINEBOX_TEST_ROOTLESS") == "1" else ["integration/test_rootless_boxes.py"]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_state_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -33,10 +36,24 @@ def command_server(isolated_state_dir):
 
 @pytest.fixture(scope="session")
 def engine():
-    """The real Docker engine and the agent image. Missing either is a failure, never a skip."""
+    """The real Docker engine and the agent image. Missing either is a failure, never a skip.
+
+    With QUINEBOX_TEST_ROOTLESS=1 (CI's pass as a user who is not root and may not use the engine): None, once
+    it is sure that is so and that boxes run on the OCI runtime all the same; a test that asks the engine
+    itself is not of that pass."""
     import docker
 
     from quinebox.box.spec import DEFAULT_IMAGE
+
+    if os.environ.get("QUINEBOX_TEST_ROOTLESS") == "1":
+        from quinebox.box.backends.choice import choose, on_engine
+
+        assert os.geteuid() != 0, "the rootless pass runs as a user who is not root"
+        with pytest.raises(docker.errors.DockerException):
+            docker.from_env(timeout=10).ping()
+        chosen = choose(None, backend="auto", runtime=None)
+        assert not on_engine(chosen.backend), chosen.why
+        return None
 
     try:
         client = docker.from_env(timeout=10)
@@ -140,3 +157,20 @@ def tempfile_root() -> str:
     import tempfile
 
     return tempfile.gettempdir()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The rootless pass (QUINEBOX_TEST_ROOTLESS=1) leaves out what only root has here: a test marked root_only,
+    one of the images the engine builds (`test_images`), and each case of a test run once per backend or runtime
+    for the Docker backend or gVisor (refused to a rootless user here: rootless.RUNSC). Deselected, said so in the summary, never skipped: those tests ran in the passes as root."""
+    if os.environ.get("QUINEBOX_TEST_ROOTLESS") != "1":
+        return
+    keep, drop = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        engine_case = params is not None and bool({"docker", "runsc"} & {str(v) for v in params.params.values()})  # gVisor: root's here
+        built = "test_images" in getattr(item, "fixturenames", ())
+        (drop if item.get_closest_marker("root_only") or engine_case or built else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

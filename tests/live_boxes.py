@@ -22,7 +22,8 @@ def live_boxes(engine, label: str = "io.quinebox.session") -> list:
     carries the labels its claim record gives it, as `quinebox ps` shows it.
     """
     boxes = []
-    for container in engine.api.containers(all=True, filters={"label": label}):
+    # No engine in the rootless pass (conftest's `engine` is None there): its boxes are the runtimes' alone.
+    for container in engine.api.containers(all=True, filters={"label": label}) if engine is not None else []:
         labels = container["Labels"]
         if LABEL_POOL in labels:
             record = claimed_as(container["Id"])

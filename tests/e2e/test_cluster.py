@@ -17,6 +17,8 @@ import pytest
 from commands import QUINEBOX, qb, scripts, wait_for
 from live_boxes import live_boxes
 
+pytestmark = pytest.mark.root_only  # its nodes run on the Docker backend
+
 REPO = Path(__file__).resolve().parents[2]
 COUNT = f"script:{REPO / 'examples' / 'missions' / 'count-lines.yaml'}"
 RUN_LABEL = "io.quinebox.run"

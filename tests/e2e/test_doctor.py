@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.root_only  # it makes users and judges the engine's socket for them
+
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 REPO = Path(__file__).resolve().parents[2]
 #: Made by these tests when missing (and left: the next run finds it), in no group but its own.

@@ -28,6 +28,8 @@ from quinebox.agent.store import read_tape
 from quinebox.audit.log import AuditLog
 from quinebox.box.spec import DEFAULT_IMAGE
 
+pytestmark = pytest.mark.root_only  # its outside networks are the engine's
+
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image is on a registry these machines cannot reach
 
 SERVER = textwrap.dedent(

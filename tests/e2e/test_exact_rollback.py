@@ -15,6 +15,8 @@ from commands import qb, scripts
 from quinebox.agent.store import read_tape
 from quinebox.state import session_dir
 
+pytestmark = pytest.mark.root_only  # it reads boxes' worlds as root on the host (owners, device nodes)
+
 TREE = ["-g", "spawn:4", "-g", "depth:1"]
 SOCKET = 'python3 -c "import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])"'
 

@@ -18,6 +18,8 @@ import quinebox
 from quinebox.box.policy import HOST_SOCKET, LABEL_OWNER, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_COMMAND
 
+pytestmark = pytest.mark.root_only  # the pool is the Docker backend's
+
 
 @pytest.fixture(autouse=True)
 def docker_backend(monkeypatch):

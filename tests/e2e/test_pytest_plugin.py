@@ -4,11 +4,13 @@ import os
 import subprocess
 import sys
 
+from commands import BOX_UID
+
 SUITE = '''
 import pytest
 
 def test_box_per_test(quinebox_sandbox):
-    assert quinebox_sandbox.exec(["id", "-u"]).stdout == b"1000\\n"
+    assert quinebox_sandbox.exec(["id", "-u"]).stdout == b"BOX_UID\\n"
 
 @pytest.mark.quinebox(grants=["env:FROM_MARK=yes"])
 def test_marked(quinebox_sandbox):
@@ -23,7 +25,7 @@ def test_session_box_keeps_state_2(quinebox_session_sandbox):
 
 
 def run_suite(tmp_path, *options, ci=None):
-    (tmp_path / "test_theirs.py").write_text(SUITE)
+    (tmp_path / "test_theirs.py").write_text(SUITE.replace("BOX_UID", str(BOX_UID)))
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     if ci:
         env["CI"] = ci

@@ -29,7 +29,8 @@ def holders() -> list[int]:
 
 
 def gone(session: str) -> bool:
-    return not glob.glob(f"/sys/fs/cgroup/*/quinebox-{session}") and session.encode() not in qb("ps").stdout
+    cgroups = glob.glob(f"/sys/fs/cgroup/*/quinebox-{session}") + glob.glob(f"/sys/fs/cgroup/*/quinebox.user-*/quinebox-{session}")  # a rootless box's below its user's
+    return not cgroups and session.encode() not in qb("ps").stdout
 
 
 @pytest.fixture(params=["oci", "docker"])

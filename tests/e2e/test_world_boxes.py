@@ -7,6 +7,7 @@ import os
 import tarfile
 import textwrap
 
+import pytest
 from commands import qb, scripts
 from openai_server import exit_, sh, tool
 
@@ -236,6 +237,7 @@ def test_world_frames_from_a_hostile_guest_earn_errors_not_harm(fake_openai):
         assert words in answers
 
 
+@pytest.mark.root_only  # it counts the engine's volumes
 def test_commands_that_write_nothing_leave_no_world_and_children_leave_no_volumes(engine, tmp_path):
     result = quinebox.exec(["true"])
     assert not session_dir(result.session).exists()

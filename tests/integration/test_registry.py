@@ -125,7 +125,7 @@ def test_an_image_not_in_the_registry_says_so_and_names_the_missing_engine(regis
     done = qb("exec", "--image", name, env=engineless)
     assert done.returncode == 125
     said = done.stderr.decode()
-    assert said.count("\n") == 1 and f"cannot pull {name} from 127.0.0.1:{registry.port} (without the engine:" in said, said
+    assert said.count("\n") == 1 and f"cannot pull {name} (is a registry reachable?): skopeo, pulling from 127.0.0.1:{registry.port} without the engine (" in said, said
 
 
 def test_pull_never_with_no_engine_asks_no_registry(registry, engineless):
