@@ -104,7 +104,7 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]
     # As a user who is not root and may not use the engine (CI makes one; its boxes are rootless, in a cgroup
     # `setup-user` delegates it): the box tests and the e2e suite once more, less what only root has here
     # (tests/conftest.py's rootless pass deselects it). Its own copy of the tree and a venv of Debian's python3,
-    # in a directory it may read whatever the clone's own permissions; a short path, as Unix sockets need.
+    # in a directory it may read whatever the clone's own permissions; short paths (--basetemp), as Unix sockets need.
     user=quinebox-test-user
     id -u "$user" >/dev/null 2>&1 || useradd --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$user"
     grep -q "^$user:" /etc/subuid || usermod --add-subuids 300000-365535 --add-subgids 300000-365535 "$user"
@@ -121,7 +121,7 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]
         bash -c "cd '$work/src' && python -m pytest -q -p no:cacheprovider tests/unit/box/test_rootless.py tests/integration/test_rootless_boxes.py \
             tests/integration/test_exec_api.py tests/integration/test_sandbox.py tests/integration/test_file_streams.py \
             tests/integration/test_seccomp.py tests/integration/test_agent.py tests/e2e \
-            --ignore=tests/e2e/test_view.py --ignore=tests/e2e/test_view_secrets.py -k 'not 50_mb and not quiet_spell_longer and not a_bad_grant_starts_nothing'"
+            --ignore=tests/e2e/test_view.py --ignore=tests/e2e/test_view_secrets.py -k 'not 50_mb and not quiet_spell_longer and not a_bad_grant_starts_nothing' --basetemp '$work/t'"
     status=$?
     rm -rf "$work"
 fi

@@ -69,7 +69,7 @@ def rootless_user() -> Rootless | None:
 
 def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
     """(the image, its unpacked root): with no engine call once it is unpacked (unless --pull always); with no
-    engine to ask, from its registry (registry.py)."""
+    engine to ask, from what root shared (shared.py: a user without the engine's socket) or its registry (registry.py)."""
     from quinebox.box.images import rootfs, shared
 
     if pull != "always":
@@ -78,18 +78,18 @@ def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
             root = rootfs.unpacked(known.id)
             if root is not None:
                 return known, str(root)
-        public = shared.lookup(name)  # what root's setup left every user (shared.py), copied as if pulled
-        if public is not None:
-            info, tree = public
-            made = rootfs.unpack(info, "shared", lambda root: shared.copy_into(root, tree))
-            rootfs.remember(info, "shared")
-            return info, str(made)
     from quinebox.box.backends.docker import DockerBackend
 
     try:
         backend = DockerBackend.shared()
         image = resolve_image(backend, name, pull=pull, pullable=name != DEFAULT_IMAGE)
-    except EngineError as exc:  # no engine to ask (none here, or not this user's): its registry, where it may
+    except EngineError as exc:  # no engine to ask (none here, or not this user's): what root shared, or its registry
+        public = shared.lookup(name) if pull != "always" else None  # shared.py: copied into this user's cache as if pulled
+        if public is not None:
+            info, tree = public
+            made = rootfs.unpack(info, "shared", lambda root: shared.copy_into(root, tree))
+            rootfs.remember(info, "shared")
+            return info, str(made)
         if name == DEFAULT_IMAGE:
             raise EngineError(f"image {name} is not here, and {str(exc)[0].lower()}{str(exc)[1:].rstrip('.')}: or have root share it (`sudo quinebox image share`)") from None
         if pull == "never":

@@ -101,7 +101,7 @@ def test_a_name_pinned_to_another_digest_is_refused_in_one_line(registry, engine
     done = qb("exec", "--image", pinned, env=engineless)
     assert done.returncode == 125 and done.stdout == b""
     said = done.stderr.decode()
-    assert said.count("\n") == 1 and said.startswith(f"quinebox: cannot pull {pinned} from 127.0.0.1:{registry.port}"), said
+    assert said.count("\n") == 1 and said.startswith(f"quinebox: cannot pull {pinned} (is a registry reachable?): skopeo, pulling from 127.0.0.1:{registry.port}"), said
     assert not list((Path(engineless["QUINEBOX_STATE_DIR"]) / "images").glob(".making-*"))  # its scratch layout is gone
 
 

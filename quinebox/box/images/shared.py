@@ -8,8 +8,8 @@ does), copies an image's unpacked tree from root's own cache into
       <hex of the image id>/rootfs/ and image.json    as in the state dir's images/ (rootfs.py)
       refs/<name, %-quoted>.json                      which id a name meant when it was shared
 
-and a user whose own cache lacks an image copies it from there into their own (configure.unpacked_image), as
-they would pull it: a box's root must be its user's own tree, since the runtime makes the box's mount points in
+and a user whose own cache lacks an image, and who has no engine to ask, copies it from there into their own
+(configure.unpacked_image), as they would pull it: a box's root must be its user's own tree, since the runtime makes the box's mount points in
 it from inside the box's user namespace, which maps none of the shared tree's owners (root's, to its kernel
 nobody's) and may write nothing of theirs. Every file there is root's, writable by root alone, readable by all,
 with no set-uid or set-gid bit: a tree any user may read must give no user a file of theirs to change under
