@@ -105,7 +105,7 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]
     # `setup-user` delegates it): the box tests and the e2e suite once more, less what only root has here
     # (tests/conftest.py's rootless pass deselects it). Its own copy of the tree and a venv of Debian's python3,
     # in a directory it may read whatever the clone's own permissions; short paths (--basetemp), as Unix sockets need.
-    user=quinebox-test-user
+    user=quinebox-rootless  # not test_doctor.py's user, which must have no cgroup delegated
     id -u "$user" >/dev/null 2>&1 || useradd --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$user"
     grep -q "^$user:" /etc/subuid || usermod --add-subuids 300000-365535 --add-subgids 300000-365535 "$user"
     .venv/bin/quinebox setup-user "$user" >&2
