@@ -28,8 +28,9 @@ serves the overlay as it would the image's tree.
 A rootless box (a runtime in a user namespace, made by a user who is not root) cannot have the host mount this;
 the kernel (≥ 5.11) lets the owner of a user namespace mount an overlay in it, so there the same overlay is the
 config's first mount, at `/` over the box's empty root (`in_namespace`): the runtime mounts it in the box's own
-namespace, and the host never holds it. Its layers are directories of the bundle (overlayfs in a user namespace
-keeps its own attributes as `user.` xattrs, which the state dir's file system holds), removed with it.
+namespace, and the host never holds it. Its layers are a directory of the box's own in /dev/shm, linked from
+the bundle and removed with it (overlayfs in a user namespace keeps its own attributes as `user.` xattrs, which
+tmpfs holds); in the bundle itself where there is no /dev/shm.
 """
 
 from __future__ import annotations
