@@ -90,17 +90,21 @@ def last_lines(err: IO[bytes], count: int = 8) -> str:
     return "\n".join(f"    | {line}" for line in lines) or "    | (nothing on stderr)"
 
 
-def measure(argv: list[str], env: dict[str, str], *, timeout: float, feed: list[str] | None = None) -> Measured:
+def measure(argv: list[str], env: dict[str, str], *, timeout: float, feed: list[str] | None = None, user: tuple[int, int] | None = None) -> Measured:
     """Run `argv` with stdout discarded and stdin from `feed`'s stdout (a producer command) or /dev/null.
 
     Wall time from the start (of the producer, with `feed`) to `argv`'s exit, and `argv`'s peak RSS (wait4).
-    Failed when it exits non-zero or outlives `timeout` (its process group is then stopped: TERM, then KILL)."""
+    With `user` (uid, gid), `argv` runs as that user, with no supplementary groups (Popen's own switch: no
+    runuser or sudo on the measured path). Failed when it exits non-zero or outlives `timeout` (its process
+    group is then stopped: TERM, then KILL)."""
     with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as feed_err:
         began = time.perf_counter()
         producer = subprocess.Popen(feed, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=feed_err, env=env) if feed else None
         try:
+            switch = {"user": user[0], "group": user[1], "extra_groups": []} if user else {}
             proc = subprocess.Popen(
-                argv, stdin=producer.stdout if producer else subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True
+                argv, stdin=producer.stdout if producer else subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True,
+                **switch,  # type: ignore[arg-type]  # Popen's user/group/extra_groups, typed per keyword
             )
         finally:
             if producer:
@@ -159,8 +163,9 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def command(argv: list[str], env: dict[str, str], *, timeout: float = ONE_BOX, feed: list[str] | None = None) -> Callable[[], Measured]:
-    return lambda: measure(argv, env, timeout=timeout, feed=feed)
+def command(argv: list[str], env: dict[str, str], *, timeout: float = ONE_BOX, feed: list[str] | None = None,
+            user: tuple[int, int] | None = None) -> Callable[[], Measured]:
+    return lambda: measure(argv, env, timeout=timeout, feed=feed, user=user)
 
 
 def compare(sides: dict[str, Callable[[], Measured]], runs: int) -> dict[str, list[Measured]]:
