@@ -113,14 +113,24 @@ def in_rootfs(root: str, path: str) -> bool:
 
 def image_info(image_id: str) -> ImageInfo | None:
     """What a box takes from an unpacked image, read from its image.json; None when it is not unpacked."""
+    folder = images_root() / id_hex(image_id)
     try:
-        doc = json.loads((images_root() / id_hex(image_id) / IMAGE_JSON).read_text())
+        return read_image_json(folder)
+    except ImageError:
+        return None
+
+
+def read_image_json(folder: Path) -> ImageInfo:
+    """The ImageInfo an image's `folder` (here, or in the shared cache) keeps in its image.json.
+    ImageError when there is none, or it is not one this code wrote."""
+    try:
+        doc = json.loads((folder / IMAGE_JSON).read_text())
         return ImageInfo(
             name=doc["name"], id=doc["id"], env=tuple((k, v) for k, v in doc["env"]), workdir=doc["workdir"],
             entrypoint=tuple(doc["entrypoint"]), cmd=tuple(doc["cmd"]), arch=doc["arch"],
         )  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ImageError(f"no image.json of an unpacked image in {folder}: {exc}") from None
 
 
 def familiar(name: str) -> str:

@@ -25,7 +25,7 @@ import shutil
 import stat
 import tempfile
 import urllib.parse
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from quinebox.box.images import rootfs
@@ -51,11 +51,7 @@ def lookup(name: str) -> tuple[ImageInfo, str] | None:
     try:
         image_id = name if name.startswith("sha256:") else json.loads(_ref(name).read_text())["id"]
         folder = shared_root() / rootfs.id_hex(image_id)
-        doc = json.loads((folder / rootfs.IMAGE_JSON).read_text())
-        info = ImageInfo(
-            name=name, id=doc["id"], env=tuple((k, v) for k, v in doc["env"]), workdir=doc["workdir"],
-            entrypoint=tuple(doc["entrypoint"]), cmd=tuple(doc["cmd"]), arch=doc["arch"],
-        )  # fmt: skip
+        info = replace(rootfs.read_image_json(folder), name=name)
     except (OSError, ValueError, KeyError, TypeError, ImageError):
         return None
     tree = folder / rootfs.ROOTFS
