@@ -20,6 +20,8 @@ from inspect_ai.util import sandbox
 
 #: What the test's Dockerfile puts in the image, so a sample can show its box runs that image.
 IMAGE_MARK = "/etc/inspect-test-image"
+#: What a sample says in its place when its image has no such file (one named by `image:`, not built).
+NO_MARK = "no-image-mark"
 #: What `-T hold=S` runs in each box; the test looks for it among the box's processes.
 HOLD_MARK = "inspect-hold-marker"
 
@@ -33,7 +35,7 @@ def in_box(hold: int):
         await box.write_file("sample.txt", state.input_text)
         began = time.time()
         where = await box.exec(
-            ["sh", "-c", f"sleep 1; tr '\\0\\n' '  ' </proc/1/cmdline; echo; id -u; hostname; cat {IMAGE_MARK}; cat sample.txt"]
+            ["sh", "-c", f"sleep 1; tr '\\0\\n' '  ' </proc/1/cmdline; echo; id -u; hostname; cat {IMAGE_MARK} 2>/dev/null || echo {NO_MARK}; cat sample.txt"]
         )
         state.metadata["where"] = {"returncode": where.returncode, "stdout": where.stdout, "stderr": where.stderr}
         state.metadata["span"] = [began, time.time()]

@@ -150,7 +150,16 @@ def build_image(env: QuineboxEnvironmentConfig) -> None:
     """Build `env`'s Dockerfile with the Docker engine, tagged as its boxes ask for it (the layer cache reused)."""
     import docker
 
-    client = docker.from_env(timeout=600)
+    from quinebox.box.backends.reach import unreachable
+
+    try:
+        client = docker.from_env(timeout=600)
+    except docker.errors.DockerException as exc:
+        why = unreachable()
+        raise QuineboxError(
+            f"cannot build {env.dockerfile}: a Dockerfile is built by the Docker engine, and it {why.reason if why else f'refused: {exc}'}; "
+            "give the config an `image:` instead (a user with no engine runs any image: docs/backends.md#rootless)"
+        ) from None
     context = env.build_context()
     try:
         client.images.build(path=context, dockerfile=os.path.relpath(env.dockerfile or "", context), tag=env.built_tag(), rm=True)

@@ -24,12 +24,13 @@ import pytest
 from inspect_ai.util import OutputLimitExceededError, SandboxUnavailableError, SandboxUserUnsupportedError
 from inspect_ai.util._sandbox import self_check
 from inspect_ai.util._sandbox.limits import override_max_exec_output_size, override_max_read_file_size
-from commands import QUINEBOX, qb
-from inspect_task import HOLD_MARK, IMAGE_MARK
+from commands import BOX_UID, QUINEBOX, ROOTLESS, qb
+from inspect_task import HOLD_MARK, IMAGE_MARK, NO_MARK
 from live_boxes import live_boxes, runs_in, soon
 
 from quinebox.box.policy import LABEL_OWNER
 from quinebox.box.spec import DEFAULT_IMAGE
+from quinebox.errors import QuineboxError
 from quinebox.integrations.inspect_sandbox import QuineboxSandboxConfig, QuineboxSandboxEnvironment
 
 INSPECT = str(Path(sys.executable).with_name("inspect"))
@@ -169,8 +170,8 @@ def test_inspect_sandbox_cleanup_removes_boxes(engine, tmp_path):
     anyio.run(QuineboxSandboxEnvironment.sample_cleanup, "cleanup", QuineboxSandboxConfig(), environments, False)
 
     state = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state")}  # none of this session's boxes
-    left = qb("box", "create", "--backend", "docker", "--name", "inspect-left-behind", env=state).stdout.decode().strip()
-    other = qb("box", "create", "--backend", "docker", "--name", "someone-elses", env=state).stdout.decode().strip()
+    left = qb("box", "create", "--name", "inspect-left-behind", env=state).stdout.decode().strip()
+    other = qb("box", "create", "--name", "someone-elses", env=state).stdout.decode().strip()
     try:
         done = subprocess.run([INSPECT, "sandbox", "cleanup", "quinebox"], capture_output=True, timeout=60, env=state)
         assert done.returncode == 0, done.stderr
@@ -188,17 +189,42 @@ def owned_by(engine, pid: int) -> list:
     return [box for box in live_boxes(engine) if box.labels.get(LABEL_OWNER, "").split(":")[1:2] == [str(pid)]]
 
 
+#: What the samples' image holds at IMAGE_MARK: a Dockerfile's build; in the rootless pass, with no engine to
+#: build one, the agent image named by `image:`, which holds nothing there.
+MARKED = NO_MARK if ROOTLESS else "built-for-inspect"
+
+
 def write_config(tmp_path: Path, backend: str | None = None) -> Path:
-    """A config file as a user writes one: a Dockerfile beside it, built once for the task; a memory limit."""
-    (tmp_path / "Dockerfile").write_text(f"FROM {DEFAULT_IMAGE}\nUSER root\nRUN echo built-for-inspect > {IMAGE_MARK}\nUSER agent\n")
+    """A config file as a user writes one: a Dockerfile beside it, built once for the task (the rootless
+    pass: the agent image by name); a memory limit."""
+    if ROOTLESS:
+        image = f"image: {DEFAULT_IMAGE}"
+    else:
+        (tmp_path / "Dockerfile").write_text(f"FROM {DEFAULT_IMAGE}\nUSER root\nRUN echo built-for-inspect > {IMAGE_MARK}\nUSER agent\n")
+        image = "dockerfile: Dockerfile"
     config = tmp_path / "quinebox.yaml"
-    config.write_text(f"dockerfile: Dockerfile\nlimits:\n  mem: 512m\n  pids: 256\n{f'backend: {backend}' if backend else ''}\n")
+    config.write_text(f"{image}\nlimits:\n  mem: 512m\n  pids: 256\n{f'backend: {backend}' if backend else ''}\n")
     return config
 
 
 def inspect_eval(tmp_path: Path, config: Path, *hold: str) -> list[str]:
     """`inspect_ai.eval()` of tests/inspect_task.py in a process of its own (the entry point found afresh)."""
     return [sys.executable, str(TASK), str(config), str(tmp_path / "logs"), *hold]
+
+
+def test_a_dockerfile_with_no_engine_to_build_it_is_one_line_at_task_start(tmp_path, monkeypatch):
+    """A user with no engine (here DOCKER_HOST names a socket nothing listens on; in the rootless pass, the
+    engine's socket is not theirs): the task's start says in one line why its Dockerfile cannot be built and
+    what to give instead; no box is made."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {DEFAULT_IMAGE}\n")
+    (tmp_path / "quinebox.yaml").write_text("dockerfile: Dockerfile\n")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(QuineboxError) as refused:
+        anyio.run(QuineboxSandboxEnvironment.task_init, "no-engine", str(tmp_path / "quinebox.yaml"))
+    said = str(refused.value)
+    assert "\n" not in said
+    assert said.startswith(f"cannot build {tmp_path / 'Dockerfile'}: a Dockerfile is built by the Docker engine, and it "), said
+    assert f"nothing listens on {tmp_path}/no-engine.sock" in said and "give the config an `image:` instead" in said, said
 
 
 def test_inspect_eval_runs_every_sample_in_a_box_of_its_own(engine, tmp_path):
@@ -217,7 +243,7 @@ def test_inspect_eval_runs_every_sample_in_a_box_of_its_own(engine, tmp_path):
         assert where["returncode"] == 0, where
         pid1, uid, hostname, image_mark, written = where["stdout"].splitlines()
         assert "signal.pause()" in pid1  # pid 1 of its pid namespace is the box's own holder
-        assert (uid, hostname, image_mark) == ("1000", "box", "built-for-inspect")
+        assert (uid, hostname, image_mark) == (str(BOX_UID), "box", MARKED)
         assert written == sample["input"]
         assert sample["scores"]["read_back"]["value"] == 1
         boxes.add(sample["metadata"]["connection"])
