@@ -102,7 +102,8 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ -x /usr/bin/python3 ]; then
 fi
 if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]; then
     # As a user who is not root and may not use the engine (CI makes one; its boxes are rootless, in a cgroup
-    # `setup-user` delegates it): the box tests and the e2e suite once more, less what only root has here
+    # `setup-user` delegates it): the box tests, Inspect's and MCP's, and the e2e suite (the view in Chromium too)
+    # once more, less what only root has here
     # (tests/conftest.py's rootless pass deselects it). Its own copy of the tree and a venv of Debian's python3,
     # in a directory it may read whatever the clone's own permissions; short paths (--basetemp), as Unix sockets need.
     user=quinebox-rootless  # not test_doctor.py's user, which must have no cgroup delegated
@@ -112,16 +113,20 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]
     work=$(mktemp -d /tmp/qbr-XXXX)
     git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$work" --one-top-level=src
     /usr/bin/python3 -m venv "$work/venv"
-    wanted=$("$work/venv/bin/python" -c 'import tomllib; print(*(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"] if r.startswith(("pytest", "hypothesis"))))')
-    "$work/venv/bin/python" -m pip install -q --disable-pip-version-check -e "$work/src" $wanted 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    # quinebox with the extras of the features it runs (Inspect, MCP, the view) and, of the test extra, what these tests use.
+    wanted=$("$work/venv/bin/python" -c 'import tomllib; print(*(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"] if r.startswith(("pytest", "hypothesis", "playwright"))))')
+    "$work/venv/bin/python" -m pip install -q --disable-pip-version-check -e "$work/src[inspect,mcp,view]" $wanted 2>&1 | grep -v '^WARNING: Location' >&2 || true
     mkdir -p "$work/home" "$work/tmp"
     chown -R "$user:" "$work"
     echo "test: the box and e2e tests again, as $user (not root, no engine: rootless boxes)" >&2
     runuser -u "$user" -- env -i PATH="$work/venv/bin:/usr/bin:/bin:/usr/sbin:/sbin" HOME="$work/home" TMPDIR="$work/tmp" CI=true QUINEBOX_TEST_ROOTLESS=1 \
         bash -c "cd '$work/src' && python -m pytest -q -p no:cacheprovider tests/unit/box/test_rootless.py tests/integration/test_rootless_boxes.py \
             tests/integration/test_exec_api.py tests/integration/test_sandbox.py tests/integration/test_file_streams.py \
-            tests/integration/test_seccomp.py tests/integration/test_agent.py tests/e2e \
-            --ignore=tests/e2e/test_view.py --ignore=tests/e2e/test_view_secrets.py -k 'not 50_mb and not quiet_spell_longer and not a_bad_grant_starts_nothing' --basetemp '$work/t'"
+            tests/integration/test_seccomp.py tests/integration/test_isolation.py tests/integration/test_oci_backend.py \
+            tests/integration/test_host_image.py tests/integration/test_any_image.py tests/integration/test_registry.py \
+            tests/integration/test_box_removal.py tests/integration/test_hostile_box.py tests/integration/test_agent.py \
+            tests/integration/test_inspect.py tests/integration/test_mcp.py tests/e2e \
+            -k 'not 50_mb and not quiet_spell_longer and not a_bad_grant_starts_nothing' --basetemp '$work/t'"
     status=$?
     rm -rf "$work"
 fi

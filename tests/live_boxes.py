@@ -1,11 +1,18 @@
 """What the engine and the OCI runtimes hold of quinebox's boxes, as the tests look at it."""
 
+import glob
 from types import SimpleNamespace
 
 from quinebox.box.backends.runtimebox import runtime_boxes
 from quinebox.box.policy import LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
 from quinebox.box.pool.claim import claimed_as
 from quinebox.box.shape import LABEL_POOL
+
+
+def cgroups_of(session: str) -> list[str]:
+    """The host cgroups named for a box, in every hierarchy (its execs' are below them); a rootless box's are
+    below its user's delegated one (rootless.delegated_name)."""
+    return glob.glob(f"/sys/fs/cgroup/*/quinebox-{session}") + glob.glob(f"/sys/fs/cgroup/*/quinebox.user-*/quinebox-{session}")
 
 
 def oci_containers() -> list[dict]:

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from live_boxes import oci_containers
+from commands import BOX_UID
+from live_boxes import cgroups_of, oci_containers
 
 import quinebox
 from quinebox.state import run_dir, state_dir
@@ -35,8 +36,6 @@ def cli(*argv: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([QUINEBOX, *argv], capture_output=True, timeout=60, **kwargs)
 
 
-def cgroups_of(session: str) -> list[str]:
-    return [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/quinebox-{session}") if p.exists()]
 
 
 def test_the_channels_are_byte_exact_and_the_status_passes(oci):
@@ -71,7 +70,7 @@ def test_the_kernel_refuses_what_the_policy_refuses(oci):
         "print(libc.unshare(0x10000000), ctypes.get_errno())\nprint(os.getuid(), len(os.listdir('/sys/class/net')))"
     )
     result = quinebox.exec(["python3", "-c", script])
-    assert result.stdout == b"-1 1\n1000 1\n", result.stderr  # unshare(CLONE_NEWUSER): EPERM from seccomp; uid 1000; only lo
+    assert result.stdout == f"-1 1\n{BOX_UID} 1\n".encode(), result.stderr  # unshare(CLONE_NEWUSER): EPERM from seccomp; the box's uid; only lo
     assert quinebox.exec(["sh", "-c", "echo x > /etc/x"]).returncode != 0  # a read-only root
 
 
@@ -141,7 +140,7 @@ def test_ps_enter_and_kill_see_a_runtime_box(oci):
         assert proc.session.encode() in listed.stdout and b"sleep 60" in listed.stdout
         entered = cli("enter", proc.session, "--", "sh", "-c", "id -u; cat /proc/1/cmdline | tr '\\0' ' '")
         assert entered.returncode == 0, entered.stderr
-        assert entered.stdout.startswith(b"1000\n") and b"lifeline.py -- sleep 60" in entered.stdout
+        assert entered.stdout.startswith(f"{BOX_UID}\n".encode()) and b"lifeline.py -- sleep 60" in entered.stdout
         assert cli("kill", proc.session).returncode == 0
         assert proc.wait(10) == 137
     finally:
@@ -166,6 +165,7 @@ def test_the_hot_path_imports_no_engine_client(oci):
     assert {name for name in imported if name.split(".")[0] in HEAVY} == set()
 
 
+@pytest.mark.root_only  # its net:bridge box goes to the engine
 def test_verbose_and_json_say_where_the_box_ran(oci, monkeypatch):
     done = cli("exec", "-v", "--json", "--", "true")
     assert done.returncode == 0
@@ -191,6 +191,7 @@ def test_a_named_runtime_that_cannot_run_boxes_is_one_line_and_125(oci, tmp_path
 GVISOR_VERSION = b"Linux version 4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016"
 
 
+@pytest.mark.root_only  # gVisor is refused to a rootless user here (rootless.RUNSC)
 def test_gvisor_runs_the_same_box(oci, monkeypatch):
     monkeypatch.setenv("QUINEBOX_RUNTIME", "runsc")
     result = quinebox.exec(["sh", "-c", "cat; cat /proc/version; id -u"], input=b"material\n")  # dmesg: syslog is refused there too
@@ -200,6 +201,7 @@ def test_gvisor_runs_the_same_box(oci, monkeypatch):
     assert (slow.returncode, slow.timed_out) == (124, True)
 
 
+@pytest.mark.root_only  # gVisor is refused to a rootless user here (rootless.RUNSC)
 def test_a_policy_can_require_gvisor(oci, tmp_path, monkeypatch):
     monkeypatch.delenv("QUINEBOX_RUNTIME")
     policy = tmp_path / "gvisor.yaml"
@@ -235,6 +237,7 @@ def test_a_process_that_starts_boxes_adopts_no_other_orphans(oci):
         os.kill(orphan, signal.SIGKILL)
 
 
+@pytest.mark.root_only  # it makes root's cgroups at the top of each hierarchy
 def test_gc_takes_empty_box_cgroups_no_runtime_knows_once_a_minute_old(oci):
     """A cgroup left with no runtime state (a delete that raced a dead owner's init) goes at the next gc; one being
     made now, and one that still has a process, stay. So does the empty parent boxes once shared (/quinebox)."""

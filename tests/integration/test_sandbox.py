@@ -5,7 +5,6 @@ ones whose mechanism differs there (tests/integration/test_gvisor.py covers the 
 """
 
 import asyncio
-import glob
 import io
 import os
 import re
@@ -20,7 +19,7 @@ import pytest
 
 import quinebox
 from commands import BOX_UID
-from live_boxes import live_boxes, soon
+from live_boxes import cgroups_of, live_boxes, soon
 from quinebox.box.live import sandboxes
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.errors import GrantError, QuineboxError
@@ -28,9 +27,6 @@ from quinebox.errors import GrantError, QuineboxError
 BACKENDS = [pytest.param("oci", id="runc"), pytest.param("docker", id="docker")]
 
 
-def cgroups_of(session: str) -> list[str]:
-    """The host cgroups named for a box, in every hierarchy (its execs' are below them)."""
-    return glob.glob(f"/sys/fs/cgroup/*/quinebox-{session}") + glob.glob(f"/sys/fs/cgroup/*/quinebox.user-*/quinebox-{session}")  # a rootless box's below its user's
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
