@@ -18,7 +18,7 @@ import time
 import pytest
 
 import quinebox
-from commands import BOX_UID
+from commands import BOX_UID, ROOTLESS
 from live_boxes import cgroups_of, live_boxes, soon
 from quinebox.box.live import sandboxes
 from quinebox.box.policy import GUEST_PYTHON
@@ -55,6 +55,9 @@ def test_exec_runs_as_the_box_user_or_another_but_never_root(sb):
             sb.exec(["id"], user=root)
     with pytest.raises(GrantError, match="no such user"):
         sb.exec(["id"], user="no-such-user")
+    if ROOTLESS:  # past its user's subordinate range: refused before any process starts, in our words, not runc's
+        with pytest.raises(GrantError, match=r"^refused user '4000000': this rootless box maps uids 0, 1-\d+ only \(its user's /etc/subuid range\)"):
+            sb.exec(["id"], user="4000000")
 
 
 def test_missing_and_unexecutable_commands_exit_as_a_shell_says(sb):

@@ -50,6 +50,18 @@ class RuntimeBox(Box):
         except (OSError, ValueError, KeyError, TypeError):
             raise EngineError(f"box {self.session} is going away: its bundle is gone") from None
 
+    def id_ranges(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]] | None:
+        """The uids and gids its user namespace maps, each as (first id in the box, count), from its bundle's
+        config; None when it has none (a box root made: its ids are the host's)."""
+        try:
+            linux = json.loads((self.bundle / "config.json").read_text())["linux"]
+            if "uidMappings" not in linux:
+                return None
+            uids, gids = ([(int(m["containerID"]), int(m["size"])) for m in linux[key]] for key in ("uidMappings", "gidMappings"))
+            return uids, gids
+        except (OSError, ValueError, KeyError, TypeError):
+            raise EngineError(f"box {self.session} is going away: its bundle is gone") from None
+
 
 def runtime_boxes() -> list[RuntimeBox]:
     """quinebox's boxes on every OCI runtime this state dir has used (a runtime no longer installed, or not

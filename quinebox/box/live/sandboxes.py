@@ -194,7 +194,27 @@ def user_of(where: Target, user: str | None) -> str | None:
     if not user:
         return None
     passwd = None if user.partition(":")[0].isdigit() else read_bytes(where, "/etc/passwd")
-    return exec_user(user, where.user, passwd)
+    resolved = exec_user(user, where.user, passwd)
+    ranges = where.box.id_ranges() if isinstance(where.box, RuntimeBox) else None
+    refused = unmapped(user, resolved, ranges)
+    if refused:
+        raise GrantError(refused)
+    return resolved
+
+
+def unmapped(user: str, resolved: str, ranges: tuple[list[tuple[int, int]], list[tuple[int, int]]] | None) -> str | None:
+    """Why `resolved` (an exec's uid:gid) cannot be `user` in a box whose user namespace maps `ranges` (uids,
+    gids: RuntimeBox.id_ranges), or None: a rootless box maps its user's subordinate range alone (or one id)."""
+    if ranges is None:
+        return None
+    for kind, wanted, mapped in zip(("uid", "gid"), (int(i) for i in resolved.split(":")), ranges, strict=True):
+        if not any(first <= wanted < first + count for first, count in mapped):
+            if sum(count for _, count in mapped) == 1:
+                return (f"refused user {user!r}: this rootless box maps its user's own {kind} alone, as the box's 0; give its "
+                        "user a range (`sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER`) for more")
+            said = ", ".join(f"{first}" if count == 1 else f"{first}-{first + count - 1}" for first, count in mapped)
+            return f"refused user {user!r}: this rootless box maps {kind}s {said} only (its user's /etc/sub{kind} range); give one of those"
+    return None
 
 
 # -- activity, for a holder's idle limit ------------------------------------------------------------
