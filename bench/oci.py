@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -54,6 +55,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator
+
+import docker
 
 from quinebox.box.spec import DEFAULT_IMAGE
 
@@ -204,6 +207,40 @@ def table(rows: list[Row]) -> None:
         print(f"  {row.figure:<{width}}  {row.value:>{value_width}}  {row.against}{mark}")
 
 
+@functools.cache
+def engine_client() -> docker.DockerClient:
+    """One docker-py client for every call (as a user keeps one): its version handshake is no call's cost."""
+    return docker.from_env(timeout=60)
+
+
+def docker_py() -> Measured:
+    """docker-py's `containers.run(IMAGE, "true", remove=True, network_mode="none")`, timed in this process."""
+    with deadline(IN_PROCESS, "containers.run(IMAGE, 'true')"):
+        began = time.perf_counter()
+        try:
+            engine_client().containers.run(DEFAULT_IMAGE, "true", remove=True, network_mode="none")
+        except docker.errors.DockerException as exc:
+            raise Failed(f"containers.run(IMAGE, 'true') failed: {exc}") from exc
+        return Measured(time.perf_counter() - began, 0)
+
+
+def stopped(rows: list[Row], exc: Failed) -> int:
+    """A benchmark's end at a failed run: the figures made until then, and why it stopped."""
+    if rows:
+        table(rows)
+    sys.stdout.flush()
+    print(f"\nstopped, no figure made of a failed run: {exc}", file=sys.stderr)
+    return 1
+
+
+def verdicts(rows: list[Row]) -> int:
+    """The summary table and how many targets were missed; the exit status (1 when any was)."""
+    table(rows)
+    missed = [row.figure for row in rows if row.met is False]
+    print(f"\n{len(missed)} of {sum(row.met is not None for row in rows)} targets missed" if missed else "\nevery target met")
+    return 1 if missed else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, help="runs of each single-box side (default 20; --quick 5)")
@@ -257,11 +294,7 @@ def main() -> int:
         ]
 
         # 2. the Python API in this process vs docker-py
-        import docker
-
         import quinebox
-
-        engine = docker.from_env(timeout=60)
 
         def api() -> Measured:
             with deadline(IN_PROCESS, "quinebox.exec(['true'])"):
@@ -271,15 +304,6 @@ def main() -> int:
             if done.returncode != 0:
                 raise Failed(f"quinebox.exec(['true']) gave {done.returncode}:\n    | " + "\n    | ".join(done.stderr.decode(errors="replace").splitlines()[-8:]))
             return Measured(seconds, 0)
-
-        def docker_py() -> Measured:
-            with deadline(IN_PROCESS, "containers.run(IMAGE, 'true')"):
-                began = time.perf_counter()
-                try:
-                    engine.containers.run(DEFAULT_IMAGE, "true", remove=True, network_mode="none")
-                except docker.errors.DockerException as exc:
-                    raise Failed(f"containers.run(IMAGE, 'true') failed: {exc}") from exc
-                return Measured(time.perf_counter() - began, 0)
 
         second = compare({"quinebox.exec, OCI (runc)": api, "docker-py containers.run": docker_py}, runs)
         ms = {name: median_s(values) * 1000 for name, values in second.items()}
@@ -345,18 +369,11 @@ def main() -> int:
             Row("5. docker run (its own interleaved runs)", f"{ms['docker run']:.1f} ms", "baseline"),
         ]
     except Failed as exc:
-        if rows:
-            table(rows)
-        sys.stdout.flush()
-        print(f"\nstopped, no figure made of a failed run: {exc}", file=sys.stderr)
-        return 1
+        return stopped(rows, exc)
     finally:
         subprocess.run([QUINEBOX, "serve", "stop"], env=served, capture_output=True, timeout=60)
         shutil.rmtree(work, ignore_errors=True)
-    table(rows)
-    missed = [row.figure for row in rows if row.met is False]
-    print(f"\n{len(missed)} of {sum(row.met is not None for row in rows)} targets missed" if missed else "\nevery target met")
-    return 1 if missed else 0
+    return verdicts(rows)
 
 
 if __name__ == "__main__":

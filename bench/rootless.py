@@ -37,10 +37,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from oci import GIB, IN_PROCESS, Failed, Measured, Row, command, compare, deadline, median_s, table
+from oci import GIB, IN_PROCESS, Failed, Measured, Row, command, compare, docker_py, median_s, stopped, verdicts
 
 from quinebox.box.spec import DEFAULT_IMAGE
 
@@ -93,19 +92,6 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def docker_py() -> Measured:
-    import docker
-
-    engine = docker.from_env(timeout=60)
-    with deadline(IN_PROCESS, "containers.run(IMAGE, 'true')"):
-        began = time.perf_counter()
-        try:
-            engine.containers.run(DEFAULT_IMAGE, "true", remove=True, network_mode="none")
-        except docker.errors.DockerException as exc:
-            raise Failed(f"containers.run(IMAGE, 'true') failed: {exc}") from exc
-        return Measured(time.perf_counter() - began, 0)
 
 
 def the_user(name: str, python: str) -> tuple[int, int] | str:
@@ -217,20 +203,13 @@ def main() -> int:
             Row("3. the user's quinebox peak RSS while streaming", f"{peak_mb:.1f} MB", "reported"),
         ]
     except Failed as exc:
-        if rows:
-            table(rows)
-        sys.stdout.flush()
-        print(f"\nstopped, no figure made of a failed run: {exc}", file=sys.stderr)
-        return 1
+        return stopped(rows, exc)
     finally:
         if worker:
             worker.close()
         subprocess.run([quinebox, "serve", "stop"], env=served, capture_output=True, timeout=60, user=user[0], group=user[1], extra_groups=[])
         shutil.rmtree(work, ignore_errors=True)
-    table(rows)
-    missed = [row.figure for row in rows if row.met is False]
-    print(f"\n{len(missed)} of {sum(row.met is not None for row in rows)} targets missed" if missed else "\nevery target met")
-    return 1 if missed else 0
+    return verdicts(rows)
 
 
 if __name__ == "__main__":
