@@ -6,6 +6,7 @@ read. These run every runtime here, as a shell script would: the file offsets ar
 """
 
 import os
+import shlex
 import subprocess
 
 import pytest
@@ -17,6 +18,17 @@ RUNTIMES = ["runc", "runsc"]
 
 def shell(script: str, runtime: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(["sh", "-c", script], capture_output=True, timeout=120, env={**os.environ, "QUINEBOX_BACKEND": "oci", "QUINEBOX_RUNTIME": runtime, "QB": QUINEBOX, **env})
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_stdout_and_stderr_on_one_file_keep_the_order_the_box_wrote_them(runtime, tmp_path):
+    """`> log 2>&1`: 50 rounds of 60 KB to stdout, then a line to stderr, land in the box's order (on gVisor, where
+    the file is written by a copier of ours, one copier for both)."""
+    log = tmp_path / "log"
+    script = "for i in $(seq 50); do head -c 60000 /dev/zero; echo \"err $i\" >&2; done"
+    done = shell(f'"$QB" exec -- sh -c {shlex.quote(script)} > {log} 2>&1', runtime)
+    assert done.returncode == 0, done.stderr
+    assert log.read_bytes() == b"".join(b"\0" * 60000 + b"err %d\n" % i for i in range(1, 51))
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

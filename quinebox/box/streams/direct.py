@@ -26,7 +26,8 @@ Stream = None | int | IO[Any] | Callable[[bytes], None]
 class DirectStdio:
     """`copy_files`: a regular file given as a stream is read or written here, through a pipe, never handed to the
     box. gVisor's sentry reads and writes a host file at an offset of its own, from 0: the box would write over
-    what the file held before (`{ echo head; quinebox exec …; } > log`) and read again what was read already."""
+    what the file held before (`{ echo head; quinebox exec …; } > log`) and read again what was read already.
+    stdout and stderr on one file (`> log 2>&1`) share one pipe, so the box's writes land in the order it made them."""
 
     def __init__(self, stdin: Stream | bytes, stdout: Stream, stderr: Stream, *, copy_files: bool = False):
         self._copy_files = copy_files
@@ -35,6 +36,7 @@ class DirectStdio:
         self.stderr: IO[bytes] | None = None
         self._box_ends: list[int] = []  # ours to close once the box holds its copies
         self._threads: list[tuple[threading.Thread, int]] = []  # each copier and the end of ours it owns
+        self._file_pipes: dict[tuple[int, int], int] = {}  # a copied output file's (st_dev, st_ino): the box's end of its pipe
         self.fds = (self._input(stdin), self._output(stdout, 1, "stdout"), self._output(stderr, 2, "stderr"))
         #: Our own copy of the box's stderr, for the host's diagnostics about the box, until the box is gone.
         self._say_fd: int | None = os.dup(self.fds[2])
@@ -74,7 +76,14 @@ class DirectStdio:
             fd = default if target is None else target if isinstance(target, int) else target.fileno()
             if not (self._copy_files and _regular(fd)):
                 return fd
-            target = relay.fd_sink(fd)  # the file written here, at the offset its holder shares
+            info = os.fstat(fd)
+            if (info.st_dev, info.st_ino) in self._file_pipes:  # stderr on stdout's file: the same pipe, in order
+                return self._file_pipes[info.st_dev, info.st_ino]
+            read_end, write_end = os.pipe()
+            self._box_ends.append(write_end)
+            self._file_pipes[info.st_dev, info.st_ino] = write_end
+            self._thread(_drain, read_end, relay.fd_sink(fd))  # the file written here, at the offset its holder shares
+            return write_end
         read_end, write_end = os.pipe()
         self._box_ends.append(write_end)
         if target == PIPE:
