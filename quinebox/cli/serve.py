@@ -27,12 +27,37 @@ def pool_unneeded() -> bool:
         return False
 
 
+def idle_after(option: str | None, configured: object) -> float | None:
+    """Seconds of no command after which the server exits: `--idle`, else `serve: {idle: ...}` in config.yaml, else
+    15 minutes; `never` (or 0) keeps it until `serve stop`."""
+    from quinebox.cli.server import IDLE_DEFAULT
+    from quinebox.errors import GrantError, QuineboxError
+    from quinebox.grants import parse_duration
+
+    text = option
+    if text is None and configured is not None:
+        if not isinstance(configured, dict) or set(configured) - {"idle"}:
+            raise QuineboxError("bad `serve:` in config.yaml: give a mapping with idle (serve: {idle: 15m}, or idle: never)")
+        text = configured.get("idle")
+    if text is None:
+        return IDLE_DEFAULT
+    if text is False or str(text).strip().lower() in ("never", "0", "off"):  # YAML reads a bare `off` as false
+        return None
+    try:
+        return parse_duration(str(text))
+    except GrantError as exc:
+        raise QuineboxError(f"bad idle time for the command server: {exc}") from None
+
+
 @serve_app.callback(invoke_without_command=True)
 def serve(
     ctx: typer.Context,
     background: bool = typer.Option(False, "--background", help="Detach, log to the state dir's serve.log, and return once it answers."),
     pool: int | None = typer.Option(
         None, "--pool", help="Warm boxes kept per shape (default 4 on the Docker backend, none on an OCI runtime; or `pool:` in config.yaml); 0: none."
+    ),
+    idle: str | None = typer.Option(
+        None, "--idle", metavar="DURATION", help="Exit after this long with no command running (default 15m, or `serve: {idle: ...}` in config.yaml); never: only `serve stop`."
     ),
 ) -> None:
     if ctx.invoked_subcommand:
@@ -43,10 +68,11 @@ def serve(
     from quinebox.state import state_dir
 
     with reported():
-        configured = load_config().get("pool")
+        config = load_config()
+        configured = config.get("pool")
         if pool is None and configured is None and pool_unneeded():
             pool = 0
-        server = Server(Settings.from_config(configured, pool))
+        server = Server(Settings.from_config(configured, pool), idle_after(idle, config.get("serve")))
         server.bind()
     warm()
     if background:
@@ -87,7 +113,9 @@ def status_command(as_json: bool = typer.Option(False, "--json", help="What the 
         print(json.dumps(answer))
         return
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(answer.get("since", 0)))
-    print(f"serving: pid {answer.get('pid')}, since {since}, {answer.get('served')} command(s) served")
+    idle = answer.get("idle_exit")
+    exits = "until `quinebox serve stop`" if idle is None else f"exits after {idle:g} s with no command"
+    print(f"serving: pid {answer.get('pid')}, since {since}, {answer.get('served')} command(s) served, {exits}")
     pool = answer.get("pool")
     if not pool:
         print("pool: none (`quinebox serve --pool N` keeps N warm boxes per shape)")

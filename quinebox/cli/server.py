@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 #: A client sends its request as it connects; one that says nothing for this long is dropped (it would hold the server up).
 REQUEST_TIMEOUT = 2.0
+#: How often an idle server looks at whether it has been idle long enough to exit, at most.
+IDLE_CHECK = 5.0
+#: A server nobody stops exits after this long with no command running (`serve --idle`, `serve: {idle: ...}`).
+IDLE_DEFAULT = 15 * 60.0
 
 
 def warm() -> None:
@@ -71,27 +75,44 @@ def warm() -> None:
 
 
 class Server:
-    def __init__(self, pool: Settings) -> None:
+    def __init__(self, pool: Settings, idle: float | None = None) -> None:
         self.path = str(serve_socket())
         self.started = time.time()
         self.served = 0
         self.listener: socket.socket | None = None
         self.pool = pool
         self.keeper: int | None = None
+        #: Seconds with no command running after which the server exits (None: never), and when the last one ended.
+        self.idle = idle
+        self.last = time.monotonic()
+        #: What the code and config were when it started (cli/freshness.py): taken by `serve_forever`, after `warm`.
+        self.paths = list(sys.path)
+        self.fingerprint = ""
         #: Workers and the pool's keeper: what the server waits for when it stops. Not every child of this process
         #: (an OCI backend's keeper lives until its owner has exited: waiting for it never ends).
         self.children: set[int] = set()
 
     def bind(self) -> None:
         """Listen on the state dir's socket; refuse to take it from a server that answers there."""
+        import fcntl
+
         from quinebox.errors import QuineboxError
 
-        run_dir()
-        answering = fdpass.connect(self.path)
-        if answering is not None:
-            answering.close()
-            raise QuineboxError(f"a command server already answers on {self.path}: `quinebox serve stop` first")
-        self.listener = fdpass.listen(self.path, mode=0o600, backlog=64)
+        run = run_dir()
+        lock = os.open(run, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the directory itself: no lock file left behind
+        try:  # two servers started at once: one binds, the other finds it answering
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            answering = fdpass.connect(self.path)
+            if answering is not None:
+                answering.close()
+                raise QuineboxError(f"a command server already answers on {self.path}: `quinebox serve stop` first")
+            self.listener = fdpass.listen(self.path, mode=0o600, backlog=64)
+        finally:
+            os.close(lock)
+        try:  # it started: the next client that finds none answering may start another at once (client.py)
+            os.unlink(run / "serve.started")
+        except FileNotFoundError:
+            pass
 
     def keep_pool(self) -> None:
         """Fork the pool's keeper (it dies with this process), unless the pool's size is 0."""
@@ -115,17 +136,29 @@ class Server:
         self.children.add(pid)
 
     def serve_forever(self) -> None:
+        from quinebox.cli.freshness import fingerprint
+
         assert self.listener is not None
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        self.fingerprint = fingerprint(paths=self.paths)
+        self.last = time.monotonic()  # idle from when it answers, not from before its imports
         self.keep_pool()
+        if self.idle is not None:
+            self.listener.settimeout(min(self.idle, IDLE_CHECK))
         try:
             while self.listener is not None:
                 try:
                     conn, _ = self.listener.accept()
+                except TimeoutError:
+                    if self.idled():
+                        print(f"quinebox serve: idle for {self.idle:g} s: exiting", file=sys.stderr, flush=True)
+                        break
+                    continue
                 except OSError:
                     if self.listener is None:
                         break
                     continue
+                conn.settimeout(None)
                 with conn:
                     try:
                         self._answer(conn)
@@ -151,13 +184,34 @@ class Server:
             except ProcessLookupError:
                 pass
 
+    def idled(self) -> bool:
+        """Whether no command has run for `idle` seconds (the pool's keeper is not a command)."""
+        if _reap(self.children):
+            self.last = time.monotonic()
+        if self.children - {self.keeper}:
+            self.last = time.monotonic()
+            return False
+        return self.idle is not None and time.monotonic() - self.last >= self.idle
+
+    def stale(self) -> bool:
+        """Whether a fresh `quinebox` would load other code or config than this server did."""
+        from quinebox.cli.freshness import fingerprint
+
+        return fingerprint(paths=self.paths) != self.fingerprint
+
     def _answer(self, conn: socket.socket) -> None:
         if fdpass.peer_uid(conn) != os.getuid():
             return  # only the owner; the run dir is private anyway
         _reap(self.children)
         message, fds = fdpass.receive(conn, REQUEST_TIMEOUT)
         kind = message.get("kind")
-        if kind == "run" and len(fds) in (3, 4):
+        if kind == "run":  # a command, not a status or a stop, is what keeps the server from idling out
+            self.last = time.monotonic()
+        if kind == "run" and len(fds) in (3, 4) and self.stale():
+            print("quinebox serve: the code or config.yaml changed since this server started: exiting", file=sys.stderr, flush=True)
+            self.stop()  # the socket goes first, so that the client's new server can take it
+            fdpass.send(conn, {"kind": "stale"})
+        elif kind == "run" and len(fds) in (3, 4):
             self.served += 1
             sys.stdout.flush()
             sys.stderr.flush()
@@ -178,7 +232,7 @@ class Server:
             self.children.add(pid)
         elif kind == "status":
             pool = fdpass.ask(str(pool_socket()), {"kind": "stats"}, 5) or None
-            fdpass.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "pool": pool})
+            fdpass.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool})
         elif kind == "stop":
             fdpass.send(conn, {"kind": "stopping"})
             self.stop()
@@ -186,16 +240,18 @@ class Server:
             os.close(fd)
 
 
-def _reap(children: set[int]) -> None:
-    """Collect the workers that ended (the server waits on them only when it stops)."""
+def _reap(children: set[int]) -> bool:
+    """Collect the workers that ended (the server waits on them only when it stops); whether one of them had."""
+    ended = False
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
-        children.discard(pid)
+            return ended
         if pid == 0:
-            return
+            return ended
+        ended = ended or pid in children
+        children.discard(pid)
 
 
 def _wait_for(children: set[int]) -> None:
