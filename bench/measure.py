@@ -81,7 +81,7 @@ def served(pool: int | None) -> Iterator[dict[str, str] | None]:
     quinebox = str(Path(sys.executable).with_name("quinebox"))
     state = tempfile.mkdtemp(prefix="quinebox-bench-state-")
     env = {**os.environ, "QUINEBOX_STATE_DIR": state}
-    env.pop("QUINEBOX_SERVE", None)
+    env["QUINEBOX_SERVE"] = "manual"
     env.pop("QUINEBOX_POOL", None)
     subprocess.run([quinebox, "serve", "--background", "--pool", str(pool)], env=env, check=True, capture_output=True, timeout=120)
     try:

@@ -261,7 +261,7 @@ def main() -> int:
     oci = {**base, "QUINEBOX_BACKEND": "oci", "QUINEBOX_RUNTIME": "runc"}
     on_docker = {**base, "QUINEBOX_BACKEND": "docker"}
     gvisor = {**base, "QUINEBOX_BACKEND": "oci", "QUINEBOX_RUNTIME": "runsc"}
-    served = {k: v for k, v in oci.items() if k != "QUINEBOX_SERVE"}  # the thin client hands each command to the server
+    served = {**oci, "QUINEBOX_SERVE": "manual"}  # the thin client hands each command to the server it started
     started = subprocess.run([QUINEBOX, "serve", "--background", "--pool", "0"], env=served, capture_output=True, timeout=60)
     if started.returncode != 0:
         print(f"quinebox serve did not start: {started.stderr.decode(errors='replace')}", file=sys.stderr)

@@ -100,7 +100,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="quinebox-bench-serve-"))
     env = {**os.environ, "QUINEBOX_STATE_DIR": str(work / "state"), "XDG_CONFIG_HOME": str(work / "config")}
     env.pop("QUINEBOX_POOL", None)
-    env.pop("QUINEBOX_SERVE", None)
+    env["QUINEBOX_SERVE"] = "manual"
     os.environ.update(env)  # the API's side below claims from the same pool
     script = work / "one-turn.yaml"
     script.write_text(json.dumps({"turns": [{"exit": "success"}]}))

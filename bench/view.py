@@ -136,7 +136,7 @@ def main() -> int:
     state = tempfile.mkdtemp(prefix="quinebox-bench-view-")
     work = Path(tempfile.mkdtemp(prefix="quinebox-bench-view-work-"))
     env = {**os.environ, "QUINEBOX_STATE_DIR": state}
-    env.pop("QUINEBOX_SERVE", None)
+    env["QUINEBOX_SERVE"] = "manual"
     view = None
     try:
         print(f"boxes on {backend()}; Chromium {CHROMIUM}\n")

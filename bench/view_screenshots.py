@@ -35,7 +35,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="quinebox-shots-work-"))
     work.chmod(0o755)
     env = {**os.environ, "QUINEBOX_STATE_DIR": state}
-    env.pop("QUINEBOX_SERVE", None)
+    env["QUINEBOX_SERVE"] = "manual"
     view = asking = None
     try:
         run_child([QUINEBOX, "run", "-q", "-m", f"script:{ROOT / 'examples' / 'tree' / 'root.yaml'}", "-g", "spawn:35", "-g", "depth:2",

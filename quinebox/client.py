@@ -8,6 +8,18 @@ and exit with the status it reports. The server runs the very same CLI code
 in a process of its own, already imported, so everything behaves as without
 it. With no server, this costs one failed connect.
 
+When none answers, the client starts one, detached, and runs this command
+in-process meanwhile: a server takes longer to import everything than one
+command takes to run, so the next command is the first to go through it (and
+the server's imports wait for this client to exit, so as not to slow it).
+A server whose code or config.yaml changed since it started hands a command
+back unrun and exits (cli/freshness.py); the client then starts a new one and
+runs that command in-process too. A server exits on its own once idle.
+
+QUINEBOX_SERVE says which: `auto` (the default) uses the user's server and
+starts one when none answers; `manual` uses one only if the user started it
+(`quinebox serve`); `off` keeps every command in-process.
+
 Stdlib only, and nothing of quinebox but the state dir's paths: this is what
 makes the thin path fast.
 """
@@ -16,22 +28,36 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import sys
+import time
 
 from quinebox import fdpass
-from quinebox.state import serve_socket
+from quinebox.state import serve_socket, state_root
 
 #: The commands that go through a server; the rest are quick, or are about the server itself.
 THIN = ("exec", "run", "map", "batch", "shell")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH, signal.SIGUSR1, signal.SIGUSR2)
+MODES = ("auto", "manual", "off")
 EXIT_QUINEBOX = 125
+EXIT_USAGE = 2
+#: Once a client has started a server, no client starts another for this long: the first is still importing, or it
+#: failed (serve.log in the state dir says why) and would fail again.
+START_AGAIN_AFTER = 30.0
+#: The server a client starts begins its imports when that client exits, or after this long if it is still running:
+#: they take a second of CPU, which the command the client runs meanwhile would otherwise share.
+START_AFTER = 2.0
 
 
 def main() -> None:
     argv = sys.argv[1:]
-    if argv and argv[0] in THIN and os.environ.get("QUINEBOX_SERVE", "auto") != "off":
+    mode = os.environ.get("QUINEBOX_SERVE", "auto")
+    if argv and argv[0] in THIN and mode not in MODES:
+        print(f"quinebox: QUINEBOX_SERVE={mode!r} is none of auto, manual or off; set one of those, or unset it", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    if argv and argv[0] in THIN and mode != "off":
         for fd in (0, 1, 2):  # closed stdio gets /dev/null before any socket can become fd 0-2 (and be sent as stdin)
             try:
                 os.fstat(fd)
@@ -40,16 +66,58 @@ def main() -> None:
         server = fdpass.connect(serve_socket())
         if server is not None:
             code = through(server, argv)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)  # nothing is left to clean up, and a thin client's exit should be as quick as its start
+            if code is not None:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)  # nothing is left to clean up, and a thin client's exit should be as quick as its start
+        if mode == "auto":
+            start_server(again=server is not None)  # none answered, or the one that did has old code and is going
     from quinebox.cli import main as full
 
     full()
 
 
-def through(server: socket.socket, argv: list[str]) -> int:
-    """Run argv in the server with our stdio; our signals go to it; its exit status is ours."""
+def start_server(again: bool = False) -> None:
+    """Start the user's command server detached, and do not wait for it (`again`: its predecessor just exited stale)."""
+    root = state_root()
+    marker = os.path.join(root, "run", "serve.started")
+    try:
+        if not again and time.time() - os.stat(marker).st_mtime < START_AGAIN_AFTER:
+            return
+    except OSError:
+        pass
+    try:
+        os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+        os.utime(marker)
+        log = os.open(os.path.join(root, "serve.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return  # a state dir this user cannot write: the command, in-process, says so itself
+    env = {**os.environ, "QUINEBOX_STATE_DIR": root}  # absolute: the server works in / (it keeps no directory of the user's busy)
+    gate, held = os.pipe()  # we hold `held` open until we exit; the server's imports wait for that (START_AFTER)
+    pid = os.fork()
+    if pid == 0:  # a session of its own, and not our child (a grandchild nobody waits for: init reaps it)
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                os.close(held)
+                select.select([gate], [], [], START_AFTER)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.closerange(3, 1 << 20)  # nothing the caller passed us: a pipe it waits on must see EOF when we exit
+                os.chdir("/")
+                os.execve(sys.executable, [sys.executable, "-m", "quinebox", "serve"], env)
+        finally:
+            os._exit(0)
+    os.close(log)
+    os.close(gate)
+    os.waitpid(pid, 0)
+
+
+def through(server: socket.socket, argv: list[str]) -> int | None:
+    """Run argv in the server with our stdio; our signals go to it; its exit status is ours. None: the server
+    handed it back unrun, because its code or config is older than ours (it is exiting)."""
     fds = [0, 1, 2]
     try:  # the controlling terminal, where questions for a person go (audit/prompt.py): the worker has none of its own
         fds.append(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
@@ -69,8 +137,7 @@ def through(server: socket.socket, argv: list[str]) -> int:
         except OSError:
             pass
 
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
+    before = {signum: signal.signal(signum, forward) for signum in FORWARDED}
     reader = server.makefile("rb")
     while True:
         try:
@@ -88,3 +155,8 @@ def through(server: socket.socket, argv: list[str]) -> int:
             continue
         if message.get("kind") == "exit":
             return int(message.get("code", EXIT_QUINEBOX))
+        if message.get("kind") == "stale":
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
+            server.close()
+            return None

@@ -6,7 +6,9 @@
       sessions/<id>/world/       the session's world and its revisions (worlds/)
       objects/                   file contents of every revision, by SHA-256 (worlds/revisions.py)
       run/<id>.sock              each live box's socket (box/net/broker.py)
-      run/serve.sock             the command server's socket (cli/server.py), and serve.log its log
+      run/serve.sock             the command server's socket (cli/server.py); run/serve.started while a
+                                 client's server is starting (client.py)
+      serve.log                  what a server started by a client said (client.py)
       run/pool.sock              its pool of warm boxes (box/pool/warm.py); run/claimed/<container>.json
                                  whose session a claimed warm box became (box/pool/claim.py)
       pool/<box>/                a warm box's empty world until it is claimed

@@ -10,8 +10,11 @@ collect_ignore = [] if os.environ.get("QUINEBOX_TEST_ROOTLESS") == "1" else ["in
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_state_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Also: a command server only where a test started one (`manual`), never one each test's state dir starts itself
+    (it would outlive the test); the tests of the server starting itself say `auto` (tests/e2e/test_serve.py)."""
     path = str(tmp_path_factory.mktemp("quinebox-state"))
     os.environ["QUINEBOX_STATE_DIR"] = path
+    os.environ.setdefault("QUINEBOX_SERVE", "manual")
     return path
 
 

@@ -123,7 +123,7 @@ def as_user(user: str, home: str, *args: str) -> subprocess.CompletedProcess:
     """`quinebox ARGS` as `user`, as the console script runs it, with nothing of this process's environment."""
     python, path = user_python(user)
     env = ["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", f"HOME={home}", f"QUINEBOX_STATE_DIR={home}/state",
-           f"XDG_CONFIG_HOME={home}/config", f"PYTHONPATH={path}"]
+           f"XDG_CONFIG_HOME={home}/config", f"PYTHONPATH={path}", "QUINEBOX_SERVE=manual"]  # no server outliving home
     script = "import sys; from quinebox.client import main; sys.argv[0] = 'quinebox'; sys.exit(main())"
     return subprocess.run(["runuser", "-u", user, "--", *env, python, "-c", script, *args], capture_output=True, timeout=120)
 

@@ -74,7 +74,7 @@ def keeper(env) -> int:
 def pooled(tmp_path):
     """A state dir with a command server keeping 2 warm boxes per shape; the environment that reaches it."""
     env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    env.pop("QUINEBOX_SERVE", None)
+    env["QUINEBOX_SERVE"] = "manual"
     env.pop("QUINEBOX_POOL", None)
     started = quinebox_cli("serve", "--background", "--pool", "2", env=env)
     assert started.returncode == 0, started.stderr

@@ -23,7 +23,7 @@ from quinebox.box.policy import LABEL_SESSION
 def served(tmp_path):
     """A state dir with a command server on it; the environment that reaches it."""
     env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state")}
-    env.pop("QUINEBOX_SERVE", None)
+    env["QUINEBOX_SERVE"] = "manual"
     # No pool: these are the server's and thin client's tests; tests/e2e/test_pool.py is the pool's.
     started = subprocess.run([QUINEBOX, "serve", "--background", "--pool", "0"], env=env, capture_output=True, timeout=60)
     assert started.returncode == 0, started.stderr
@@ -129,7 +129,7 @@ def test_a_server_in_the_foreground_exits_once_stopped(tmp_path):
     """With its default pool it probes the runtime, whose box's keeper lives until the server has exited: waiting for
     every child at the end, the server once waited for that keeper forever (and `serve stop` said it had stopped)."""
     env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state")}
-    env.pop("QUINEBOX_SERVE", None)
+    env["QUINEBOX_SERVE"] = "manual"
     server = subprocess.Popen([QUINEBOX, "serve"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         for _ in range(600):
