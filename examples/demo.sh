@@ -88,6 +88,12 @@ show "quinebox view    # serves a live page on loopback and prints its URL; here
 quinebox view --export "$view/view" 2>&1
 echo "open $view/view/index.html in a browser: every session above, its tree, transcripts and world"
 
+step "11. The command server: the first command above started it, and later ones went through it"
+show "quinebox serve status"
+quinebox serve status | head -1
+show "quinebox serve stop    # or let it exit by itself after 15 minutes with no command"
+quinebox serve stop
+
 step "Nothing is left behind"
 show "quinebox ps"
 quinebox ps

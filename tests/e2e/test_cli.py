@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -190,16 +191,24 @@ def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine, tmp_path):
 
 
 @pytest.mark.root_only
-def test_demo_runs_and_leaves_nothing(engine):
-    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+def test_demo_runs_and_leaves_nothing(engine, tmp_path):
+    """As a user runs it: a state dir of its own, and the command server starting itself (QUINEBOX_SERVE unset)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "QUINEBOX_SERVE", "QUINEBOX_TEST_SERVE")}
     env["PATH"] = f"{Path(QUINEBOX).parent}:{os.environ['PATH']}"
-    done = subprocess.run(["bash", str(REPO / "examples" / "demo.sh")], capture_output=True, env=env, timeout=180)
+    env["QUINEBOX_STATE_DIR"] = str(tmp_path / "state")
+    done = subprocess.run(["bash", str(REPO / "examples" / "demo.sh")], capture_output=True, env=env, timeout=240)
     assert done.returncode == 0, done.stderr
     out = done.stdout.decode()
     assert "HELLO FROM THE HOST" in out and "sum: 15" in out and "network interfaces: lo" in out
     assert "exit status: 124" in out and "exit status: 137" in out and out.count("exit status: 125") == 2
     assert "The material has 42 lines." in out and "      2 ERROR disk full\n      1 ERROR timeout\n" in out
     assert "depth 0  Survey the ten regions" in out and "depth 1  Survey region " in out  # siblings start in any order
+    served = re.search(r"serving: pid (\d+), since [^,]+, (\d+) command\(s\) served", out)
+    assert served and int(served[2]) > 10, out  # the first command started it; most of the rest went through it
+    until = time.monotonic() + 30  # `serve stop` ended it: it lets a command still running finish first
+    while os.path.exists(f"/proc/{served[1]}") and time.monotonic() < until:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{served[1]}"), "the demo's server is still running"
     assert quinebox_boxes(engine) == []
 
 
