@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import pytest
-from commands import QUINEBOX
+from commands import QUINEBOX, wait_for
 from test_serve import boxes_of
 
 
@@ -24,16 +24,6 @@ def quinebox(*args, env, **options):
 def status(env) -> dict | None:
     said = quinebox("serve", "status", "--json", env=env)
     return json.loads(said.stdout) if said.returncode == 0 else None
-
-
-def wait_for(predicate, what: str, seconds: float = 60.0):
-    until = time.monotonic() + seconds
-    while time.monotonic() < until:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {seconds:g} s: {what}")
 
 
 def gone(pid: int) -> bool:
@@ -59,14 +49,14 @@ def auto(tmp_path):
         if not gone(pid):
             os.kill(pid, signal.SIGTERM)
     for pid in seen:
-        wait_for(lambda pid=pid: gone(pid), f"server {pid} ended", 30)
+        wait_for(lambda pid=pid: gone(pid), what=f"server {pid} ended", timeout=30)
 
 
 def test_the_first_command_starts_a_server_and_the_next_goes_through_it(auto):
     env, _, seen = auto
     first = quinebox("exec", "--", "sh", "-c", "cat; echo diagnostics >&2; exit 3", env=env, input=b"material\n")
     assert (first.returncode, first.stdout, first.stderr) == (3, b"material\n", b"diagnostics\n")
-    answer = wait_for(lambda: status(env), "a server answering")
+    answer = wait_for(lambda: status(env), what="a server answering")
     seen.add(answer["pid"])
     assert answer["served"] == 0 and answer["idle_exit"] == 900  # the first ran in-process; 15 minutes by default
     second = quinebox("exec", "--", "sh", "-c", "cat; echo diagnostics >&2; exit 4", env=env, input=b"more\n")
@@ -101,7 +91,7 @@ def test_a_server_exits_once_idle_and_leaves_nothing_but_waits_for_the_command_i
     time.sleep(4)  # more than the idle time passes while a command runs: that is not idle
     assert not gone(pid) and status(env)["served"] == 1
     assert long.stdout.read() == b"done\n" and long.wait(30) == 0
-    wait_for(lambda: gone(pid), "the idle server gone", 3 + 5 + 10)  # its idle time, its check interval, slack
+    wait_for(lambda: gone(pid), what="the idle server gone", timeout=3 + 5 + 10)  # its idle time, its check interval, slack
     run = os.path.join(env["QUINEBOX_STATE_DIR"], "run")
     assert not os.path.exists(os.path.join(run, "serve.sock"))
     assert boxes_of(env) == []
@@ -112,14 +102,14 @@ def test_a_server_whose_config_changed_hands_the_command_back_and_a_new_one_take
     env, config, seen = auto
     config.write_text("serve: {idle: 10m}\n")
     assert quinebox("exec", "--", "true", env=env).returncode == 0
-    old = wait_for(lambda: status(env), "a server answering")
+    old = wait_for(lambda: status(env), what="a server answering")
     seen.add(old["pid"])
     assert old["idle_exit"] == 600
     config.write_text("serve: {idle: 20m}\n")
     done = quinebox("exec", "--", "sh", "-c", "echo ran; exit 5", env=env)
     assert (done.returncode, done.stdout, done.stderr) == (5, b"ran\n", b"")  # in-process, once: the old server ran nothing
-    wait_for(lambda: gone(old["pid"]), "the old server gone", 30)
-    new = wait_for(lambda: status(env), "a new server answering")
+    wait_for(lambda: gone(old["pid"]), what="the old server gone", timeout=30)
+    new = wait_for(lambda: status(env), what="a new server answering")
     seen.add(new["pid"])
     assert new["pid"] != old["pid"] and new["idle_exit"] == 1200 and new["served"] == 0
     assert quinebox("exec", "--", "echo", "through", env=env).stdout == b"through\n" and status(env)["served"] == 1
@@ -135,7 +125,7 @@ def test_a_server_that_cannot_start_is_tried_once_and_commands_run_in_process(au
         assert (done.returncode, done.stdout) == (n, f"{n}\n".encode())
     log = os.path.join(env["QUINEBOX_STATE_DIR"], "serve.log")
     refusal = "quinebox: bad idle time for the command server: bad duration 'soon'"
-    wait_for(lambda: os.path.exists(log) and refusal in open(log).read(), "the server's one-line refusal in serve.log")
+    wait_for(lambda: os.path.exists(log) and refusal in open(log).read(), what="the server's one-line refusal in serve.log")
     time.sleep(1)
     assert open(log).read().count(refusal) == 1  # not once per command: the next try is 30 s on
     assert status(env) is None
@@ -148,7 +138,7 @@ def test_the_server_a_command_starts_holds_none_of_the_callers_descriptors(auto)
     done = subprocess.run([QUINEBOX, "exec", "--", "echo", "out"], env=env, capture_output=True, timeout=120, pass_fds=(write,))
     os.close(write)
     assert (done.returncode, done.stdout) == (0, b"out\n")
-    answer = wait_for(lambda: status(env), "a server answering")
+    answer = wait_for(lambda: status(env), what="a server answering")
     seen.add(answer["pid"])
     assert select.select([read], [], [], 10)[0] == [read], "the write end is still held"
     assert os.read(read, 1) == b""  # EOF: no process holds the write end, the server included
