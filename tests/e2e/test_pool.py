@@ -232,6 +232,30 @@ def test_a_killed_server_takes_every_box_and_its_clients_exit_125(pooled, engine
     assert sorted(os.listdir(os.path.join(state, "run"))) == ["claimed"]
 
 
+@pytest.mark.parametrize("end", ["kill -9", "serve stop"])
+def test_a_server_that_ends_while_its_pool_fills_leaves_no_box_behind(tmp_path, engine, end):
+    """Its keeper may be in the middle of an engine create: the box that create makes must go too, however late."""
+    env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config"), "QUINEBOX_SERVE": "manual"}
+    env.pop("QUINEBOX_POOL", None)
+    (tmp_path / "config" / "quinebox").mkdir(parents=True)
+    (tmp_path / "config" / "quinebox" / "config.yaml").write_text("pool: {size: 12, creates: 2}\n")
+    for _ in range(3):  # a create is in flight about half the time while the pool fills: three ends, one or more mid-create
+        assert quinebox_cli("serve", "--background", env=env).returncode == 0
+        said = status(env)
+        wait_for(lambda: 1 <= warm_count(env) < 12, "the pool filling")
+        if end == "kill -9":
+            os.kill(said["pid"], signal.SIGKILL)
+        else:
+            assert quinebox_cli("serve", "stop", env=env).returncode == 0
+        wait_for(lambda: not pool_boxes(engine, said["pool"]["pid"]), "every box of the pool to go", timeout=60)
+        time.sleep(3)  # a create the engine finishes late would show by now
+        assert pool_boxes(engine, said["pool"]["pid"]) == []
+        wait_for(lambda: not os.path.exists(f"/proc/{said['pool']['pid']}"), "the keeper gone", timeout=60)
+    state = env["QUINEBOX_STATE_DIR"]
+    left = {"claimed"} | ({"serve.sock"} if end == "kill -9" else set())  # a killed server cannot unlink its socket: the next one binds over it
+    assert os.listdir(os.path.join(state, "pool")) == [] and set(os.listdir(os.path.join(state, "run"))) <= left
+
+
 def test_idle_shapes_and_their_warm_boxes_are_reaped_after_the_ttl(tmp_path, engine):
     env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     env.pop("QUINEBOX_POOL", None)

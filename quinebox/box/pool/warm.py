@@ -51,6 +51,8 @@ BACKOFF = 5.0
 #: The most shapes kept at once; one more pushes out the one claimed least recently.
 MAX_SHAPES = 8
 PR_SET_PDEATHSIG = 1
+#: How long a stopping keeper waits for the makes under way: an engine create, its start and the lifeline, each bounded.
+SETTLE_TIMEOUT = 90.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,9 @@ class Pool:
         self._wake = threading.Event()
         self._creating = threading.Semaphore(settings.creates)
         self._closed = False
+        #: Makes under way, of every kind (a dropped kind's too): `settle` waits for them.
+        self._making = 0
+        self._settled = threading.Condition(self._lock)
         threading.Thread(target=self._refill, name="pool-refill", daemon=True).start()
 
     def want(self, shape: dict[str, Any]) -> Kind:
@@ -182,10 +187,17 @@ class Pool:
             return [kind.stats() for kind in self._kinds.values()]
 
     def close(self) -> None:
+        """Make no more and let every warm box go; a make under way discards its box when it ends (`settle`)."""
         with self._lock:
             self._closed = True
             for kind in list(self._kinds.values()):
                 self._drop(kind)
+
+    def settle(self, timeout: float) -> bool:
+        """After `close`: wait until every make under way has ended and let its box go; whether they all did in time.
+        An engine create the keeper stopped waiting for would otherwise make a box nobody holds or removes."""
+        with self._settled:
+            return self._settled.wait_for(lambda: self._making == 0, timeout)
 
     def _drop(self, kind: Kind) -> None:
         """Under the lock: forget `kind` and let its warm boxes go."""
@@ -207,6 +219,7 @@ class Pool:
                     if not self._creating.acquire(blocking=False):
                         break
                     kind.making += 1
+                    self._making += 1
                     threading.Thread(target=self._make, args=(kind,), name="pool-make", daemon=True).start()
 
     def _make(self, kind: Kind) -> None:
@@ -225,6 +238,9 @@ class Pool:
                     box = None
             if box is not None:
                 box.discard()
+            with self._lock:
+                self._making -= 1
+                self._settled.notify_all()
             self._wake.set()
 
 
@@ -265,11 +281,15 @@ def start_warm(backend: DockerBackend, shape: dict[str, Any]) -> Warm:
 # -- the keeper: the pool's own process ---------------------------------------------------------
 
 
-def die_with_parent(parent: int) -> None:
-    """Be killed when `parent` dies, however it dies (Linux's PR_SET_PDEATHSIG); gone already, go now."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+    """Be sent `signum` when `parent` dies, however it dies (Linux's PR_SET_PDEATHSIG); gone already, go now."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
     if os.getppid() != parent:
         os._exit(125)
+
+
+class Stopping(Exception):
+    """SIGTERM reached the keeper (`serve stop`, or its server died): raised in its main thread, out of `accept`."""
 
 
 def default_shape(backend: DockerBackend) -> dict[str, Any] | None:
@@ -279,8 +299,24 @@ def default_shape(backend: DockerBackend) -> dict[str, Any] | None:
 
 
 def keep(settings: Settings, parent: int) -> None:
-    """The keeper's life, in a process forked for it: serve claims on pool.sock until the server goes."""
-    die_with_parent(parent)
+    """The keeper's life, in a process forked for it: serve claims on pool.sock until the server goes.
+
+    However the server goes (`serve stop`, an idle exit, SIGKILL), the keeper gets SIGTERM and lets every box go,
+    those whose create or start is under way included, before it exits."""
+
+    def stop(*_: object) -> None:
+        raise Stopping
+
+    signal.signal(signal.SIGTERM, stop)
+    die_with_parent(parent, signal.SIGTERM)
+    try:
+        _keep(settings)
+    except Stopping:
+        pass
+    os._exit(0)
+
+
+def _keep(settings: Settings) -> None:
     backend, waited = None, False
     while backend is None:  # an engine not up yet: boxes start cold (no pool.sock) until it is
         try:
@@ -291,23 +327,40 @@ def keep(settings: Settings, parent: int) -> None:
             waited = True
             time.sleep(BACKOFF)
     pool = Pool(settings, backend)
-
-    def stop(*_: object) -> None:
+    bound: tuple[socket.socket, os.stat_result] | None = None  # pool.sock, and the file it is, once listening
+    try:
+        listener = fdpass.listen(str(pool_socket()), mode=0o600, backlog=64)
+        bound = listener, os.stat(pool_socket())
+        if settings.size:
+            try:
+                shape = default_shape(backend)
+                if shape is not None:
+                    pool.want(shape)
+            except QuineboxError as exc:
+                print(f"quinebox pool: no default shape: {exc}", file=sys.stderr, flush=True)
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=_answer, args=(pool, conn), daemon=True).start()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once stopping, stopping again would cut the wait short
+        if bound is not None:
+            unlink_own(*bound)
         pool.close()
-        os._exit(0)
+        if not pool.settle(SETTLE_TIMEOUT):
+            print("quinebox pool: a warm box's create or start did not end in time; `quinebox gc` removes what it left", file=sys.stderr, flush=True)
 
-    signal.signal(signal.SIGTERM, stop)
-    listener = fdpass.listen(str(pool_socket()), mode=0o600, backlog=64)
-    if settings.size:
-        try:
-            shape = default_shape(backend)
-            if shape is not None:
-                pool.want(shape)
-        except QuineboxError as exc:
-            print(f"quinebox pool: no default shape: {exc}", file=sys.stderr, flush=True)
-    while True:
-        conn, _ = listener.accept()
-        threading.Thread(target=_answer, args=(pool, conn), daemon=True).start()
+
+def unlink_own(listener: socket.socket, bound: os.stat_result) -> None:
+    """Close `listener` and remove its path, unless the path is no longer the file it bound (`bound`: the next
+    server's keeper, started while this one settles, has bound its own there)."""
+    path = listener.getsockname()
+    try:
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino) == (bound.st_dev, bound.st_ino):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener.close()
 
 
 def _answer(pool: Pool, conn: socket.socket) -> None:
