@@ -19,9 +19,9 @@ from quinebox.errors import GrantError
 from quinebox.netrules import NetRule, covers, is_host_name, parse_rule, unreachable
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?$", re.IGNORECASE)
-_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|)$")
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|)$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SYSCALL_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -46,10 +46,10 @@ def format_size(value: int) -> str:
 
 
 def parse_duration(text: str) -> float:
-    """`30`, `30s`, `5m`, `1h`, `250ms` → seconds."""
+    """`30`, `30s`, `5m`, `1h`, `7d`, `250ms` → seconds."""
     match = _DURATION_RE.match(text.strip())
     if not match:
-        raise GrantError(f"bad duration {text!r}: use seconds or a unit ms, s, m or h (e.g. 30, 30s, 5m)")
+        raise GrantError(f"bad duration {text!r}: use seconds or a unit ms, s, m, h or d (e.g. 30, 30s, 5m, 7d)")
     number, unit = match.groups()
     value = float(number) * _DURATION_UNITS[unit]
     if value <= 0:

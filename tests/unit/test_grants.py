@@ -29,13 +29,13 @@ def test_parse_size_refuses(text):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("30", 30.0), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("250ms", 0.25), ("1.5s", 1.5), ("0.5", 0.5)],
+    [("30", 30.0), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("250ms", 0.25), ("1.5s", 1.5), ("0.5", 0.5), ("7d", 604800.0)],
 )
 def test_parse_duration(text, expected):
     assert parse_duration(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "s", "-1", "0", "0s", "5d", "5 minutes", "1m30s", "abc"])
+@pytest.mark.parametrize("text", ["", "s", "-1", "0", "0s", "5w", "0d", "5 minutes", "1m30s", "abc"])
 def test_parse_duration_refuses(text):
     with pytest.raises(GrantError, match="duration"):
         parse_duration(text)
