@@ -18,9 +18,11 @@ directory that hides everything below it.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import secrets
 import stat
 import tempfile
 import threading
@@ -85,10 +87,35 @@ def unkept_entries(manifest: Manifest) -> list[str]:
 
 
 class ObjectStore:
-    """File contents by SHA-256, shared by every world in the state dir: identical bytes are kept once."""
+    """File contents by SHA-256, shared by every world in the state dir: identical bytes are kept once.
+
+    `quinebox prune` takes the objects no revision names (worlds/sweep.py). So that it never takes one a world
+    is about to name: each put holds `sweep.lock` shared (the sweep holds it exclusive), an object found already
+    there is touched, and each open world holds a lease from before its first put (`lease`); the sweep spares
+    every object touched since the oldest live lease began."""
 
     def __init__(self, root: Path | None = None):
         self.root = root or state_dir() / "objects"
+
+    def locked(self, how: int) -> int:
+        """An fd of `sweep.lock` holding `how` (fcntl.LOCK_SH or LOCK_EX); the caller closes it to let go."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / "sweep.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, how)
+        return fd
+
+    def lease(self) -> int:
+        """A lease for a world opening now: a file in leases/, its mtime now, held locked until the returned fd is
+        closed. Made under `sweep.lock`, so that a sweep never sees one not yet locked and takes it for dead."""
+        swept = self.locked(fcntl.LOCK_SH)
+        try:
+            leases = self.root / "leases"
+            leases.mkdir(exist_ok=True)
+            fd = os.open(leases / f"{os.getpid()}-{secrets.token_hex(4)}", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return fd
+        finally:
+            os.close(swept)
 
     def path(self, sha: str) -> Path:
         if len(sha) != 64 or not all(c in "0123456789abcdef" for c in sha):
@@ -102,6 +129,17 @@ class ObjectStore:
         next change is read again), and the size recorded is always the bytes kept: a restore plan and an
         export stream exactly that many."""
         fd = beneath.open_file(dir_fd, name)
+        try:
+            swept = self.locked(fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            return self._put(fd)
+        finally:
+            os.close(swept)
+
+    def _put(self, fd: int) -> tuple[str, int] | None:
         tmp_dir = self.root / "tmp"
         tmp_dir.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256()
@@ -120,6 +158,7 @@ class ObjectStore:
             sha = digest.hexdigest()
             final = self.path(sha)
             if final.exists():
+                os.utime(final)  # named again: a sweep under way before the next revision names it spares it
                 return sha, total
             final.parent.mkdir(exist_ok=True)
             os.chmod(out.name, 0o444)

@@ -31,26 +31,32 @@ class World:
         self.store = ObjectStore()
         self._lock = threading.Lock()
         self._root_fd = os.open(spec.layer, beneath.DIR_FLAGS)
-        self.base: Manifest = RevisionLog(spec.base[0]).manifest(spec.base[1]) if spec.kind == "overlay" and spec.base else {}
         self.tracker = None
-        if track:
-            from quinebox.worlds.tracker import Tracker
+        self._lease = -1
+        try:
+            self._lease = self.store.lease()  # before its first put: what it puts is spared by a sweep (revisions.py)
+            self.base: Manifest = RevisionLog(spec.base[0]).manifest(spec.base[1]) if spec.kind == "overlay" and spec.base else {}
+            if track:
+                from quinebox.worlds.tracker import Tracker
 
-            self.tracker = Tracker(spec.layer, limit=limit, on_full=on_full)
-        records = self.log.records()
-        if records:  # offline: start from what was recorded; the first revise rereads the layer (no tracker)
-            self.rev = records[-1]["rev"]
-            self.manifest = self.log.manifest()
-            #: Until then a stand-in, only so that unchanged files are not rehashed: same paths, sizes and mtimes.
-            self.layer = dict(self.manifest)
-        else:
-            self.rev = -1
-            self.layer = self._scan(previous={})
-            self.manifest = self._merged()
-            first: dict[str, Any] = {"rev": 0, "what": "start", "changes": {} if self.spec.kind == "overlay" else self.manifest}
-            if spec.kind == "overlay" and spec.base:
-                first["base"] = {"session": spec.base[0], "rev": spec.base[1]}
-            self._append(first, self.manifest)
+                self.tracker = Tracker(spec.layer, limit=limit, on_full=on_full)
+            records = self.log.records()
+            if records:  # offline: start from what was recorded; the first revise rereads the layer (no tracker)
+                self.rev = records[-1]["rev"]
+                self.manifest = self.log.manifest()
+                #: Until then a stand-in, only so that unchanged files are not rehashed: same paths, sizes and mtimes.
+                self.layer = dict(self.manifest)
+            else:
+                self.rev = -1
+                self.layer = self._scan(previous={})
+                self.manifest = self._merged()
+                first: dict[str, Any] = {"rev": 0, "what": "start", "changes": {} if self.spec.kind == "overlay" else self.manifest}
+                if spec.kind == "overlay" and spec.base:
+                    first["base"] = {"session": spec.base[0], "rev": spec.base[1]}
+                self._append(first, self.manifest)
+        except BaseException:
+            self.close()
+            raise
 
     @classmethod
     def offline(cls, session: str) -> World:
@@ -191,6 +197,9 @@ class World:
         if self._root_fd >= 0:
             os.close(self._root_fd)
             self._root_fd = -1
+        if self._lease >= 0:
+            os.close(self._lease)  # the sweep finds it unlocked, and removes it
+            self._lease = -1
 
 
 def _same_file(current: dict[str, Any] | None, target: dict[str, Any]) -> bool:
