@@ -4,7 +4,10 @@
       sessions.db                SQLite index: one row per session (agent/store.py)
       sessions/<id>/tape.jsonl   append-only record of a session (agent/store.py)
       sessions/<id>/world/       the session's world and its revisions (worlds/)
-      objects/                   file contents of every revision, by SHA-256 (worlds/revisions.py)
+      objects/                   file contents of every revision, by SHA-256 (worlds/revisions.py); its
+                                 sweep.lock and the open worlds' leases/ keep `prune` off what is in use
+                                 (worlds/sweep.py)
+      prune.lock                 held by the one `quinebox prune` running (tree/prune.py)
       run/<id>.sock              each live box's socket (box/net/broker.py)
       run/serve.sock             the command server's socket (cli/server.py); run/serve.started while a
                                  client's server is starting (client.py)

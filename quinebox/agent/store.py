@@ -115,6 +115,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     turns INTEGER NOT NULL DEFAULT 0
 )
 """
+#: Sessions `quinebox prune` took: their rows are gone, and this says when, for `show` and the rest to say so.
+_PRUNED = "CREATE TABLE IF NOT EXISTS pruned (id TEXT PRIMARY KEY, at REAL NOT NULL)"
 
 
 class Index:
@@ -136,6 +138,7 @@ class Index:
                 self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(_SCHEMA)
+                self._db.execute(_PRUNED)
         except (OSError, sqlite3.Error) as exc:
             raise StateError(unwritable("the sessions index", exc)) from None
 
@@ -176,6 +179,29 @@ class Index:
     def running(self) -> list[SessionRow]:
         """Sessions not ended (or whose owner died before it could end them)."""
         return self._select("WHERE ended IS NULL ORDER BY started", ())
+
+    def every(self) -> list[SessionRow]:
+        return self._select("ORDER BY started", ())
+
+    def forget(self, sessions: list[str], at: float) -> None:
+        """Pruned: their rows go and a tombstone each says when, in one transaction."""
+        try:
+            with self._lock, self._db:
+                self._db.executemany("DELETE FROM sessions WHERE id = ?", [(s,) for s in sessions])
+                self._db.executemany("INSERT OR REPLACE INTO pruned VALUES (?, ?)", [(s, at) for s in sessions])
+        except self._failed as exc:
+            raise StateError(unwritable("the sessions index", exc)) from None
+
+    def pruned(self, session: str) -> tuple[str, float] | None:
+        """The one pruned session `session` names (an id or a prefix) and when it was pruned; None for none or several."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, at FROM pruned WHERE id = ? OR id LIKE ? LIMIT 2", (session, f"{session}%")).fetchall()
+        return (rows[0][0], rows[0][1]) if len(rows) == 1 else None
+
+    def every_pruned(self) -> dict[str, float]:
+        """Each pruned session, and when."""
+        with self._lock:
+            return dict(self._db.execute("SELECT id, at FROM pruned").fetchall())
 
     def recent(self, limit: int = 50) -> list[SessionRow]:
         return self._select("ORDER BY started DESC LIMIT ?", (limit,))

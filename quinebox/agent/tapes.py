@@ -19,11 +19,20 @@ def find(session: str) -> SessionRow:
     index = Index()
     try:
         row = index.get(session)
+        if row is None:
+            raise QuineboxError(missing(index, session))
     finally:
         index.close()
-    if row is None:
-        raise QuineboxError(f"no session {session!r} (or more than one starts so): `quinebox ls` lists them")
     return row
+
+
+def missing(index: Index, session: str) -> str:
+    """The one line for a session `index` has no row of: pruned (and when), or none such."""
+    pruned = index.pruned(session)
+    if pruned is not None:
+        at = datetime.fromtimestamp(pruned[1]).strftime("%Y-%m-%d %H:%M:%S")
+        return f"session {pruned[0]} was pruned at {at} (`quinebox prune`): its tape and world are gone"
+    return f"no session {session!r} (or more than one starts so): `quinebox ls` lists them"
 
 
 def print_sessions(limit: int) -> None:

@@ -1,4 +1,4 @@
-"""Commands for agents and their sessions: `run`, `fork`, `ls`, `show`, `logs`, `replay`, `tree`, `trace`."""
+"""Commands for agents and their sessions: `run`, `fork`, `ls`, `show`, `logs`, `replay`, `tree`, `trace`, `prune`."""
 
 from __future__ import annotations
 
@@ -176,3 +176,45 @@ def trace_command(
         raise typer.Exit(1)
     for trace_id in traces:
         print(trace_id)
+
+
+@app.command("prune", help="Remove finished sessions (tapes, worlds, revisions), the world objects only they named, and their ended run records. Nothing running or still needed goes.")
+def prune_command(
+    older_than: str | None = typer.Option(None, "--older-than", metavar="DURATION", help="Only sessions that ended this long ago or more (30m, 12h, 7d)."),
+    keep: int | None = typer.Option(None, "--keep", metavar="N", help="Keep the newest N finished sessions whatever else is said."),
+    failed: bool = typer.Option(False, "--failed", help="Only sessions whose exit status was not 0."),
+    succeeded: bool = typer.Option(False, "--succeeded", help="Only sessions whose exit status was 0."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would go, and its size, and remove nothing."),
+    retention: bool = typer.Option(False, "--retention", help="By `retention:` in config.yaml (age, count, size), as quinebox applies it once a day."),
+) -> None:
+    from datetime import datetime
+
+    from quinebox.errors import QuineboxError
+    from quinebox.grants import parse_duration
+    from quinebox.tree.prune import Rules, RulesError, Selection, prune
+    from quinebox.tree.retention import configured_limits
+
+    with reported():
+        if retention:
+            if older_than is not None or keep is not None or failed or succeeded:
+                raise RulesError("--retention prunes by config.yaml's `retention:` alone: drop --older-than, --keep, --failed and --succeeded")
+            rules: Selection = configured_limits()
+        else:
+            if failed and succeeded:
+                raise RulesError("--failed and --succeeded together match nothing: give one of them")
+            try:
+                age = parse_duration(older_than) if older_than is not None else None
+            except QuineboxError as exc:
+                raise RulesError(f"--older-than: {exc}") from None
+            rules = Rules(older_than=age, keep=keep, outcome="failed" if failed else "succeeded" if succeeded else None)
+        done = prune(rules, dry=dry_run)
+    if dry_run:
+        for row, size in done.sessions:
+            ended = datetime.fromtimestamp(row.ended or 0).strftime("%Y-%m-%d %H:%M:%S")
+            print(f"{row.id}\t{ended}\t{row.exit_code}\t{size}\t{' '.join(row.mission.split())[:60]}")
+    verb = "would prune" if dry_run else "pruned"
+    say(f"{verb} {len(done.sessions)} session(s), {_mb(done.session_bytes)}; {done.objects.objects} world object(s), {_mb(done.objects.bytes)}; {done.runs} run record(s)")
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.1f} kB"

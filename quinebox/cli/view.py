@@ -36,7 +36,12 @@ def view_command(
             try:
                 counts = export(export_dir, session)
             except KeyError:
-                say(f"no session {session!r} (or more than one starts so): `quinebox ls` lists them")
+                from quinebox.agent.store import Index
+                from quinebox.agent.tapes import missing
+
+                index = Index()
+                say(missing(index, session or ""))
+                index.close()
                 raise typer.Exit(1) from None
             except OSError as exc:
                 say(f"cannot write the bundle to {export_dir}: {exc.strerror or exc}")
