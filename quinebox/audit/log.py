@@ -1,6 +1,8 @@
 """The audit log: one append-only, hash-chained record of every authority decision in a state dir.
 
     audit/log.jsonl   one record per line: seq, time, session, kind, facts, prev, hash[, mac]
+    audit/segments/   FIRST-LAST.jsonl: the log's earlier records, sealed (read-only) once it grew past
+                      QUINEBOX_AUDIT_SEGMENT bytes (64 MiB); the chain runs on through them unbroken
     audit/head.json   the chain's head (seq and hash[, mac]) as of the last append, padded to HEAD_SIZE
 
 Each record's `hash` is SHA-256 over the canonical JSON of the record without
@@ -14,7 +16,13 @@ record and the head also carry an HMAC, and a rewrite without the key is
 found at the first record it changed.
 
 Writers serialize on an flock of the log, so any number of quinebox
-processes append at once without interleaving. A writer killed mid-line
+processes append at once without interleaving. The writer whose record takes
+the log past its segment size seals it: renames it into segments/ under that
+lock and leaves an empty log in its place, whose first record chains to the
+segment's last. Everyone who takes the lock checks that the file they hold
+is still the log (else takes the new one), and `verify` walks the segments
+in order, then the log, as one chain. No record is ever edited or removed:
+`quinebox prune` leaves the records of the sessions it prunes, and adds its own. A writer killed mid-line
 leaves a torn last line; `verify` says so (it is not tampering: the head
 was never moved past it), and the next writer cuts it off and records that
 it did.
@@ -102,29 +110,79 @@ class AuditLog:
         self.head_path = self.directory / "head.json"
         self.key = key
 
+    @property
+    def segments(self) -> Path:
+        return self.directory / "segments"
+
     def append(self, kind: str, session: str | None = None, /, **facts: Any) -> dict[str, Any]:
         """Add one record, chained to the last; StateError when the state dir cannot take it."""
         try:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except FileNotFoundError:
-                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = self._locked(fcntl.LOCK_EX)
         except OSError as exc:
             raise StateError(unwritable("the audit log", exc)) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             last, torn = _tail(fd)
             if torn:
                 os.ftruncate(fd, os.fstat(fd).st_size - torn)
                 last = self._write(fd, last, "audit_repaired", None, {"torn_bytes": torn, "why": "a writer was stopped mid-record"})
+            if last is None:  # a log just sealed: the chain goes on from its segment's last record
+                last = self._sealed_head()
             record = self._write(fd, last, kind, session, facts)
             self._checkpoint(record)
+            if os.fstat(fd).st_size >= segment_bytes():
+                self._seal(fd, record)
             return record
         except OSError as exc:
             raise StateError(unwritable("the audit log", exc)) from None
         finally:
             os.close(fd)  # releases the lock
+
+    def _locked(self, how: int, *, create: bool = True) -> int:
+        """The log's fd holding `how`, once the file locked is still the log (a writer may have sealed it meanwhile)."""
+        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        while True:
+            try:
+                fd = os.open(self.path, flags, 0o600)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                continue
+            fcntl.flock(fd, how)
+            try:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    def _sealed(self) -> list[Path]:
+        """The sealed segments, oldest first."""
+        try:
+            return sorted(p for p in self.segments.iterdir() if p.suffix == ".jsonl")
+        except FileNotFoundError:
+            return []
+
+    def _sealed_head(self) -> dict[str, Any] | None:
+        sealed = self._sealed()
+        if not sealed:
+            return None
+        fd = os.open(sealed[-1], os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return _tail(fd)[0]
+        finally:
+            os.close(fd)
+
+    def _seal(self, fd: int, last: dict[str, Any]) -> None:
+        """Under the lock: the log becomes segments/FIRST-LAST.jsonl, read-only, and an empty log takes its place."""
+        first = json.loads(os.pread(fd, _first_line_end(fd), 0))["seq"]
+        self.segments.mkdir(mode=0o700, exist_ok=True)
+        os.fchmod(fd, 0o400)
+        os.rename(self.path, self.segments / f"{first:012d}-{last['seq']:012d}.jsonl")
+        try:
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except FileExistsError:
+            pass  # a writer that found none made it already
 
     def _write(self, fd: int, last: dict[str, Any] | None, kind: str, session: str | None, facts: dict[str, Any]) -> dict[str, Any]:
         body = {
@@ -158,13 +216,32 @@ class AuditLog:
             os.close(fd)
 
     def records(self) -> Iterator[dict[str, Any]]:
-        """Every complete record that parses, in order (a torn tail is left out)."""
-        try:
-            handle = self.path.open("rb")
-        except FileNotFoundError:
-            return
-        with handle:
-            yield from json_objects(line for line in handle if line.endswith(b"\n"))
+        """Every complete record that parses, in order, the sealed segments' first (a torn tail is left out)."""
+        for path in [*self._sealed(), self.path]:
+            try:
+                handle = path.open("rb")
+            except FileNotFoundError:
+                continue
+            with handle:
+                yield from json_objects(line for line in handle if line.endswith(b"\n"))
+
+
+def segment_bytes() -> int:
+    """The size past which the log is sealed into a segment (read when used: a command server's worker has its client's environment)."""
+    return int(os.environ.get("QUINEBOX_AUDIT_SEGMENT", str(64 << 20)))
+
+
+def _first_line_end(fd: int) -> int:
+    """How many bytes the first line of `fd`'s file holds, its newline included."""
+    window = 4096
+    while True:
+        data = os.pread(fd, window, 0)
+        end = data.find(b"\n")
+        if end >= 0:
+            return end + 1
+        if len(data) < window:
+            return len(data)
+        window *= 4
 
 
 def _tail(fd: int) -> tuple[dict[str, Any] | None, int]:
@@ -213,12 +290,16 @@ def verify(log: AuditLog | None = None) -> Verdict:
     """Walk the chain from the start; the first record that breaks it, or that the head says is missing."""
     log = log or AuditLog(key=audit_key())
     try:
-        with log.path.open("rb") as handle:
-            fcntl.flock(handle, fcntl.LOCK_SH)  # the log and its head as one writer left them, not halfway through another
-            data = handle.read()
-            head = _read_head(log)
+        fd = log._locked(fcntl.LOCK_SH, create=False)  # the log and its head as one writer left them, not halfway through another
     except FileNotFoundError:
-        data, head = b"", _read_head(log)
+        fd = -1
+    try:
+        sealed = b"".join(path.read_bytes() for path in log._sealed())
+        data = sealed + (_read_all(fd) if fd >= 0 else b"")
+        head = _read_head(log)
+    finally:
+        if fd >= 0:
+            os.close(fd)
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the log ends with a newline
     previous = GENESIS
@@ -239,6 +320,14 @@ def verify(log: AuditLog | None = None) -> Verdict:
         if json.loads(lines[seq])["hash"] != digest:
             return Verdict(count, bad=seq, why="its hash differs from the checkpointed head's: the chain was rewritten from here or before")
     return Verdict(count, torn=bool(tail))
+
+
+def _read_all(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
 def _check(line: bytes, seq: int, previous: str, key: bytes | None) -> str:
