@@ -46,9 +46,13 @@ def audit(
 ) -> None:
     if ctx.invoked_subcommand:
         return
+    from quinebox.agent.store import Index
     from quinebox.audit.log import AuditLog
 
     after = _since(since) if since else ""
+    index = Index()
+    pruned = index.every_pruned()  # its records stay; they point at data `quinebox prune` took
+    index.close()
     for record in AuditLog().records():
         if session and not str(record.get("session") or "").startswith(session):
             continue
@@ -57,7 +61,8 @@ def audit(
         if json_out:
             print(json.dumps(record, sort_keys=True))
         else:
-            print(f"{record.get('seq'):>6} {str(record.get('time', ''))[:23]} {record.get('session') or '-':<12} {record.get('kind'):<18} {_facts(record.get('facts') or {})}")
+            named = str(record.get("session") or "-") + (" (pruned)" if record.get("session") in pruned else "")
+            print(f"{record.get('seq'):>6} {str(record.get('time', ''))[:23]} {named:<12} {record.get('kind'):<18} {_facts(record.get('facts') or {})}")
 
 
 @audit_app.command("verify", help="Check the chain: exit 0 when intact, 1 naming the first record that is not what was written.")
