@@ -70,14 +70,14 @@ def rootless_user() -> Rootless | None:
 def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
     """(the image, its unpacked root): with no engine call once it is unpacked (unless --pull always); with no
     engine to ask, from what root shared (shared.py: a user without the engine's socket) or its registry (registry.py)."""
-    from quinebox.box.images import rootfs, shared
+    from quinebox.box.images import rootfs, shared, usage
 
     if pull != "always":
         known = rootfs.lookup(name)
         if known is not None:
             root = rootfs.unpacked(known.id)
             if root is not None:
-                return known, str(root)
+                return known, usage.mark(str(root))
     from quinebox.box.backends.docker import DockerBackend
 
     try:
@@ -89,7 +89,7 @@ def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
             info, tree = public
             made = rootfs.unpack(info, "shared", lambda root: shared.copy_into(root, tree))
             rootfs.remember(info, "shared")
-            return info, str(made)
+            return info, usage.mark(str(made))
         if name == DEFAULT_IMAGE:
             raise EngineError(f"image {name} is not here, and {str(exc)[0].lower()}{str(exc)[1:].rstrip('.')}: or have root share it (`sudo quinebox image share`)") from None
         if pull == "never":
@@ -97,8 +97,8 @@ def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
         from quinebox.box.images import registry
 
         image = registry.pull(name, str(exc).rstrip("."))
-        return image, str(rootfs.unpacked(image.id))
-    return image, str(rootfs.from_engine(backend, image))
+        return image, usage.mark(str(rootfs.unpacked(image.id)))
+    return image, usage.mark(str(rootfs.from_engine(backend, image)))
 
 
 def with_argv(spec: BoxSpec, image: ImageInfo) -> BoxSpec:

@@ -359,7 +359,7 @@ def prune(in_use: set[str], current: set[str]) -> list[str]:
                 _discard(path)
                 removed.append(path.name)
         elif HEX.fullmatch(path.name) and path.name not in keep:
-            if _remove(path):
+            if remove(path):
                 removed.append(path.name)
     for path in sorted(locks().glob("*")):
         if not (root / path.name).exists():
@@ -382,12 +382,12 @@ def repair(in_use: set[str]) -> list[tuple[str, str]]:
         if not HEX.fullmatch(path.name) or path.name in busy or not (path / ROOTFS).is_dir():
             continue
         why = seal.changed(path, path / ROOTFS)
-        if why is not None and _remove(path):
+        if why is not None and remove(path):
             repaired.append((path.name, why))
     return repaired
 
 
-def _remove(path: Path) -> bool:
+def remove(path: Path) -> bool:
     """Remove an unpacked image: out of sight first (a box never finds half a tree); a crash mid-way leaves a dead
     maker's scratch directory, which `prune` removes."""
     gone = path.parent / f"{SCRATCH}{owner_tag()}-gone-{path.name}"

@@ -134,8 +134,10 @@ def bundle_owner(bundle: Path) -> str | None:
 
 def _prune_images(boxes: list[Box], engine: DockerBackend | None) -> list[tuple[str, str]]:
     """Remove unpacked images that no box listed uses and whose image is gone or replaced (see rootfs.prune),
-    and those changed since their unpack (rootfs.repair): (directory, why) of each of the latter."""
-    from quinebox.box.images import rootfs
+    those no box has used for `retention: {images:}` (usage.py), and those changed since their unpack
+    (rootfs.repair): (directory, why) of each of the latter two."""
+    from quinebox.box.images import rootfs, usage
+    from quinebox.grants import format_duration
 
     in_use = {os.path.basename(os.path.dirname(box.image_root)) for box in boxes if box.image_root}
     try:
@@ -143,4 +145,10 @@ def _prune_images(boxes: list[Box], engine: DockerBackend | None) -> list[tuple[
     except EngineError:
         engine_ids = None
     rootfs.prune(in_use, rootfs.current_ids(engine_ids))
-    return rootfs.repair(in_use)
+    gone = []
+    idle = usage.idle_limit()
+    if idle is not None:  # retention: {images: 30d}
+        for path in usage.unused(rootfs.images_root(), idle, in_use):
+            if rootfs.remove(path):
+                gone.append((path.name, f"no box has used it for {format_duration(idle)} (retention: images in config.yaml)"))
+    return gone + rootfs.repair(in_use)
