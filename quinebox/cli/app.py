@@ -72,6 +72,8 @@ def run_app() -> None:
     """The app with every command registered, its failures one line: for `quinebox` itself and a command server's worker."""
     import errno
 
+    from quinebox.tree.retention import due
+
     try:
         command()()
     except QuineboxError as exc:  # a command that did not say it itself
@@ -85,6 +87,8 @@ def run_app() -> None:
         where = f" {exc.filename}" if exc.filename else ""
         say(f"cannot write{where}: {exc.strerror}; free some space (the state dir is {state_dir()}) and run again")
         raise SystemExit(EXIT_QUINEBOX) from None
+    finally:
+        due()  # once a day, `retention:` is applied by a process of its own (tree/retention.py); else one stat
 
 
 def version_callback(value: bool) -> None:
