@@ -89,7 +89,8 @@ def choose(rows: list[SessionRow], rules: Selection, *, now: float, held: Iterab
     and whatever a staying session needs. `needs`: for any session, indexed or not (an exec's world), the sessions
     its world reads (its base, its overlay's lowers)."""
     needs = needs or {}
-    going = {s for s in rules.candidates(rows, now, sessions) if s in {r.id for r in rows if r.ended is not None}} - set(held)
+    finished = {r.id for r in rows if r.ended is not None}
+    going = (rules.candidates(rows, now, sessions) & finished) - set(held)
     parents = {r.id: r.parent for r in rows}
     staying = [s for s in {*parents, *needs} if s not in going]
     while staying:  # what stays keeps its parent and the worlds it reads, and so on up
