@@ -21,6 +21,16 @@ def process_start_ticks(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def user_name(uid: int) -> str:
+    """The login name of `uid`, or the number itself where the passwd database has none (a container's uid)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def owner_id(pid: int | None = None) -> str:
     """`host:pid:start` of this process (or of `pid`): whose boxes these are, checked by `gc`."""
     pid = os.getpid() if pid is None else pid

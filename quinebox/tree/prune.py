@@ -15,7 +15,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import pwd
 import shutil
 import time
 from collections.abc import Iterable
@@ -27,8 +26,9 @@ from quinebox.agent.store import Index, SessionRow
 from quinebox.audit.approvals import pending
 from quinebox.audit.log import record
 from quinebox.errors import QuineboxError
+from quinebox.processes import user_name
 from quinebox.state import run_dir, session_dir, state_dir
-from quinebox.tree.runs import ATTEMPTS, END, runs_dir
+from quinebox.tree.runs import END, attempted, runs_dir
 from quinebox.worlds.revisions import ObjectStore
 from quinebox.worlds.sweep import Swept, sweep
 
@@ -127,7 +127,7 @@ def prune(rules: Selection, *, dry: bool = False, now: float | None = None) -> P
         rows = index.every()
         sessions = state_dir() / "sessions"
         chosen = choose(rows, rules, now=now, held=held(), needs=world_needs(sessions), sessions=sessions)
-        done = Pruned(sessions=[(row, _size(session_dir(row.id))) for row in chosen])
+        done = Pruned(sessions=[(row, tree_bytes(session_dir(row.id))) for row in chosen])
         ids = [row.id for row in chosen]
         if dry:
             done.objects = sweep(ObjectStore(), sessions, without=frozenset(ids), dry=True)
@@ -167,7 +167,7 @@ def held() -> set[str]:
         runs = []
     for run_record in runs:
         if not os.path.exists(os.path.join(run_record.path, END)):
-            found.update(_attempted(Path(run_record.path)))
+            found.update(attempted(Path(run_record.path)))
     return found
 
 
@@ -204,26 +204,10 @@ def ended_runs(pruned: set[str], indexed: set[str]) -> list[Path]:
         path = Path(run.path)
         if not (path / END).exists():
             continue
-        started = _attempted(path)
+        started = attempted(path)
         if all(s in pruned or s not in indexed for s in started):
             gone.append(path)
     return gone
-
-
-def _attempted(run: Path) -> set[str]:
-    try:
-        lines = (run / ATTEMPTS).read_bytes().split(b"\n")
-    except FileNotFoundError:
-        return set()
-    sessions = set()
-    for line in lines:
-        try:
-            session = json.loads(line).get("session")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(session, str):
-            sessions.add(session)
-    return sessions
 
 
 def _exclusive() -> int:
@@ -239,7 +223,8 @@ def _exclusive() -> int:
     return fd
 
 
-def _size(path: Path) -> int:
+def tree_bytes(path: str | Path) -> int:
+    """The bytes of every file under `path` (links not followed; one that goes meanwhile counts nothing)."""
     total = 0
     for top, _, files in os.walk(path):
         for name in files:
@@ -252,8 +237,4 @@ def _size(path: Path) -> int:
 
 def _whom() -> dict[str, object]:
     uid = os.getuid()
-    try:
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        name = str(uid)
-    return {"user": name, "uid": uid, "pid": os.getpid()}
+    return {"user": user_name(uid), "uid": uid, "pid": os.getpid()}

@@ -102,23 +102,14 @@ class Weights:
 
 
 def weigh(sessions: Path) -> Weights:
+    from quinebox.tree.prune import tree_bytes
     from quinebox.worlds.sweep import objects_of
 
-    own: dict[str, int] = {}
     try:
         entries = list(os.scandir(sessions))
     except FileNotFoundError:
         entries = []
-    for entry in entries:
-        total = 0
-        for top, _, files in os.walk(entry.path):
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(top, name)).st_size
-                except OSError:
-                    pass
-        own[entry.name] = total
-    return Weights(own=own, objects=objects_of(sessions))
+    return Weights(own={entry.name: tree_bytes(entry.path) for entry in entries}, objects=objects_of(sessions))
 
 
 def over_size(oldest_first: list[str], budget: int, weights: Weights, going: set[str]) -> set[str]:

@@ -19,6 +19,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
+from quinebox.documents import json_objects
 from quinebox.processes import owner_id
 from quinebox.state import state_dir
 
@@ -35,6 +36,15 @@ def new_id(now: float | None = None) -> str:
     """Sorts by start time (to the millisecond, in UTC), then a random part so two runs that start together differ."""
     now = time.time() if now is None else now
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{secrets.token_hex(6)}"
+
+
+def attempted(run: Path) -> set[str]:
+    """The sessions a run's attempts started (runs/<id>/attempts.jsonl); a line that is not a record passes over."""
+    try:
+        data = (run / ATTEMPTS).read_bytes()
+    except FileNotFoundError:
+        return set()
+    return {line["session"] for line in json_objects(data.split(b"\n")) if isinstance(line.get("session"), str)}
 
 
 class RunRecord:

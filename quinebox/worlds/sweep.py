@@ -9,12 +9,12 @@ exclusively, so no put runs meanwhile, and spares every object touched since the
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from quinebox.documents import json_objects
 from quinebox.worlds.revisions import ObjectStore
 
 
@@ -45,12 +45,9 @@ def objects_of(sessions: Path, without: frozenset[str] = frozenset()) -> dict[st
         except (FileNotFoundError, NotADirectoryError):
             continue
         names = found[entry.name] = {}
-        for line in data.split(b"\n")[:-1]:
-            try:
-                changes = json.loads(line).get("changes") or {}
-            except (ValueError, AttributeError):
-                continue
-            for e in changes.values():
+        for revision in json_objects(data.split(b"\n")[:-1]):
+            changes = revision.get("changes")
+            for e in changes.values() if isinstance(changes, dict) else ():
                 if isinstance(e, dict) and isinstance(e.get("sha"), str):
                     names[e["sha"]] = int(e.get("size") or 0)
     return found

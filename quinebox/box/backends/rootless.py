@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quinebox.box.policy_oci import Rootless
+from quinebox.processes import user_name
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 MOUNTS = "/proc/self/mounts"
@@ -189,10 +190,7 @@ def local_rootless() -> Rootless | Refusal | None:
 def this_user(hierarchy: str) -> Rootless | Refusal:
     """For the user running this process: what its boxes are (a Rootless), or why it may have none here."""
     uid, gid = os.getuid(), os.getgid()
-    try:
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        name = str(uid)
+    name = user_name(uid)
     refused = userns_refusal(_sysctl)
     if refused is not None:
         return refused
