@@ -90,7 +90,8 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ -x /usr/bin/python3 ]; then
         .venv-debian/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_untar.py tests/unit/worlds tests/unit/box/test_rootfs.py \
             tests/integration/test_rootfs_engine.py tests/integration/test_sandbox.py tests/integration/test_exec_api.py \
             tests/integration/test_registry.py tests/integration/test_file_streams.py tests/integration/test_host_image.py \
-            tests/unit/box/test_policy_host.py tests/e2e/test_world_boxes.py -k "$skip"
+            tests/unit/box/test_policy_host.py tests/e2e/test_world_boxes.py tests/unit/tree/test_pruning.py tests/unit/tree/test_retention.py \
+            tests/unit/audit/test_audit_segments.py tests/unit/box/test_image_usage.py -k "$skip"
         status=$?
         if [ "$status" = 0 ]; then
             echo "test: archives, worlds and boxes again under /usr/bin/python3 ($version), on the Docker backend" >&2
@@ -125,7 +126,8 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]
             tests/integration/test_seccomp.py tests/integration/test_isolation.py tests/integration/test_oci_backend.py \
             tests/integration/test_host_image.py tests/integration/test_any_image.py tests/integration/test_registry.py \
             tests/integration/test_box_removal.py tests/integration/test_hostile_box.py tests/integration/test_agent.py \
-            tests/integration/test_inspect.py tests/integration/test_mcp.py tests/e2e \
+            tests/integration/test_inspect.py tests/integration/test_mcp.py tests/unit/tree/test_pruning.py tests/unit/tree/test_retention.py \
+            tests/unit/audit/test_audit_segments.py tests/unit/box/test_image_usage.py tests/e2e \
             -k 'not 50_mb and not quiet_spell_longer and not a_bad_grant_starts_nothing' --basetemp '$work/t'"
     status=$?
     rm -rf "$work"
