@@ -108,7 +108,18 @@ class RuntimeWay(Way):
             cgroup = ["--cgroup", self.cgroup.runtime_arg]
             if self.guard:
                 self.watchdog = watchdog(self.cgroup)
-        options = [*(["--tty"] if self.tty else []), "--user", user, "--cwd", cwd, *cgroup, *(a for e in env for a in ("--env", e))]
+        self._process: Path | None = None
+        size = _terminal_size(fds[0]) if self.tty and not runtime.gvisor else None
+        if size is not None:
+            # Sized before the command runs (the runtime's init sets it on the pty it makes): `--tty` alone has
+            # the runtime size it only after the command has started, which a quick `stty size` loses the race to.
+            spec = json.loads((bundle_of(self.session) / "config.json").read_text())
+            self._process = bundle_of(self.session) / f"exec-{os.urandom(4).hex()}.json"
+            self._process.write_text(json.dumps(sized_process(spec["process"], argv, cwd, env, user, size)))
+            options = ["--process", str(self._process), *cgroup]
+            argv = ()
+        else:
+            options = [*(["--tty"] if self.tty else []), "--user", user, "--cwd", cwd, *cgroup, *(a for e in env for a in ("--env", e))]
         self._pid_file: str | None = None
         if runtime.gvisor:
             say_unfiltered(self.session)
@@ -143,11 +154,12 @@ class RuntimeWay(Way):
     def status(self) -> int:
         code = self._proc.returncode
         code = 128 - code if code < 0 else self._not_started(code)
-        if self._pid_file:
-            try:
-                os.unlink(self._pid_file)
-            except OSError:
-                pass
+        for path in (self._pid_file, self._process):
+            if path:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         return code
 
     def _not_started(self, code: int) -> int:
@@ -162,6 +174,32 @@ class RuntimeWay(Way):
         reason = "\n".join(str(json.loads(line).get("msg", "")) for line in logged.splitlines() if line.startswith("{")) or logged
         # The runtime has said why on the command's stderr itself: only the status is left to give, as a shell's.
         return 127 if "not found" in reason or "no such file" in reason else 126 if "permission denied" in reason else code
+
+
+def _terminal_size(fd: int) -> tuple[int, int] | None:
+    """(rows, columns) of the terminal `fd` is, or None: not a terminal, or one with no size set."""
+    try:
+        size = os.get_terminal_size(fd)
+    except OSError:
+        return None
+    return (size.lines, size.columns) if size.lines and size.columns else None
+
+
+def sized_process(process: dict, argv: Sequence[str], cwd: str, env: Sequence[str], user: str, size: tuple[int, int]) -> dict:
+    """The runtime's `exec --process` for a terminal exec of `size`: the box's own process (its capabilities,
+    NoNewPrivs, rlimits and groups, as `exec` without `--process` starts from) with what the exec's own flags
+    would have set -- its argv, cwd, added env, uid:gid and a terminal -- and the terminal's size."""
+    uid, _, gid = user.partition(":")
+    own = process.get("user", {})
+    return {
+        **process,
+        "args": list(argv),
+        "cwd": cwd,
+        "env": [*process.get("env", []), *env],
+        "user": {**own, "uid": int(uid), "gid": int(gid) if gid else own.get("gid", int(uid))},
+        "terminal": True,
+        "consoleSize": {"height": size[0], "width": size[1]},
+    }
 
 
 class EngineWay(Way):

@@ -75,7 +75,7 @@ class BoxExec:
         tty: bool = False,
         guard: bool = False,
     ):
-        """`tty`: the command gets a terminal (this process's, which the runtime sizes after it; on the engine
+        """`tty`: the command gets a terminal (this process's size, set before it runs -- under gVisor just after; on the engine
         its output is then one stream, on stdout). `guard`: a forked watchdog kills the exec's tree if this
         process dies before the exec ends (for a CLI process, whose box is owned by another)."""
         if not argv:
