@@ -4,7 +4,7 @@ whichever quinebox process finds it due, in a process of its own, so that it nev
     retention:
       age: 30d       # a session that ended longer ago goes
       count: 1000    # the newest 1000 finished sessions stay, older ones go
-      size: 2g       # the oldest go until the sessions, with their world objects, fit in 2 GiB
+      size: 2g       # the oldest go until the state dir fits in 2 GiB (its unpacked images and audit log aside)
       images: 30d    # `gc` lets go of unpacked images no box has used this long (box/images/usage.py)
 
 Each limit given is enforced: a session over any one of them goes (unlike `prune`'s options, each of which
@@ -93,15 +93,24 @@ def configured_limits() -> Limits:
     return Limits.from_config(config)
 
 
+#: What the state dir holds for all its sessions at once, counted in `size`: the sessions' index and the
+#: `map`/`batch` run records. Not counted: the unpacked images (`images:` is theirs) and the audit log, which
+#: nothing prunes (it outlives what it records).
+SHARED = ("sessions.db", "runs")
+
+
 @dataclass(frozen=True)
 class Weights:
-    """What each session dir holds on disk, and the world objects each one's revisions name (sha: size)."""
+    """What each session dir holds on disk, the world objects each one's revisions name (sha: size), and what
+    the state dir holds for all of them (SHARED), which no one session's going frees."""
 
     own: dict[str, int]
     objects: dict[str, dict[str, int]]
+    shared: int = 0
 
 
 def weigh(sessions: Path) -> Weights:
+    """`sessions`: the state dir's sessions dir, beside SHARED."""
     from quinebox.tree.prune import tree_bytes
     from quinebox.worlds.sweep import objects_of
 
@@ -109,15 +118,16 @@ def weigh(sessions: Path) -> Weights:
         entries = list(os.scandir(sessions))
     except FileNotFoundError:
         entries = []
-    return Weights(own={entry.name: tree_bytes(entry.path) for entry in entries}, objects=objects_of(sessions))
+    shared = sum(tree_bytes(path) if path.is_dir() else path.stat().st_size for path in (sessions.parent / name for name in SHARED) if path.exists())
+    return Weights(own={entry.name: tree_bytes(entry.path) for entry in entries}, objects=objects_of(sessions), shared=shared)
 
 
 def over_size(oldest_first: list[str], budget: int, weights: Weights, going: set[str]) -> set[str]:
-    """The oldest of `oldest_first` that must go too, after `going`, for the sessions and the objects their worlds
-    name to fit in `budget` bytes (an object goes only with the last world naming it)."""
+    """The oldest of `oldest_first` that must go too, after `going`, for the sessions, the objects their worlds
+    name and what is shared to fit in `budget` bytes (an object goes only with the last world naming it)."""
     names = Counter(sha for objects in weights.objects.values() for sha in objects)
     sizes = {sha: size for objects in weights.objects.values() for sha, size in objects.items()}
-    total = sum(weights.own.values()) + sum(sizes.values())
+    total = sum(weights.own.values()) + sum(sizes.values()) + weights.shared
 
     def take(session: str) -> int:
         freed = weights.own.get(session, 0)

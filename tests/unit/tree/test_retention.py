@@ -69,6 +69,11 @@ def test_the_size_limit_takes_the_oldest_until_sessions_and_their_objects_fit():
     assert over_size(oldest_first, 160, weights, set()) == {"a", "b"}  # b frees 100 and, last to name it, shared
     assert over_size(oldest_first, 0, weights, set()) == {"a", "b", "c"}
     assert over_size(oldest_first, 160, weights, {"a"}) == {"b"}  # what goes already counts first
+    shared = Weights(own=weights.own, objects=weights.objects, shared=200)  # the index and run records: no session frees them
+    assert over_size(oldest_first, total + 200, shared, set()) == set()
+    assert over_size(oldest_first, total + 199, shared, set()) == {"a"}
+    assert over_size(oldest_first, 360, shared, set()) == {"a", "b"}
+    assert over_size(oldest_first, 199, shared, set()) == {"a", "b", "c"}  # over still: what is shared stays, as running sessions do
 
 
 @pytest.fixture
