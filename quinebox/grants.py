@@ -58,7 +58,7 @@ def parse_duration(text: str) -> float:
 
 
 def format_duration(value: float) -> str:
-    for unit in ("h", "m", "s"):
+    for unit in ("d", "h", "m", "s"):
         if value >= _DURATION_UNITS[unit] and value % _DURATION_UNITS[unit] == 0:
             return f"{int(value // _DURATION_UNITS[unit])}{unit}"
     return f"{int(round(value * 1000))}ms"

@@ -93,6 +93,6 @@ def test_gc_lets_go_of_an_unpacked_image_no_box_has_used_for_the_retention_time(
     os.utime(image / "used", (old, old))
     done = qb(env, "gc")
     assert done.returncode == 0 and not image.exists()
-    assert f"removed unpacked image {image.name[:12]}: no box has used it for 24h (retention: images in config.yaml)".encode() in done.stderr
+    assert f"removed unpacked image {image.name[:12]}: no box has used it for 1d (retention: images in config.yaml)".encode() in done.stderr
     again = qb(env, "exec", "--backend", "oci", "--", "echo", "afresh")
     assert (again.returncode, again.stdout) == (0, b"afresh\n") and (image / "used").exists()

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from quinebox.errors import GrantError
-from quinebox.grants import Grants, Mount, attenuate, check_mount, parse_duration, parse_grant, parse_size, read_only_all_the_way, resolve, submounts
+from quinebox.grants import Grants, Mount, attenuate, check_mount, format_duration, parse_duration, parse_grant, parse_size, read_only_all_the_way, resolve, submounts
 from quinebox.netrules import NetRule
 
 G = 1 << 30
@@ -141,6 +141,8 @@ def test_two_mounts_at_one_destination_are_refused():
     [
         ["ro:/data", "rw:/src=/work", "net", "cpus:1.5", "mem:512m", "tmp:64m", "world:3g", "pids:32", "time:90s", "env:A=b", "env:C", "spawn:4", "depth:2", "tokens:1000", "syscall:ptrace"],
         ["time:250ms", "time:1h"],
+        ["time:2d"],
+        ["time:36h"],
         ["mem:1000"],
     ],
 )
@@ -303,3 +305,12 @@ def test_host_loopback_parses_formats_back_and_a_child_holds_it_only_as_its_pare
     assert attenuate(parent, Grants.parse(["net:host-loopback:8080"])).net == parent.net
     with pytest.raises(GrantError, match=r"^refused net:host-loopback:9090: wider than this box's network grants \(net:host-loopback:8080\)$"):
         attenuate(parent, Grants.parse(["net:host-loopback:9090"]))
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(86400, "1d"), (30 * 86400, "30d"), (129600, "36h"), (3600, "1h"), (5400, "90m"), (90, "90s"), (1, "1s"), (0.25, "250ms")],
+)
+def test_a_duration_is_said_in_its_largest_whole_unit(seconds, said):
+    assert format_duration(seconds) == said
+    assert parse_duration(said) == seconds
