@@ -38,15 +38,12 @@ IMAGE_CACHE = "images"
 
 
 def weighed(state: Path) -> int:
-    """What retention's size counts: every session dir, each world object its worlds name (once), and SHARED."""
-    weights = weigh(state / "sessions")
-    objects = {sha: size for named in weights.objects.values() for sha, size in named.items()}
-    return sum(weights.own.values()) + sum(objects.values()) + weights.shared
+    """What retention's size counts (retention.Weights.total)."""
+    return weigh(state / "sessions").total()
 
 
 def rest_of(state: Path) -> int:
-    return sum(tree_bytes(entry.path) if entry.is_dir(follow_symlinks=False) else entry.stat(follow_symlinks=False).st_size
-               for entry in os.scandir(state) if entry.name != IMAGE_CACHE)
+    return sum(tree_bytes(entry.path) for entry in os.scandir(state) if entry.name != IMAGE_CACHE)
 
 
 def pruned_lines(log: Path) -> list[str]:
@@ -106,8 +103,7 @@ def main() -> int:
         print("the state dir but its sessions and images, by what holds it (retention counts sessions.db and runs; the audit log is never pruned):")
         for entry in sorted(os.scandir(state), key=lambda e: e.name):
             if entry.name not in (IMAGE_CACHE, "sessions"):
-                held = tree_bytes(entry.path) if entry.is_dir(follow_symlinks=False) else entry.stat(follow_symlinks=False).st_size
-                print(f"   {entry.name:<24} {held / 1e6:8.2f} MB")
+                print(f"   {entry.name:<24} {tree_bytes(entry.path) / 1e6:8.2f} MB")
         return 1 if over else 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

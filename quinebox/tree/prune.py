@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -224,7 +225,14 @@ def _exclusive() -> int:
 
 
 def tree_bytes(path: str | Path) -> int:
-    """The bytes of every file under `path` (links not followed; one that goes meanwhile counts nothing)."""
+    """The bytes of every file under `path`, or of `path` if it is not a directory (links not followed; one that
+    is missing or goes meanwhile counts nothing)."""
+    try:
+        own = os.lstat(path)
+    except OSError:
+        return 0
+    if not stat.S_ISDIR(own.st_mode):
+        return own.st_size
     total = 0
     for top, _, files in os.walk(path):
         for name in files:

@@ -108,6 +108,14 @@ class Weights:
     objects: dict[str, dict[str, int]]
     shared: int = 0
 
+    def sizes(self) -> dict[str, int]:
+        """Each world object named, once: sha: size."""
+        return {sha: size for objects in self.objects.values() for sha, size in objects.items()}
+
+    def total(self) -> int:
+        """What retention's `size` weighs: the session dirs, the objects their worlds name and what is shared."""
+        return sum(self.own.values()) + sum(self.sizes().values()) + self.shared
+
 
 def weigh(sessions: Path) -> Weights:
     """`sessions`: the state dir's sessions dir, beside SHARED."""
@@ -118,7 +126,7 @@ def weigh(sessions: Path) -> Weights:
         entries = list(os.scandir(sessions))
     except FileNotFoundError:
         entries = []
-    shared = sum(tree_bytes(path) if path.is_dir() else path.stat().st_size for path in (sessions.parent / name for name in SHARED) if path.exists())
+    shared = sum(tree_bytes(sessions.parent / name) for name in SHARED)
     return Weights(own={entry.name: tree_bytes(entry.path) for entry in entries}, objects=objects_of(sessions), shared=shared)
 
 
@@ -126,8 +134,8 @@ def over_size(oldest_first: list[str], budget: int, weights: Weights, going: set
     """The oldest of `oldest_first` that must go too, after `going`, for the sessions, the objects their worlds
     name and what is shared to fit in `budget` bytes (an object goes only with the last world naming it)."""
     names = Counter(sha for objects in weights.objects.values() for sha in objects)
-    sizes = {sha: size for objects in weights.objects.values() for sha, size in objects.items()}
-    total = sum(weights.own.values()) + sum(sizes.values()) + weights.shared
+    sizes = weights.sizes()
+    total = weights.total()
 
     def take(session: str) -> int:
         freed = weights.own.get(session, 0)

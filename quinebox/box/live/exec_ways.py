@@ -113,8 +113,9 @@ class RuntimeWay(Way):
         if size is not None:
             # Sized before the command runs (the runtime's init sets it on the pty it makes): `--tty` alone has
             # the runtime size it only after the command has started, which a quick `stty size` loses the race to.
-            spec = json.loads((bundle_of(self.session) / "config.json").read_text())
-            self._process = bundle_of(self.session) / f"exec-{os.urandom(4).hex()}.json"
+            bundle = bundle_of(self.session)
+            spec = json.loads((bundle / "config.json").read_text())
+            self._process = bundle / f"exec-{os.urandom(4).hex()}.json"
             self._process.write_text(json.dumps(sized_process(spec["process"], argv, cwd, env, user, size)))
             options = ["--process", str(self._process), *cgroup]
             argv = ()

@@ -13,7 +13,7 @@ from quinebox.agent.tapes import find
 from quinebox.audit.log import AuditLog, verify
 from quinebox.errors import QuineboxError
 from quinebox.state import run_dir, session_dir
-from quinebox.tree.prune import Rules, RulesError, choose, prune
+from quinebox.tree.prune import Rules, RulesError, choose, prune, tree_bytes
 from quinebox.tree.runs import RunRecord
 from quinebox.worlds.build import create
 from quinebox.worlds.spec import WorldSpec, child_world, world_dir
@@ -200,3 +200,12 @@ def test_objects_of_a_store_with_nothing_to_prune_stay(state):
     done = prune(Rules(older_than=DAY))
     assert (done.sessions, done.objects.objects, objects(state)) == ([], 0, before)
     assert not [r for r in AuditLog().records() if r["kind"] in ("prune", "pruned")]  # nothing went: nothing to record
+
+
+def test_tree_bytes_weighs_a_directory_a_file_and_nothing(tmp_path):
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    (tmp_path / "d" / "a").write_bytes(b"x" * 10)
+    (tmp_path / "d" / "e" / "b").write_bytes(b"y" * 5)
+    assert tree_bytes(tmp_path / "d") == 15
+    assert tree_bytes(tmp_path / "d" / "a") == 10  # sessions.db beside the sessions is weighed so
+    assert tree_bytes(tmp_path / "gone") == 0
