@@ -19,11 +19,14 @@ import shlex
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import IO, TYPE_CHECKING, Any
 
 from quinebox.api import ExecResult
 from quinebox.box.live import sandboxes
 from quinebox.box.live.execs import BoxExec, Target
+from quinebox.box.live.owner_exec import OwnerExecs
+from quinebox.box.net.init_line import InitLine
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.box.process import BoxProcess
 from quinebox.box.spec import build_spec
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
 
 #: A long-lived box's main process: it waits, and the box lasts as long as it does.
 HOLD = (*GUEST_PYTHON, "-c", "import signal\nsignal.pause()")
+#: How long a box's init may take to say, once started, that it runs execs (gVisor's Python takes longest).
+INIT_TIMEOUT = 10.0
 
 
 class SandboxWorld:
@@ -113,7 +118,11 @@ class Sandbox:
         self.name = name
         self._diagnostics: list[bytes] = []
         self._closed = False
+        self._owner_execs: OwnerExecs | None = None
         self._revising = threading.Lock()  # one revision of the world at a time: execs may run concurrently
+        self._line: InitLine | None = None  # the box's init, once asked (`_line_asked`)
+        self._line_asked = False
+        self._asking_line = threading.Lock()
         self._box = BoxProcess(spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec))
         choice = self._box.choice
         docker = getattr(self._box, "_backend", None) if choice.engine else None
@@ -123,9 +132,14 @@ class Sandbox:
                 self.id, self._box.id or "", where, owner_id(), time.time(), name=name, holder=_holder,
                 ttl=self._box.spec.grants.time, idle=_idle,
             )
-            sandboxes.write_record(record)
             self.target: Target = sandboxes.target(record, engine=docker)
+            # A holder (`box create`) takes `exec --in` from its user's other processes, to run as its own execs.
+            if _holder:
+                self._owner_execs = OwnerExecs(self.id, self._exec_target)
+            sandboxes.write_record(record)
         except BaseException:
+            if self._owner_execs is not None:
+                self._owner_execs.close()
             self._box.kill()
             self._box.wait()
             raise
@@ -171,7 +185,15 @@ class Sandbox:
         bad = [k for k in (env or {}) if not k or "=" in k or "\0" in k]
         if bad:
             raise QuineboxError(f"bad environment variable name {bad[0]!r}: a name has no '=' and no NUL")
-        return BoxExec(self.target, list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, user=sandboxes.user_of(self.target, user))
+        return BoxExec(self._exec_target(), list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, user=sandboxes.user_of(self.target, user))
+
+    def _exec_target(self) -> Target:
+        """The box, with its init's line once the init has said it serves execs (the first exec waits for its
+        hello, which comes as the box starts): this process holds the lifeline, so execs start there."""
+        with self._asking_line:
+            if not self._line_asked:
+                self._line, self._line_asked = self._box.init_line(INIT_TIMEOUT), True
+        return replace(self.target, line=self._line)
 
     def exec(
         self,
@@ -227,6 +249,8 @@ class Sandbox:
             return
         self._closed = True
         try:
+            if self._owner_execs is not None:
+                self._owner_execs.close()
             self._box.kill()
             self._box.wait()
         finally:

@@ -26,6 +26,7 @@ from quinebox.box.backends import watch
 from quinebox.box.backends.choice import ENGINE, Choice, choose
 from quinebox.box.net.broker import Broker, Handler, Spawner
 from quinebox.box.net.egress import Egress
+from quinebox.box.net.init_line import InitLine
 from quinebox.box.net.secrets import prepare_secrets
 from quinebox.box.policy import DEFAULT_WORLD, oci_refusal, proxied
 from quinebox.box.run.ending import Ending, Ends, How
@@ -140,6 +141,14 @@ class BoxProcess:
     def id(self) -> str | None:
         """The box's container id on its backend, once it was made."""
         return self._launch.id
+
+    def init_line(self, timeout: float) -> InitLine | None:
+        """The box's init over its lifeline, which starts execs in the box (net/init_line.py), once it has said
+        so (within `timeout` seconds of its start); None when it does not serve them (an agent's box, an image
+        of an older quinebox's) or the box has ended."""
+        if self._broker is None or not self._broker.init_said.wait(timeout):
+            return None
+        return self._broker.init
 
     @property
     def claimed(self) -> Claimed | None:

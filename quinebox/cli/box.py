@@ -98,6 +98,7 @@ def exec_in(ref: str, cmd: list[str], *, tty: bool, cwd: str | None, env: list[s
 
     from quinebox.box.live import sandboxes
     from quinebox.box.live.execs import BoxExec
+    from quinebox.box.live.owner_exec import exec_at_owner
     from quinebox.grants import parse_duration
 
     if not cmd:
@@ -107,8 +108,23 @@ def exec_in(ref: str, cmd: list[str], *, tty: bool, cwd: str | None, env: list[s
     with reported():
         limit = parse_duration(timeout) if timeout else None
         record, _ = sandboxes.find(ref)
-        where = sandboxes.target(record)
         variables = [e if "=" in e else f"{e}={os.environ.get(e, '')}" for e in env]
+        handed = None if tty else exec_at_owner(record.session, cmd, cwd=cwd, env=variables, user=user, timeout=limit)
+        if handed is not None:  # its owner runs it, started by the box's init (owner_exec.py)
+            conn, wait = handed
+
+            def ask_kill(signum: int, _frame: object) -> None:
+                received.append(signum)
+                try:
+                    conn.sendall(b'{"kind": "kill"}\n')
+                except OSError:
+                    pass
+
+            for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                signal.signal(signum, ask_kill)
+            code = wait()
+            return 128 + received[0] if received else code
+        where = sandboxes.target(record)
         with sandboxes.Running(record.session), raw_terminal(tty):
             proc = BoxExec(where, cmd, cwd=cwd, env=variables, user=sandboxes.user_of(where, user), tty=tty, guard=True)
 

@@ -9,10 +9,14 @@ mapped as a shell would (126 not executable, 127 not found, 128+n signal n).
 The agent loop holds its lifeline itself (`connect` and `watch` below), so an
 agent box runs one interpreter, not two.
 
-A warm box (`--pool`, box/pool/warm.py) starts the same init before it has a
+A warm box (`--pool`, box/pool/) starts the same init before it has a
 command: it connects, then waits on the lifeline for its claim — the argv and
-environment a cold box would have been created with — and runs that as
-above; an agent's loop takes the process over instead, lifeline and all.
+environment a cold box would have been created with, and on an OCI runtime the
+claimer's own stdin, stdout and stderr — and runs that as above; on the engine
+an agent's loop takes the process over instead, lifeline and all.
+
+While the command runs, the host may ask the init over the lifeline to start
+more commands beside it (execs.py): the fast way into a long-lived box.
 
 Runs inside untrusted boxes: stdlib only, small, no state.
 """
@@ -106,27 +110,35 @@ def await_size(fd, tries=SIZE_TRIES):
 _keep: list[object] = []
 
 
+def chld_wake():
+    """A socket select() finds readable after each SIGCHLD (the kernel's signal writes to its twin): one per
+    process, made on first need."""
+    if _keep:
+        return _keep[0]
+    wake_r, wake_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    for end in (wake_r, wake_w):
+        end.setblocking(False)
+    _keep.extend((wake_r, wake_w))  # the kernel's signal writes go to it for as long as we live
+    signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return wake_r
+
+
 def exited_fd(child):
     """Something select() finds readable once `child` has exited: its pidfd, or where the kernel has none
-    (gVisor's, 2022) a socket that each SIGCHLD writes to."""
+    (gVisor's, 2022) the SIGCHLD wake-up."""
     try:
         return os.pidfd_open(child)
     except OSError:
         pass
-    import socket as sockets  # the Python-level socket objects that send and receive on the wake-up pair
-
-    wake_r, wake_w = sockets.socketpair()
-    for end in (wake_r, wake_w):
-        end.setblocking(False)
-    _keep.append(wake_w)  # the kernel's signal writes go to it for as long as we live
-    signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    wake = chld_wake()
     os.kill(os.getpid(), signal.SIGCHLD)  # it may have exited before the handler was there: look once at once
-    return wake_r
+    return wake
 
 
-def reap_orphans(child):
-    """As the box's init: wait for every process that has exited; the command's status if it is among them."""
+def reap(child, execs):
+    """Wait for every child that has exited (as the box's init, every orphan too): the command's status if it is
+    among them; an exec's is told to the host."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -136,25 +148,24 @@ def reap_orphans(child):
             return None
         if pid == child:
             return status
+        if execs is not None:
+            execs.reaped(pid, status)
 
 
-def claimed(lifeline):
-    """A warm box's wait for its command: (argv, environment, whether an agent takes over); the host gone ends the box."""
-    import socket as sockets
-
-    if TYPE_CHECKING:
-        from quinebox.guest import protocol
-    else:
-        import protocol
-
-    reader = sockets.socket(fileno=os.dup(lifeline.fileno())).makefile("rb")  # the host sends nothing after the claim: nothing is read ahead
+def claimed(line):
+    """A warm box's wait for its command: (argv, environment, whether an agent takes over, its stdio if handed
+    over); the host gone, or anything but a claim, ends the box. On an OCI runtime the claimer's own stdin,
+    stdout and stderr come with the claim (SCM_RIGHTS): the box writes them itself, as a cold box would."""
     try:
-        claim, _ = protocol.read_frame(reader)
-    except (EOFError, OSError, protocol.ProtocolError):
+        frames = line.read()
+        while not frames:
+            frames = line.read()
+    except (EOFError, OSError, ValueError):
         kill_everything()
-    if claim.get("kind") != "claim":
+    (claim, fds), line.pending = frames[0], frames[1:]
+    if not isinstance(claim, dict) or claim.get("kind") != "claim" or len(fds) not in (0, 3):
         kill_everything()
-    return [str(a) for a in claim["argv"]], {str(k): str(v) for k, v in claim["env"].items()}, bool(claim.get("agent"))
+    return [str(a) for a in claim["argv"]], {str(k): str(v) for k, v in claim["env"].items()}, bool(claim.get("agent")), fds
 
 
 def engine_environment():
@@ -174,6 +185,13 @@ def take_over(argv, lifeline):
     os.execv(argv[0], argv)
 
 
+#: Said once the lifeline is up, before anything else: the host's end knows this connection for the box's init's,
+#: which starts execs beside the command (execs.py); a host from before execs took this hello and answered none.
+#: Constant bytes: a frame (protocol.py) with no json import.
+HELLO = b'{"kind":"hello","role":"lifeline","serves":["exec"]}'
+HELLO_FRAME = len(HELLO).to_bytes(4, "big") + bytes(4) + HELLO
+
+
 def main(argv):
     pooled = argv == ["--pool"]  # a command is always given after "--", so no command can be taken for this
     if argv[:1] == ["--"]:
@@ -185,10 +203,26 @@ def main(argv):
     if lifeline is None:
         say("the host is gone; not starting")
         return 137
+    try:
+        lifeline.sendall(HELLO_FRAME)
+    except OSError:
+        kill_everything()
+    line = None
+    environment = engine_environment()  # what the command starts with, and each exec beside it adds to
     if pooled:
-        argv, environment, agent = claimed(lifeline)
+        if TYPE_CHECKING:
+            from quinebox.guest import execs as lines
+        else:
+            import execs as lines
+
+        line = lines.Line(lifeline)
+        argv, given, agent, stdio = claimed(line)
+        environment.update(given)
         os.environ.clear()
-        os.environ.update({**engine_environment(), **environment})
+        os.environ.update(environment)
+        for target, fd in enumerate(stdio):
+            os.dup2(fd, target)
+            os.close(fd)
         if agent:
             take_over(argv, lifeline)
     if os.environ.get("QUINEBOX_EGRESS"):  # only a box with egress has a forwarder (and threads)
@@ -215,15 +249,18 @@ def main(argv):
             signal.signal(signum, signal.SIG_IGN)
     pidfd = exited_fd(child)
     init = os.getpid() == 1  # on an OCI runtime no init stands in front of us: orphans are ours to reap
+    execs = None  # the execs beside the command, once the host asks for one
     while True:
+        watched = [lifeline, pidfd] if execs is None or _keep[0] is pidfd else [lifeline, pidfd, _keep[0]]
         try:
-            ready, _, _ = select.select([lifeline, pidfd], [], [], REAP_EVERY if init else None)
+            ready, _, _ = select.select(watched, [], [], REAP_EVERY if init else None)
         except InterruptedError:
             continue
-        if pidfd in ready and not isinstance(pidfd, int):
-            pidfd.recv(4096)  # a SIGCHLD woke us: whose, waitpid says
-        status = reap_orphans(child) if init else None
-        if status is None and pidfd in ready:
+        for woken in ready:
+            if not isinstance(woken, int) and woken is not lifeline:
+                woken.recv(4096)  # a SIGCHLD woke us: whose, waitpid says
+        status = reap(child, execs) if init or execs is not None else None
+        if status is None and pidfd in ready and execs is None:
             pid, status = os.waitpid(child, 0 if isinstance(pidfd, int) else os.WNOHANG)
             status = status if pid == child else None
         if status is not None:
@@ -231,12 +268,26 @@ def main(argv):
             return code if code >= 0 else 128 - code
         if lifeline not in ready:
             continue
+        if line is None:
+            if TYPE_CHECKING:
+                from quinebox.guest import execs as lines
+            else:
+                import execs as lines
+
+            line = lines.Line(lifeline)
         try:
-            data = lifeline.recv(65536)
-        except OSError:
-            data = b""
-        if not data:
+            frames, line.pending = [*line.pending, *line.read()], []
+        except (EOFError, OSError, ValueError):
             kill_everything()
+        for message, fds in frames:
+            if isinstance(message, dict) and message.get("kind") == "exec":
+                if execs is None:
+                    chld_wake()
+                    execs = lines.Execs(line, environment)
+                execs.start(message, fds)
+            else:
+                for fd in fds:
+                    os.close(fd)
 
 
 if __name__ == "__main__":

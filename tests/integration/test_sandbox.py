@@ -81,6 +81,39 @@ def test_timeout_kills_the_exec_tree_and_the_box_stays_up(sb):
     assert sb.exec(["echo", "up"]).stdout == b"up\n"
 
 
+CONTROLS = "grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/{}/status"
+
+
+def test_an_exec_is_the_inits_child_in_a_cgroup_of_its_own_under_every_control_of_the_box(sb):
+    """The box's owner starts execs through the box's init (a fork, not a runtime's start): so each is the init's
+    child, holds exactly what the box's first process holds, and is in a pids cgroup of its own."""
+    parent = sb.exec(["sh", "-c", 'tr "\\0" " " </proc/$PPID/cmdline']).stdout
+    assert b"/.quinebox/guest/lifeline.py" in parent
+    own, first = (sb.exec(["sh", "-c", CONTROLS.format(pid)]).stdout for pid in ("self", "1"))
+    if b"lifeline.py" not in sb.exec(["sh", "-c", 'tr "\\0" " " </proc/1/cmdline']).stdout:  # the engine's init is pid 1 there
+        first = sb.exec(["sh", "-c", CONTROLS.format("$PPID")]).stdout
+    assert own == first and b"NoNewPrivs:\t1" in own and b"Seccomp:\t2" in own and b"CapEff:\t0000000000000000" in own
+    cgroups = [sb.exec(["grep", "-E", ":pids:|^0::", "/proc/self/cgroup"]).stdout for _ in range(2)]
+    assert all(b"/quinebox-exec-" in cgroup for cgroup in cgroups) and cgroups[0] != cgroups[1]
+
+
+#: Takes every process the box may have, and stays.
+HOG = "import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n            time.sleep(300)\n            os._exit(0)\n    except OSError:\n        break\ntime.sleep(300)"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_exec_the_box_has_no_process_left_for_fails_as_a_shell_would_and_the_box_goes_on(backend):
+    with quinebox.Sandbox(backend=backend, grants=["pids:12"]) as box:
+        hog = box.Popen(["python3", "-c", HOG], stdin=quinebox.DEVNULL, stdout=quinebox.DEVNULL, stderr=quinebox.DEVNULL)
+        deadline = time.monotonic() + 10
+        while (refused := box.exec(["true"])).returncode == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the sleeps have taken every process the box may have
+        assert refused.returncode == 126 and refused.stderr.startswith(b"quinebox: cannot start true: "), refused
+        hog.kill()
+        assert hog.wait(10) == 137
+        assert box.exec(["echo", "up"]).stdout == b"up\n"
+
+
 def test_a_background_process_outlives_its_exec_as_under_docker_exec(sb):
     sb.exec(["sh", "-c", "sleep 60 </dev/null >/dev/null 2>&1 & echo $! > /tmp/server.pid"], timeout=10)
     assert sb.exec(["sh", "-c", 'kill -0 "$(cat /tmp/server.pid)" && echo alive']).stdout == b"alive\n"

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from quinebox.box.backends.boxes import Box
 from quinebox.box.live.exec_ways import EXIT_KILLED, Way, way_for
+from quinebox.box.net.init_line import InitLine
 from quinebox.box.owners.listing import BoxInfo, live_boxes
 from quinebox.box.streams import relay
 from quinebox.box.streams.direct import DirectStdio, Stream
@@ -40,12 +41,14 @@ KILLED_GRACE = 10.0
 
 @dataclass(frozen=True)
 class Target:
-    """What an exec needs to know of its box: the box, and its main process's user and directory."""
+    """What an exec needs to know of its box: the box, and its main process's user and directory; `line`, the
+    box's init over its lifeline, where this process holds it (the box's owner): execs start fastest there."""
 
     session: str
     box: Box
     user: str
     cwd: str
+    line: InitLine | None = None
 
     @property
     def backend(self) -> str:
@@ -86,10 +89,11 @@ class BoxExec:
         self.timed_out = False
         self._killed = False
         self._lock = threading.Lock()
-        self._way: Way = way_for(target.box, target.session, tty=tty, guard=guard)
+        user = user or target.user
+        line = target.line if user == target.user else None  # the init runs execs as itself only
+        self._way: Way = way_for(target.box, target.session, tty=tty, guard=guard, line=line)
         self._stdio = stdio = DirectStdio(stdin, stdout, stderr, copy_files=self._way.copy_files)
         self.stdin, self.stdout, self.stderr = stdio.stdin, stdio.stdout, stdio.stderr
-        user = user or target.user
         cwd = os.path.join(target.cwd, cwd) if cwd else target.cwd  # a relative cwd is the box's working directory's
         try:
             self._way.start(argv, cwd, env, user, stdio.fds)

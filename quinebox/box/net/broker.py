@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from quinebox import fdpass
+from quinebox.box.net.init_line import InitLine
 from quinebox.errors import QuineboxError
 from quinebox.guest import protocol
 
@@ -61,11 +62,13 @@ class Channel:
         self._conn = conn
         self._lock = threading.Lock()
 
-    def send(self, message: dict[str, Any], payload: bytes = b"") -> bool:
+    def send(self, message: dict[str, Any], payload: bytes = b"", fds: Sequence[int] = ()) -> bool:
+        """One frame; `fds` go with its first bytes (one sendmsg), as guest/execs.py reads them."""
         try:
             frame = protocol.encode(message, payload)
             with self._lock:
-                self._conn.sendall(frame)
+                sent = socket.send_fds(self._conn, [frame], list(fds)) if fds else 0
+                self._conn.sendall(frame[sent:])
             return True
         except (OSError, protocol.ProtocolError):
             return False
@@ -73,6 +76,13 @@ class Channel:
 
 def error_frame(code: str, message: str, exit_code: int = ERROR_EXIT) -> dict[str, Any]:
     return {"kind": "error", "code": code, "message": message, "exit_code": exit_code}
+
+
+def _serves_execs(message: dict[str, Any]) -> bool:
+    """The hello of a box's init that starts execs (guest/lifeline.py); an agent that takes a warm box's lifeline
+    over says a hello of its own on it, answered as any agent's."""
+    serves = message.get("serves")
+    return message["kind"] == "hello" and message.get("role") == "lifeline" and isinstance(serves, list) and "exec" in serves
 
 
 def box_socket(path: str, *, backlog: int) -> socket.socket:
@@ -94,6 +104,11 @@ class Broker:
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
+        #: Connections served so far: only the first may be the init's (it connects before anything else runs).
+        self._served = 0
+        #: The box's init, once it has said so on the box's first connection (net/init_line.py).
+        self.init: InitLine | None = None
+        self.init_said = threading.Event()
         threading.Thread(target=self._accept, name=f"broker:{os.path.basename(path)}", daemon=True).start()
 
     def _accept(self) -> None:
@@ -112,13 +127,16 @@ class Broker:
                 conn.close()  # a box cannot make the host spend a thread per connection without bound
                 return False
             self._connections.add(conn)
-        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            first = self._served == 0
+            self._served += 1
+        threading.Thread(target=self._serve, args=(conn, first), daemon=True).start()
         return True
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, first: bool = False) -> None:
         reader = conn.makefile("rb")
         channel = Channel(conn)
         relay: Relay | None = None
+        init: InitLine | None = None
         try:
             while True:
                 try:
@@ -131,6 +149,13 @@ class Broker:
                 if relay is not None:
                     self._relay(relay, message, payload, channel)
                     continue
+                if init is not None and message["kind"] == "exec_exit":
+                    init.exited(message)
+                    continue
+                if first and self.init is None and _serves_execs(message):
+                    init = self.init = InitLine(channel)
+                if first:
+                    self.init_said.set()  # the box's first connection has spoken: its init, or none that serves execs
                 if message["kind"] == "spawn":
                     relay = self._spawn(message, channel)
                     continue
@@ -152,6 +177,10 @@ class Broker:
         finally:
             if relay is not None:
                 relay.disconnected()
+            if init is not None:
+                init.lost()
+            if first:
+                self.init_said.set()
             reader.close()
             with self._lock:
                 self._connections.discard(conn)
