@@ -31,28 +31,35 @@ def live_boxes(engine, label: str = "io.quinebox.session") -> list:
     boxes = []
     # No engine in the rootless pass (conftest's `engine` is None there): its boxes are the runtimes' alone.
     for container in engine.api.containers(all=True, filters={"label": label}) if engine is not None else []:
-        labels = container["Labels"]
-        if LABEL_POOL in labels:
-            record = claimed_as(container["Id"])
-            if record is None:
-                continue
-            labels = {**labels, LABEL_SESSION: record["session"], LABEL_OWNER: record["owner"], LABEL_PARENT: record["parent"]}
-        boxes.append(SimpleNamespace(status=container["State"], labels=labels, id=container["Id"], backend="docker"))
+        labels = claimed_labels(container)
+        if labels is not None:
+            boxes.append(SimpleNamespace(status=container["State"], labels=labels, id=container["Id"], backend="docker"))
     key, _, value = label.partition("=")
     for container in oci_containers():  # the test session's state dir: every box of the runtimes these tests ran
-        labels = container["Labels"]
-        if key in labels and (not value or labels[key] == value):
+        labels = claimed_labels(container)
+        if labels is not None and key in labels and (not value or labels[key] == value):
             status = {"stopped": "exited"}.get(container["State"], container["State"])
             boxes.append(SimpleNamespace(status=status, labels=labels, id=container["Id"], backend=container["Runtime"]))
     return boxes
 
 
+def claimed_labels(container: dict) -> dict | None:
+    """A box's labels; a warm box's once claimed, as its claim record gives them; None for a warm box not claimed."""
+    labels = container["Labels"]
+    if LABEL_POOL not in labels:
+        return labels
+    record = claimed_as(container["Id"])
+    if record is None:
+        return None
+    return {**labels, LABEL_SESSION: record["session"], LABEL_OWNER: record["owner"], LABEL_PARENT: record["parent"]}
+
+
 def runs_in(box, needle: bytes) -> bool:
     """Whether a process whose command line holds `needle` runs in `box`, as the host's /proc shows it: its
-    cgroup is the box's (the container's id on the engine, the session on an OCI runtime)."""
+    cgroup is the box's (named for the container's id, on the engine and on an OCI runtime)."""
     import os
 
-    mark = box.id if box.backend == "docker" else box.labels[LABEL_SESSION]
+    mark = box.id  # the engine's container, or the runtime's, whose cgroup is named as it is (a claimed box's too)
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -41,6 +41,7 @@ from quinebox.worlds.world import World, end_world, open_world
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.pool.claim import Claimed
+    from quinebox.box.pool.claim_oci import ClaimedOci
 
 #: How long the engine may take to remove a box after it stopped before we insist.
 REMOVAL_GRACE = 10.0
@@ -151,7 +152,7 @@ class BoxProcess:
         return self._broker.init
 
     @property
-    def claimed(self) -> Claimed | None:
+    def claimed(self) -> Claimed | ClaimedOci | None:
         """The warm box this one is, when the pool had one of its shape (box/pool/claim.py); else it was made here."""
         return self._launch.claimed
 

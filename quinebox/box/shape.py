@@ -20,7 +20,7 @@ import hashlib
 import json
 from typing import Any, TypeGuard
 
-from quinebox.box.policy import DEFAULT_MEM, GUEST_PYTHON, HOST_SOCKET, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_PREFIX, LABEL_SESSION, LABEL_USER, RUNTIME, ContainerConfig, proxied
+from quinebox.box.policy import CGROUP_PREFIX, DEFAULT_MEM, GUEST_PYTHON, HOST_SOCKET, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_PREFIX, LABEL_SESSION, LABEL_USER, RUNTIME, ContainerConfig, proxied
 from quinebox.box.spec import BoxSpec
 
 #: On a warm box: the digest of its shape (it holds no session until claimed).
@@ -83,6 +83,8 @@ def updates(config: ContainerConfig) -> dict[str, int]:
 
 def well_formed(shape: Any) -> TypeGuard[dict[str, Any]]:
     """Whether what a claimer sent has a shape's form (the pool makes boxes of it only if so)."""
+    if isinstance(shape, dict) and shape.get("backend") == "oci":
+        return _well_formed_oci(shape)
     if not isinstance(shape, dict) or set(shape) != {"create", "host"}:
         return False
     create, host = shape["create"], shape["host"]
@@ -101,10 +103,16 @@ def shape_key(shape: dict[str, Any]) -> str:
 
 def has_world(shape: dict[str, Any]) -> bool:
     """Whether a warm box of this shape needs an empty world directory of its own (else /world is a tmpfs)."""
+    if shape.get("backend") == "oci":
+        return any(mount.get("source") == WORLD_SOURCE for mount in shape["config"]["mounts"])
     return any(mount["Source"] == WORLD_SOURCE for mount in shape["host"]["mounts"])
 
 
 def box_user(shape: dict[str, Any]) -> tuple[int, int]:
+    """(uid, gid) a box of this shape runs as: its world is theirs."""
+    if shape.get("backend") == "oci":
+        user = shape["config"]["process"]["user"]
+        return int(user["uid"]), int(user["gid"])
     uid, _, gid = str(shape["create"]["user"]).partition(":")
     return int(uid), int(gid or uid)
 
@@ -145,3 +153,72 @@ def claim_frame(spec: BoxSpec, config: ContainerConfig) -> dict[str, Any]:
     if not spec.agent:
         argv = argv[argv.index("--") + 1 :]
     return {"kind": "claim", "argv": argv, "env": dict(config.create["environment"]), "agent": spec.agent}
+
+
+# -- on an OCI runtime: the shape of a config.json ----------------------------------------------------------
+
+
+def oci_shape_of(spec: BoxSpec, config: dict[str, Any], runtime: str) -> dict[str, Any] | None:
+    """The shape of the box `config` (an OCI runtime's config.json, policy_oci.py) describes for `spec` on
+    `runtime`, or None when only a cold box can serve it: the config less who the box is (its annotations but its
+    user's, its cgroup's name) and what it runs (its args and environment, which the claim gives the init), with
+    its lifeline's and empty world's sources as stand-ins. Its limits stay in it: a warm box is made with them."""
+    if why_cold(spec) is not None:
+        return None
+    shaped = copy.deepcopy(config)
+    world_layer = spec.world.layer if spec.world is not None else None
+    for mount in shaped["mounts"]:
+        if mount["destination"] == HOST_SOCKET:
+            mount["source"] = LIFELINE_SOURCE
+        elif mount["destination"] == "/world" and mount.get("type") == "bind" and mount["source"] == world_layer:
+            mount["source"] = WORLD_SOURCE
+        elif mount.get("type") == "bind" and mount["destination"] != RUNTIME:
+            return None
+    shaped["process"] = {**shaped["process"], "args": [], "env": []}
+    shaped["annotations"] = {LABEL_USER: config["annotations"][LABEL_USER]}
+    parent, _, own = config["linux"]["cgroupsPath"].rpartition("/")
+    if own != CGROUP_PREFIX + spec.session:
+        return None
+    shaped["linux"] = {**shaped["linux"], "cgroupsPath": parent}  # its parent: each warm box's own is named for it
+    return {"backend": "oci", "runtime": runtime, "config": shaped}
+
+
+def _well_formed_oci(shape: dict[str, Any]) -> bool:
+    config = shape.get("config")
+    if set(shape) != {"backend", "runtime", "config"} or not isinstance(shape["runtime"], str) or not isinstance(config, dict):
+        return False
+    process, linux, mounts = config.get("process"), config.get("linux"), config.get("mounts")
+    return (
+        isinstance(process, dict) and isinstance(linux, dict) and isinstance(linux.get("cgroupsPath"), str)
+        and isinstance(config.get("annotations"), dict) and isinstance(mounts, list)
+        and all(isinstance(m, dict) and isinstance(m.get("destination"), str) for m in mounts)
+    )
+
+
+def warm_oci_config(shape: dict[str, Any], *, box: str, lifeline: str, world: str | None, owner: str, created: str) -> dict[str, Any]:
+    """The config.json of a warm box `box` of an OCI `shape`: its lifeline socket and world at host paths of its
+    own, its cgroup named for it, and the guest's init waiting for its claim (its environment comes with it)."""
+    config = copy.deepcopy(shape["config"])
+    for mount in config["mounts"]:
+        if mount.get("source") == LIFELINE_SOURCE:
+            mount["source"] = lifeline
+        elif mount.get("source") == WORLD_SOURCE:
+            if world is None:
+                raise ValueError("this shape needs a world directory")
+            mount["source"] = world
+    session = POOL_SESSION + box
+    config["process"] = {**config["process"], "args": list(POOL_COMMAND), "env": []}
+    config["annotations"] = {
+        **config["annotations"], LABEL_SESSION: session, LABEL_OWNER: owner, LABEL_PARENT: "", LABEL_CREATED: created, LABEL_POOL: shape_key(shape),
+    }
+    config["linux"] = {**config["linux"], "cgroupsPath": f"{config['linux']['cgroupsPath']}/{CGROUP_PREFIX}{session}"}
+    return config
+
+
+def oci_claim_frame(config: dict[str, Any]) -> dict[str, Any]:
+    """What a warm box on an OCI runtime is told when claimed: what a cold box's init runs (after its `--`) and its
+    environment, with the claimer's stdin, stdout and stderr riding along (`fds`). An agent's loop runs under the
+    init there, as in a cold box, so nothing takes the lifeline over."""
+    args = list(config["process"]["args"])
+    env = dict(entry.split("=", 1) for entry in config["process"]["env"])
+    return {"kind": "claim", "argv": args[args.index("--") + 1 :], "env": env, "agent": False, "fds": 3}

@@ -15,18 +15,6 @@ serve_app = typer.Typer(help="A per-user command server: exec, run, map, batch a
 app.add_typer(serve_app, name="serve")
 
 
-def pool_unneeded() -> bool:
-    """The warm pool keeps engine boxes started because the engine is what is slow; where boxes run on an OCI
-    runtime, a cold box starts sooner than a claim answers (bench/oci.py, bench/serve.py), so none is kept unless asked."""
-    from quinebox.box.backends.choice import choose
-    from quinebox.errors import QuineboxError
-
-    try:
-        return choose(None).backend == "oci"
-    except QuineboxError:
-        return False
-
-
 def idle_after(option: str | None, configured: object) -> float | None:
     """Seconds of no command after which the server exits: `--idle`, else `serve: {idle: ...}` in config.yaml, else
     15 minutes; `never` (or 0) keeps it until `serve stop`."""
@@ -54,7 +42,7 @@ def serve(
     ctx: typer.Context,
     background: bool = typer.Option(False, "--background", help="Detach, log to the state dir's serve.log, and return once it answers."),
     pool: int | None = typer.Option(
-        None, "--pool", help="Warm boxes kept per shape (default 4 on the Docker backend, none on an OCI runtime; or `pool:` in config.yaml); 0: none."
+        None, "--pool", help="Warm boxes kept per shape (default 4; or `pool:` in config.yaml); 0: none."
     ),
     idle: str | None = typer.Option(
         None, "--idle", metavar="DURATION", help="Exit after this long with no command running (default 15m, or `serve: {idle: ...}` in config.yaml); never: only `serve stop`."
@@ -70,8 +58,6 @@ def serve(
     with reported():
         config = load_config()
         configured = config.get("pool")
-        if pool is None and configured is None and pool_unneeded():
-            pool = 0
         server = Server(Settings.from_config(configured, pool), idle_after(idle, config.get("serve")))
         server.bind()
     warm()

@@ -118,7 +118,7 @@ class Server:
         """Fork the pool's keeper (it dies with this process), unless the pool's size is 0."""
         if not self.pool.size:
             return
-        from quinebox.box.pool.warm import keep
+        from quinebox.box.pool.keeper import keep
 
         parent = os.getpid()
         sys.stdout.flush()
@@ -223,7 +223,7 @@ class Server:
                     if self.listener is not None:
                         self.listener.close()  # the worker's copy: only the server accepts
                     os.setsid()
-                    from quinebox.box.pool.warm import die_with_parent
+                    from quinebox.box.pool.keeper import die_with_parent
 
                     die_with_parent(parent)
                     code = worker(conn, message, fds)

@@ -1,4 +1,4 @@
-"""The command server's pool of warm boxes, on the real engine: the same box as a cold start, sooner, and gone with its owner.
+"""The command server's pool of warm boxes on the Docker engine: the same box as a cold start, sooner, and gone with its owner.
 
 Each test starts its own server (in a state dir of its own) with a small pool.
 """
@@ -18,13 +18,11 @@ import quinebox
 from quinebox.box.policy import HOST_SOCKET, LABEL_OWNER, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_COMMAND
 
-pytestmark = pytest.mark.root_only  # the pool is the Docker backend's
+pytestmark = pytest.mark.root_only  # boxes on the engine; the pool on an OCI runtime is test_pool_oci.py's
 
 
 @pytest.fixture(autouse=True)
 def docker_backend(monkeypatch):
-    """The warm pool is the Docker backend's: it keeps engine boxes started, since the engine is what is slow
-    (on an OCI runtime a box starts cold as fast as a claim would)."""
     monkeypatch.setenv("QUINEBOX_BACKEND", "docker")
 
 

@@ -53,8 +53,17 @@ def runtime_timeout() -> float:
     return float(os.environ.get("QUINEBOX_RUNTIME_TIMEOUT", "30"))
 
 
+CONTAINER_PREFIX = "quinebox-"
+
+
 def container_id(session: str) -> str:
-    return f"quinebox-{session}"
+    return f"{CONTAINER_PREFIX}{session}"
+
+
+def made_as(cid: str) -> str:
+    """The session a runtime box was made as (its bundle's, its cgroup's name): a claimed warm box's is its own
+    `pool-…`, whoever's session it serves now."""
+    return cid.removeprefix(CONTAINER_PREFIX)
 
 
 class TimedOut(EngineError):

@@ -253,6 +253,12 @@ class OciBox:
             reap(self._helpers)
             self.remove()
 
+    def pidfd(self) -> int | None:
+        """A pidfd of the box's own init, to hand to another process (a warm box's claimer, which kills the box with
+        it); None once the init has exited."""
+        with self._pidfd_lock:
+            return os.dup(self._pidfd) if self._pidfd is not None else None
+
     def kill(self) -> None:
         """SIGKILL the box's init: the kernel then kills everything else in its pid namespace."""
         with self._pidfd_lock:

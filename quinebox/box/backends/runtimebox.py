@@ -12,7 +12,7 @@ from pathlib import Path
 
 from quinebox.box.backends.boxes import Box
 from quinebox.box.backends.boxroot import IMAGE_ROOT, bundle_of, remove_box
-from quinebox.box.backends.oci import Runtime
+from quinebox.box.backends.oci import Runtime, made_as
 from quinebox.box.backends.ocibox import oci_runtime
 from quinebox.box.policy import LABEL_SESSION
 from quinebox.errors import EngineError
@@ -33,8 +33,13 @@ class RuntimeBox(Box):
         self.made = made
 
     @property
+    def made_as(self) -> str:
+        """The session the box was made as, which names its bundle and cgroup (a claimed warm box's is its own)."""
+        return made_as(self.id)
+
+    @property
     def bundle(self) -> Path:
-        return bundle_of(self.session)
+        return bundle_of(self.made_as)
 
     def kill(self, signal: str = "KILL") -> bool:
         return self.runtime.kill(self.id, signal)

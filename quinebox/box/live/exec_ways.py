@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quinebox.box.backends.boxroot import bundle_of
 from quinebox.box.backends.dockerbox import DockerBox
 from quinebox.box.backends.oci import say_unfiltered
 from quinebox.box.backends.runtimebox import RuntimeBox
@@ -171,7 +170,7 @@ class RuntimeWay(Way):
         runtime = self.box.runtime
         cgroup: list[str] = []
         if not runtime.gvisor:
-            self.cgroup = ExecCgroup(box_cgroup(self.session))
+            self.cgroup = ExecCgroup(box_cgroup(self.box.made_as))
             cgroup = ["--cgroup", self.cgroup.runtime_arg]
             if self.guard:
                 self.watchdog = watchdog(self.cgroup)
@@ -180,7 +179,7 @@ class RuntimeWay(Way):
         if size is not None:
             # Sized before the command runs (the runtime's init sets it on the pty it makes): `--tty` alone has
             # the runtime size it only after the command has started, which a quick `stty size` loses the race to.
-            bundle = bundle_of(self.session)
+            bundle = self.box.bundle
             spec = json.loads((bundle / "config.json").read_text())
             self._process = bundle / f"exec-{os.urandom(4).hex()}.json"
             self._process.write_text(json.dumps(sized_process(spec["process"], argv, cwd, env, user, size)))
@@ -194,7 +193,7 @@ class RuntimeWay(Way):
             self._pid_file = f"/tmp/.quinebox-exec-{os.getpid()}-{os.urandom(4).hex()}"
             options += ["--internal-pid-file", self._pid_file]
         # The runtime's own errors (no such command) go to a log of ours, to be said as a shell says them.
-        self._log = str(bundle_of(self.session) / f"exec-{os.urandom(4).hex()}.log")
+        self._log = str(self.box.bundle / f"exec-{os.urandom(4).hex()}.log")
         full = runtime.argv("--log", self._log, "--log-format", "json", "exec", *options, self.box.id, *argv)
         try:
             self._proc = subprocess.Popen(full, stdin=fds[0], stdout=fds[1], stderr=fds[2])

@@ -65,18 +65,7 @@ class Claimed(WarmBox):
     """A warm box that is now ours."""
 
     def settle(self, spec: BoxSpec, command: list[str]) -> None:
-        """Give the box the session's host paths: its socket and its world move to where a cold box's are.
-
-        The box holds both by inode (bind mounts), so it sees no change."""
-        os.rename(self.socket_path, str(spec.lifeline))
-        if self.world is not None and spec.world is not None:
-            Path(spec.world.layer).parent.mkdir(parents=True, exist_ok=True)
-            os.rename(self.world, spec.world.layer)
-            os.rmdir(os.path.dirname(self.world))
-        record = {"session": spec.session, "owner": spec.owner, "parent": spec.parent or "", "created": spec.created, "command": " ".join(command)}
-        path = claim_record(self.container)
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        path.write_text(json.dumps(record))
+        settle(self.container, self.socket_path, self.world, spec, command)
 
     def start(self, frame: dict[str, Any], broker: Broker | None) -> None:
         """Send the box its claim (it runs the command at once) and serve its lifeline as a cold box's is served."""
@@ -125,6 +114,20 @@ def claim(spec: BoxSpec, config: ContainerConfig, backend: DockerBackend) -> Cla
             claimed.release()  # it dies unused; a cold start says what the engine refused, if it still does
             return None
     return claimed
+
+
+def settle(container: str, socket_path: str, world: str | None, spec: BoxSpec, command: list[str]) -> None:
+    """Give a claimed box the session's host paths: its socket and its world move to where a cold box's are, and
+    its claim record says whose it became. The box holds both by inode (bind mounts), so it sees no change."""
+    os.rename(socket_path, str(spec.lifeline))
+    if world is not None and spec.world is not None:
+        Path(spec.world.layer).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(world, spec.world.layer)
+        os.rmdir(os.path.dirname(world))
+    record = {"session": spec.session, "owner": spec.owner, "parent": spec.parent or "", "created": spec.created, "command": " ".join(command)}
+    path = claim_record(container)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    path.write_text(json.dumps(record))
 
 
 def claim_record(container: str) -> Path:

@@ -1,58 +1,59 @@
 """The warm pool: boxes created and started ahead of demand, per shape, each waiting for its one command.
 
-`quinebox serve` runs the pool in a process of its own (`keep`), forked
+`quinebox serve` runs the pool in a process of its own (keeper.py), forked
 before the server answers anyone and tied to it: when the server dies the
-keeper dies (PR_SET_PDEATHSIG), and every warm box with it (their
-lifelines). A warm box runs only the guest's init (`shape.POOL_COMMAND`): it
-holds no session, no grants beyond its shape, no mounts beyond its own empty
-world, and no command, environment or secret reaches it before it is claimed
-(box/pool/claim.py). Whoever claims it gets its sockets and owns it from then on;
-the pool forgets it, and makes another.
+keeper lets every warm box go (their lifelines). A warm box runs only the guest's
+init (`shape.POOL_COMMAND`): it holds no session, no grants beyond its shape, no
+mounts beyond its own empty world, and no command, environment or secret
+reaches it before it is claimed (claim.py, claim_oci.py). Whoever claims it gets
+its sockets and it runs the claimer's command; the pool forgets it, and makes
+another. Each backend makes its own (warm_docker.py on the engine, warm_oci.py
+on an OCI runtime); this is what they share.
 
 Shapes are learned from demand (each miss registers its shape), beside the
 default box's, which is known from the start. Refill runs in the background,
-at most `creates` engine creates at a time, so that it never takes the
-engine from running work; a shape nobody claimed for `ttl` seconds is
+at most `creates` makes at a time, so that it never takes the engine or the
+machine from running work; a shape nobody claimed for `ttl` seconds is
 dropped with its warm boxes.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
-import select
-import shutil
-import signal
 import socket
 import statistics
 import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
-from quinebox import fdpass
-from quinebox.box.backends.docker import DockerBackend
-from quinebox.box.configure import configure
-from quinebox.box.net.broker import box_socket
-from quinebox.box.pool.claim import WarmBox
-from quinebox.box.shape import POOL_SESSION, box_user, has_world, shape_key, shape_of, warm_config, well_formed
-from quinebox.box.spec import build_spec, new_session_id
-from quinebox.errors import EngineError, QuineboxError
-from quinebox.processes import owner_id
-from quinebox.state import pool_dir, pool_socket, run_dir
+from quinebox.box.shape import shape_key
+from quinebox.errors import QuineboxError
 
-#: How long a warm box may take from create to holding its lifeline.
-START_TIMEOUT = 30.0
-#: After a failed create, a shape waits this long before the pool tries again.
+#: After a failed make, a shape waits this long before the pool tries again.
 BACKOFF = 5.0
 #: The most shapes kept at once; one more pushes out the one claimed least recently.
 MAX_SHAPES = 8
-PR_SET_PDEATHSIG = 1
-#: How long a stopping keeper waits for the makes under way: an engine create, its start and the lifeline, each bounded.
-SETTLE_TIMEOUT = 90.0
+
+
+class Kept(Protocol):
+    """A warm box the pool keeps, of either backend."""
+
+    def alive(self) -> bool:
+        """Whether its init still holds the lifeline (a box that died waiting has closed it)."""
+
+    def discard(self) -> None:
+        """Let it go unclaimed: without its lifeline it kills itself, and whoever made it removes it."""
+
+    def hand_over(self, conn: socket.socket) -> bool:
+        """Give the claimer on `conn` the box's sockets; True when `conn` is the box's from now on (the keeper tells
+        the claimer there how the box ended), False when the keeper may close it."""
+
+
+#: Makes a warm box of a shape (the keeper's, by the shape's backend).
+Maker = Callable[[dict[str, Any]], Kept]
 
 
 @dataclass(frozen=True)
@@ -79,42 +80,13 @@ class Settings:
         return settings
 
 
-@dataclass
-class Warm(WarmBox):
-    """A warm box in the pool, since when."""
-
-    since: float = field(default_factory=time.monotonic)
-
-    def alive(self) -> bool:
-        """Whether its init still holds the lifeline (a box that died waiting has closed it)."""
-        readable, _, _ = select.select([self.lifeline], [], [], 0)
-        if not readable:
-            return True
-        try:
-            return self.lifeline.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-
-    def discard(self) -> None:
-        """Let it go unclaimed: without its lifeline it kills itself and the engine removes it."""
-        self.close_sockets()
-        try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
-        if self.world is not None:
-            shutil.rmtree(os.path.dirname(self.world), ignore_errors=True)
-
-
 class Kind:
     """The warm boxes of one shape, and how claims for it went."""
 
     def __init__(self, shape: dict[str, Any]):
         self.shape = shape
         self.key = shape_key(shape)
-        self.warm: deque[Warm] = deque()
+        self.warm: deque[Kept] = deque()
         self.making = 0
         self.hits = self.misses = 0
         self.latencies: deque[float] = deque(maxlen=10_000)
@@ -125,16 +97,23 @@ class Kind:
         ms = sorted(self.latencies)
         cuts = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else ms * 99
         return {
-            "shape": self.key, "image": str(self.shape["create"]["image"]).split(":")[-1][:12], "warm": len(self.warm), "making": self.making,
+            "shape": self.key, "image": image_of(self.shape), "warm": len(self.warm), "making": self.making,
             "hits": self.hits, "misses": self.misses, "p50_ms": cuts[49] if cuts else None, "p95_ms": cuts[94] if cuts else None,
             "p99_ms": cuts[98] if cuts else None,
         }
 
 
+def image_of(shape: dict[str, Any]) -> str:
+    """The short id of a shape's image, as `serve status` shows it."""
+    if shape.get("backend") == "oci":  # its root is the image's unpacked tree, named by the image's id
+        return str(shape["config"]["root"]["path"]).rstrip("/").split("/")[-2][:12]
+    return str(shape["create"]["image"]).split(":")[-1][:12]
+
+
 class Pool:
-    def __init__(self, settings: Settings, backend: DockerBackend):
+    def __init__(self, settings: Settings, make: Maker):
         self.settings = settings
-        self.backend = backend
+        self._make_box = make
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -158,7 +137,7 @@ class Pool:
         self._wake.set()
         return kind
 
-    def claim(self, shape: dict[str, Any]) -> Warm | None:
+    def claim(self, shape: dict[str, Any]) -> Kept | None:
         """A warm box of `shape`, now the caller's; None (a miss, and the shape is wanted from now on) when none is warm."""
         began = time.perf_counter()
         kind = self.want(shape)
@@ -225,8 +204,8 @@ class Pool:
     def _make(self, kind: Kind) -> None:
         box = None
         try:
-            box = start_warm(self.backend, kind.shape)
-        except (QuineboxError, OSError) as exc:  # the engine refused or did not answer: say so, wait, and try again (a bug propagates)
+            box = self._make_box(kind.shape)
+        except (QuineboxError, OSError) as exc:  # the engine or runtime refused or did not answer: say so, wait, and try again (a bug propagates)
             print(f"quinebox pool: cannot make a warm box of shape {kind.key}: {exc}", file=sys.stderr, flush=True)
             kind.failed = time.monotonic()
         finally:
@@ -244,147 +223,3 @@ class Pool:
             self._wake.set()
 
 
-def start_warm(backend: DockerBackend, shape: dict[str, Any]) -> Warm:
-    """Create and start a box of `shape` and take its lifeline; on any failure nothing is left behind."""
-    box = new_session_id()
-    path = str(run_dir() / f"{POOL_SESSION}{box}.sock")
-    listener = box_socket(path, backlog=16)
-    world = None
-    container = None
-    try:
-        if has_world(shape):
-            world = str(pool_dir() / box / "tree")
-            os.makedirs(world, 0o755)
-            if os.getuid() == 0:
-                os.chown(world, *box_user(shape))
-        created = datetime.now(UTC).isoformat(timespec="seconds")
-        config = warm_config(shape, box=box, lifeline=path, world=world, owner=owner_id(), created=created)
-        container = backend.create(config)
-        shell = backend.exists(container, "/bin/sh")
-        attach = backend.attach(container)
-        backend.start(container)
-        listener.settimeout(START_TIMEOUT)
-        lifeline, _ = listener.accept()
-        listener.settimeout(None)
-        lifeline.settimeout(None)
-        return Warm(box=box, container=container, listener=listener, lifeline=lifeline, attach=attach, socket_path=path, world=world, shell=shell)
-    except BaseException:
-        if container is not None:
-            backend.remove(container)
-        listener.close()
-        os.unlink(path)
-        if world is not None:
-            shutil.rmtree(os.path.dirname(world), ignore_errors=True)
-        raise
-
-
-# -- the keeper: the pool's own process ---------------------------------------------------------
-
-
-def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
-    """Be sent `signum` when `parent` dies, however it dies (Linux's PR_SET_PDEATHSIG); gone already, go now."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
-    if os.getppid() != parent:
-        os._exit(125)
-
-
-class Stopping(Exception):
-    """SIGTERM reached the keeper (`serve stop`, or its server died): raised in its main thread, out of `accept`."""
-
-
-def default_shape(backend: DockerBackend) -> dict[str, Any] | None:
-    """The shape of `quinebox exec -- CMD` and `quinebox run MISSION` with no options (one shape: both are the same box)."""
-    spec, _, config = configure(build_spec(["true"]), backend)
-    return shape_of(spec, config)
-
-
-def keep(settings: Settings, parent: int) -> None:
-    """The keeper's life, in a process forked for it: serve claims on pool.sock until the server goes.
-
-    However the server goes (`serve stop`, an idle exit, SIGKILL), the keeper gets SIGTERM and lets every box go,
-    those whose create or start is under way included, before it exits."""
-
-    def stop(*_: object) -> None:
-        raise Stopping
-
-    signal.signal(signal.SIGTERM, stop)
-    die_with_parent(parent, signal.SIGTERM)
-    try:
-        _keep(settings)
-    except Stopping:
-        pass
-    os._exit(0)
-
-
-def _keep(settings: Settings) -> None:
-    backend, waited = None, False
-    while backend is None:  # an engine not up yet: boxes start cold (no pool.sock) until it is
-        try:
-            backend = DockerBackend.connect()
-        except EngineError as exc:
-            if not waited:
-                print(f"quinebox pool: waiting for the engine: {exc}", file=sys.stderr, flush=True)
-            waited = True
-            time.sleep(BACKOFF)
-    pool = Pool(settings, backend)
-    bound: tuple[socket.socket, os.stat_result] | None = None  # pool.sock, and the file it is, once listening
-    try:
-        listener = fdpass.listen(str(pool_socket()), mode=0o600, backlog=64)
-        bound = listener, os.stat(pool_socket())
-        if settings.size:
-            try:
-                shape = default_shape(backend)
-                if shape is not None:
-                    pool.want(shape)
-            except QuineboxError as exc:
-                print(f"quinebox pool: no default shape: {exc}", file=sys.stderr, flush=True)
-        while True:
-            conn, _ = listener.accept()
-            threading.Thread(target=_answer, args=(pool, conn), daemon=True).start()
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once stopping, stopping again would cut the wait short
-        if bound is not None:
-            unlink_own(*bound)
-        pool.close()
-        if not pool.settle(SETTLE_TIMEOUT):
-            print("quinebox pool: a warm box's create or start did not end in time; `quinebox gc` removes what it left", file=sys.stderr, flush=True)
-
-
-def unlink_own(listener: socket.socket, bound: os.stat_result) -> None:
-    """Close `listener` and remove its path, unless the path is no longer the file it bound (`bound`: the next
-    server's keeper, started while this one settles, has bound its own there)."""
-    path = listener.getsockname()
-    try:
-        now = os.stat(path)
-        if (now.st_dev, now.st_ino) == (bound.st_dev, bound.st_ino):
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
-    listener.close()
-
-
-def _answer(pool: Pool, conn: socket.socket) -> None:
-    with conn:
-        if fdpass.peer_uid(conn) != os.getuid():
-            return
-        try:
-            message, fds = fdpass.receive(conn, 2.0)
-        except OSError:
-            return
-        for fd in fds:
-            os.close(fd)
-        if message.get("kind") == "stats":
-            fdpass.send(conn, {"kind": "stats", "pid": os.getpid(), "settings": pool.settings.__dict__, "shapes": pool.stats()})
-            return
-        shape = message.get("shape")
-        box = pool.claim(shape) if message.get("kind") == "claim" and well_formed(shape) and pool.settings.size else None
-        if box is None:
-            fdpass.send(conn, {"kind": "miss"})
-            return
-        try:
-            answer = {"kind": "claimed", "container": box.container, "box": box.box, "lifeline": box.socket_path, "world": box.world, "shell": box.shell}
-            fdpass.send(conn, answer, [box.listener.fileno(), box.lifeline.fileno(), box.attach.fileno()])
-        except OSError:
-            box.discard()  # the claimer went away: nobody holds it
-            return
-        box.close_sockets()  # the claimer holds its own copies, and the box's paths are the claimer's to move

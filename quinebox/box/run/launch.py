@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.net.broker import Broker
     from quinebox.box.pool.claim import Claimed
+    from quinebox.box.pool.claim_oci import ClaimedOci
     from quinebox.box.spec import ImageInfo
     from quinebox.box.streams import relay
 
@@ -33,8 +34,10 @@ class Launch(Protocol):
     stderr: IO[bytes] | None
     #: The host's diagnostics about the box, into the box's stderr; None before the streams are connected.
     say: Callable[[bytes], None] | None
-    #: The warm box this one is, when the pool had one of its shape; always None on an OCI runtime.
-    claimed: Claimed | None
+
+    @property
+    def claimed(self) -> Claimed | ClaimedOci | None:
+        """The warm box this one is, when the pool had one of its shape."""
 
     def configure(self, spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, Any]:
         """(the spec with its argv filled in, its image, the backend's configuration of the box)."""

@@ -7,29 +7,28 @@ the runtime makes it and hands over its master, relayed as the engine's attach i
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from quinebox.box.backends.ocibox import OciBox, oci_runtime
 from quinebox.box.configure import configure_oci
 from quinebox.box.images.rootfs import in_rootfs
 from quinebox.box.net.broker import Broker
 from quinebox.box.net.secrets import rootfs_reader
+from quinebox.box.pool.claim import forget
+from quinebox.box.pool.claim_oci import ClaimedOci, claim_oci
 from quinebox.box.run.ending import Ends
+from quinebox.box.shape import oci_claim_frame
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, ImageInfo
 from quinebox.box.streams import relay
 from quinebox.box.streams.console import ConsoleRelay
 from quinebox.box.streams.direct import DEVNULL, DirectStdio, Stream
 from quinebox.errors import ImageError
 
-if TYPE_CHECKING:
-    from quinebox.box.pool.claim import Claimed
-
 
 class OciLaunch:
-    """One box on the OCI runtime named `runtime`."""
-
-    claimed: Claimed | None = None  # the pool keeps warm boxes on the engine only
+    """One box on the OCI runtime named `runtime`: made here, or a warm one claimed from the pool (claim_oci.py)."""
 
     def __init__(self, runtime: str, ends: Ends):
         self.runtime = oci_runtime(runtime)
@@ -42,6 +41,8 @@ class OciLaunch:
         self._box: OciBox | None = None
         self._direct: DirectStdio | None = None
         self._console: ConsoleRelay | None = None
+        #: The warm box this one is, when the pool had one of its shape.
+        self.claimed: ClaimedOci | None = None
 
     def configure(self, spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
         return configure_oci(spec, self.runtime.name)
@@ -49,8 +50,12 @@ class OciLaunch:
     def reader(self, config: dict[str, Any], image: str) -> Callable[[str], bytes]:
         return rootfs_reader(config["root"]["path"])
 
-    def claim(self, spec: BoxSpec, config: dict[str, Any]) -> None:
-        return None
+    def claim(self, spec: BoxSpec, config: dict[str, Any]) -> socket.socket | None:
+        self.claimed = claim_oci(spec, config, self.runtime.name)
+        if self.claimed is None:
+            return None
+        self.claimed.settle(spec, config["process"])
+        return self.claimed.listener
 
     def start(self, spec: BoxSpec, config: dict[str, Any], streams: tuple[Stream | bytes, Stream, Stream], *, broker: Broker | None, stop_fd: int) -> None:
         stdin, stdout, stderr = streams
@@ -64,6 +69,11 @@ class OciLaunch:
         if not spec.tty:
             self.stdin, self.stdout = direct.stdin, direct.stdout  # type: ignore[assignment]  # raw pipe files, written and read as the relay's would be
         self.stderr, self.say = direct.stderr, direct.say
+        if self.claimed is not None:  # a warm box runs already: its init is given its command and the streams
+            self.id = self.claimed.container
+            self.claimed.start(oci_claim_frame(config), direct.fds, broker, self._ended)
+            direct.started()
+            return
         self._box = OciBox(
             self.runtime, spec.session, config, stdio=direct.fds, ended=self._ended, console=self._console.attach if self._console else None,
         )
@@ -79,8 +89,11 @@ class OciLaunch:
     def kill(self) -> None:
         if self._box is not None:
             self._box.kill()
+        elif self.claimed is not None:
+            self.claimed.kill()
 
     def remove(self) -> None:
+        """The box's remains removed: a claimed one's by the pool's keeper, which made it, once it has ended."""
         if self._box is not None:
             self._box.remove()
 
@@ -97,7 +110,12 @@ class OciLaunch:
     def close(self) -> None:
         if self._console is not None:
             self._console.close()
+        if self.claimed is not None:
+            forget(self.claimed.container)
 
     def abandon(self) -> None:
         if self._direct is not None:
             self._direct.close()
+        if self.claimed is not None:
+            self.claimed.release()
+            forget(self.claimed.container)

@@ -1,0 +1,160 @@
+"""The pool's keeper: the process of its own that `quinebox serve` forks to keep warm boxes (warm.py) and hand them out.
+
+It is forked before the server answers anyone and tied to it: however the server goes (`serve stop`, an idle
+exit, SIGKILL) the keeper gets SIGTERM (PR_SET_PDEATHSIG), lets every warm box go — those whose make is under way
+included — and waits for the boxes it made on a runtime and handed out to end, before it exits. It answers its
+own user only, on the state dir's pool.sock: a claim (a shape: a warm box of it, or a miss), or its stats.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+from quinebox import fdpass
+from quinebox.box.backends.choice import choose
+from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.configure import configure, configure_oci
+from quinebox.box.policy import oci_refusal
+from quinebox.box.pool.warm import Kept, Pool, Settings
+from quinebox.box.pool.warm_docker import start_warm
+from quinebox.box.pool.warm_oci import WarmOci, wait_claimed
+from quinebox.box.shape import oci_shape_of, shape_of, well_formed
+from quinebox.box.spec import build_spec
+from quinebox.errors import QuineboxError
+from quinebox.state import pool_socket
+
+PR_SET_PDEATHSIG = 1
+#: How long a stopping keeper waits for the makes under way: an engine create, its start and the lifeline, each bounded.
+SETTLE_TIMEOUT = 90.0
+
+
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+    """Be sent `signum` when `parent` dies, however it dies (Linux's PR_SET_PDEATHSIG); gone already, go now."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+    if os.getppid() != parent:
+        os._exit(125)
+
+
+class Stopping(Exception):
+    """SIGTERM reached the keeper (`serve stop`, or its server died): raised in its main thread, out of `accept`."""
+
+
+class Makers:
+    """What makes a warm box of each backend: a runtime's at once; the engine's once it answers (it is connected
+    to when a shape of it is first wanted; until then each make fails, and the pool waits and tries again)."""
+
+    def __init__(self) -> None:
+        self._engine: DockerBackend | None = None
+        self._lock = threading.Lock()
+
+    def make(self, shape: dict[str, Any]) -> Kept:
+        if shape.get("backend") == "oci":
+            return WarmOci(shape)
+        return start_warm(self.engine(), shape)
+
+    def engine(self) -> DockerBackend:
+        with self._lock:
+            if self._engine is None:
+                self._engine = DockerBackend.connect()
+            return self._engine
+
+
+def default_shape(makers: Makers) -> dict[str, Any] | None:
+    """The shape of `quinebox exec -- CMD` and `quinebox run MISSION` with no options (one shape: both are the
+    same box), on the backend such a command would choose here."""
+    spec = build_spec(["true"])
+    choice = choose(oci_refusal(spec), backend=spec.backend, runtime=spec.runtime)
+    if choice.backend == "oci":
+        runtime = choice.runtime or "runc"
+        spec, _, oci = configure_oci(spec, runtime)
+        return oci_shape_of(spec, oci, runtime)
+    spec, _, config = configure(spec, makers.engine())
+    return shape_of(spec, config)
+
+
+def keep(settings: Settings, parent: int) -> None:
+    """The keeper's life, in a process forked for it: serve claims on pool.sock until the server goes.
+
+    However the server goes (`serve stop`, an idle exit, SIGKILL), the keeper gets SIGTERM and lets every box go,
+    those whose create or start is under way included, before it exits."""
+
+    def stop(*_: object) -> None:
+        raise Stopping
+
+    signal.signal(signal.SIGTERM, stop)
+    die_with_parent(parent, signal.SIGTERM)
+    try:
+        _keep(settings)
+    except Stopping:
+        pass
+    os._exit(0)
+
+
+def _keep(settings: Settings) -> None:
+    makers = Makers()
+    pool = Pool(settings, makers.make)
+    bound: tuple[socket.socket, os.stat_result] | None = None  # pool.sock, and the file it is, once listening
+    try:
+        listener = fdpass.listen(str(pool_socket()), mode=0o600, backlog=64)
+        bound = listener, os.stat(pool_socket())
+        if settings.size:
+            try:
+                shape = default_shape(makers)
+                if shape is not None:
+                    pool.want(shape)
+            except QuineboxError as exc:
+                print(f"quinebox pool: no default shape: {exc}", file=sys.stderr, flush=True)
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=_answer, args=(pool, conn), daemon=True).start()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once stopping, stopping again would cut the wait short
+        if bound is not None:
+            unlink_own(*bound)
+        pool.close()
+        if not pool.settle(SETTLE_TIMEOUT):
+            print("quinebox pool: a warm box's create or start did not end in time; `quinebox gc` removes what it left", file=sys.stderr, flush=True)
+        wait_claimed()  # a runtime's claimed boxes are this process's children: they run to their end, then go
+
+
+def unlink_own(listener: socket.socket, bound: os.stat_result) -> None:
+    """Close `listener` and remove its path, unless the path is no longer the file it bound (`bound`: the next
+    server's keeper, started while this one settles, has bound its own there)."""
+    path = listener.getsockname()
+    try:
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino) == (bound.st_dev, bound.st_ino):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener.close()
+
+
+def _answer(pool: Pool, conn: socket.socket) -> None:
+    kept = False  # a runtime's claimed box keeps the connection: how the box ended is told on it
+    try:
+        if fdpass.peer_uid(conn) != os.getuid():
+            return
+        message, fds = fdpass.receive(conn, 2.0)
+        for fd in fds:
+            os.close(fd)
+        if message.get("kind") == "stats":
+            fdpass.send(conn, {"kind": "stats", "pid": os.getpid(), "settings": pool.settings.__dict__, "shapes": pool.stats()})
+            return
+        shape = message.get("shape")
+        box = pool.claim(shape) if message.get("kind") == "claim" and well_formed(shape) and pool.settings.size else None
+        if box is None:
+            fdpass.send(conn, {"kind": "miss"})
+            return
+        kept = box.hand_over(conn)
+    except OSError:
+        return  # the claimer went away
+    finally:
+        if not kept:
+            conn.close()
