@@ -16,7 +16,6 @@ import fcntl
 import json
 import os
 import shutil
-import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from quinebox.audit.approvals import pending
 from quinebox.audit.log import record
 from quinebox.errors import QuineboxError
 from quinebox.processes import user_name
-from quinebox.state import run_dir, session_dir, state_dir
+from quinebox.state import run_dir, session_dir, state_dir, tree_bytes
 from quinebox.tree.runs import END, attempted, runs_dir
 from quinebox.worlds.revisions import ObjectStore
 from quinebox.worlds.sweep import Swept, sweep
@@ -222,25 +221,6 @@ def _exclusive() -> int:
         os.close(fd)
         raise QuineboxError(f"another `quinebox prune` is pruning {state_dir()}: wait for it to end") from None
     return fd
-
-
-def tree_bytes(path: str | Path) -> int:
-    """The bytes of every file under `path`, or of `path` if it is not a directory (links not followed; one that
-    is missing or goes meanwhile counts nothing)."""
-    try:
-        own = os.lstat(path)
-    except OSError:
-        return 0
-    if not stat.S_ISDIR(own.st_mode):
-        return own.st_size
-    total = 0
-    for top, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(top, name)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def _whom() -> dict[str, object]:

@@ -119,7 +119,7 @@ class Weights:
 
 def weigh(sessions: Path) -> Weights:
     """`sessions`: the state dir's sessions dir, beside SHARED."""
-    from quinebox.tree.prune import tree_bytes
+    from quinebox.state import tree_bytes
     from quinebox.worlds.sweep import objects_of
 
     try:

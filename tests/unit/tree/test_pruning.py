@@ -12,8 +12,8 @@ from quinebox.agent.store import Index
 from quinebox.agent.tapes import find
 from quinebox.audit.log import AuditLog, verify
 from quinebox.errors import QuineboxError
-from quinebox.state import run_dir, session_dir
-from quinebox.tree.prune import Rules, RulesError, choose, prune, tree_bytes
+from quinebox.state import run_dir, session_dir, tree_bytes
+from quinebox.tree.prune import Rules, RulesError, choose, prune
 from quinebox.tree.runs import RunRecord
 from quinebox.worlds.build import create
 from quinebox.worlds.spec import WorldSpec, child_world, world_dir
@@ -207,5 +207,8 @@ def test_tree_bytes_weighs_a_directory_a_file_and_nothing(tmp_path):
     (tmp_path / "d" / "a").write_bytes(b"x" * 10)
     (tmp_path / "d" / "e" / "b").write_bytes(b"y" * 5)
     assert tree_bytes(tmp_path / "d") == 15
+    os.link(tmp_path / "d" / "a", tmp_path / "d" / "e" / "a-again")  # one file, as an unpacked image links them
+    (tmp_path / "d" / "e" / "to-a").symlink_to("../a")
+    assert tree_bytes(tmp_path / "d") == 15 + len("../a")
     assert tree_bytes(tmp_path / "d" / "a") == 10  # sessions.db beside the sessions is weighed so
     assert tree_bytes(tmp_path / "gone") == 0
