@@ -8,6 +8,10 @@ come) started. What stays keeps what it needs: its parent, and whichever session
 inherited from (a child's overlay reads their layers). Each pruned session leaves a tombstone in the index,
 so `show`, `logs`, `tree`, `replay` and `fork` say it was pruned and when. The audit log is never edited: a
 record says what was pruned, how much, and by whom, before anything goes.
+
+Unpacked images leave the cache as under `gc`, by its own step (box/owners/gc.py: never one a box uses; those
+whose image went, those no box used for `retention: {images:}`, those changed), first: a bad `retention:` or
+boxes that cannot be listed stop the prune before anything has gone.
 """
 
 from __future__ import annotations
@@ -20,17 +24,22 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from quinebox.agent.store import Index, SessionRow
 from quinebox.audit.approvals import pending
 from quinebox.audit.log import record
+from quinebox.box.owners.gc import prune_images
+from quinebox.box.owners.listing import every_box, reachable_engine
 from quinebox.errors import QuineboxError
 from quinebox.processes import user_name
 from quinebox.state import run_dir, session_dir, state_dir, tree_bytes
 from quinebox.tree.runs import END, attempted, runs_dir
 from quinebox.worlds.revisions import ObjectStore
 from quinebox.worlds.sweep import Swept, sweep
+
+if TYPE_CHECKING:
+    from quinebox.box.images.eviction import Evicted
 
 OUTCOMES = ("failed", "succeeded")
 
@@ -112,10 +121,15 @@ class Pruned:
     sessions: list[tuple[SessionRow, int]] = field(default_factory=list)
     objects: Swept = field(default_factory=Swept)
     runs: int = 0
+    images: list[Evicted] = field(default_factory=list)
 
     @property
     def session_bytes(self) -> int:
         return sum(size for _, size in self.sessions)
+
+    @property
+    def image_bytes(self) -> int:
+        return sum(image.size for image in self.images)
 
 
 def prune(rules: Selection, *, dry: bool = False, now: float | None = None) -> Pruned:
@@ -129,6 +143,8 @@ def prune(rules: Selection, *, dry: bool = False, now: float | None = None) -> P
         chosen = choose(rows, rules, now=now, held=held(), needs=world_needs(sessions), sessions=sessions)
         done = Pruned(sessions=[(row, tree_bytes(session_dir(row.id))) for row in chosen])
         ids = [row.id for row in chosen]
+        engine = reachable_engine(None)
+        done.images = prune_images(every_box(engine, connect=False), engine, dry=dry)
         if dry:
             done.objects = sweep(ObjectStore(), sessions, without=frozenset(ids), dry=True)
             done.runs = len(ended_runs(set(ids), {r.id for r in rows}))
@@ -142,8 +158,9 @@ def prune(rules: Selection, *, dry: bool = False, now: float | None = None) -> P
         for run in ended_runs(set(ids), {r.id for r in rows}):
             shutil.rmtree(run, ignore_errors=True)
             done.runs += 1
-        if done.objects.objects or done.runs:
-            record("pruned", None, objects=done.objects.objects, object_bytes=done.objects.bytes, runs=done.runs, by=_whom())
+        if done.objects.objects or done.runs or done.images:
+            images = {"images": len(done.images), "image_bytes": done.image_bytes, "image_ids": [f"sha256:{image.name}" for image in done.images]}
+            record("pruned", None, objects=done.objects.objects, object_bytes=done.objects.bytes, runs=done.runs, **images, by=_whom())
         return done
     finally:
         index.close()
