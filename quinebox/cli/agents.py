@@ -215,6 +215,8 @@ def prune_command(
             print(f"{row.id}\t{ended}\t{row.exit_code}\t{size}\t{' '.join(row.mission.split())[:60]}")
         for image in done.images:  # the same columns: its id, when a box last used it, no status, bytes, why
             print(f"sha256:{image.name}\t{datetime.fromtimestamp(image.used).strftime(when)}\t-\t{image.size}\tunpacked image: {image.why}")
+    for stayed in done.stayed:
+        say(f"session {stayed.session} is pruned, but {_mb(stayed.bytes)} of {stayed.path} stay: {stayed.why}; the next prune tries again")
     verb = "would prune" if dry_run else "pruned"
     say(
         f"{verb} {len(done.sessions)} session(s), {_mb(done.session_bytes)}; {done.objects.objects} world object(s), {_mb(done.objects.bytes)}; "

@@ -9,6 +9,10 @@ inherited from (a child's overlay reads their layers). Each pruned session leave
 so `show`, `logs`, `tree`, `replay` and `fork` say it was pruned and when. The audit log is never edited: a
 record says what was pruned, how much, and by whom, before anything goes.
 
+A session dir that cannot be removed whole (a read-only mount inside it, files the user may not remove) is
+tombstoned all the same, and said (`Stayed`): what is left counts as nothing freed, and each later prune
+tries it again.
+
 Unpacked images leave the cache as under `gc`, by its own step (box/owners/gc.py: never one a box uses; those
 whose image went, those no box used for `retention: {images:}`, those changed), first: a bad `retention:` or
 boxes that cannot be listed stop the prune before anything has gone.
@@ -20,11 +24,12 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from quinebox.agent.store import Index, SessionRow
 from quinebox.audit.approvals import pending
@@ -114,14 +119,27 @@ def choose(rows: list[SessionRow], rules: Selection, *, now: float, held: Iterab
     return sorted((r for r in rows if r.id in going), key=lambda r: r.started)
 
 
+@dataclass(frozen=True)
+class Stayed:
+    """A pruned session's dir that could not be removed whole: the first removal that failed and why, and the
+    bytes still there."""
+
+    session: str
+    path: str
+    why: str
+    bytes: int
+
+
 @dataclass
 class Pruned:
-    """What a prune took, or (dry) would take."""
+    """What a prune took, or (dry) would take. A session's bytes are those its removal freed (`stayed` has the
+    rest), or with `dry` those it holds."""
 
     sessions: list[tuple[SessionRow, int]] = field(default_factory=list)
     objects: Swept = field(default_factory=Swept)
     runs: int = 0
     images: list[Evicted] = field(default_factory=list)
+    stayed: list[Stayed] = field(default_factory=list)
 
     @property
     def session_bytes(self) -> int:
@@ -152,19 +170,46 @@ def prune(rules: Selection, *, dry: bool = False, now: float | None = None) -> P
         if ids:
             record("prune", None, sessions=len(ids), bytes=done.session_bytes, ids=ids[:1000], rules=rules.said(), by=_whom())
             index.forget(ids, now)
-            for session in ids:
-                shutil.rmtree(session_dir(session), ignore_errors=True)
+        for position, (row, size) in enumerate(done.sessions):
+            stayed = remove_session(row.id)
+            if stayed is not None:
+                done.sessions[position] = (row, max(size - stayed.bytes, 0))
+                done.stayed.append(stayed)
+        try:  # sessions pruned before whose dirs stayed then: tried again
+            earlier = sorted((set(os.listdir(sessions)) - set(ids)) & index.every_pruned().keys())
+        except FileNotFoundError:
+            earlier = []
+        done.stayed += [stayed for stayed in map(remove_session, earlier) if stayed is not None]
         done.objects = sweep(ObjectStore(), sessions)
         for run in ended_runs(set(ids), {r.id for r in rows}):
             shutil.rmtree(run, ignore_errors=True)
             done.runs += 1
-        if done.objects.objects or done.runs or done.images:
+        if done.objects.objects or done.runs or done.images or done.stayed:
             images = {"images": len(done.images), "image_bytes": done.image_bytes, "image_ids": [f"sha256:{image.name}" for image in done.images]}
-            record("pruned", None, objects=done.objects.objects, object_bytes=done.objects.bytes, runs=done.runs, **images, by=_whom())
+            left = [asdict(stayed) for stayed in done.stayed[:1000]]
+            record("pruned", None, objects=done.objects.objects, object_bytes=done.objects.bytes, runs=done.runs, **images, stayed=left, by=_whom())
         return done
     finally:
         index.close()
         os.close(lock)
+
+
+def remove_session(session: str) -> Stayed | None:
+    """Remove a pruned session's dir as far as it goes (all of it that can be, past what cannot); None when it is
+    gone, else what stays and the first removal that failed."""
+    path = session_dir(session)
+    failed: list[str] = []
+
+    def said(_: Any, name: str, exc: Any) -> None:
+        error = exc if isinstance(exc, BaseException) else exc[1]  # onexc's exception, or onerror's exc_info
+        if not failed and not isinstance(error, FileNotFoundError):  # one gone meanwhile is as good as removed
+            failed.append(f"cannot remove {name}: {getattr(error, 'strerror', None) or error}")
+
+    handler: dict[str, Any] = {"onexc" if sys.version_info >= (3, 12) else "onerror": said}
+    shutil.rmtree(path, **handler)
+    if not os.path.lexists(path):
+        return None
+    return Stayed(session, str(path), failed[0] if failed else "it is still there", tree_bytes(path))
 
 
 def held() -> set[str]:
