@@ -29,7 +29,7 @@ from pathlib import Path
 from measure import run_child
 
 from quinebox.grants import parse_size
-from quinebox.tree.prune import tree_bytes
+from quinebox.state import tree_bytes
 from quinebox.tree.retention import weigh
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))

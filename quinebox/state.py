@@ -20,13 +20,14 @@
       audit/                     the hash-chained audit log and its head; pending requests, decisions and
                                  remembered rules of approvals (audit/)
 
-It is never grantable to a box. Every layer finds its part here, so this
+It is never grantable to a box. Every layer finds its part here, and weighs it with `tree_bytes`, so this
 module imports nothing of quinebox.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 
 TYPE_CHECKING = False  # typing itself is not imported: the thin client imports this module on its fast path
 if TYPE_CHECKING:
@@ -83,3 +84,29 @@ def unwritable(what: str, exc: BaseException) -> str:
     """One line for a write to the state dir that failed, saying what to do."""
     reason = getattr(exc, "strerror", None) or str(exc)
     return f"cannot write {what} in the state dir {state_dir()}: {reason}; free some space there (`quinebox gc`, or remove old sessions/) and run again"
+
+
+def tree_bytes(path: str | Path) -> int:
+    """The bytes of every file under `path`, or of `path` if it is not a directory: what `prune` and `gc` say a
+    session dir or an unpacked image held. Links are not followed, a file linked more than once under `path`
+    counts once (an unpacked image holds such files), and one that is missing or goes meanwhile counts nothing."""
+    try:
+        own = os.lstat(path)
+    except OSError:
+        return 0
+    if not stat.S_ISDIR(own.st_mode):
+        return own.st_size
+    total = 0
+    linked: set[tuple[int, int]] = set()
+    for top, _, files in os.walk(path):
+        for name in files:
+            try:
+                info = os.lstat(os.path.join(top, name))
+            except OSError:
+                continue
+            if info.st_nlink > 1:
+                if (info.st_dev, info.st_ino) in linked:
+                    continue
+                linked.add((info.st_dev, info.st_ino))
+            total += info.st_size
+    return total

@@ -178,7 +178,7 @@ def trace_command(
         print(trace_id)
 
 
-@app.command("prune", help="Remove finished sessions (tapes, worlds, revisions), the world objects only they named, and their ended run records. Nothing running or still needed goes.")
+@app.command("prune", help="Remove finished sessions (tapes, worlds, revisions), the world objects only they named, their ended run records, and unpacked images as `gc` does. Nothing running or still needed goes.")
 def prune_command(
     older_than: str | None = typer.Option(None, "--older-than", metavar="DURATION", help="Only sessions that ended this long ago or more (30m, 12h, 7d)."),
     keep: int | None = typer.Option(None, "--keep", metavar="N", help="Keep the newest N finished sessions whatever else is said."),
@@ -209,11 +209,19 @@ def prune_command(
             rules = Rules(older_than=age, keep=keep, outcome="failed" if failed else "succeeded" if succeeded else None)
         done = prune(rules, dry=dry_run)
     if dry_run:
+        when = "%Y-%m-%d %H:%M:%S"
         for row, size in done.sessions:
-            ended = datetime.fromtimestamp(row.ended or 0).strftime("%Y-%m-%d %H:%M:%S")
+            ended = datetime.fromtimestamp(row.ended or 0).strftime(when)
             print(f"{row.id}\t{ended}\t{row.exit_code}\t{size}\t{' '.join(row.mission.split())[:60]}")
+        for image in done.images:  # the same columns: its id, when a box last used it, no status, bytes, why
+            print(f"sha256:{image.name}\t{datetime.fromtimestamp(image.used).strftime(when)}\t-\t{image.size}\tunpacked image: {image.why}")
+    for stayed in done.stayed:
+        say(f"session {stayed.session} is pruned, but {_mb(stayed.bytes)} of {stayed.path} stay: {stayed.why}; the next prune tries again")
     verb = "would prune" if dry_run else "pruned"
-    say(f"{verb} {len(done.sessions)} session(s), {_mb(done.session_bytes)}; {done.objects.objects} world object(s), {_mb(done.objects.bytes)}; {done.runs} run record(s)")
+    say(
+        f"{verb} {len(done.sessions)} session(s), {_mb(done.session_bytes)}; {done.objects.objects} world object(s), {_mb(done.objects.bytes)}; "
+        f"{done.runs} run record(s); {len(done.images)} unpacked image(s), {_mb(done.image_bytes)}"
+    )
 
 
 def _mb(size: int) -> str:

@@ -226,7 +226,7 @@ def kill_command(session: str = typer.Argument(..., help="The box's session id (
     say(f"killed {len(killed)} box{'es' if len(killed) != 1 else ''}: {' '.join(killed)}")
 
 
-@app.command("gc", help="Remove boxes whose owning quinebox process is gone, and guest runtimes no box uses any more.")
+@app.command("gc", help="Remove boxes whose owning quinebox process is gone, guest runtimes no box uses any more, and unpacked images no box uses whose image went, that no box used for `retention: {images:}`, or that changed.")
 def gc_command() -> None:
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.images import guest_runtime
@@ -237,7 +237,7 @@ def gc_command() -> None:
 
     with reported():
         removed = gc.collect_garbage(
-            repaired=lambda name, why: say(f"removed unpacked image {name[:12]}: {why}; the next box of it unpacks it afresh"),
+            evicted=lambda name, why: say(f"removed unpacked image {name[:12]}: {why}; the next box of it unpacks it afresh"),
             unremoved=lambda session, why: say(f"did not remove box {session}: {why}"),
         )
         sandboxes.remove_stale({box.session for box in listing.live_boxes()})

@@ -8,6 +8,14 @@ come) started. What stays keeps what it needs: its parent, and whichever session
 inherited from (a child's overlay reads their layers). Each pruned session leaves a tombstone in the index,
 so `show`, `logs`, `tree`, `replay` and `fork` say it was pruned and when. The audit log is never edited: a
 record says what was pruned, how much, and by whom, before anything goes.
+
+A session dir that cannot be removed whole (a read-only mount inside it, files the user may not remove) is
+tombstoned all the same, and said (`Stayed`): what is left counts as nothing freed, and each later prune
+tries it again.
+
+Unpacked images leave the cache as under `gc`, by its own step (box/owners/gc.py: never one a box uses; those
+whose image went, those no box used for `retention: {images:}`, those changed), first: a bad `retention:` or
+boxes that cannot be listed stop the prune before anything has gone.
 """
 
 from __future__ import annotations
@@ -16,22 +24,27 @@ import fcntl
 import json
 import os
 import shutil
-import stat
+import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from quinebox.agent.store import Index, SessionRow
 from quinebox.audit.approvals import pending
 from quinebox.audit.log import record
+from quinebox.box.owners.gc import prune_images
+from quinebox.box.owners.listing import every_box, reachable_engine
 from quinebox.errors import QuineboxError
 from quinebox.processes import user_name
-from quinebox.state import run_dir, session_dir, state_dir
+from quinebox.state import run_dir, session_dir, state_dir, tree_bytes
 from quinebox.tree.runs import END, attempted, runs_dir
 from quinebox.worlds.revisions import ObjectStore
 from quinebox.worlds.sweep import Swept, sweep
+
+if TYPE_CHECKING:
+    from quinebox.box.images.eviction import Evicted
 
 OUTCOMES = ("failed", "succeeded")
 
@@ -106,17 +119,35 @@ def choose(rows: list[SessionRow], rules: Selection, *, now: float, held: Iterab
     return sorted((r for r in rows if r.id in going), key=lambda r: r.started)
 
 
+@dataclass(frozen=True)
+class Stayed:
+    """A pruned session's dir that could not be removed whole: the first removal that failed and why, and the
+    bytes still there."""
+
+    session: str
+    path: str
+    why: str
+    bytes: int
+
+
 @dataclass
 class Pruned:
-    """What a prune took, or (dry) would take."""
+    """What a prune took, or (dry) would take. A session's bytes are those its removal freed (`stayed` has the
+    rest), or with `dry` those it holds."""
 
     sessions: list[tuple[SessionRow, int]] = field(default_factory=list)
     objects: Swept = field(default_factory=Swept)
     runs: int = 0
+    images: list[Evicted] = field(default_factory=list)
+    stayed: list[Stayed] = field(default_factory=list)
 
     @property
     def session_bytes(self) -> int:
         return sum(size for _, size in self.sessions)
+
+    @property
+    def image_bytes(self) -> int:
+        return sum(image.size for image in self.images)
 
 
 def prune(rules: Selection, *, dry: bool = False, now: float | None = None) -> Pruned:
@@ -130,6 +161,8 @@ def prune(rules: Selection, *, dry: bool = False, now: float | None = None) -> P
         chosen = choose(rows, rules, now=now, held=held(), needs=world_needs(sessions), sessions=sessions)
         done = Pruned(sessions=[(row, tree_bytes(session_dir(row.id))) for row in chosen])
         ids = [row.id for row in chosen]
+        engine = reachable_engine(None)
+        done.images = prune_images(every_box(engine, connect=False), engine, dry=dry)
         if dry:
             done.objects = sweep(ObjectStore(), sessions, without=frozenset(ids), dry=True)
             done.runs = len(ended_runs(set(ids), {r.id for r in rows}))
@@ -137,18 +170,46 @@ def prune(rules: Selection, *, dry: bool = False, now: float | None = None) -> P
         if ids:
             record("prune", None, sessions=len(ids), bytes=done.session_bytes, ids=ids[:1000], rules=rules.said(), by=_whom())
             index.forget(ids, now)
-            for session in ids:
-                shutil.rmtree(session_dir(session), ignore_errors=True)
+        for position, (row, size) in enumerate(done.sessions):
+            stayed = remove_session(row.id)
+            if stayed is not None:
+                done.sessions[position] = (row, max(size - stayed.bytes, 0))
+                done.stayed.append(stayed)
+        try:  # sessions pruned before whose dirs stayed then: tried again
+            earlier = sorted((set(os.listdir(sessions)) - set(ids)) & index.every_pruned().keys())
+        except FileNotFoundError:
+            earlier = []
+        done.stayed += [stayed for stayed in map(remove_session, earlier) if stayed is not None]
         done.objects = sweep(ObjectStore(), sessions)
         for run in ended_runs(set(ids), {r.id for r in rows}):
             shutil.rmtree(run, ignore_errors=True)
             done.runs += 1
-        if done.objects.objects or done.runs:
-            record("pruned", None, objects=done.objects.objects, object_bytes=done.objects.bytes, runs=done.runs, by=_whom())
+        if done.objects.objects or done.runs or done.images or done.stayed:
+            images = {"images": len(done.images), "image_bytes": done.image_bytes, "image_ids": [f"sha256:{image.name}" for image in done.images]}
+            left = [asdict(stayed) for stayed in done.stayed[:1000]]
+            record("pruned", None, objects=done.objects.objects, object_bytes=done.objects.bytes, runs=done.runs, **images, stayed=left, by=_whom())
         return done
     finally:
         index.close()
         os.close(lock)
+
+
+def remove_session(session: str) -> Stayed | None:
+    """Remove a pruned session's dir as far as it goes (all of it that can be, past what cannot); None when it is
+    gone, else what stays and the first removal that failed."""
+    path = session_dir(session)
+    failed: list[str] = []
+
+    def said(_: Any, name: str, exc: Any) -> None:
+        error = exc if isinstance(exc, BaseException) else exc[1]  # onexc's exception, or onerror's exc_info
+        if not failed and not isinstance(error, FileNotFoundError):  # one gone meanwhile is as good as removed
+            failed.append(f"cannot remove {name}: {getattr(error, 'strerror', None) or error}")
+
+    handler: dict[str, Any] = {"onexc" if sys.version_info >= (3, 12) else "onerror": said}
+    shutil.rmtree(path, **handler)
+    if not os.path.lexists(path):
+        return None
+    return Stayed(session, str(path), failed[0] if failed else "it is still there", tree_bytes(path))
 
 
 def held() -> set[str]:
@@ -222,25 +283,6 @@ def _exclusive() -> int:
         os.close(fd)
         raise QuineboxError(f"another `quinebox prune` is pruning {state_dir()}: wait for it to end") from None
     return fd
-
-
-def tree_bytes(path: str | Path) -> int:
-    """The bytes of every file under `path`, or of `path` if it is not a directory (links not followed; one that
-    is missing or goes meanwhile counts nothing)."""
-    try:
-        own = os.lstat(path)
-    except OSError:
-        return 0
-    if not stat.S_ISDIR(own.st_mode):
-        return own.st_size
-    total = 0
-    for top, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(top, name)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def _whom() -> dict[str, object]:

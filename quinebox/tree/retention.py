@@ -5,7 +5,7 @@ whichever quinebox process finds it due, in a process of its own, so that it nev
       age: 30d       # a session that ended longer ago goes
       count: 1000    # the newest 1000 finished sessions stay, older ones go
       size: 2g       # the oldest go until the state dir fits in 2 GiB (its unpacked images and audit log aside)
-      images: 30d    # `gc` lets go of unpacked images no box has used this long (box/images/usage.py)
+      images: 30d    # `gc` and `prune` let go of unpacked images no box has used this long (box/images/usage.py)
 
 Each limit given is enforced: a session over any one of them goes (unlike `prune`'s options, each of which
 must hold). What `prune` never takes (tree/prune.py), retention never takes either, so the size is a goal:
@@ -63,7 +63,7 @@ class Limits:
             age = parse_duration(str(config["age"])) if "age" in config else None
             size = parse_size(str(config["size"])) if "size" in config else None
             if "images" in config:
-                parse_duration(str(config["images"]))  # gc's (box/images/usage.py); refused here too, before anything goes
+                parse_duration(str(config["images"]))  # the image step's (box/images/usage.py); refused here too, before anything goes
         except QuineboxError as exc:
             raise RetentionError(f"{where}: {exc}") from None
         count = config.get("count")
@@ -119,7 +119,7 @@ class Weights:
 
 def weigh(sessions: Path) -> Weights:
     """`sessions`: the state dir's sessions dir, beside SHARED."""
-    from quinebox.tree.prune import tree_bytes
+    from quinebox.state import tree_bytes
     from quinebox.worlds.sweep import objects_of
 
     try:

@@ -9,15 +9,17 @@ stat and no engine call, so a frozen or stopped engine stops no such box.
 
     images/<hex of the image id>/rootfs/       the tree, under every box's own root (backends/boxroot.py), never written
     images/<hex of the image id>/image.json    what a box takes from the image (spec.ImageInfo)
-    images/<hex of the image id>/seal.json     what the tree held at its unpack (seal.py): `gc` removes one that changed
+    images/<hex of the image id>/seal.json     what the tree held at its unpack (seal.py): one that changed leaves (eviction.py)
+    images/<hex of the image id>/used          touched as each box takes the tree (usage.py)
     images/refs/<name, %-quoted>.json          which id a name meant when last unpacked or resolved
     images/.making-<PID-START>-XXXX/           an unpacking under way (or its maker's remains)
 
 `images/` is private to its owner: the tree keeps the image's owners (a file
 of uid 1000 would otherwise be writable by the host's uid 1000). An unpacking
 is made in a scratch directory and renamed into place, so concurrent first
-uses agree and a crash leaves only a scratch directory, which `prune` removes
-once its maker is dead. Ids from tarballs and layouts are their config
+uses agree and a crash leaves only a scratch directory, which `gc` and `prune`
+remove once its maker is dead (eviction.py, which also says which unpacked
+images leave the cache, and when). Ids from tarballs and layouts are their config
 blob's digest, as Docker computes them, and each layer is checked against
 the config's diff ids, so no archive can pass for another image in the cache.
 
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING
 from quinebox.box.images import seal
 from quinebox.box.spec import ImageInfo
 from quinebox.errors import ImageError, QuineboxError
-from quinebox.processes import owner_tag, process_start_ticks
+from quinebox.processes import owner_tag
 from quinebox.state import run_dir, state_dir, unwritable
 
 if TYPE_CHECKING:
@@ -210,7 +212,7 @@ def _read_ref(key: str) -> dict[str, str] | None:
         return None
 
 
-def _refs() -> Iterator[tuple[Path, dict[str, str]]]:
+def refs() -> Iterator[tuple[Path, dict[str, str]]]:
     for path in sorted((images_root() / "refs").glob("*.json")):
         try:
             yield path, json.loads(path.read_text())
@@ -275,8 +277,8 @@ def unpack(info: ImageInfo, source: str, fill: Callable[[Path], None]) -> Path:
 
 
 def scratch_dir(what: str) -> Path:
-    """A directory of this process's in the cache for making `what` in, named so that `prune` removes it should
-    this process die before it does."""
+    """A directory of this process's in the cache for making `what` in, named so that `gc` removes it should
+    this process die before it does (eviction.tidy)."""
     try:
         return Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{owner_tag()}-", dir=_root()))
     except OSError as exc:
@@ -300,7 +302,7 @@ def _make(info: ImageInfo, source: str, fill: Callable[[Path], None], final: Pat
     except OSError as exc:
         raise ImageError(unwritable(f"image {info.name}", exc)) from None
     finally:
-        _discard(scratch)
+        discard(scratch)
     return final / ROOTFS
 
 
@@ -309,17 +311,7 @@ def locks() -> Path:
     return run_dir() / "unpacking"
 
 
-def _drop_lock(path: Path) -> None:
-    """Remove the lock of an image that is not unpacked, unless someone holds it (is unpacking it now)."""
-    try:
-        with open(path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            path.unlink()
-    except OSError:
-        pass
-
-
-def _discard(path: Path) -> None:
+def discard(path: Path) -> None:
     """Remove a tree, its read-only directories included when not running as root."""
     if not os.path.lexists(path):
         return
@@ -332,68 +324,3 @@ def _discard(path: Path) -> None:
                 except OSError:
                     pass
         shutil.rmtree(path, ignore_errors=True)
-
-
-def current_ids(engine_ids: set[str] | None) -> set[str]:
-    """The ids some name still means: every tarball's or layout's, and the engine's images (`engine_ids`, from
-    DockerBackend.image_ids); with None (no engine to ask), every name's that refs/ or the engine's table holds."""
-    ids = {record["id"] for _, record in _refs() if engine_ids is None or record.get("source") != "engine"}
-    if engine_ids is not None:
-        return ids | set(engine_ids)
-    return ids | set((engine_names() or {}).values())
-
-
-def prune(in_use: set[str], current: set[str]) -> list[str]:
-    """Remove unpacked images no live box uses (`in_use`) and no name means (`current`, see current_ids), the names
-    that meant only them, and scratch directories of dead makers; what was removed, by directory name."""
-    root = images_root()
-    if not root.is_dir():
-        return []
-    keep = {id_hex(i) for i in in_use | current if HEX.fullmatch(i.split(":", 1)[-1])}
-    removed = []
-    for path in sorted(root.iterdir()):
-        if path.name.startswith(SCRATCH):
-            pid, _, rest = path.name[len(SCRATCH) :].partition("-")
-            start = rest.partition("-")[0]
-            if not (pid.isdigit() and process_start_ticks(int(pid)) == start):
-                _discard(path)
-                removed.append(path.name)
-        elif HEX.fullmatch(path.name) and path.name not in keep:
-            if remove(path):
-                removed.append(path.name)
-    for path in sorted(locks().glob("*")):
-        if not (root / path.name).exists():
-            _drop_lock(path)
-    for path, record in _refs():
-        image_id = str(record.get("id", ""))
-        if image_id not in current and (not HEX.fullmatch(image_id.split(":", 1)[-1]) or unpacked(image_id) is None):
-            path.unlink(missing_ok=True)
-    return removed
-
-
-def repair(in_use: set[str]) -> list[tuple[str, str]]:
-    """Remove each unpacked image that changed since its unpack (see seal.py) and no live box uses (`in_use`, image
-    ids or directory names), so that the next box of it unpacks it afresh; (directory name, why) of each removed.
-    One in use is left for a later `gc`: its boxes hold it."""
-    root = images_root()
-    busy = {i.split(":", 1)[-1] for i in in_use}
-    repaired = []
-    for path in sorted(root.iterdir()) if root.is_dir() else ():
-        if not HEX.fullmatch(path.name) or path.name in busy or not (path / ROOTFS).is_dir():
-            continue
-        why = seal.changed(path, path / ROOTFS)
-        if why is not None and remove(path):
-            repaired.append((path.name, why))
-    return repaired
-
-
-def remove(path: Path) -> bool:
-    """Remove an unpacked image: out of sight first (a box never finds half a tree); a crash mid-way leaves a dead
-    maker's scratch directory, which `prune` removes."""
-    gone = path.parent / f"{SCRATCH}{owner_tag()}-gone-{path.name}"
-    try:
-        os.rename(path, gone)
-    except OSError:
-        return False
-    _discard(gone)
-    return True

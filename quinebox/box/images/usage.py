@@ -1,5 +1,5 @@
-"""When a box last used each unpacked image, so that `gc` lets go of those no box has used for
-`retention: {images: 30d}` (config.yaml), as it lets go of those whose image is gone (rootfs.prune).
+"""When a box last used each unpacked image, so that `gc` and `prune` let go of those no box has used for
+`retention: {images: 30d}` (config.yaml), as they let go of those whose image is gone (eviction.py).
 
     images/<id>/used    touched as each box takes the image's root (its mtime is the last use); an image
                         never used since this began counts from its unpack

@@ -1,5 +1,6 @@
 """Garbage collection: what a quinebox process that is gone left behind — its boxes, their cgroups, bundles and
-sockets, stale claim records and spools — and unpacked images no box uses that changed or went.
+sockets, stale claim records and spools — and unpacked images no box uses that went, went unused or changed
+(`prune_images`, which `quinebox prune` runs too).
 
 Each orphaned box is removed through its own object (`Box.destroy`, the one way for every backend); one whose
 backend would not remove it (a delete that failed or timed out) stays listed, is told to `unremoved`, and is
@@ -30,6 +31,7 @@ from quinebox.state import cluster_dir, pool_dir, run_dir
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.images.eviction import Evicted
 
 #: How old an empty cgroup or an ownerless bundle no runtime knows must be before `gc` takes it (one being made now is not yet known).
 STALE = 60.0
@@ -37,10 +39,10 @@ STALE = 60.0
 Said = Callable[[str, str], None]
 
 
-def collect_garbage(backend: DockerBackend | None = None, *, repaired: Said | None = None, unremoved: Said | None = None) -> list[str]:
+def collect_garbage(backend: DockerBackend | None = None, *, evicted: Said | None = None, unremoved: Said | None = None) -> list[str]:
     """Remove boxes (and sockets) whose owner is gone; return the sessions of those removed. A box its backend
-    would not remove is told to `unremoved(session, why)` instead. Unpacked images that changed since their unpack
-    are removed too, each told to `repaired(image directory, why)`."""
+    would not remove is told to `unremoved(session, why)` instead. Unpacked images no box uses that went, went
+    unused or changed are removed too (`prune_images`), each told to `evicted(image directory, why)`."""
     engine = reachable_engine(backend)
     removed = []
     live_sessions = set()
@@ -53,9 +55,9 @@ def collect_garbage(backend: DockerBackend | None = None, *, repaired: Said | No
             removed.append(row.session)
         elif unremoved is not None:
             unremoved(row.session, f"its backend ({box.backend}) refused to remove it or did not answer in time; it stays listed for the next `quinebox gc`")
-    for name, why in _prune_images(boxes, engine):
-        if repaired is not None:
-            repaired(name, why)
+    for image in prune_images(boxes, engine):
+        if evicted is not None:
+            evicted(image.name, image.why)
     known = {box.session for box in boxes}  # what is still listed keeps its cgroup and bundle
     sweep_cgroups(known)
     _sweep_bundles(known)
@@ -132,23 +134,16 @@ def bundle_owner(bundle: Path) -> str | None:
         return None
 
 
-def _prune_images(boxes: list[Box], engine: DockerBackend | None) -> list[tuple[str, str]]:
-    """Remove unpacked images that no box listed uses and whose image is gone or replaced (see rootfs.prune),
-    those no box has used for `retention: {images:}` (usage.py), and those changed since their unpack
-    (rootfs.repair): (directory, why) of each of the latter two."""
-    from quinebox.box.images import rootfs, usage
-    from quinebox.grants import format_duration
+def prune_images(boxes: list[Box], engine: DockerBackend | None, *, dry: bool = False) -> list[Evicted]:
+    """The image step of both `gc` and `prune`: remove (with `dry`, only weigh) the unpacked images that no box of
+    `boxes` (every box listed) uses and that went, went unused or changed (images/eviction.py). `engine`: the
+    engine, if one answers; without it, which images went is read from the names the cache and the engine's table
+    hold."""
+    from quinebox.box.images import eviction
 
     in_use = {os.path.basename(os.path.dirname(box.image_root)) for box in boxes if box.image_root}
     try:
         engine_ids = engine.image_ids() if engine is not None else None
     except EngineError:
         engine_ids = None
-    rootfs.prune(in_use, rootfs.current_ids(engine_ids))
-    gone = []
-    idle = usage.idle_limit()
-    if idle is not None:  # retention: {images: 30d}
-        for path in usage.unused(rootfs.images_root(), idle, in_use):
-            if rootfs.remove(path):
-                gone.append((path.name, f"no box has used it for {format_duration(idle)} (retention: images in config.yaml)"))
-    return gone + rootfs.repair(in_use)
+    return eviction.evict(in_use, engine_ids, dry=dry)

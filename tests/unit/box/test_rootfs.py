@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from quinebox.box.images import archives
-from quinebox.box.images import rootfs
+from quinebox.box.images import eviction
+from quinebox.box.images import rootfs, seal
 from quinebox.box.policy import native_machine
 from quinebox.box.spec import ImageInfo
 from quinebox.processes import owner_tag
@@ -330,8 +331,10 @@ def test_concurrent_first_uses_end_with_one_whole_tree_made_once_and_no_scratch(
         assert set(threads.map(lambda _: archives.from_docker_archive(archive).id, range(6))) == {image_id}
     assert made == [image_id]  # the others waited for the one that unpacked it
     assert sorted(p.name for p in rootfs.images_root().iterdir()) == [image_id[7:], "refs"]
-    rootfs.prune(set(), set())
-    assert list(rootfs.locks().iterdir()) == []  # a pruned image's lock goes with it
+    [image] = eviction.stale(set(), set())
+    assert eviction.remove(image)
+    eviction.tidy(set())
+    assert list(rootfs.locks().iterdir()) == []  # a removed image's lock goes with it
     with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("fork")) as processes:
         assert set(processes.map(_unpack_in_a_process, [str(archive)] * 4)) == {image_id}
     assert sorted(p.name for p in rootfs.images_root().iterdir()) == [image_id[7:], "refs"]
@@ -377,7 +380,7 @@ def test_lookup_needs_no_engine_and_the_engines_own_table_wins(tmp_path, state):
 # -- gc ------------------------------------------------------------------------------------
 
 
-def test_prune_removes_exactly_the_unused_unnamed_images_and_dead_makers_scratch(tmp_path):
+def test_stale_images_are_exactly_the_unused_unnamed_ones_and_tidy_takes_dead_makers_scratch_and_their_names(tmp_path):
     made = [archives.from_docker_archive(docker_save(tmp_path / f"{n}.tar", [layer(entry("v", data=str(n).encode()))], tags=(f"t/img:{n}",))[0]) for n in range(3)]
     used, named, stale = made
     root = rootfs.images_root()
@@ -387,20 +390,62 @@ def test_prune_removes_exactly_the_unused_unnamed_images_and_dead_makers_scratch
     alive = root / f".making-{owner_tag()}-efgh"
     alive.mkdir()
     rootfs.remember(replace(stale, name="t/also-stale:1"), "engine")
-    removed = rootfs.prune({used.id}, {named.id})
-    assert removed == [dead.name, stale.id[7:]]
+    assert eviction.stale({used.id}, {named.id}) == [root / stale.id[7:]]
+    assert eviction.remove(root / stale.id[7:])
+    eviction.tidy({named.id})
     assert sorted(p.name for p in root.iterdir()) == sorted([alive.name, "refs", used.id[7:], named.id[7:]])
     assert sorted(p.name for p in rootfs.locks().iterdir()) == sorted([used.id[7:], named.id[7:]])
-    assert {r["name"] for _, r in rootfs._refs()} == {"t/img:0", "t/img:1"}
-    assert rootfs.lookup("t/img:2") is None and rootfs.prune({used.id}, {named.id}) == []
+    assert {r["name"] for _, r in rootfs.refs()} == {"t/img:0", "t/img:1"}
+    assert rootfs.lookup("t/img:2") is None and eviction.stale({used.id}, {named.id}) == []
+
+
+def test_evict_weighs_each_image_that_goes_and_says_why_and_a_dry_run_removes_nothing(tmp_path, monkeypatch):
+    def load(name, tag, data):
+        return archives.from_docker_archive(docker_save(tmp_path / f"{name}.tar", [layer(entry("f", data=data))], tags=(tag,))[0])
+
+    replaced = load("replaced", "t/img:1", b"r" * 5000)
+    load("current", "t/img:1", b"c" * 100)  # t/img:1 means this one now
+    busy = load("busy", "t/busy:1", b"b" * 100)
+    rootfs.remember(replace(busy, name="t/busy:1"), "engine")  # the engine named it, and has it no more
+    idle = load("idle", "t/idle:1", b"i" * 3000)
+    changed = load("changed", "t/changed:1", b"x" * 700)
+    root = rootfs.images_root()
+    (root / idle.id[7:] / "used").touch()
+    long_ago = int(time.time()) - 3 * 86400
+    os.utime(root / idle.id[7:] / "used", (long_ago, long_ago))
+    (root / changed.id[7:] / "rootfs" / "f").write_bytes(b"y" * 700)  # as big as it was: its seal sees it all the same
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    (tmp_path / "config" / "quinebox").mkdir(parents=True)
+    (tmp_path / "config" / "quinebox" / "config.yaml").write_text("retention: {images: 2d}\n")
+
+    def held(image):
+        directory = root / image.id[7:]
+        return sum((directory / name).stat().st_size for name in ("rootfs/f", "image.json", "seal.json"))
+
+    expected = sorted(
+        [
+            (replaced.id[7:], eviction.STALE, held(replaced)),
+            (idle.id[7:], "no box has used it for 2d (retention: images in config.yaml)", held(idle)),
+            (changed.id[7:], seal.changed(root / changed.id[7:], root / changed.id[7:] / "rootfs"), held(changed)),
+        ]
+    )
+    before = sorted(p.name for p in root.iterdir())
+    dry = eviction.evict({busy.id[7:]}, set(), dry=True)
+    assert [(e.name, e.why, e.size) for e in dry] == expected and sorted(p.name for p in root.iterdir()) == before
+    assert [e.used for e in dry if e.name == idle.id[7:]] == [long_ago]
+    done = eviction.evict({busy.id[7:]}, set())
+    assert done == dry
+    assert sorted(p.name for p in root.iterdir()) == sorted(set(before) - {e.name for e in done})
+    assert eviction.evict({busy.id[7:]}, set()) == []
+    assert [e.name for e in eviction.evict(set(), set())] == [busy.id[7:]]  # once no box uses it
 
 
 def test_current_ids_are_every_files_image_and_the_engines(tmp_path):
     loaded = archives.from_docker_archive(docker_save(tmp_path / "1.tar", [layer()], tags=("t/img:1",))[0])
     engine = ImageInfo(name="t/engine:1", id="sha256:" + "e" * 64)
     rootfs.remember(engine, "engine")
-    assert rootfs.current_ids({"sha256:" + "f" * 64}) == {loaded.id, "sha256:" + "f" * 64}
-    assert rootfs.current_ids(None) == {loaded.id, engine.id}
+    assert eviction.current_ids({"sha256:" + "f" * 64}) == {loaded.id, "sha256:" + "f" * 64}
+    assert eviction.current_ids(None) == {loaded.id, engine.id}
 
 
 # -- the engine's stream has a deadline ----------------------------------------------------

@@ -1,4 +1,4 @@
-"""An unpacked image's seal sees every change made to its tree, and `rootfs.repair` removes a changed tree; each
+"""An unpacked image's seal sees every change made to its tree, and a changed tree leaves the cache (eviction.py); each
 box's root lies over the tree without writing it (real mounts, as root)."""
 
 import json
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from quinebox.box.images import eviction
 from quinebox.box.images import rootfs
 from quinebox.box.images import seal
 from quinebox.box.backends import boxroot
@@ -92,16 +93,17 @@ def test_reading_the_tree_changes_nothing_and_a_missing_or_broken_seal_is_a_chan
     assert "no seal" in seal.changed(tmp_path, tmp_path / "rootfs")
 
 
-def test_an_unpack_is_sealed_and_repair_removes_only_changed_trees_no_box_uses(state):
+def test_an_unpack_is_sealed_and_of_the_changed_trees_only_those_no_box_uses_leave(state):
     tree = rootfs.unpack(IMAGE, "docker-archive", fill)
     other = ImageInfo(name="t/other:1", id="sha256:" + "6" * 64)
     busy = ImageInfo(name="t/busy:1", id="sha256:" + "7" * 64)
     trees = {info.id: rootfs.unpack(info, "docker-archive", fill) for info in (other, busy)}
     assert seal.changed(tree.parent, tree) is None
-    assert rootfs.repair(set()) == []
+    assert eviction.changed(set()) == {}
     (tree / "notes.txt").touch()
     (trees[busy.id] / "notes.txt").touch()
-    assert rootfs.repair({busy.id}) == [(IMAGE.id[7:], "it holds 9 entries, 8 when it was unpacked")]
+    assert eviction.changed({busy.id[7:]}) == {tree.parent: "it holds 9 entries, 8 when it was unpacked"}
+    assert [(e.name, e.why) for e in eviction.evict({busy.id[7:]}, {IMAGE.id, other.id, busy.id})] == [(IMAGE.id[7:], "it holds 9 entries, 8 when it was unpacked")]
     assert rootfs.unpacked(IMAGE.id) is None and rootfs.unpacked(other.id) and rootfs.unpacked(busy.id)
     assert not [p for p in rootfs.images_root().iterdir() if p.name.startswith(rootfs.SCRATCH)]
     again = rootfs.unpack(IMAGE, "docker-archive", fill)  # the next box's unpack: whole again, sealed again

@@ -2,7 +2,11 @@
 takes and leaves: tapes, worlds, world objects, run records, tombstones, the audit log. Sessions here are
 made by the real store (index, tapes, worlds) with no box; the CLI's prune of boxes' sessions is e2e."""
 
+import contextlib
+import errno
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,8 +16,8 @@ from quinebox.agent.store import Index
 from quinebox.agent.tapes import find
 from quinebox.audit.log import AuditLog, verify
 from quinebox.errors import QuineboxError
-from quinebox.state import run_dir, session_dir
-from quinebox.tree.prune import Rules, RulesError, choose, prune, tree_bytes
+from quinebox.state import run_dir, session_dir, tree_bytes
+from quinebox.tree.prune import Rules, RulesError, Stayed, choose, prune
 from quinebox.tree.runs import RunRecord
 from quinebox.worlds.build import create
 from quinebox.worlds.spec import WorldSpec, child_world, world_dir
@@ -184,6 +188,56 @@ def test_a_run_record_goes_once_its_run_ended_and_its_sessions_are_gone(state):
     assert prune(Rules(keep=0)).runs == 1 and not (state / "runs" / record.id).exists()
 
 
+@contextlib.contextmanager
+def unremovable(directory):
+    """Nothing in `directory` can be removed, whoever runs the tests: as root, whom no mode stops, it is a
+    read-only bind mount of itself; as another user (CI's rootless pass), it loses its write permission.
+    Yields the reason a removal in it fails with."""
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "--bind", str(directory), str(directory)], check=True)
+        try:
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], check=True)
+            yield os.strerror(errno.EROFS)
+        finally:
+            subprocess.run(["umount", str(directory)], check=True)
+    else:
+        directory.chmod(0o555)
+        try:
+            yield os.strerror(errno.EACCES)
+        finally:
+            directory.chmod(0o755)
+
+
+def test_a_session_dir_that_cannot_be_removed_whole_is_said_counts_nothing_it_kept_and_goes_at_a_later_prune(state, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no retention of the user's config starts here
+    session("s-stuck", {"a": b"aaa"})
+    path = session_dir("s-stuck")
+    stuck = world_dir("s-stuck") / "tree" / "ro"
+    stuck.mkdir()
+    (stuck / "f").write_bytes(b"s" * 2000)
+    held = tree_bytes(path)
+    quinebox = os.path.join(os.path.dirname(sys.executable), "quinebox")
+    with unremovable(stuck) as reason:
+        done = subprocess.run([quinebox, "prune", "--keep", "0"], capture_output=True, timeout=120)
+        why = f"cannot remove {stuck / 'f'}: {reason}"
+        assert (done.returncode, done.stdout, done.stderr.decode()) == (
+            0,
+            b"",
+            f"quinebox: session s-stuck is pruned, but 2.0 kB of {path} stay: {why}; the next prune tries again\n"
+            f"quinebox: pruned 1 session(s), {(held - 2000) / 1e3:.1f} kB; 1 world object(s), 0.0 kB; 0 run record(s); 0 unpacked image(s), 0.0 kB\n",
+        )
+        assert sorted(str(p.relative_to(path)) for p in path.rglob("*")) == ["world", "world/tree", "world/tree/ro", "world/tree/ro/f"]
+        with pytest.raises(QuineboxError, match=r"^session s-stuck was pruned at "):
+            find("s-stuck")
+        said = [r["facts"] for r in AuditLog().records() if r["kind"] in ("prune", "pruned")]
+        assert (said[0]["bytes"], said[1]["stayed"]) == (held, [{"session": "s-stuck", "path": str(path), "why": why, "bytes": 2000}])
+        again = prune(Rules(keep=0))  # still stuck: said again, as nothing freed
+        assert (again.sessions, again.stayed) == ([], [Stayed("s-stuck", str(path), why, 2000)])
+    assert verify().intact
+    last = prune(Rules(keep=0))
+    assert (last.sessions, last.stayed) == ([], []) and not path.exists()
+
+
 def test_a_second_prune_at_once_is_refused_in_one_line(state):
     import fcntl
 
@@ -207,5 +261,8 @@ def test_tree_bytes_weighs_a_directory_a_file_and_nothing(tmp_path):
     (tmp_path / "d" / "a").write_bytes(b"x" * 10)
     (tmp_path / "d" / "e" / "b").write_bytes(b"y" * 5)
     assert tree_bytes(tmp_path / "d") == 15
+    os.link(tmp_path / "d" / "a", tmp_path / "d" / "e" / "a-again")  # one file, as an unpacked image links them
+    (tmp_path / "d" / "e" / "to-a").symlink_to("../a")
+    assert tree_bytes(tmp_path / "d") == 15 + len("../a")
     assert tree_bytes(tmp_path / "d" / "a") == 10  # sessions.db beside the sessions is weighed so
     assert tree_bytes(tmp_path / "gone") == 0
