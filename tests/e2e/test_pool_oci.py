@@ -259,6 +259,7 @@ def test_the_python_api_claims_from_the_users_pool_too(pooled, monkeypatch):
     assert (done.returncode, done.stdout) == (5, b"material") and hits(pooled) == before + 1
 
 
+@pytest.mark.root_only  # this runsc cannot make a box for a user who is not root (docs/backends.md)
 def test_gvisor_boxes_are_kept_warm_and_claimed_too(tmp_path):
     env = start_server(tmp_path, size=1, runtime="runsc")
     try:
