@@ -20,22 +20,27 @@ QUINEBOX_SERVE says which: `auto` (the default) uses the user's server and
 starts one when none answers; `manual` uses one only if the user started it
 (`quinebox serve`); `off` keeps every command in-process.
 
-Stdlib only, and nothing of quinebox but the state dir's paths: this is what
+Stdlib only, and nothing of quinebox but the state dir's paths and the server's
+wire (wire.py: `_socket` and `marshal`, no json, socket or enum): this is what
 makes the thin path fast.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import select
-import signal
-import socket
 import sys
 import time
 
-from quinebox import fdpass
+from quinebox import wire
 from quinebox.state import serve_socket, state_root
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import _socket
+    import signal  # typeshed describes _signal only as signal
+else:
+    import _signal as signal  # the signal module itself imports enum: a fifth of this client's start-up
 
 #: The commands that go through a server; the rest are quick, or are about the server itself.
 THIN = ("exec", "run", "map", "batch", "shell")
@@ -63,7 +68,7 @@ def main() -> None:
                 os.fstat(fd)
             except OSError:
                 os.open(os.devnull, os.O_RDWR)
-        server = fdpass.connect(serve_socket())
+        server = wire.connect(serve_socket())
         if server is not None:
             code = through(server, argv)
             if code is not None:
@@ -115,7 +120,7 @@ def start_server(again: bool = False) -> None:
     os.waitpid(pid, 0)
 
 
-def through(server: socket.socket, argv: list[str]) -> int | None:
+def through(server: _socket.socket, argv: list[str]) -> int | None:
     """Run argv in the server with our stdio; our signals go to it; its exit status is ours. None: the server
     handed it back unrun, because its code or config is older than ours (it is exiting)."""
     fds = [0, 1, 2]
@@ -123,7 +128,7 @@ def through(server: socket.socket, argv: list[str]) -> int | None:
         fds.append(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
     except OSError:
         pass
-    fdpass.send(server, {"kind": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, fds)
+    wire.send(server, {"kind": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, fds)
     for fd in fds[3:]:
         os.close(fd)
 
@@ -133,26 +138,23 @@ def through(server: socket.socket, argv: list[str]) -> int | None:
         if signum != signal.SIGWINCH:
             forwarded.append(signum)
         try:
-            fdpass.send(server, {"kind": "signal", "signal": signum})
+            wire.send(server, {"kind": "signal", "signal": signum})
         except OSError:
             pass
 
     before = {signum: signal.signal(signum, forward) for signum in FORWARDED}
-    reader = server.makefile("rb")
     while True:
         try:
-            line = reader.readline()
-        except InterruptedError:
-            continue
-        if not line:
+            message, fds = wire.receive(server, None)
+        except OSError:
+            message, fds = {}, []
+        for fd in fds:
+            os.close(fd)
+        if not message:
             if forwarded:  # it died of the signal we passed on, before the command could catch it: as a cold run would
                 return 128 + forwarded[0]
             print("quinebox: the command server's worker for this command is gone (`quinebox serve status`); run again", file=sys.stderr)
             return EXIT_QUINEBOX
-        try:
-            message = json.loads(line)
-        except ValueError:
-            continue
         if message.get("kind") == "exit":
             return int(message.get("code", EXIT_QUINEBOX))
         if message.get("kind") == "stale":

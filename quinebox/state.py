@@ -9,7 +9,7 @@
                                  (worlds/sweep.py)
       prune.lock                 held by the one `quinebox prune` running (tree/prune.py)
       run/<id>.sock              each live box's socket (box/net/broker.py)
-      run/serve.sock             the command server's socket (cli/server.py); run/serve.started while a
+      run/serve.2.sock           the command server's socket (cli/server.py; named for its wire, wire.py); run/serve.started while a
                                  client's server is starting (client.py)
       serve.log                  what a server started by a client said (client.py)
       run/pool.sock              its pool of warm boxes (box/pool/warm.py); run/claimed/<container>.json
@@ -32,6 +32,11 @@ import stat
 TYPE_CHECKING = False  # typing itself is not imported: the thin client imports this module on its fast path
 if TYPE_CHECKING:
     from pathlib import Path
+
+
+#: The command server's socket, named for the wire it speaks (wire.py): a server of an older quinebox, still up
+#: after an upgrade until it idles out, listens on a name of its own, which no newer client asks.
+SERVE_SOCKET = "serve.2.sock"
 
 
 def state_root() -> str:
@@ -58,7 +63,7 @@ def run_dir() -> Path:
 
 def serve_socket() -> str:
     """Where `quinebox serve` listens for this user's thin clients (cli/server.py, client.py)."""
-    return os.path.join(state_root(), "run", "serve.sock")
+    return os.path.join(state_root(), "run", SERVE_SOCKET)
 
 
 def pool_socket() -> Path:

@@ -20,7 +20,7 @@ stop` lets running commands finish first. Only the owner's uid may connect.
 
 from __future__ import annotations
 
-import json
+import gc
 import os
 import signal
 import socket
@@ -29,7 +29,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from quinebox import fdpass
+from quinebox import fdpass, wire
 from quinebox.state import pool_socket, run_dir, serve_socket
 
 if TYPE_CHECKING:
@@ -143,6 +143,9 @@ class Server:
         self.fingerprint = fingerprint(paths=self.paths)
         self.last = time.monotonic()  # idle from when it answers, not from before its imports
         self.keep_pool()
+        # Everything imported so far lives as long as the server: out of the collector's sight, a worker's collections
+        # do not write to (and so copy) the pages it shares with the server.
+        gc.freeze()
         if self.idle is not None:
             self.listener.settimeout(min(self.idle, IDLE_CHECK))
         try:
@@ -203,14 +206,14 @@ class Server:
         if fdpass.peer_uid(conn) != os.getuid():
             return  # only the owner; the run dir is private anyway
         _reap(self.children)
-        message, fds = fdpass.receive(conn, REQUEST_TIMEOUT)
+        message, fds = wire.receive(conn, REQUEST_TIMEOUT)
         kind = message.get("kind")
         if kind == "run":  # a command, not a status or a stop, is what keeps the server from idling out
             self.last = time.monotonic()
         if kind == "run" and len(fds) in (3, 4) and self.stale():
             print("quinebox serve: the code or config.yaml changed since this server started: exiting", file=sys.stderr, flush=True)
             self.stop()  # the socket goes first, so that the client's new server can take it
-            fdpass.send(conn, {"kind": "stale"})
+            wire.send(conn, {"kind": "stale"})
         elif kind == "run" and len(fds) in (3, 4):
             self.served += 1
             sys.stdout.flush()
@@ -232,9 +235,9 @@ class Server:
             self.children.add(pid)
         elif kind == "status":
             pool = fdpass.ask(str(pool_socket()), {"kind": "stats"}, 5) or None
-            fdpass.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool})
+            wire.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool})
         elif kind == "stop":
-            fdpass.send(conn, {"kind": "stopping"})
+            wire.send(conn, {"kind": "stopping"})
             self.stop()
         for fd in fds:
             os.close(fd)
@@ -307,28 +310,32 @@ def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
 
 def _report(conn: socket.socket, code: int) -> None:
     try:
-        fdpass.send(conn, {"kind": "exit", "code": code})
+        wire.send(conn, {"kind": "exit", "code": code})
     except OSError:
         pass
 
 
 def _follow_client(conn: socket.socket) -> None:
     """Signals the client forwards are raised here; the client gone (killed, even) is a SIGTERM: its boxes die with it."""
-    reader = conn.makefile("rb")
-    for line in reader:
+    while True:
         try:
-            signum = int(json.loads(line).get("signal", 0))
-        except (ValueError, AttributeError, TypeError):
-            continue
-        if signum in {s.value for s in signal.Signals} and signum not in (signal.SIGKILL, signal.SIGSTOP):
+            message, fds = wire.receive(conn, None)
+        except OSError:
+            break
+        for fd in fds:
+            os.close(fd)
+        if not message:
+            break
+        signum = message.get("signal")
+        if isinstance(signum, int) and signum in {s.value for s in signal.Signals} and signum not in (signal.SIGKILL, signal.SIGSTOP):
             os.kill(os.getpid(), signum)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
 def status() -> dict[str, Any] | None:
     """What the server says of itself, or None when no server answers."""
-    return fdpass.ask(serve_socket(), {"kind": "status"}, 5) or None
+    return wire.ask(serve_socket(), {"kind": "status"}, 5) or None
 
 
 def stop() -> bool:
-    return fdpass.ask(serve_socket(), {"kind": "stop"}, 5) is not None
+    return wire.ask(serve_socket(), {"kind": "stop"}, 5) is not None

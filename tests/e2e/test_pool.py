@@ -17,6 +17,7 @@ from commands import QUINEBOX
 import quinebox
 from quinebox.box.policy import HOST_SOCKET, LABEL_OWNER, LABEL_SESSION, LABEL_USER
 from quinebox.box.shape import LABEL_POOL, POOL_COMMAND
+from quinebox.state import SERVE_SOCKET
 
 pytestmark = pytest.mark.root_only  # boxes on the engine; the pool on an OCI runtime is test_pool_oci.py's
 
@@ -250,7 +251,7 @@ def test_a_server_that_ends_while_its_pool_fills_leaves_no_box_behind(tmp_path, 
         assert pool_boxes(engine, said["pool"]["pid"]) == []
         wait_for(lambda: not os.path.exists(f"/proc/{said['pool']['pid']}"), "the keeper gone", timeout=60)
     state = env["QUINEBOX_STATE_DIR"]
-    left = {"claimed"} | ({"serve.sock"} if end == "kill -9" else set())  # a killed server cannot unlink its socket: the next one binds over it
+    left = {"claimed"} | ({SERVE_SOCKET} if end == "kill -9" else set())  # a killed server cannot unlink its socket: the next one binds over it
     assert os.listdir(os.path.join(state, "pool")) == [] and set(os.listdir(os.path.join(state, "run"))) <= left
 
 

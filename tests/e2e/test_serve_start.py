@@ -16,6 +16,8 @@ import pytest
 from commands import QUINEBOX, wait_for
 from test_serve import boxes_of
 
+from quinebox.state import SERVE_SOCKET
+
 
 def quinebox(*args, env, **options):
     return subprocess.run([QUINEBOX, *args], env=env, capture_output=True, timeout=120, **options)
@@ -93,7 +95,7 @@ def test_a_server_exits_once_idle_and_leaves_nothing_but_waits_for_the_command_i
     assert long.stdout.read() == b"done\n" and long.wait(30) == 0
     wait_for(lambda: gone(pid), what="the idle server gone", timeout=3 + 5 + 10)  # its idle time, its check interval, slack
     run = os.path.join(env["QUINEBOX_STATE_DIR"], "run")
-    assert not os.path.exists(os.path.join(run, "serve.sock"))
+    assert not os.path.exists(os.path.join(run, SERVE_SOCKET))
     wait_for(lambda: boxes_of(env) == [], what="the pool's warm boxes removed by the engine", timeout=30)  # AutoRemove, once each box's init is gone
     assert "idle for 3 s: exiting" in open(os.path.join(env["QUINEBOX_STATE_DIR"], "serve.log")).read()
 

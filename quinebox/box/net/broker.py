@@ -120,8 +120,9 @@ class Broker:
             if not self.adopt(conn) and self._closed:
                 return
 
-    def adopt(self, conn: socket.socket) -> bool:
-        """Serve a connection from this box (one accepted here, or a warm box's lifeline accepted before its claim)."""
+    def adopt(self, conn: socket.socket, *, init: bool = False) -> bool:
+        """Serve a connection from this box: one accepted here, or a warm box's lifeline accepted before its claim
+        (`init`: its init said then that it serves execs; the pool's keeper read its hello)."""
         with self._lock:
             if self._closed or len(self._connections) >= MAX_CONNECTIONS:
                 conn.close()  # a box cannot make the host spend a thread per connection without bound
@@ -129,14 +130,18 @@ class Broker:
             self._connections.add(conn)
             first = self._served == 0
             self._served += 1
-        threading.Thread(target=self._serve, args=(conn, first), daemon=True).start()
+            channel = Channel(conn)  # one sending side, shared with the init's line: frames never interleave
+            line = InitLine(channel) if init and first else None
+            if line is not None:
+                self.init = line
+        if line is not None:
+            self.init_said.set()
+        threading.Thread(target=self._serve, args=(conn, channel, first, line), daemon=True).start()
         return True
 
-    def _serve(self, conn: socket.socket, first: bool = False) -> None:
+    def _serve(self, conn: socket.socket, channel: Channel, first: bool, init: InitLine | None) -> None:
         reader = conn.makefile("rb")
-        channel = Channel(conn)
         relay: Relay | None = None
-        init: InitLine | None = None
         try:
             while True:
                 try:

@@ -39,7 +39,7 @@ class InitLine:
     """A box's init, reached over its lifeline: it starts execs and tells how each ended."""
 
     def __init__(self, channel: Sender):
-        self._channel = channel
+        self.channel = channel
         self._lock = threading.Lock()
         self._waiting: dict[str, Exited] = {}
         self._lost = False
@@ -54,7 +54,7 @@ class InitLine:
                 raise EngineError("the box is gone: nothing more runs in it")
             self._waiting[exec_id] = exited
         frame = {"kind": "exec", "id": exec_id, "argv": list(argv), "cwd": cwd, "env": list(env), "fds": len(fds)}
-        if not self._channel.send(frame, fds=fds):
+        if not self.channel.send(frame, fds=fds):
             with self._lock:
                 self._waiting.pop(exec_id, None)
             raise EngineError("the box is gone: its init no longer answers")

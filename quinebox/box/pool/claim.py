@@ -55,6 +55,8 @@ class WarmBox:
     #: Whether its image has /bin/sh (an agent's sh tool needs it), seen before it started: the engine cannot
     #: always read a path from a running box (a relative symlink, as busybox's /bin/sh, is a 404 there).
     shell: bool
+    #: Whether its init said, when it connected, that it starts execs (the keeper read its hello: net/init_line.py).
+    serves_execs: bool = False
 
     def close_sockets(self) -> None:
         for sock in (self.lifeline, self.listener, self.attach):
@@ -71,7 +73,7 @@ class Claimed(WarmBox):
         """Send the box its claim (it runs the command at once) and serve its lifeline as a cold box's is served."""
         if broker is None or not Channel(self.lifeline).send(frame):
             raise EngineError("the warm box was gone when it was claimed")
-        broker.adopt(self.lifeline)
+        broker.adopt(self.lifeline, init=self.serves_execs)
 
     def release(self) -> None:
         """Let the box go unused: without its lifeline it kills itself, and the engine removes it."""
@@ -104,7 +106,7 @@ def claim(spec: BoxSpec, config: ContainerConfig, backend: DockerBackend) -> Cla
     attach.settimeout(None)
     claimed = Claimed(
         container=str(answer["container"]), box=str(answer["box"]), listener=listener, lifeline=lifeline, attach=attach,
-        socket_path=str(answer["lifeline"]), world=answer.get("world"), shell=bool(answer.get("shell")),
+        socket_path=str(answer["lifeline"]), world=answer.get("world"), shell=bool(answer.get("shell")), serves_execs=bool(answer.get("init")),
     )
     limits = updates(config)
     if limits:

@@ -48,7 +48,11 @@ class ClaimedOci:
     socket_path: str
     world: str | None
     keeper: socket.socket
+    #: Whether its init said, as it connected, that it starts execs (net/init_line.py).
+    serves_execs: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _released: bool = False
+    _following: bool = False
 
     def settle(self, spec: BoxSpec, process: dict[str, Any]) -> None:
         """The session's host paths and claim record (claim.settle), and the box's bundle saying the process a cold
@@ -64,17 +68,23 @@ class ClaimedOci:
     def start(self, frame: dict[str, Any], stdio: tuple[int, int, int], broker: Broker | None, ended: Ended) -> None:
         """Hear from the keeper how the box ends; send the init its claim with `stdio` (it runs the command at once);
         serve its lifeline as a cold box's is served."""
+        self._following = True
         threading.Thread(target=self._follow, args=(ended,), name=f"claimed:{self.container}", daemon=True).start()
         if broker is None or not Channel(self.lifeline).send(frame, fds=stdio):
             raise EngineError("the warm box was gone when it was claimed")
-        broker.adopt(self.lifeline)
+        broker.adopt(self.lifeline, init=self.serves_execs)
 
     def _follow(self, ended: Ended) -> None:
-        answer, fds = fdpass.receive(self.keeper, None)
+        try:
+            answer, fds = fdpass.receive(self.keeper, None)
+        except OSError:
+            answer, fds = {}, []
         for fd in fds:
             os.close(fd)
         self.keeper.close()
         self._close_pidfd()
+        if self._released:
+            return  # its start failed: nobody waits for its end
         if answer.get("kind") != "ended":
             ended(EXIT_KILLED, False, KEEPER_GONE)
             return
@@ -99,9 +109,16 @@ class ClaimedOci:
 
     def release(self) -> None:
         """Let the box go unused (a start that failed after the claim): without its lifeline it kills itself."""
-        for sock in (self.lifeline, self.listener, self.keeper):
+        self._released = True
+        try:
+            self.keeper.shutdown(socket.SHUT_RDWR)  # its follower, if any, wakes and leaves; the keeper hears we left
+        except OSError:
+            pass
+        for sock in (self.lifeline, self.listener):
             sock.close()
-        self._close_pidfd()
+        if not self._following:  # else its follower lets go of them as it leaves
+            self.keeper.close()
+            self._close_pidfd()
 
 
 def claim_oci(spec: BoxSpec, config: dict[str, Any], runtime: str) -> ClaimedOci | None:
@@ -129,5 +146,5 @@ def claim_oci(spec: BoxSpec, config: dict[str, Any], runtime: str) -> ClaimedOci
     listener, lifeline = (socket.socket(fileno=fd) for fd in fds[:2])
     return ClaimedOci(
         container=str(answer["container"]), box=str(answer["box"]), listener=listener, lifeline=lifeline, pidfd=fds[2],
-        socket_path=str(answer["lifeline"]), world=answer.get("world"), keeper=conn,
+        socket_path=str(answer["lifeline"]), world=answer.get("world"), keeper=conn, serves_execs=bool(answer.get("init")),
     )

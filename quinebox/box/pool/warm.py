@@ -19,6 +19,8 @@ dropped with its warm boxes.
 
 from __future__ import annotations
 
+import io
+import select
 import socket
 import statistics
 import sys
@@ -31,7 +33,10 @@ from typing import Any, Protocol
 
 from quinebox.box.shape import shape_key
 from quinebox.errors import QuineboxError
+from quinebox.guest import protocol
 
+#: The most a hello may hold (it is a few dozen bytes).
+MAX_HELLO = 4096
 #: After a failed make, a shape waits this long before the pool tries again.
 BACKOFF = 5.0
 #: The most shapes kept at once; one more pushes out the one claimed least recently.
@@ -54,6 +59,49 @@ class Kept(Protocol):
 
 #: Makes a warm box of a shape (the keeper's, by the shape's backend).
 Maker = Callable[[dict[str, Any]], Kept]
+#: How long a warm box's init may take, once connected, to say it serves execs (an init of an older quinebox
+#: says nothing: its box is warm all the same, and its execs take the runtime's way).
+HELLO_TIMEOUT = 2.0
+
+
+def take_lifeline(listener: socket.socket, timeout: float) -> tuple[socket.socket, bool]:
+    """A warm box's lifeline, once its init connects (within `timeout` seconds), and whether its init serves execs:
+    its hello is read here, so that nothing but the end of the connection is left to read before the claim (which
+    is how `holds` tells a live box from a dead one), and the claimer is told what it said."""
+    listener.settimeout(timeout)
+    lifeline, _ = listener.accept()
+    listener.settimeout(None)
+    lifeline.settimeout(HELLO_TIMEOUT)
+    try:
+        hello = _exactly(lifeline, protocol.HEADER.size)
+        size, payload = protocol.HEADER.unpack(hello)
+        said = protocol.read_frame(io.BytesIO(hello + _exactly(lifeline, size + payload)))[0] if size + payload <= MAX_HELLO else {}
+    except (TimeoutError, EOFError, protocol.ProtocolError):
+        said = {}
+    finally:
+        lifeline.settimeout(None)
+    return lifeline, said.get("kind") == "hello" and "exec" in (said.get("serves") or ())
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    data = sock.recv(size, socket.MSG_WAITALL) if size else b""
+    if len(data) < size:
+        raise EOFError
+    return data
+
+
+def holds(lifeline: socket.socket) -> bool:
+    """Whether a warm box's init still holds its end of `lifeline` (one that died waiting has closed it: nothing
+    else is left to read on it before its claim)."""
+    readable, _, _ = select.select([lifeline], [], [], 0)
+    if not readable:
+        return True
+    try:
+        return lifeline.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ events tell it how the box ended, and the engine removes it (AutoRemove).
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import socket
 import time
@@ -20,6 +19,7 @@ from quinebox import fdpass
 from quinebox.box.backends.docker import DockerBackend
 from quinebox.box.net.broker import box_socket
 from quinebox.box.pool.claim import WarmBox
+from quinebox.box.pool.warm import holds, take_lifeline
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, warm_config
 from quinebox.box.spec import new_session_id
 from quinebox.processes import owner_id
@@ -52,26 +52,15 @@ class Warm(WarmBox):
     def hand_over(self, conn: socket.socket) -> bool:
         """Its listener, lifeline and attached stream to the claimer (claim.py), who owns the box from now on."""
         try:
-            answer = {"kind": "claimed", "container": self.container, "box": self.box, "lifeline": self.socket_path, "world": self.world, "shell": self.shell}
+            answer = {
+                "kind": "claimed", "container": self.container, "box": self.box, "lifeline": self.socket_path, "world": self.world, "shell": self.shell,
+                "init": self.serves_execs,
+            }
             fdpass.send(conn, answer, [self.listener.fileno(), self.lifeline.fileno(), self.attach.fileno()])
         except OSError:
             self.discard()  # the claimer went away: nobody holds it
             return False
         self.close_sockets()  # the claimer holds its own copies, and the box's paths are the claimer's to move
-        return False
-
-
-def holds(lifeline: socket.socket) -> bool:
-    """Whether a warm box's init still holds its end of `lifeline` (one that died waiting has closed it): what it
-    said there (its hello) is left to be read by whoever claims it."""
-    readable, _, _ = select.select([lifeline], [], [], 0)
-    if not readable:
-        return True
-    try:
-        return lifeline.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
         return False
 
 
@@ -94,11 +83,8 @@ def start_warm(backend: DockerBackend, shape: dict[str, Any]) -> Warm:
         shell = backend.exists(container, "/bin/sh")
         attach = backend.attach(container)
         backend.start(container)
-        listener.settimeout(START_TIMEOUT)
-        lifeline, _ = listener.accept()
-        listener.settimeout(None)
-        lifeline.settimeout(None)
-        return Warm(box=box, container=container, listener=listener, lifeline=lifeline, attach=attach, socket_path=path, world=world, shell=shell)
+        lifeline, serves = take_lifeline(listener, START_TIMEOUT)
+        return Warm(box=box, container=container, listener=listener, lifeline=lifeline, attach=attach, socket_path=path, world=world, shell=shell, serves_execs=serves)
     except BaseException:
         if container is not None:
             backend.remove(container)

@@ -17,6 +17,7 @@ own reaper (backends/reaper.py), which removes them.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import socket
 import threading
@@ -28,7 +29,8 @@ from quinebox import fdpass
 from quinebox.box.backends.ocibox import OciBox, finish_removals, oci_runtime
 from quinebox.box.net.broker import box_socket
 from quinebox.box.pool.claim import forget
-from quinebox.box.pool.warm_docker import START_TIMEOUT, holds
+from quinebox.box.pool.warm import holds, take_lifeline
+from quinebox.box.pool.warm_docker import START_TIMEOUT
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, warm_oci_config
 from quinebox.box.spec import new_session_id
 from quinebox.errors import EngineError
@@ -55,6 +57,8 @@ class WarmOci:
         self._pidfd: int | None = None
         self.listener = box_socket(self.socket_path, backlog=16)
         self.lifeline: socket.socket | None = None
+        #: Whether its init said it starts execs (its hello, read as it connected: pool/warm.py's take_lifeline).
+        self.serves_execs = False
         try:
             if has_world(shape):
                 self.world = str(pool_dir() / self.box / "tree")
@@ -71,10 +75,7 @@ class WarmOci:
             self._pidfd = self._oci.pidfd()
             if self._pidfd is None:
                 raise EngineError("the warm box's init exited as it started")
-            self.listener.settimeout(START_TIMEOUT)
-            self.lifeline, _ = self.listener.accept()
-            self.listener.settimeout(None)
-            self.lifeline.settimeout(None)
+            self.lifeline, self.serves_execs = take_lifeline(self.listener, START_TIMEOUT)
         except BaseException:
             self.discard()
             raise
@@ -85,7 +86,11 @@ class WarmOci:
         return self._oci.id
 
     def alive(self) -> bool:
-        return self.lifeline is not None and not self._ended.is_set() and holds(self.lifeline)
+        """Its init has not exited (its pidfd says so at once) and holds its lifeline."""
+        if self.lifeline is None or self._pidfd is None or self._ended.is_set():
+            return False
+        exited, _, _ = select.select([self._pidfd], [], [], 0)
+        return not exited and holds(self.lifeline)
 
     def hand_over(self, conn: socket.socket) -> bool:
         """The lifeline's listener, the lifeline and the init's pidfd to the claimer; how the box ends is told on `conn`."""
@@ -94,17 +99,16 @@ class WarmOci:
             if self._ended.is_set():
                 return False
             self._claimer = conn
-        answer = {"kind": "claimed", "container": self.container, "box": self.box, "lifeline": self.socket_path, "world": self.world}
+        with _claimed_lock:  # before it is the claimer's: a keeper stopping meanwhile waits for it to end
+            _claimed.add(self)
+        answer = {"kind": "claimed", "container": self.container, "box": self.box, "lifeline": self.socket_path, "world": self.world, "init": self.serves_execs}
         try:
             fdpass.send(conn, answer, [self.listener.fileno(), self.lifeline.fileno(), self._pidfd])
         except OSError:
             with self._lock:
                 self._claimer = None
-            self.discard()  # the claimer went away: nobody holds it
+            self.discard()  # the claimer went away: nobody holds it, and it ends (`_end`) as a warm box that died
             return False
-        with _claimed_lock:
-            if not self._ended.is_set():
-                _claimed.add(self)
         self._close_ours()  # the claimer holds its own copies, and the box's paths are the claimer's to move
         return True
 
