@@ -95,12 +95,12 @@ class WarmOci:
     def hand_over(self, conn: socket.socket) -> bool:
         """The lifeline's listener, the lifeline and the init's pidfd to the claimer; how the box ends is told on `conn`."""
         assert self.lifeline is not None and self._pidfd is not None
-        with self._lock:
+        with self._lock:  # `_end` sets `_ended` under it: a box is claimed before its end, or not at all
             if self._ended.is_set():
                 return False
             self._claimer = conn
-        with _claimed_lock:  # before it is the claimer's: a keeper stopping meanwhile waits for it to end
-            _claimed.add(self)
+            with _claimed_lock:  # before it is the claimer's: a keeper stopping meanwhile waits for it to end
+                _claimed.add(self)
         answer = {"kind": "claimed", "container": self.container, "box": self.box, "lifeline": self.socket_path, "world": self.world, "init": self.serves_execs}
         try:
             fdpass.send(conn, answer, [self.listener.fileno(), self.lifeline.fileno(), self._pidfd])
