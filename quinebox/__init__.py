@@ -1,20 +1,21 @@
 """quinebox: run LLM agents and untrusted programs as processes in hardened containers.
 
 The Python API mirrors `subprocess`: `quinebox.exec` runs a command in a box
-and returns a completed result, `quinebox.Popen` streams, and `quinebox.run`
-runs an agent on a mission.
+and returns a completed result, `quinebox.Popen` streams, `quinebox.run`
+runs an agent on a mission, and `quinebox.resume` goes on with one whose
+process was lost.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "run", "Box", "Sandbox", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "PIPE", "DEVNULL"]
+__all__ = ["__version__", "exec", "run", "resume", "Box", "Sandbox", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "PIPE", "DEVNULL"]
 
 
 def __getattr__(name: str):
     # Imported lazily so `import quinebox` (and the CLI's start-up) stays cheap.
-    if name in ("exec", "run", "Box", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"):
+    if name in ("exec", "run", "resume", "Box", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"):
         from quinebox import api
 
         return getattr(api, name)

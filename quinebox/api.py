@@ -1,4 +1,4 @@
-"""The Python API, shaped like `subprocess`: `exec` → a completed result, `Popen` to stream, `run` an agent.
+"""The Python API, shaped like `subprocess`: `exec` → a completed result, `Popen` to stream, `run` an agent (`resume` one).
 
 The friendly layer over `box.process.BoxProcess` (one box from a resolved
 spec) and `tree.agent.Agent`: options in, a spec built and checked, the box the
@@ -175,6 +175,21 @@ def run(
         ),
         input,
     )
+    return _run_result(agent, code, out, err)
+
+
+def resume(session: str, *, input: bytes | None = None) -> RunResult:
+    """Go on with the interrupted `session` (its process was lost before it ended) from its last complete turn, as
+    `quinebox resume` does: its conversation, its world as it was then, its budgets as spent, the turn in flight
+    run again. `input` is its material again, whole: what the session had read of it is passed over. A session
+    that runs, has ended or was pruned raises QuineboxError, and nothing starts."""
+    from quinebox.tree.resume import resume_agent
+
+    agent, code, out, err = _captured(lambda **streams: resume_agent(session, **streams), input)
+    return _run_result(agent, code, out, err)
+
+
+def _run_result(agent: Any, code: int, out: bytes, err: bytes) -> RunResult:
     outcome = agent.outcome or {}
     return RunResult(
         argv=agent.proc.args,
@@ -185,7 +200,7 @@ def run(
         oom_killed=agent.proc.oom_killed,
         session=agent.session.session,
         duration_s=float(outcome.get("duration_s", 0.0)),
-        mission=mission,
+        mission=agent.session.mission,
         termination=str(outcome.get("termination")),
         tokens=int(outcome.get("tokens", 0)),
         turns=int(outcome.get("turns", 0)),

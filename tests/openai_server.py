@@ -1,7 +1,8 @@
 """An OpenAI-compatible chat-completions server of our own, on loopback, for tests and benchmarks.
 
 It answers from a script of steps, one per request: a tool call, a plain
-reply, or an HTTP error. When the script runs out, the last step repeats.
+reply, or an HTTP error (each after `delay` seconds, or its own `"delay"`).
+When the script runs out, the last step repeats.
 Every request is kept, headers and body, so tests can see what the real
 openai client sent.
 """
@@ -72,7 +73,7 @@ class FakeOpenAI:
                     step = fake.steps[index] if fake.steps else text("no script")
                     fake.in_flight += 1
                     fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
-                time.sleep(fake.delay)
+                time.sleep(step.get("delay", fake.delay))  # a step may take its own time: a model call in flight, held
                 with fake._lock:
                     fake.in_flight -= 1
                 self._answer(step, body)

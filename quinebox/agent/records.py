@@ -41,6 +41,9 @@ class ForkedFrom(msgspec.Struct):
 
 
 class Meta(Record, tag="meta"):
+    """How the session was started: what `fork` and `resume` start it again with (a tape from before a field was
+    written holds its default)."""
+
     session: str
     mission: str
     model: str
@@ -50,15 +53,28 @@ class Meta(Record, tag="meta"):
     workdir: str | None = None
     depth: int = 0
     forked_from: ForkedFrom | None = None
+    #: The tree's token budget (`--max-tokens` or tokens:N), and the turns and exec cycles each conversation may take.
+    tokens: int | None = None
+    max_turns: int | None = None
+    max_cycles: int | None = None
+    #: The tree's ask and deny rules and how long a request waits for a person, as `Asks` holds them.
+    ask: list[str] = []
+    deny: list[str] = []
+    ask_timeout: float | None = None
+    #: The backend and OCI runtime its policy required, if it did (else the environment's choice, as for any box).
+    backend: str | None = None
+    runtime: str | None = None
 
 
 class Request(Record, tag="request"):
-    """What the agent asked the model at `turn`: the messages new since its last request."""
+    """What the agent asked the model at `turn`: the messages new since its last request, and how many bytes of its
+    material (its stdin) its tools had read by then, as its box counted them (None: the box did not say)."""
 
     turn: int
     cycle: int
     digest: str
     messages: list[dict[str, Any]]
+    material: int | None = None
 
 
 class Function(msgspec.Struct):
@@ -165,6 +181,20 @@ class BoxRefused(Record, tag="box_refused"):
     why: str
 
 
+class Resumed(Record, tag="resumed"):
+    """The session went on after the process running it was lost (`quinebox resume`): from its request at `turn`
+    (in conversation `cycle`), with its world as it was then (`revision`, None for a world that keeps none), the
+    first `material` bytes of its stdin passed over, run by `owner` (`host:pid:start`). `answered`: the model's
+    recorded answer at `turn` is taken again and its tool calls run again; else the model is asked again."""
+
+    turn: int
+    cycle: int
+    material: int
+    owner: str
+    answered: bool
+    revision: int | None = None
+
+
 class Outcome(Record, tag="outcome"):
     exit_code: int
     termination: str
@@ -214,7 +244,7 @@ BOX_KINDS: dict[str, type[Record]] = {"tool": Tool, "tool_error": ToolFailure, "
 
 AnyRecord = (
     Meta | Request | Response | ProviderFailure | Cycle | Revision | WorldError | RestoreWorld | Adopt | Egress | Spawn
-    | EscalationRefused | Entered | BoxRefused | Outcome | Tool | ToolFailure | Exec | Exit | Terminated
+    | EscalationRefused | Entered | BoxRefused | Resumed | Outcome | Tool | ToolFailure | Exec | Exit | Terminated
 )
 _decoder = msgspec.json.Decoder(AnyRecord)
 

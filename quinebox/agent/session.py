@@ -4,6 +4,8 @@ The broker hands every frame from the box to an `AgentSession`; the session
 validates it, enforces the budgets (turns per conversation, exec cycles,
 tokens), calls the provider, and records everything before answering. The
 guest only asks: every limit here holds even against a guest that lies.
+A resumed session (resumption.py) goes on with the tape, counts and
+conversation its lost process left, and tells the guest where it was.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from quinebox.agent.budgets import Budget
 from quinebox.agent.providers import Provider, ProviderError
 from quinebox.agent.providers.replay import digest
 from quinebox.agent.records import BOX_SHARE, MAX_REFUSALS, Exit, Refusal, Terminated, as_dict, box_record
+from quinebox.agent.resumption import Resumption
 from quinebox.agent.store import Index, Tape
 from quinebox.audit import log
 from quinebox.box.net.broker import error_frame
-from quinebox.errors import StateError
+from quinebox.errors import EXIT_QUINEBOX, StateError
 from quinebox.state import session_dir
 
 ROLES = {"system", "user", "assistant", "tool"}
@@ -61,7 +64,11 @@ class AgentSession:
         view: View | None = None,
         calls: threading.BoundedSemaphore | None = None,
         history: list[dict[str, Any]] | None = None,
+        owner: str | None = None,
+        resumption: Resumption | None = None,
     ):
+        """`owner`: the process running the session (`host:pid:start`), for the index. `resumption`: the session is
+        not new but resumed from there (its tape goes on, and its index row is this process's from now on)."""
         self.session = session
         #: A forked session's conversation so far, handed to the guest in its first welcome.
         self.history = history
@@ -73,12 +80,20 @@ class AgentSession:
         self._calls = calls or threading.BoundedSemaphore(1 << 16)
         self.tape = Tape(session)
         try:
-            self.tape.append("meta", session=session, parent=parent, mission=mission, model=provider.name, **(meta or {}))
+            if resumption is None:
+                self.tape.append("meta", session=session, parent=parent, mission=mission, model=provider.name, **(meta or {}))
+            else:
+                self.tape.append("resumed", turn=resumption.turn, cycle=resumption.cycle, material=resumption.material or 0, owner=owner,
+                                 answered=resumption.answer is not None, revision=resumption.revision)
             self.index = Index()
-            self.index.start(session, parent=parent, mission=mission, model=provider.name)
-        except StateError:  # a full state dir: nothing of this session is left behind
+            if resumption is None:
+                self.index.start(session, parent=parent, mission=mission, model=provider.name, owner=owner)
+            elif owner is not None:
+                self.index.claim(session, owner)
+        except StateError:  # a full state dir: nothing of a new session is left behind, and a resumed one stays as it was
             self.tape.close()
-            shutil.rmtree(session_dir(session), ignore_errors=True)
+            if resumption is None:
+                shutil.rmtree(session_dir(session), ignore_errors=True)
             raise
         self.tokens = 0
         self.turns = 0
@@ -87,6 +102,12 @@ class AgentSession:
         self.termination: str | None = None
         self.reason = ""
         self._seen = 0
+        #: What a resumed session's first welcome tells the guest: where its conversation was (None: start afresh).
+        self._resume: dict[str, Any] | None = None
+        #: Bytes of the material passed over before the box's stdin began (a resumed session's), which its count leaves out.
+        self._material = 0
+        #: A resumed session whose guest could not go on with it: it ends as it was, interrupted, with no outcome.
+        self._unresumed = False
         #: Bytes the box's own records took, and its events refused: what a box writes to a tape is capped.
         self._box_bytes = 0
         self.refused = 0
@@ -95,6 +116,25 @@ class AgentSession:
         self.world: Any = None  # the box's World, once the box exists
         #: Sessions this box started (its tree node adds them): the only ones it may adopt from.
         self.children: set[str] = set()
+        if resumption is not None:
+            self._go_on(resumption)
+
+    def _go_on(self, resumption: Resumption) -> None:
+        """A resumed session's counts as its lost process left them, and the conversation its guest goes on with:
+        the turn in flight is asked again (its request adds no message the tape has), or its recorded answer is
+        taken again (the model's count and the tape already hold it)."""
+        self.tokens = resumption.tokens
+        self.began -= resumption.ran_for  # its duration counts each run of it
+        self.children.update(resumption.children)
+        self._material = resumption.material or 0
+        if not resumption.messages:
+            return
+        taken = 1 if resumption.answer is not None else 0  # the turn in flight, if its answer is taken again
+        self.cycles = resumption.cycle
+        self.turns = resumption.turn - 1 + taken
+        self.turns_this_cycle = resumption.turn_in_cycle - 1 + taken
+        self._seen = len(resumption.messages) + taken
+        self._resume = {"cycle": resumption.cycle, "turn": resumption.turn_in_cycle - 1, "messages": resumption.messages, "answer": resumption.answer}
 
     def view(self, event: dict[str, Any]) -> None:
         if self._view is not None:
@@ -104,6 +144,13 @@ class AgentSession:
 
     def welcome(self, hello: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
+            if self._resume is not None and not hello.get("resume"):  # a guest from before resume would start afresh
+                self._unresumed = True
+                return error_frame("unsupported", "this box's agent cannot go on with a resumed session: its image predates `quinebox resume`; "
+                                   "build it again (`quinebox image build`) and resume again", EXIT_QUINEBOX)
+            if self._resume is not None:  # a resumed session's guest: it goes on in the conversation it was in
+                resume, self._resume = self._resume, None
+                return {"kind": "welcome", "session": self.session, "max_turns": self.budget.max_turns, "cycles_left": self.budget.max_cycles - self.cycles, "resume": resume}
             self.cycles += 1
             self.turns_this_cycle = 0
             self._seen = 0
@@ -131,7 +178,9 @@ class AgentSession:
             turn = self.turns
             new = messages[self._seen :] if len(messages) >= self._seen else messages
             self._seen = len(messages) + 1  # the answer is appended by the guest
-            self.tape.append("request", turn=turn, cycle=self.cycles, digest=digest(messages), messages=new)
+            read = request.get("material")  # how much of its stdin the box's tools have read, as it counts
+            material = {"material": self._material + read} if isinstance(read, int) and not isinstance(read, bool) and read >= 0 else {}
+            self.tape.append("request", turn=turn, cycle=self.cycles, digest=digest(messages), messages=new, **material)
         began = time.monotonic()
         try:
             with self._calls:
@@ -248,6 +297,9 @@ class AgentSession:
             pass  # a full state dir must not break the connection; finishing the session reports it
 
     def finish(self, exit_code: int, *, timed_out: bool = False, oom_killed: bool = False) -> dict[str, Any]:
+        if self._unresumed:
+            self.abandon()
+            return {"exit_code": exit_code, "termination": "not_resumed", "duration_s": round(time.monotonic() - self.began, 3), "tokens": self.tokens, "turns": self.turns}
         if timed_out:
             self.termination = "timeout"
         elif oom_killed and exit_code == 137:
@@ -275,3 +327,8 @@ class AgentSession:
         if failed:
             raise failed
         return outcome
+
+    def abandon(self) -> None:
+        """A resumed session whose box could not start: no outcome, so it stays interrupted (and may be resumed again)."""
+        self.tape.close()
+        self.index.close()

@@ -17,6 +17,7 @@ from typing import Any
 
 from quinebox.agent.records import Outcome, Records, as_dict, parse, read_file
 from quinebox.errors import StateError
+from quinebox.processes import owner_alive
 from quinebox.state import session_dir, state_dir, unwritable
 
 
@@ -117,6 +118,9 @@ CREATE TABLE IF NOT EXISTS sessions (
 """
 #: Sessions `quinebox prune` took: their rows are gone, and this says when, for `show` and the rest to say so.
 _PRUNED = "CREATE TABLE IF NOT EXISTS pruned (id TEXT PRIMARY KEY, at REAL NOT NULL)"
+#: The process running each session (`host:pid:start`): one not ended whose owner is gone was interrupted, and
+#: `quinebox resume` makes itself the owner. A table of its own, so that an index from before it opens as it was.
+_OWNERS = "CREATE TABLE IF NOT EXISTS owners (id TEXT PRIMARY KEY, owner TEXT NOT NULL)"
 
 
 class Index:
@@ -139,6 +143,7 @@ class Index:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(_SCHEMA)
                 self._db.execute(_PRUNED)
+                self._db.execute(_OWNERS)
         except (OSError, sqlite3.Error) as exc:
             raise StateError(unwritable("the sessions index", exc)) from None
 
@@ -149,8 +154,34 @@ class Index:
         except self._failed as exc:
             raise StateError(unwritable("the sessions index", exc)) from None
 
-    def start(self, session: str, *, parent: str | None, mission: str, model: str) -> None:
-        self._write("INSERT INTO sessions (id, parent, mission, model, started) VALUES (?, ?, ?, ?, ?)", (session, parent, mission, model, time.time()))
+    def start(self, session: str, *, parent: str | None, mission: str, model: str, owner: str | None = None) -> None:
+        try:
+            with self._lock, self._db:
+                self._db.execute("INSERT INTO sessions (id, parent, mission, model, started) VALUES (?, ?, ?, ?, ?)", (session, parent, mission, model, time.time()))
+                if owner is not None:
+                    self._db.execute("INSERT OR REPLACE INTO owners VALUES (?, ?)", (session, owner))
+        except self._failed as exc:
+            raise StateError(unwritable("the sessions index", exc)) from None
+
+    def claim(self, session: str, owner: str) -> None:
+        """`owner` runs the session from now on: it was resumed."""
+        self._write("INSERT OR REPLACE INTO owners VALUES (?, ?)", (session, owner))
+
+    def interrupted(self, rows: list[SessionRow]) -> set[str]:
+        """Those of `rows` not ended whose process is gone: it died before it could end them (`quinebox resume`)."""
+        owners = self.owners([row.id for row in rows if row.ended is None])
+        return {session for session, owner in owners.items() if not owner_alive(owner)}
+
+    def owners(self, sessions: list[str]) -> dict[str, str]:
+        """The process running each of `sessions` that has one recorded (sessions from before owners were, and
+        those brought home from a cluster's nodes, have none)."""
+        found: dict[str, str] = {}
+        with self._lock:
+            for start in range(0, len(sessions), 500):
+                chunk = sessions[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                found.update(self._db.execute(f"SELECT id, owner FROM owners WHERE id IN ({marks})", chunk).fetchall())
+        return found
 
     def finish(self, session: str, *, exit_code: int, termination: str, tokens: int, turns: int) -> None:
         self._write(
@@ -188,6 +219,7 @@ class Index:
         try:
             with self._lock, self._db:
                 self._db.executemany("DELETE FROM sessions WHERE id = ?", [(s,) for s in sessions])
+                self._db.executemany("DELETE FROM owners WHERE id = ?", [(s,) for s in sessions])
                 self._db.executemany("INSERT OR REPLACE INTO pruned VALUES (?, ?)", [(s, at) for s in sessions])
         except self._failed as exc:
             raise StateError(unwritable("the sessions index", exc)) from None

@@ -41,20 +41,21 @@ def print_sessions(limit: int) -> None:
 
     index = Index()
     rows = index.recent(limit)
+    interrupted = index.interrupted(rows)
     index.close()
     table = Table(box=None, pad_edge=False)
     for column in ("ID", "STARTED", "EXIT", "TERMINATION", "TURNS", "TOKENS", "MISSION"):
         table.add_column(column, overflow="fold")
     for row in rows:
         started = datetime.fromtimestamp(row.started).strftime("%Y-%m-%d %H:%M:%S")
-        exit_code = "running" if row.ended is None else str(row.exit_code)
+        exit_code = ("interrupted" if row.id in interrupted else "running") if row.ended is None else str(row.exit_code)
         table.add_row(row.id, started, exit_code, row.termination or "", str(row.turns), str(row.tokens), " ".join(row.mission.split())[:60])
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
-def _label(row: SessionRow, depth: int) -> str:
+def _label(row: SessionRow, depth: int, interrupted: set[str]) -> str:
     if row.ended is None:
-        status = "running"
+        status = "interrupted" if row.id in interrupted else "running"
         duration = time.time() - row.started
     else:
         status = f"exit {row.exit_code} ({row.termination})"
@@ -72,12 +73,13 @@ def print_tree(session: str) -> None:
     root = find(session)
     index = Index()
     try:
-        tree = Tree(escape(_label(root, 0)))
+        interrupted = index.interrupted(index.subtree(root.id))
+        tree = Tree(escape(_label(root, 0, interrupted)))
         pending = [(root, tree, 0)]
         while pending:
             row, branch, depth = pending.pop(0)
             for child in index.children(row.id):
-                pending.append((child, branch.add(escape(_label(child, depth + 1))), depth + 1))
+                pending.append((child, branch.add(escape(_label(child, depth + 1, interrupted))), depth + 1))
     finally:
         index.close()
     Console(width=None if sys.stdout.isatty() else 200, highlight=False).print(tree)
@@ -145,8 +147,21 @@ def print_show(session: str) -> None:
             print(f"          world revision {record['rev']}: {record['files']} path(s), {record['bytes']} bytes")
         elif kind == "egress":
             print(f"egress    {_egress(record)}")
+        elif kind == "resumed":
+            again = "its recorded answer taken again" if record.get("answered") else "the model asked again"
+            print(f"resumed   at turn {record['turn']} ({again}), world revision {record.get('revision')}, {record['material']} bytes of material passed over")
     outcome = next((r for r in reversed(tape) if r["kind"] == "outcome"), None)
     if outcome:
         print(f"outcome   exit {outcome['exit_code']} ({outcome['termination']}), {outcome['turns']} turns, {outcome['tokens']} tokens, {outcome['duration_s']} s")
+    elif _interrupted(row):
+        print(f"outcome   (interrupted: its process was lost; `quinebox resume {row.id}` goes on with it)")
     else:
         print("outcome   (still running)")
+
+
+def _interrupted(row: SessionRow) -> bool:
+    index = Index()
+    try:
+        return row.id in index.interrupted([row])
+    finally:
+        index.close()

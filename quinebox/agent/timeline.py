@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quinebox.agent.records import Request, Response, as_dict
+from quinebox.agent.records import Records, Request, Response, as_dict
 from quinebox.agent.store import read_records
 from quinebox.errors import QuineboxError
 from quinebox.worlds.revisions import RevisionLog
@@ -34,6 +34,21 @@ def moment(session: str, turn: int) -> Moment:
     if not tape:
         raise QuineboxError(f"no recorded session {session!r}: `quinebox ls` lists them")
     meta = tape.meta()
+    asked = conversation_at(tape, turn)
+    if asked is None:
+        turns = len({r.turn for r in tape.of(Request)})
+        raise QuineboxError(f"session {session} has no turn {turn}: it made {turns} model call(s), turns 1 to {turns}")
+    request, conversation = asked
+    return Moment(session, turn, conversation, revision_at(session, request.t), as_dict(meta) if meta else {})
+
+
+def conversation_at(tape: Records, turn: int) -> tuple[Request, list[dict[str, Any]]] | None:
+    """The request that first asked `turn`, and the conversation as it sent it (the model's answer not yet in it);
+    None when the tape asked no such turn.
+
+    A request records only the messages new since the agent's last one, and each answer the model gave is in the
+    conversation after it; an exec starts the conversation afresh. A turn asked again after a resume has the same
+    conversation (its request adds no message), so the first is the one read."""
     conversation: list[dict[str, Any]] = []
     cycle = None
     for record in tape:
@@ -44,12 +59,11 @@ def moment(session: str, turn: int) -> Moment:
                 cycle, conversation = record.cycle, []
             conversation.extend(record.messages)
             if record.turn == turn:
-                return Moment(session, turn, conversation, _revision_at(session, record.t), as_dict(meta) if meta else {})
-    turns = len(tape.of(Request))
-    raise QuineboxError(f"session {session} has no turn {turn}: it made {turns} model call(s), turns 1 to {turns}")
+                return record, conversation
+    return None
 
 
-def _revision_at(session: str, when: float) -> int:
+def revision_at(session: str, when: float) -> int:
     """The newest revision taken before `when` (revisions are taken before the next turn is asked)."""
     records = RevisionLog(session).records()
     if not records:

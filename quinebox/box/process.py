@@ -233,7 +233,8 @@ class BoxProcess:
             end_world(world, keep_unused=self.spec.agent)
         else:
             world.close()
-            discard(self.session)
+            if world.made:  # a resumed session's world stays for its next resume
+                discard(self.session)
 
     # -- the subprocess-like surface ---------------------------------------------
 

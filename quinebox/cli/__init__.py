@@ -29,7 +29,7 @@ __all__ = ["COMMANDS", "app", "main", "register"]
 #: Each top-level command or group, and the module that registers it (a group's commands, for a group).
 COMMANDS = {
     **dict.fromkeys(("exec", "shell", "enter", "ps", "kill", "gc", "doctor", "setup-user", "image"), "box"),
-    **dict.fromkeys(("run", "fork", "ls", "show", "logs", "replay", "tree", "trace", "prune"), "agents"),
+    **dict.fromkeys(("run", "fork", "resume", "ls", "show", "logs", "replay", "tree", "trace", "prune"), "agents"),
     **dict.fromkeys(("map", "batch"), "fanout"),
     "world": "worlds",
     **dict.fromkeys(("audit", "approvals", "approve", "deny", "revoke"), "audit"),

@@ -1,4 +1,4 @@
-"""Commands for agents and their sessions: `run`, `fork`, `ls`, `show`, `logs`, `replay`, `tree`, `trace`, `prune`."""
+"""Commands for agents and their sessions: `run`, `fork`, `resume`, `ls`, `show`, `logs`, `replay`, `tree`, `trace`, `prune`."""
 
 from __future__ import annotations
 
@@ -110,7 +110,32 @@ def fork(
     raise typer.Exit(supervise(start, json_summary=json_summary, trace=trace))
 
 
-@app.command("ls", help="List recent sessions.")
+@app.command(
+    help="Go on with an interrupted session (its quinebox process was lost: killed, a reboot) from its last complete turn: its "
+    "conversation, its world as it was then, its budgets as spent; the turn in flight runs again. stdin gives its material again, "
+    "whole: what the session had read of it is passed over. The exit status is the agent's, as for run."
+)
+def resume(
+    session: str = typer.Argument(..., help="The interrupted session (or a unique prefix): `quinebox ls` marks them."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr (the agent's own diagnostics still pass)."),
+    json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
+    backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
+    otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
+) -> None:
+    from quinebox.agent.diagnostics import make_view
+    from quinebox.tree.resume import resume_agent
+
+    trace = tracing(otel)
+    use_backend(backend, runtime)
+
+    def start() -> Agent:
+        return resume_agent(session, view=make_view(quiet=quiet), say=lambda line: say(f"resume: {line}"))
+
+    raise typer.Exit(supervise(start, json_summary=json_summary, trace=trace))
+
+
+@app.command("ls", help="List recent sessions; one whose process was lost before it ended is marked interrupted (`quinebox resume` goes on with it).")
 def ls_command(limit: int = typer.Option(30, "-n", help="How many.")) -> None:
     from quinebox.agent import tapes
 

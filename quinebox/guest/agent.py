@@ -18,6 +18,11 @@ when it refuses. The model's tools:
                            that changed files); the conversation keeps everything.
   exit(status, reason?)    success → exit 0; failure → exit 1, reason on stderr.
 
+The material reaches fd 3 through a feeder that counts what the tools read of it (material.py), and each
+request says that count: a session resumed after its host process was lost (`quinebox resume`) reads on
+from there. Such a session's welcome hands the loop the conversation it was in and the turn in flight,
+with the model's recorded answer to it when there was one, whose tool calls then run again.
+
 Stdlib only: this file runs inside untrusted boxes.
 """
 
@@ -29,7 +34,7 @@ import threading
 
 TYPE_CHECKING = False  # typing's flag, without importing typing (start-up): mypy reads the guest as the package, a box runs it flat
 if TYPE_CHECKING:
-    from quinebox.guest import forwarder, lifeline, protocol
+    from quinebox.guest import forwarder, lifeline, material, protocol
     from quinebox.guest.host import Host, Refused
     from quinebox.guest.prompt import FINAL_TOOLS, SYSTEM_PROMPT, TOOLS, network
     from quinebox.guest.tools import DELIVERABLE, DIAGNOSTICS, MATERIAL, fork, run_sh
@@ -38,6 +43,7 @@ else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the guest directory is not a package on sys.path
     import forwarder
     import lifeline
+    import material
     import protocol
     from host import Host, Refused
     from prompt import FINAL_TOOLS, SYSTEM_PROMPT, TOOLS, network
@@ -54,7 +60,7 @@ def say(text):
 
 
 def parse_args(argv):
-    cycle, note, held = 0, "", None
+    cycle, note, held, asker = 0, "", None, None
     while argv and argv[0] != "--":
         flag, value, argv = argv[0], argv[1], argv[2:]
         if flag == "--cycle":
@@ -63,9 +69,11 @@ def parse_args(argv):
             note = value
         elif flag == "--lifeline":
             held = int(value)
+        elif flag == "--material":
+            asker = int(value)
         else:
             raise SystemExit(f"quinebox agent: unknown option {flag}")
-    return cycle, note, held, " ".join(argv[1:])
+    return cycle, note, held, asker, " ".join(argv[1:])
 
 
 def hold_lifeline(held):
@@ -83,13 +91,20 @@ def hold_lifeline(held):
 
 
 def setup_fds():
-    """First cycle only: move the box's stdio to 3/4/5, so nothing printed by accident reaches the deliverable."""
-    for fd, target in ((0, MATERIAL), (1, DELIVERABLE), (2, DIAGNOSTICS)):
+    """First cycle only: move the box's stdio to 3/4/5, so nothing printed by accident reaches the deliverable; the
+    material comes to 3 through a feeder that counts what the tools read of it (material.py): the socket to ask it on."""
+    for fd, target in ((1, DELIVERABLE), (2, DIAGNOSTICS)):
         os.dup2(fd, target)
+    try:
+        source = os.dup(0)
+    except OSError:  # a box started with no stdin at all
+        source = os.open(os.devnull, os.O_RDONLY)
+    asker = material.start(source, MATERIAL)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.close(devnull)
+    return asker
 
 
 def tool_call(call):
@@ -106,9 +121,10 @@ def tool_call(call):
 
 
 def main(argv):
-    cycle, note, held, mission = parse_args(argv)
-    if cycle == 0:
-        setup_fds()
+    cycle, note, held, asker, mission = parse_args(argv)
+    asker = setup_fds() if cycle == 0 else socket.socket(fileno=asker) if asker is not None else None
+    if asker is not None:
+        os.set_inheritable(asker.fileno(), True)  # survives exec, as the feeder does
     held = hold_lifeline(held)
     # Again after each exec, which the listener does not survive; under a lifeline (a cold box) the lifeline's serves.
     forwarder.start(shared=True)
@@ -128,20 +144,34 @@ def main(argv):
     history = host.welcome.get("history")
     if cycle == 0 and isinstance(history, list) and history and all(isinstance(m, dict) for m in history):
         messages = history  # a session forked from a recorded one goes on from its conversation
-    turn = 0
+    turn, answer, again = 0, None, False
+    resume = host.welcome.get("resume")
+    if isinstance(resume, dict) and isinstance(resume.get("messages"), list) and all(isinstance(m, dict) for m in resume["messages"]):
+        # A resumed session: its conversation as it was sent when the turn in flight was asked, and that turn again
+        # (its prompt is in the conversation already); the model's recorded answer to it, if there was one.
+        messages, cycle, turn, again = resume["messages"], int(resume.get("cycle") or 0), int(resume.get("turn") or 0), True
+        answer = resume["answer"] if isinstance(resume.get("answer"), dict) else None
     while True:
         turn += 1
         final = turn > max_turns
-        if final:
+        if final and not again:
             messages.append({"role": "user", "content": "Your turn budget is spent. This final turn may only call exit or exec."})
-        try:
-            reply = host.request({"kind": "chat", "turn": turn, "cycle": cycle, "messages": messages, "tools": FINAL_TOOLS if final else TOOLS})
-        except Refused as exc:
-            say(f"quinebox: {exc}")
-            return exc.exit_code
-        except (OSError, protocol.ProtocolError, EOFError) as exc:
-            say(f"quinebox: lost the host: {exc}")
-            return 125
+        again = False
+        if answer is not None:
+            reply, answer = answer, None
+        else:
+            asked = {"kind": "chat", "turn": turn, "cycle": cycle, "messages": messages, "tools": FINAL_TOOLS if final else TOOLS}
+            read = material.ask(asker)
+            if read is not None:
+                asked["material"] = read
+            try:
+                reply = host.request(asked)
+            except Refused as exc:
+                say(f"quinebox: {exc}")
+                return exc.exit_code
+            except (OSError, protocol.ProtocolError, EOFError) as exc:
+                say(f"quinebox: lost the host: {exc}")
+                return 125
         message = reply.get("message") or {}
         messages.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls")})
         calls = message.get("tool_calls") or []
@@ -198,7 +228,8 @@ def main(argv):
                     note = str(args.get("note") or "")[:NOTE_CAP]
                     host.event(event="exec", turn=turn, cycle=cycle + 1, note=note)
                     script = os.path.abspath(__file__)
-                    os.execv(sys.executable, [sys.executable, "-I", "-S", script, "--cycle", str(cycle + 1), "--lifeline", str(held), "--note", note, "--", mission])
+                    told = ["--material", str(asker.fileno())] if asker is not None else []
+                    os.execv(sys.executable, [sys.executable, "-I", "-S", script, "--cycle", str(cycle + 1), "--lifeline", str(held), *told, "--note", note, "--", mission])
             elif error is None:
                 error = f"error: unknown tool {name!r}; the tools are sh, fork, restore_world, exec and exit"
             if error is not None:

@@ -28,7 +28,8 @@ class Host:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(HOST_SOCKET)
         self.reader = self.sock.makefile("rb")
-        self.welcome = self.request({"kind": "hello", "role": "agent", "cycle": cycle})
+        # `resume`: this agent goes on in a conversation the host hands it (a resumed session's), and counts its material
+        self.welcome = self.request({"kind": "hello", "role": "agent", "cycle": cycle, "resume": True})
 
     def request(self, message):
         self.sock.sendall(protocol.encode(message))

@@ -11,7 +11,9 @@ import sys
 from typing import Any
 
 from quinebox.agent.diagnostics import make_view
-from quinebox.agent.store import read_tape
+from quinebox.agent.records import as_dict
+from quinebox.agent.resumption import superseded
+from quinebox.agent.store import read_records, read_tape
 from quinebox.agent.tapes import ACTIONS, find
 from quinebox.tree.supervisor import start_agent
 
@@ -25,9 +27,12 @@ def actions(tape: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 
 def replay(session: str, *, quiet: bool) -> int:
-    """Re-run a recorded mission (same grants, this process's stdin as material) against its tape."""
+    """Re-run a recorded mission (same grants, this process's stdin as material) against its tape. A resumed
+    session's tape is compared without what its lost turns did before they ran again (resumption.superseded)."""
     row = find(session)
-    recorded = read_tape(row.id)
+    records = list(read_records(row.id))
+    dropped = superseded(records)
+    recorded = [as_dict(r) for i, r in enumerate(records) if i not in dropped]
     meta = recorded[0] if recorded and recorded[0]["kind"] == "meta" else {}
     agent = start_agent(
         row.mission,

@@ -212,13 +212,18 @@ class Node:
         if outcome in (DENY, REFUSE) or grants is None or (outcome == ASK and not approved):
             raise GrantError(why)
         grants = self._checked(grants, self.spec.asks.ask.mounts if approved else ())
-        cost = 1 + (grants.spawn or 0)
+        charge = self.charge_spawn(1 + (grants.spawn or 0))
+        if grants.tokens is not None:
+            self.tokens.spend(grants.tokens)  # reserved; what the child leaves comes back
+        return grants, charge
+
+    def charge_spawn(self, cost: int) -> tuple[int, int]:
+        """A child's `cost` taken from the spawn budget first, then from what a person may approve: (each's share).
+        Also how a resumed session's node is charged for the children it had started (tree/resume.py)."""
         held = min(cost, max(0, self.spawn_left or 0))
         self.spawn_left = (self.spawn_left or 0) - held
         self.ask_spawn_left -= cost - held
-        if grants.tokens is not None:
-            self.tokens.spend(grants.tokens)  # reserved; what the child leaves comes back
-        return grants, (held, cost - held)
+        return held, cost - held
 
     def _checked(self, grants: Grants, approved: tuple[Mount, ...] = ()) -> Grants:
         """Host-side checks attenuation cannot make: symlinks inside a grant may point out of it."""

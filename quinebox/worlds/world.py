@@ -33,6 +33,8 @@ class World:
         self._root_fd = os.open(spec.layer, beneath.DIR_FLAGS)
         self.tracker = None
         self._lease = -1
+        #: Made for this box, so a box that never started takes it with it (open_world); else it was there already.
+        self.made = False
         try:
             self._lease = self.store.lease()  # before its first put: what it puts is spared by a sweep (revisions.py)
             self.base: Manifest = RevisionLog(spec.base[0]).manifest(spec.base[1]) if spec.kind == "overlay" and spec.base else {}
@@ -218,17 +220,22 @@ def _differs(now: dict[str, Any] | None, then: dict[str, Any] | None) -> bool:
 
 
 def open_world(session: str, spec: WorldSpec, *, uid: int, gid: int, limit: int, on_full: Callable[[str], None]) -> World:
-    """Make a box's world (owned by `uid`:`gid`) and start tracking it, before its container exists.
+    """Make a box's world (owned by `uid`:`gid`) and start tracking it, before its container exists; one already
+    there (a resumed session's) is tracked as it is.
 
     `on_full` is called once the box has added more than `limit` bytes to it.
     """
-    if not world_dir(session).joinpath("meta.json").exists():
+    made = not world_dir(session).joinpath("meta.json").exists()  # else a resumed session's, which goes on as it is
+    if made:
         create(session, spec, uid, gid)
     try:
-        return World(session, spec, limit=limit, on_full=on_full)
+        world = World(session, spec, limit=limit, on_full=on_full)
     except BaseException:
-        discard(session)
+        if made:
+            discard(session)
         raise
+    world.made = made
+    return world
 
 
 def end_world(world: World, *, keep_unused: bool) -> None:

@@ -29,16 +29,18 @@ def resolve_model(model: str | None) -> str:
     raise QuineboxError("no model configured: set OPENAI_API_KEY (and QUINEBOX_MODEL), or use --model script:FILE.yaml")
 
 
-def provider_for(model: str) -> Provider:
-    """`script:FILE.yaml`, `replay:SESSION`, or a model name at an OpenAI-compatible endpoint."""
+def provider_for(model: str, *, answered: int = 0) -> Provider:
+    """`script:FILE.yaml`, `replay:SESSION`, or a model name at an OpenAI-compatible endpoint.
+
+    `answered`: the model calls a resumed session had answered already, which a script or a recording goes on after."""
     if model.startswith("script:"):
         from quinebox.agent.providers.script import ScriptProvider
 
-        return ScriptProvider(model[len("script:") :])
+        return ScriptProvider(model[len("script:") :], start=answered)
     if model.startswith("replay:"):
         from quinebox.agent.providers.replay import ReplayProvider
 
-        return ReplayProvider(model[len("replay:") :])
+        return ReplayProvider(model[len("replay:") :], start=answered)
     from quinebox.agent.providers.openai import OpenAIProvider
 
     config = load_config()

@@ -23,14 +23,16 @@ def digest(messages: list[dict[str, Any]]) -> str:
 
 
 class ReplayProvider:
-    def __init__(self, session: str):
+    def __init__(self, session: str, *, start: int = 0):
+        """`start`: the model calls already answered (a resumed session's)."""
         self.name = f"replay:{session}"
         tape = read_records(session)
         if not tape:
             raise QuineboxError(f"no tape for session {session!r}: `quinebox ls` lists sessions")
         answers = {r.turn: r for r in tape.of(Response)}  # paired by turn, never by position
-        self._pairs = [(r, answers[r.turn]) for r in tape.of(Request) if r.turn in answers]
-        self._next = 0
+        asked = {r.turn: r for r in tape.of(Request)}  # a turn asked again after a resume: the last time, which was answered
+        self._pairs = [(asked[turn], answers[turn]) for turn in sorted(asked) if turn in answers]
+        self._next = start
         self._lock = threading.Lock()
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:

@@ -47,14 +47,15 @@ def turn_message(index: int, turn: dict[str, Any]) -> dict[str, Any]:
 
 
 class ScriptProvider:
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, start: int = 0):
+        """`start`: the turns already taken (a resumed session's model calls so far)."""
         self.name = f"script:{path}"
         doc = read_yaml(path, "model script")
         turns = doc.get("turns") if isinstance(doc, dict) else None
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
             raise QuineboxError(f"bad model script {path}: expected 'turns:' as a list of mappings")
         self._messages = [turn_message(i, t) for i, t in enumerate(turns)]
-        self._next = 0
+        self._next = start
         self._lock = threading.Lock()
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quinebox.box.backends.boxes import Box
-from quinebox.box.backends.boxroot import bundles, remove_bundle
+from quinebox.box.backends.boxroot import bundle_of, bundles, remove_bundle
+from quinebox.box.backends.reaper import keeper_runs
 from quinebox.box.backends.rootless import delegated_name, local_rootless
 from quinebox.box.owners.listing import every_box, info, reachable_engine
 from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER
 from quinebox.box.policy_oci import Rootless
 from quinebox.box.shape import POOL_SESSION
-from quinebox.errors import EngineError
+from quinebox.errors import EngineError, QuineboxError
 from quinebox.processes import owner_alive
 from quinebox.state import cluster_dir, pool_dir, run_dir
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 #: How old an empty cgroup or an ownerless bundle no runtime knows must be before `gc` takes it (one being made now is not yet known).
 STALE = 60.0
+#: How long a resume lets a lost process's keeper or the engine remove its box before doing it itself (clear_session).
+SETTLE = 15.0
 
 Said = Callable[[str, str], None]
 
@@ -82,6 +85,36 @@ def collect_garbage(backend: DockerBackend | None = None, *, evicted: Said | Non
             finally:
                 probe.close()
     return removed
+
+
+def clear_session(session: str, engine: DockerBackend | None = None, *, settle: float = SETTLE) -> None:
+    """Wait until what a process that is gone left of `session`'s box (the box, where a backend still lists it, and
+    its bundle) is gone, so that the session may start a box again under its own name: a resumed session's.
+
+    The lost process's keeper (reaper.py) or the engine is most often removing that box as this runs: they are let
+    finish, so that no late delete of theirs meets the new box of the same name. What nobody is left to remove (no
+    keeper runs here: after a reboot, say) or is still there after `settle` seconds is removed here. A box of the
+    session whose owner still runs is left alone, and said (QuineboxError)."""
+    engine = reachable_engine(engine)
+    waited = time.monotonic() + settle
+    while True:
+        boxes = [box for box in every_box(engine, connect=False) if info(box).session == session]
+        for box in boxes:
+            owner = info(box).owner
+            if owner_alive(owner):
+                raise QuineboxError(f"session {session} still has a box ({box.id}) whose process runs ({owner})")
+        bundle = bundle_of(session)
+        if not boxes and not bundle.exists():
+            return
+        if time.monotonic() > waited + settle:
+            raise QuineboxError(f"the box session {session} had is still there after {2 * settle:g} s: `quinebox gc` removes it, then resume again")
+        if time.monotonic() > waited or not keeper_runs():
+            for box in boxes:
+                box.destroy()
+            made_by = bundle_owner(bundle)
+            if not boxes and bundle.exists() and (made_by is None or not owner_alive(made_by)):
+                remove_bundle(bundle)
+        time.sleep(0.1)
 
 
 def _sweep_bundles(known: set[str]) -> None:

@@ -13,8 +13,9 @@ from quinebox.agent.records import Records, Refusal, as_dict, box_record, read_l
 CALL = {"id": "c1", "type": "function", "function": {"name": "sh", "arguments": "{}"}}
 #: One well-formed record of every kind, as the host writes it.
 GOOD = {
-    "meta": {"session": "a", "parent": None, "mission": "m", "model": "script:x", "grants": ["net"], "image": "i", "workdir": None, "depth": 0},
-    "request": {"turn": 1, "cycle": 0, "digest": "d", "messages": [{"role": "user", "content": "hi"}]},
+    "meta": {"session": "a", "parent": None, "mission": "m", "model": "script:x", "grants": ["net"], "image": "i", "workdir": None, "depth": 0,
+             "tokens": 500, "max_turns": 8, "max_cycles": 2, "ask": ["spawn:2"], "deny": ["net:*"], "ask_timeout": 300.0, "backend": "oci", "runtime": "runsc"},
+    "request": {"turn": 1, "cycle": 0, "digest": "d", "messages": [{"role": "user", "content": "hi"}], "material": 12},
     "response": {"turn": 1, "message": {"role": "assistant", "content": None, "tool_calls": [CALL]}, "usage": {"total_tokens": 3}, "finish_reason": "tool_calls", "latency_s": 0.1},
     "provider_error": {"turn": 1, "termination": "provider_unavailable", "message": "down"},
     "cycle": {"cycle": 1},
@@ -27,6 +28,7 @@ GOOD = {
     "escalation_refused": {"request": {"what": "run"}, "reason": "net"},
     "entered": {"argv": ["sh"], "uid": 1000, "exit_code": 0},
     "box_refused": {"event": "response", "why": "not the box's"},
+    "resumed": {"turn": 2, "cycle": 0, "material": 12, "owner": "h:1:2", "answered": True, "revision": 1},
     "outcome": {"exit_code": 0, "termination": "exit_success", "duration_s": 1.5, "tokens": 3, "turns": 1},
     "tool": {"turn": 1, "name": "sh", "args": {"command": "ls"}, "exit_code": 0, "result": "a"},
     "tool_error": {"turn": 1, "name": "x", "error": "unknown tool"},
@@ -36,8 +38,8 @@ GOOD = {
 }
 #: For each kind, fields that make it no record of that kind.
 BAD = {
-    "meta": [{"mission": 3}, {"grants": "all"}, {"forked_from": "x"}, {"depth": "deep"}],
-    "request": [{"turn": "one"}, {"messages": "hi"}, {"cycle": None}, {"turn": True}],
+    "meta": [{"mission": 3}, {"grants": "all"}, {"forked_from": "x"}, {"depth": "deep"}, {"tokens": "many"}, {"ask": "net"}, {"ask_timeout": "soon"}],
+    "request": [{"turn": "one"}, {"messages": "hi"}, {"cycle": None}, {"turn": True}, {"material": "some"}],
     "response": [{"message": {"tool_calls": 5}}, {"message": "x"}, {"usage": "lots"}, {"message": {"role": "assistant", "content": None, "tool_calls": [{"function": "sh"}]}},
                  {"message": {"role": "assistant", "content": None, "tool_calls": [{**CALL, "function": {"name": ["sh"], "arguments": ""}}]}}, {"latency_s": "fast"}],
     "provider_error": [{"message": {"no": 1}}],
@@ -51,6 +53,7 @@ BAD = {
     "escalation_refused": [{"request": []}],
     "entered": [{"argv": "sh"}],
     "box_refused": [{"why": 1}],
+    "resumed": [{"turn": None}, {"material": "all"}, {"answered": "yes"}, {"owner": 5}],
     "outcome": [{"exit_code": "done"}, {"termination": 3}, {"tokens": None}],
     "tool": [{"name": ["sh"]}, {"args": 7}, {"exit_code": "0"}, {"result": {"deep": 1}}],
     "tool_error": [{"error": None}],

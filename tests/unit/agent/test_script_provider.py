@@ -58,3 +58,32 @@ def test_bad_scripts_are_refused_at_start(tmp_path, text, words):
 def test_missing_script(tmp_path):
     with pytest.raises(QuineboxError, match="not found"):
         ScriptProvider(str(tmp_path / "nope.yaml"))
+
+
+def test_a_resumed_session_goes_on_after_the_turns_its_model_had_given(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("turns:\n  - sh: one\n  - sh: two\n  - exit: success\n")
+    provider = ScriptProvider(str(path), start=2)
+    assert calls(provider.complete([], []).message) == [("exit", {"status": "success"})]
+
+
+def test_a_replay_pairs_a_turn_asked_again_after_a_resume_once(tmp_path):
+    """A turn asked again (its first asking lost with its process) has one answer: the replay has one model call for it."""
+    from quinebox.agent.providers.replay import ReplayProvider, digest
+    from quinebox.agent.store import Tape
+
+    first, second = [{"role": "user", "content": "Begin."}], [{"role": "user", "content": "Begin."}, {"role": "assistant", "content": "a"}]
+    tape = Tape("unit-replayed")
+    tape.append("meta", session="unit-replayed", mission="m", model="script:x")
+    tape.append("request", turn=1, cycle=0, digest=digest(first), messages=first)
+    tape.append("response", turn=1, message={"role": "assistant", "content": "a"}, usage={"total_tokens": 2})
+    tape.append("request", turn=2, cycle=0, digest=digest(second), messages=second[1:])
+    tape.append("resumed", turn=2, cycle=0, material=0, owner="h:1:2", answered=False)
+    tape.append("request", turn=2, cycle=0, digest=digest(second), messages=[])
+    tape.append("response", turn=2, message={"role": "assistant", "content": "b"}, usage={"total_tokens": 3})
+    tape.close()
+    replayed = ReplayProvider("unit-replayed")
+    assert [replayed.complete(m, []).message["content"] for m in (first, second)] == ["a", "b"]
+    with pytest.raises(ProviderError, match="the recording has 2 model calls"):
+        replayed.complete(second, [])
+    assert ReplayProvider("unit-replayed", start=1).complete(second, []).message["content"] == "b"
