@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -42,27 +41,6 @@ BACKENDS = [
     pytest.param({"QUINEBOX_BACKEND": "oci", "QUINEBOX_RUNTIME": "runsc"}, id="runsc"),
     pytest.param({"QUINEBOX_BACKEND": "docker"}, id="docker"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def this_checkouts_guest(engine):
-    """The guest code of this checkout in the copies of the agent image's runtime that this test session's state
-    dir mounts into boxes (the engine's and the OCI runtimes'). The image is one per machine, built from whichever
-    checkout built it last (and may be built again while these run: hence before each test); resume needs a guest
-    that counts its material and goes on in a handed conversation. Where the image was built from this checkout
-    (CI), this copies nothing new."""
-    from quinebox.box.backends.docker import DockerBackend
-    from quinebox.box.configure import unpacked_image
-    from quinebox.box.images.guest_runtime import runtime_dir
-    from quinebox.box.policy import RUNTIME
-    from quinebox.box.spec import DEFAULT_IMAGE
-    from quinebox.resources import guest_dir
-
-    for runtime in (Path(runtime_dir(DockerBackend.connect(), DEFAULT_IMAGE)), Path(unpacked_image(DEFAULT_IMAGE, pull="never")[1] + RUNTIME)):
-        for source in guest_dir().glob("*.py"):
-            shutil.copy2(source, runtime / "guest" / source.name)
-            for compiled in (runtime / "guest" / "__pycache__").glob(f"{source.stem}.*.pyc"):
-                compiled.unlink()
 
 
 @pytest.fixture
