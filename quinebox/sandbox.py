@@ -123,7 +123,7 @@ class Sandbox:
         self._line: InitLine | None = None  # the box's init, once asked (`_line_asked`)
         self._line_asked = False
         self._asking_line = threading.Lock()
-        self._box = BoxProcess(spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec))
+        self._box = BoxProcess(spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec), lasting=True)
         choice = self._box.choice
         docker = getattr(self._box, "_backend", None) if choice.engine else None
         try:

@@ -68,7 +68,8 @@ class BoxProcess:
     `.stdin` (write, close() for EOF) / `.stdout` / `.stderr` (read); DEVNULL;
     a file descriptor or file object; for stdout/stderr also a callable that
     receives each chunk as it arrives. `handler` serves an agent's frames;
-    without a `place` the box may not start boxes.
+    without a `place` the box may not start boxes. `lasting`: the box stays up
+    until its owner removes it (a Sandbox's).
     """
 
     def __init__(
@@ -81,9 +82,11 @@ class BoxProcess:
         backend: DockerBackend | None = None,
         handler: Handler | None = None,
         place: Place | None = None,
+        lasting: bool = False,
     ):
         self.session = spec.session
         self.place = place
+        self._lasting = lasting
         self._handler = handler
         self.returncode: int | None = None
         #: How the box ended, once `wait` has seen it end: the one source of its returncode and termination.
@@ -115,7 +118,7 @@ class BoxProcess:
     def _start(self, config: Any, streams: tuple[Stream | bytes, Stream, Stream]) -> None:
         """Lifeline, world, place, the box started on its backend, its deadline set: in this order."""
         spec = self.spec
-        listener = self._launch.claim(spec, config)
+        listener = self._launch.claim(spec, config, lasting=self._lasting)
         self._broker = Broker(spec.lifeline, self._handler, self.place, listener=listener) if spec.lifeline else None
         if spec.world is not None:
             self.world = open_world(spec.session, spec.world, uid=spec.uid, gid=spec.gid, limit=spec.grants.world or DEFAULT_WORLD, on_full=self._world_full)

@@ -271,11 +271,12 @@ def test_gvisor_boxes_are_kept_warm_and_claimed_too(tmp_path):
     wait_for(lambda: containers(env, "runsc") == [], "gVisor's warm boxes to go", timeout=60)
 
 
-def test_a_long_lived_box_from_the_pool_runs_its_execs_through_its_init(pooled, monkeypatch):
+def test_a_long_lived_box_is_made_cold_its_execs_through_its_init(pooled, monkeypatch):
+    """A warm box's init is the pool's keeper's child: a box that lasts until it is removed would keep the keeper
+    (and its server) up as long, so a long-lived box on a runtime is made by its owner, server or none."""
     monkeypatch.setenv("QUINEBOX_STATE_DIR", pooled["QUINEBOX_STATE_DIR"])
     before = hits(pooled)
     with quinebox.Sandbox() as box:
-        assert box._box.claimed is not None and hits(pooled) == before + 1
+        assert box._box.claimed is None and hits(pooled) == before
         parent = box.exec(["sh", "-c", 'tr "\\0" " " </proc/$PPID/cmdline; echo; grep -E ":pids:|^0::" /proc/self/cgroup'])
-        assert parent.returncode == 0 and b"/.quinebox/guest/lifeline.py --pool" in parent.stdout and b"/quinebox-exec-" in parent.stdout
-        assert box.exec(["sh", "-c", "echo $PATH"], user="nobody").stdout.startswith(b"/usr/local/sbin:")  # the runtime's exec: the claimed process's env
+        assert parent.returncode == 0 and b"/.quinebox/guest/lifeline.py -- " in parent.stdout and b"/quinebox-exec-" in parent.stdout

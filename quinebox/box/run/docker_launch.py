@@ -69,7 +69,7 @@ class DockerLaunch:
     def reader(self, config: ContainerConfig, image: str) -> Callable[[str], bytes]:
         return engine_reader(self.backend, image)
 
-    def claim(self, spec: BoxSpec, config: ContainerConfig) -> socket.socket | None:
+    def claim(self, spec: BoxSpec, config: ContainerConfig, *, lasting: bool = False) -> socket.socket | None:
         self.claimed = claim(spec, config, self.backend)
         if self.claimed is None:
             return None

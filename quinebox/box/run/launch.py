@@ -45,8 +45,9 @@ class Launch(Protocol):
     def reader(self, config: Any, image: str) -> Callable[[str], bytes]:
         """What reads a file of the box's image (secrets.py's `prepare_secrets` takes it)."""
 
-    def claim(self, spec: BoxSpec, config: Any) -> Any:
-        """A warm box claimed for `spec` if the backend keeps any; the lifeline's listener it hands over, or None."""
+    def claim(self, spec: BoxSpec, config: Any, *, lasting: bool = False) -> Any:
+        """A warm box claimed for `spec` if the backend keeps any; the lifeline's listener it hands over, or None.
+        `lasting`: a box that stays up until its owner removes it (a Sandbox), which a backend may always make itself."""
 
     def start(self, spec: BoxSpec, config: Any, streams: tuple[Stream | bytes, Stream, Stream], *, broker: Broker | None, stop_fd: int) -> None:
         """The box made and started, its streams connected; its end is told to the `Ends` the launch was given."""

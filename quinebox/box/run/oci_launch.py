@@ -50,8 +50,9 @@ class OciLaunch:
     def reader(self, config: dict[str, Any], image: str) -> Callable[[str], bytes]:
         return rootfs_reader(config["root"]["path"])
 
-    def claim(self, spec: BoxSpec, config: dict[str, Any]) -> socket.socket | None:
-        self.claimed = claim_oci(spec, config, self.runtime.name)
+    def claim(self, spec: BoxSpec, config: dict[str, Any], *, lasting: bool = False) -> socket.socket | None:
+        """A warm box, but for a lasting one: the pool's keeper is a warm box's parent, and would stay as long as it."""
+        self.claimed = None if lasting else claim_oci(spec, config, self.runtime.name)
         if self.claimed is None:
             return None
         self.claimed.settle(spec, config["process"])
