@@ -187,3 +187,19 @@ def test_every_command_registered_imports_no_optional_extra():
         ("starlette", "uvicorn", "opentelemetry", "playwright"),
     )
     assert loaded == [], f"registering every command imports {loaded}"
+
+
+def test_the_thin_client_imports_neither_json_nor_the_socket_module():
+    """The `quinebox` command handed to a server costs about a bare interpreter: wire.py speaks _socket and marshal,
+    so nothing on its path pulls in json, socket, enum or re (each a slice of every command's start-up)."""
+    loaded = loaded_after("import quinebox.client", ("json", "socket", "enum", "re", "typing", "pathlib"))
+    assert loaded == [], f"the thin client imports {loaded}"
+
+
+def test_every_test_file_has_a_basename_of_its_own():
+    """pytest imports test files by basename (the tests are not packages): two of one name stop the whole run."""
+    tests = Path(__file__).resolve().parents[1]
+    names: dict[str, list[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
