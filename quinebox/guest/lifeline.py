@@ -191,13 +191,14 @@ def main(argv):
         os.environ.update({**engine_environment(), **environment})
         if agent:
             take_over(argv, lifeline)
+    forwarding = None
     if os.environ.get("QUINEBOX_EGRESS"):  # only a box with egress has a forwarder (and threads)
         if TYPE_CHECKING:
             from quinebox.guest import forwarder
         else:
             import forwarder
 
-        forwarder.start()
+        forwarding = forwarder.start()
     if os.isatty(0):
         await_size(0)
     child = spawn(argv)
@@ -215,9 +216,13 @@ def main(argv):
             signal.signal(signum, signal.SIG_IGN)
     pidfd = exited_fd(child)
     init = os.getpid() == 1  # on an OCI runtime no init stands in front of us: orphans are ours to reap
+    dropped = None  # the lifeline let go of around a checkpoint (guest/checkpoints.py), until dialled again
     while True:
         try:
-            ready, _, _ = select.select([lifeline, pidfd], [], [], REAP_EVERY if init else None)
+            if dropped is None:
+                ready, _, _ = select.select([lifeline, pidfd], [], [], REAP_EVERY if init else None)
+            else:
+                ready, _, _ = select.select([pidfd], [], [], dropped.poll)
         except InterruptedError:
             continue
         if pidfd in ready and not isinstance(pidfd, int):
@@ -229,6 +234,11 @@ def main(argv):
         if status is not None:
             code = os.waitstatus_to_exitcode(status)
             return code if code >= 0 else 128 - code
+        if dropped is not None:
+            lifeline = dropped.redialled()
+            if lifeline is not None:
+                forwarding, dropped = dropped.forwarding, None
+            continue
         if lifeline not in ready:
             continue
         try:
@@ -237,6 +247,26 @@ def main(argv):
             data = b""
         if not data:
             kill_everything()
+        dropped = heard(lifeline, data, forwarding)
+
+
+def heard(lifeline, data, forwarding):
+    """The host said something over the lifeline (a cold box's host sends only `drop`, before a checkpoint): what
+    the init did, guest/checkpoints.py's `Dropped` when it let go of the lifeline, else None."""
+    if TYPE_CHECKING:
+        from quinebox.guest import checkpoints
+    else:
+        import checkpoints
+
+    return checkpoints.heard(lifeline, data, forwarding, dial)
+
+
+def dial():
+    """The lifeline dialled again after a checkpoint; a host that is gone ends the box."""
+    lifeline = connect()
+    if lifeline is None:
+        kill_everything()
+    return lifeline
 
 
 if __name__ == "__main__":
