@@ -18,18 +18,23 @@ import io
 import shlex
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from quinebox.api import ExecResult
-from quinebox.box.live import sandboxes
+from quinebox.audit import log
+from quinebox.box.live import checkpoints, freezing, sandboxes, snapshots
+from quinebox.box.live.controls import Controls
 from quinebox.box.live.execs import BoxExec, Target
+from quinebox.box.live.snapshots import Snapshot
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.box.process import BoxProcess
-from quinebox.box.spec import build_spec
+from quinebox.box.spec import BoxSpec, build_spec
 from quinebox.box.streams.direct import DEVNULL, PIPE, Stream
 from quinebox.errors import QuineboxError
 from quinebox.processes import owner_id
+from quinebox.sandbox_time import SandboxTime
 from quinebox.tree.supervisor import Node
 
 if TYPE_CHECKING:
@@ -75,12 +80,12 @@ class SandboxWorld:
         return history.export(self.session, rev, out)
 
 
-class Sandbox:
+class Sandbox(SandboxTime):
     """A hardened box that lasts until `close()` (or the end of a `with` block, its `ttl`, or this process).
 
     Options are `quinebox.exec`'s, fixed when the box is made; `backend` ("oci", "docker") and `runtime`
     ("runc", "runsc") choose where it runs, as --backend and --runtime do. `name` is what `quinebox box ls`
-    shows and `quinebox exec --in NAME` takes.
+    shows and `quinebox exec --in NAME` takes. Pausing, snapshots and forks: sandbox_time.py.
     """
 
     def __init__(
@@ -104,8 +109,10 @@ class Sandbox:
         docker: DockerBackend | None = None,
         _holder: bool = False,
         _idle: float | None = None,
+        _spec: BoxSpec | None = None,
     ):
-        spec = build_spec(
+        """`_spec`: the box's spec made already (a copy of a snapshot's box: `restore`)."""
+        spec = _spec or build_spec(
             HOLD, grants=grants, policy=policy, timeout=ttl, image=image, workdir=workdir, world=world, world_from=world_from,
             world_tar=world_tar, pull=pull, ask=ask, deny=deny, ask_timeout=ask_timeout, backend=backend, runtime=runtime,
         )
@@ -124,11 +131,32 @@ class Sandbox:
                 ttl=self._box.spec.grants.time, idle=_idle,
             )
             sandboxes.write_record(record)
+            self._record = record
             self.target: Target = sandboxes.target(record, engine=docker)
+            self._execs: weakref.WeakSet[BoxExec] = weakref.WeakSet()
+            self._controls = Controls(self.id, self._control)
         except BaseException:
             self._box.kill()
             self._box.wait()
             raise
+
+    @classmethod
+    def restore(cls, snapshot: str | Snapshot, *, ttl: float | str | None = None, name: str | None = None, _checked: bool = False,
+                _holder: bool = False, _idle: float | None = None) -> Sandbox:
+        """A new live box from a snapshot (its id, a unique start of it, or the Snapshot `checkpoint` returned): a
+        new id, a copy of the snapshot's world, the same image and grants, its processes going on from where the
+        snapshot's were. Another user's snapshot, or one changed since it was made, is refused (QuineboxError)."""
+        made = snapshot if isinstance(snapshot, Snapshot) and _checked else snapshots.find(snapshot if isinstance(snapshot, str) else snapshot.id)
+        if not _checked:
+            snapshots.verify(made)
+        copy = cls(_spec=checkpoints.copy_spec(made, HOLD, ttl=ttl), name=name, _holder=_holder, _idle=_idle)
+        try:
+            checkpoints.redial(copy.target.box, copy._box.broker)
+        except BaseException:
+            copy.close()
+            raise
+        log.note("box_restored", copy.id, snapshot=made.id, box=made.box)
+        return copy
 
     @property
     def world(self) -> SandboxWorld:
@@ -149,10 +177,15 @@ class Sandbox:
         """What a person runs to look inside a long-lived box, from any shell of the same user."""
         return f"quinebox exec --in {shlex.quote(ref)} -it -- sh"
 
-    def _ready(self) -> None:
+    def _alive(self) -> None:
         if self._closed or self._box.poll() is not None:
             why = "it was closed" if self._closed else "it ended (its TTL ran out, or it was removed)"
             raise QuineboxError(f"box {self.id} is not running: {why}")
+
+    def _ready(self) -> None:
+        """Where this Sandbox's execs start (Popen, read_file, write_file): the box runs, and is not paused."""
+        self._alive()
+        freezing.refuse_if_paused(self.id)
 
     def Popen(
         self,
@@ -171,7 +204,9 @@ class Sandbox:
         bad = [k for k in (env or {}) if not k or "=" in k or "\0" in k]
         if bad:
             raise QuineboxError(f"bad environment variable name {bad[0]!r}: a name has no '=' and no NUL")
-        return BoxExec(self.target, list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, user=sandboxes.user_of(self.target, user))
+        proc = BoxExec(self.target, list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, user=sandboxes.user_of(self.target, user))
+        self._execs.add(proc)  # a checkpoint waits for none to run
+        return proc
 
     def exec(
         self,
@@ -226,7 +261,10 @@ class Sandbox:
         if self._closed:
             return
         self._closed = True
+        self._controls.close()
         try:
+            if freezing.pause_of(self.id) is not None and self._box.poll() is None:  # a frozen process dies only once thawed
+                freezing.thaw(self.target.box)
             self._box.kill()
             self._box.wait()
         finally:
@@ -244,10 +282,7 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- async twins ---------------------------------------------------------------------------
-
-    async def _in_thread(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(call, *args, **kwargs))
+    # -- async twins (and sandbox_time.py's) -----------------------------------------------------
 
     async def aexec(self, argv: Sequence[str], **options: Any) -> ExecResult:
         return await self._in_thread(self.exec, argv, **options)
