@@ -219,3 +219,33 @@ def test_a_tampered_snapshot_or_another_users_is_refused_and_nothing_starts(gvis
         os.chown(snapshot.path, os.getuid(), os.getgid())
         snapshots.remove(snapshot)
     assert [box.labels.get("io.quinebox.restore-image") for box in live_boxes(None)] == [None]
+
+
+def test_the_mcp_tools_pause_checkpoint_restore_and_fork_a_box_and_its_end_removes_what_they_made():
+    pytest.importorskip("mcp")
+    from quinebox.integrations.mcp_server import QuineboxMCP
+
+    server = QuineboxMCP(["mem:512m"], runtime="runsc", backend="oci")
+    try:
+        made = server.create_sandbox()
+        box = server.box(made["box"])
+        counting(box)
+        assert server.pause_sandbox(made["box"]) == {"box": box.id, "paused": True, "look": made["look"]}
+        assert server.list_sandboxes()["boxes"][0]["paused"] is True
+        with pytest.raises(QuineboxError, match="is paused: `quinebox box resume"):
+            server.exec(made["box"], argv=["true"])
+        server.resume_sandbox(made["box"])
+        taken = server.checkpoint_sandbox(made["box"])
+        restored = server.restore_sandbox(taken["snapshot"][:5], ttl="10m")
+        assert restored["from"] == taken["snapshot"] and restored["files"] == ["/world"]
+        forked = server.fork_sandbox(made["box"], copies=2)
+        assert len(forked["copies"]) == 2
+        for each in (restored["box"], *forked["copies"]):
+            assert server.exec(each, argv=ASK)["exit_code"] == 0
+        assert [s["snapshot"] for s in server.list_snapshots()["snapshots"]] == [taken["snapshot"]]
+        sessions = [made["box"], restored["box"], *forked["copies"]]
+    finally:
+        server.close()
+    assert not (snapshots.snapshots_dir() / taken["snapshot"]).exists()
+    for session in sessions:
+        assert soon(lambda session=session: nothing_left_of(session), within=10) == []
