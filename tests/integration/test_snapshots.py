@@ -13,9 +13,9 @@ import os
 import time
 
 import pytest
+from live_boxes import cgroups_of, live_boxes, soon
 
 import quinebox
-from live_boxes import cgroups_of, live_boxes, soon
 from quinebox.box.backends.boxroot import bundle_of
 from quinebox.box.live import freezing, snapshots
 from quinebox.errors import QuineboxError
@@ -106,7 +106,7 @@ def test_every_copy_goes_on_from_the_instant_with_its_counter_open_file_and_list
             copy.close()
     assert not of(sb.id), "a fork's own snapshot outlived the fork"
     for copy in copies:
-        assert soon(lambda: nothing_left_of(copy.id)) == []
+        assert soon(lambda copy=copy: nothing_left_of(copy.id)) == []
 
 
 def test_a_snapshot_is_restored_as_a_new_box_any_number_of_times_and_removed_whole(gvisor_box):

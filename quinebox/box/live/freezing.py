@@ -78,7 +78,7 @@ def refuse_if_paused(session: str) -> None:
 
 def mark(session: str, why: str, since: float | None = None) -> None:
     """The box's marker says it is paused, since `since` (now), for `why`: execs are refused from now on."""
-    path = marker(session)
+    path = records_dir(make=True) / f"{session}.paused"
     scratch = path.with_suffix(".pausing")
     scratch.write_text(json.dumps({"since": time.time() if since is None else since, "why": why}))
     scratch.rename(path)

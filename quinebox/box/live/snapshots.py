@@ -168,9 +168,9 @@ def start() -> tuple[str, Path]:
 
 def commit(making: Path, manifest: Snapshot) -> Snapshot:
     """The snapshot made in `making` sealed (its files' digests taken now) and put in its place."""
+    (making / MAKER).unlink()  # a making one with no maker goes at `gc` a minute on, should this not finish
     done = replace(manifest, files=digests(making), size=size_of(making))
     (making / MANIFEST).write_text(json.dumps(seal(done, _user_key())))
-    (making / MAKER).unlink()
     os.rename(making, done.path)
     return done
 
