@@ -52,6 +52,8 @@ DROP_WITHIN = 10.0
 REDIAL_WITHIN = 10.0
 #: The signal that has a box's init dial its lifeline again (guest/checkpoints.py's REDIAL).
 REDIAL = "PWR"
+#: How long a snapshot waits for an exec that started just before it to end.
+SETTLE_WITHIN = 2.0
 #: Where a snapshot keeps the image and the world.
 IMAGE, WORLD = "image", "world"
 
@@ -97,8 +99,9 @@ def take(live: Live, *, transient: bool = False) -> Snapshot:
     oci = held(box.id)
     if oci is None or live.broker is None:
         raise QuineboxError(f"box {session} is not held by this process: its owner takes its snapshots (`quinebox box checkpoint` asks it)")
+    running = f"a command is running in box {session}: a snapshot cannot carry an exec's streams; take it once the command has ended"
     if live.busy():
-        raise QuineboxError(f"a command is running in box {session}: a snapshot cannot carry an exec's streams; take it once the command has ended")
+        raise QuineboxError(running)
     layer = Path(spec.world.layer) if spec.world is not None else None
     specials = special_files(layer) if layer is not None else []
     if specials:
@@ -108,16 +111,18 @@ def take(live: Live, *, transient: bool = False) -> Snapshot:
         raise QuineboxError(f"a snapshot of box {session} is being taken already")
     if before is not None:
         freezing.thaw(box)
-    freezing.mark(session, freezing.CHECKPOINT)
+    freezing.mark(session, freezing.CHECKPOINT)  # from now on no exec starts (one already past its check may)
     snapshot, making = snapshots.start()
     try:
+        if not _settled(live):
+            raise QuineboxError(running)
         _let_go(live)
         try:
             box.runtime.pause(box.id)
-            links = host_links(box)
-            if links:
+            links, execs = host_links(box), execs_running(box)
+            if links or execs:
                 box.runtime.resume(box.id)
-                raise QuineboxError(snapshot_rules.links_refusal(session, links))
+                raise QuineboxError(snapshot_rules.links_refusal(session, links) if links else running)
         except BaseException:
             redial(box, live.broker)
             raise
@@ -189,6 +194,31 @@ def _let_go(live: Live) -> None:
     if not live.broker.wait_unconnected(DROP_WITHIN):
         redial(live.box, live.broker)
         raise QuineboxError(snapshot_rules.links_refusal(session, live.broker.connections()))
+
+
+def _settled(live: Live) -> bool:
+    """Whether no exec runs in the box within SETTLE_WITHIN (one that passed its check just before the marker)."""
+    assert isinstance(live.box, RuntimeBox)
+    until = time.monotonic() + SETTLE_WITHIN
+    while live.busy() or execs_running(live.box):
+        if time.monotonic() > until:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def execs_running(box: RuntimeBox) -> int:
+    """How many of the runtime's `exec` processes for this box run on the host, whoever started them: each holds
+    its exec's streams in the box until it ends."""
+    root, cid = os.fsencode(box.runtime.root), os.fsencode(box.id)
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        count += b"exec" in args and root in args and cid in args
+    return count
 
 
 def redial(box: Box, broker: Broker | None) -> None:
