@@ -130,6 +130,8 @@ def take(live: Live, *, transient: bool = False) -> Snapshot:
         stdio = live.stdio()
         try:
             oci.succeed(str(making / IMAGE), stdio, lambda: copy_world(layer, making / WORLD, session) if layer is not None else None)
+        except EngineError as exc:  # the checkpoint or the successor's restore failed: the sandbox that was is gone
+            raise EngineError(f"box {session} could not go on after its checkpoint, and has ended: {exc}") from None
         finally:
             for fd in stdio:  # the successor holds its own copies
                 os.close(fd)
