@@ -43,3 +43,13 @@ def test_a_marked_box_refuses_execs_in_one_line_by_its_id_or_the_start_of_it(tmp
     freezing.unmark("0123456789ab")
     freezing.refuse_if_paused("0123456789ab")
     assert freezing.pause_of("0123456789ab") is None
+
+
+def test_the_idle_clock_stands_still_while_paused(tmp_path, monkeypatch):
+    from quinebox.box.live import sandboxes
+
+    monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path))
+    freezing.idle_clock_stood("0123456789ab", 1000.0, 30.0)  # never used: from its making on
+    assert sandboxes.used("0123456789ab", 1000.0) == 1030.0
+    freezing.idle_clock_stood("0123456789ab", 1000.0, 5.0)  # used (as a holder reads it) 35 s after its making
+    assert sandboxes.used("0123456789ab", 1000.0) == 1035.0
