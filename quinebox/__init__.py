@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "run", "resume", "Box", "Sandbox", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "PIPE", "DEVNULL"]
+__all__ = ["__version__", "exec", "run", "resume", "Box", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "PIPE", "DEVNULL"]
 
 
 def __getattr__(name: str):
@@ -23,6 +23,10 @@ def __getattr__(name: str):
         from quinebox.sandbox import Sandbox
 
         return Sandbox
+    if name == "Snapshot":
+        from quinebox.box.live.snapshots import Snapshot
+
+        return Snapshot
     if name in ("QuineboxError", "GrantError", "FileTooLargeError"):
         from quinebox import errors
 

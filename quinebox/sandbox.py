@@ -18,21 +18,25 @@ import io
 import shlex
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import IO, TYPE_CHECKING, Any
 
 from quinebox.api import ExecResult
-from quinebox.box.live import sandboxes
+from quinebox.audit import log
+from quinebox.box.live import checkpoints, freezing, owner_exec, sandboxes, snapshots
+from quinebox.box.live.controls import Controls
 from quinebox.box.live.execs import BoxExec, Target
-from quinebox.box.live.owner_exec import OwnerExecs
+from quinebox.box.live.snapshots import Snapshot
 from quinebox.box.net.init_line import InitLine
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.box.process import BoxProcess
-from quinebox.box.spec import build_spec
+from quinebox.box.spec import BoxSpec, build_spec
 from quinebox.box.streams.direct import DEVNULL, PIPE, Stream
 from quinebox.errors import QuineboxError
 from quinebox.processes import owner_id
+from quinebox.sandbox_time import SandboxTime
 from quinebox.tree.supervisor import Node
 
 if TYPE_CHECKING:
@@ -80,12 +84,12 @@ class SandboxWorld:
         return history.export(self.session, rev, out)
 
 
-class Sandbox:
+class Sandbox(SandboxTime):
     """A hardened box that lasts until `close()` (or the end of a `with` block, its `ttl`, or this process).
 
     Options are `quinebox.exec`'s, fixed when the box is made; `backend` ("oci", "docker") and `runtime`
     ("runc", "runsc") choose where it runs, as --backend and --runtime do. `name` is what `quinebox box ls`
-    shows and `quinebox exec --in NAME` takes.
+    shows and `quinebox exec --in NAME` takes. Pausing, snapshots and forks: sandbox_time.py.
     """
 
     def __init__(
@@ -109,8 +113,10 @@ class Sandbox:
         docker: DockerBackend | None = None,
         _holder: bool = False,
         _idle: float | None = None,
+        _spec: BoxSpec | None = None,
     ):
-        spec = build_spec(
+        """`_spec`: the box's spec made already (a copy of a snapshot's box: `restore`)."""
+        spec = _spec or build_spec(
             HOLD, grants=grants, policy=policy, timeout=ttl, image=image, workdir=workdir, world=world, world_from=world_from,
             world_tar=world_tar, pull=pull, ask=ask, deny=deny, ask_timeout=ask_timeout, backend=backend, runtime=runtime,
         )
@@ -118,7 +124,6 @@ class Sandbox:
         self.name = name
         self._diagnostics: list[bytes] = []
         self._closed = False
-        self._owner_execs: OwnerExecs | None = None
         self._revising = threading.Lock()  # one revision of the world at a time: execs may run concurrently
         self._line: InitLine | None = None  # the box's init, once asked (`_line_asked`)
         self._line_asked = False
@@ -132,17 +137,35 @@ class Sandbox:
                 self.id, self._box.id or "", where, owner_id(), time.time(), name=name, holder=_holder,
                 ttl=self._box.spec.grants.time, idle=_idle,
             )
-            self.target: Target = sandboxes.target(record, engine=docker)
-            # A holder (`box create`) takes `exec --in` from its user's other processes, to run as its own execs.
-            if _holder:
-                self._owner_execs = OwnerExecs(self.id, self._exec_target)
             sandboxes.write_record(record)
+            self._record = record
+            self.target: Target = sandboxes.target(record, engine=docker)
+            self._execs: weakref.WeakSet[BoxExec] = weakref.WeakSet()
+            # The box's owner answers its user's other processes: pause, checkpoint, fork; and `exec --in`, run here as
+            # this process's own execs (started by the box's init, which only the lifeline's holder can ask).
+            self._controls = Controls(self.id, self._control, handoff=functools.partial(owner_exec.serve, session=self.id, popen=self.Popen))
         except BaseException:
-            if self._owner_execs is not None:
-                self._owner_execs.close()
             self._box.kill()
             self._box.wait()
             raise
+
+    @classmethod
+    def restore(cls, snapshot: str | Snapshot, *, ttl: float | str | None = None, name: str | None = None, _checked: bool = False,
+                _holder: bool = False, _idle: float | None = None) -> Sandbox:
+        """A new live box from a snapshot (its id, a unique start of it, or the Snapshot `checkpoint` returned): a
+        new id, a copy of the snapshot's world, the same image and grants, its processes going on from where the
+        snapshot's were. Another user's snapshot, or one changed since it was made, is refused (QuineboxError)."""
+        made = snapshot if isinstance(snapshot, Snapshot) and _checked else snapshots.find(snapshot if isinstance(snapshot, str) else snapshot.id)
+        if not _checked:
+            snapshots.verify(made)
+        copy = cls(_spec=checkpoints.copy_spec(made, HOLD, ttl=ttl), name=name, _holder=_holder, _idle=_idle)
+        try:
+            checkpoints.redial(copy.target.box, copy._box.broker)
+        except BaseException:
+            copy.close()
+            raise
+        log.note("box_restored", copy.id, snapshot=made.id, box=made.box)
+        return copy
 
     @property
     def world(self) -> SandboxWorld:
@@ -163,10 +186,15 @@ class Sandbox:
         """What a person runs to look inside a long-lived box, from any shell of the same user."""
         return f"quinebox exec --in {shlex.quote(ref)} -it -- sh"
 
-    def _ready(self) -> None:
+    def _alive(self) -> None:
         if self._closed or self._box.poll() is not None:
             why = "it was closed" if self._closed else "it ended (its TTL ran out, or it was removed)"
             raise QuineboxError(f"box {self.id} is not running: {why}")
+
+    def _ready(self) -> None:
+        """Where this Sandbox's execs start (Popen, read_file, write_file): the box runs, and is not paused."""
+        self._alive()
+        freezing.refuse_if_paused(self.id)
 
     def Popen(
         self,
@@ -185,7 +213,9 @@ class Sandbox:
         bad = [k for k in (env or {}) if not k or "=" in k or "\0" in k]
         if bad:
             raise QuineboxError(f"bad environment variable name {bad[0]!r}: a name has no '=' and no NUL")
-        return BoxExec(self._exec_target(), list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, user=sandboxes.user_of(self.target, user))
+        proc = BoxExec(self._exec_target(), list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, user=sandboxes.user_of(self.target, user))
+        self._execs.add(proc)  # a checkpoint waits for none to run
+        return proc
 
     def _exec_target(self) -> Target:
         """The box, with its init's line once the init has said it serves execs (the first exec waits for its
@@ -248,9 +278,10 @@ class Sandbox:
         if self._closed:
             return
         self._closed = True
+        self._controls.close()
         try:
-            if self._owner_execs is not None:
-                self._owner_execs.close()
+            if freezing.pause_of(self.id) is not None and self._box.poll() is None:  # a frozen process dies only once thawed
+                freezing.thaw(self.target.box)
             self._box.kill()
             self._box.wait()
         finally:
@@ -268,10 +299,7 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- async twins ---------------------------------------------------------------------------
-
-    async def _in_thread(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(call, *args, **kwargs))
+    # -- async twins (and sandbox_time.py's) -----------------------------------------------------
 
     async def aexec(self, argv: Sequence[str], **options: Any) -> ExecResult:
         return await self._in_thread(self.exec, argv, **options)

@@ -17,6 +17,8 @@
       pool/<box>/                a warm box's empty world until it is claimed
       runs/<id>/                 each `map` and `batch` run: its inputs, attempts and end (tree/runs.py)
       engine.log                 what the engine failed to do, for `quinebox doctor` (box/backends/watch.py)
+      snapshots/<id>/            a long-lived box's checkpoint: its sealed manifest, runsc's image, its world
+                                 (box/live/snapshots.py); snapshots/.keys/<uid> the key each user seals with
       audit/                     the hash-chained audit log and its head; pending requests, decisions and
                                  remembered rules of approvals (audit/)
 
@@ -79,6 +81,11 @@ def cluster_dir() -> Path:
 def pool_dir() -> Path:
     """Warm boxes' worlds, beside sessions/ (so that a claim moves one into its session by a rename)."""
     return state_dir() / "pool"
+
+
+def snapshots_dir() -> Path:
+    """Checkpoints of long-lived boxes (box/live/snapshots.py), private to the user who made each."""
+    return state_dir() / "snapshots"
 
 
 def session_dir(session: str) -> Path:

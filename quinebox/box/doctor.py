@@ -53,6 +53,7 @@ def run() -> int:
     engine = next(way for way in ways if way.name == ENGINE)
     backend = connected[0] if engine.works else None
     ready = default_ready(say, ways, backend)
+    _snapshots(say, ways, backend)
     if backend is not None:
         _orphans(say, backend)
     if os.geteuid() == 0:
@@ -110,6 +111,30 @@ def _image_ready(say: Say, on: str, backend: DockerBackend | None, *, build: str
         return False
     say("ok", f"guest runtime for any image at {where}")
     return True
+
+
+def _snapshots(say: Say, ways: list[Way], backend: DockerBackend | None) -> None:
+    """Where a long-lived box can be snapshotted (`quinebox box checkpoint`): runsc here; runc through CRIU, if
+    `criu check` passes; the engine in its experimental mode, whose checkpoints quinebox does not take."""
+    from quinebox.box.backends.criu import criu_fails
+    from quinebox.errors import EngineError
+
+    say("note", "snapshots (box checkpoint, restore, fork):")
+    for way in ways:
+        if not way.works:
+            continue
+        if way.name == "runsc":
+            say("ok", f"{way.label}: runsc checkpoint and restore")
+        elif way.name == ENGINE:
+            try:
+                experimental = backend.experimental() if backend is not None else False
+            except EngineError:
+                experimental = False
+            say("no", f"{way.label}: its checkpoints are experimental ({'on' if experimental else 'off'} here) and go through CRIU; quinebox does not take them",
+                "make boxes to snapshot with --runtime runsc")
+        else:
+            criu = criu_fails()
+            say("no", f"{way.label}: checkpoints go through CRIU, and {criu or 'quinebox takes them on gVisor only'}", "make boxes to snapshot with --runtime runsc")
 
 
 def _orphans(say: Say, backend: DockerBackend) -> None:

@@ -98,6 +98,8 @@ class BoxProcess:
         #: The box's world while it runs: the host side of its /world.
         self.world: World | None = None
         self._deadline: threading.Timer | None = None
+        self._deadline_at = 0.0
+        self._deadline_left: float | None = None  # while its clock is held
         self._broker: Broker | None = None
         self._closed = False
         self._finishing = threading.Lock()
@@ -129,9 +131,25 @@ class BoxProcess:
         self.stdin, self.stdout, self.stderr = launch.stdin, launch.stdout, launch.stderr
         self.started = time.monotonic()
         if spec.grants.time:
-            self._deadline = threading.Timer(spec.grants.time, self._end_for, (How.TIMED_OUT,))
-            self._deadline.daemon = True
-            self._deadline.start()
+            self._set_deadline(spec.grants.time)
+
+    def _set_deadline(self, seconds: float) -> None:
+        self._deadline_at = time.monotonic() + seconds
+        self._deadline = threading.Timer(seconds, self._end_for, (How.TIMED_OUT,))
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def hold_deadline(self) -> None:
+        """Stop the clock of the box's time limit, as while it is paused; `release_deadline` starts it again
+        with what was left of it."""
+        if self._deadline is not None and self._deadline_left is None:
+            self._deadline.cancel()
+            self._deadline_left = max(0.0, self._deadline_at - time.monotonic())
+
+    def release_deadline(self) -> None:
+        if self._deadline_left is not None and not self._closed:
+            left, self._deadline_left = self._deadline_left, None
+            self._set_deadline(left)
 
     def _abandon(self, exc: BaseException) -> None:
         """A start that failed leaves nothing behind: no claim, no box, no world; an engine's failure is an incident."""
@@ -158,6 +176,11 @@ class BoxProcess:
     def claimed(self) -> Claimed | ClaimedOci | None:
         """The warm box this one is, when the pool had one of its shape (box/pool/claim.py); else it was made here."""
         return self._launch.claimed
+
+    @property
+    def broker(self) -> Broker | None:
+        """The host end of the box's socket (its lifeline), while the box runs."""
+        return self._broker
 
     @property
     def _backend(self) -> DockerBackend | None:

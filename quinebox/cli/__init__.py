@@ -8,6 +8,7 @@
     audit.py    audit, audit verify, approvals, approve, deny, revoke
     serve.py    serve, serve status, serve stop
     sandboxes.py  box create, box ls, box rm, cp (long-lived boxes; `exec --in` is box.py's)
+    snapshots.py  box pause, resume, checkpoint, restore, fork, snapshots (a long-lived box's time)
     mcp.py      mcp: the MCP server (quinebox[mcp])
     view.py     view: the web view of sessions, trees, transcripts, worlds, runs and the audit log (quinebox[view])
     server.py   the command server: a warm process forking one worker per command (its thin client is ../client.py)
@@ -34,7 +35,8 @@ COMMANDS = {
     "world": "worlds",
     **dict.fromkeys(("audit", "approvals", "approve", "deny", "revoke"), "audit"),
     "serve": "serve",
-    **dict.fromkeys(("box", "cp"), "sandboxes"),
+    "box": "snapshots",  # which registers sandboxes.py's too
+    "cp": "sandboxes",
     "mcp": "mcp",
     "view": "view",
 }

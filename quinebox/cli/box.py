@@ -98,6 +98,7 @@ def exec_in(ref: str, cmd: list[str], *, tty: bool, cwd: str | None, env: list[s
 
     from quinebox.box.live import sandboxes
     from quinebox.box.live.execs import BoxExec
+    from quinebox.box.live.freezing import refuse_if_paused
     from quinebox.box.live.owner_exec import exec_at_owner
     from quinebox.grants import parse_duration
 
@@ -108,6 +109,7 @@ def exec_in(ref: str, cmd: list[str], *, tty: bool, cwd: str | None, env: list[s
     with reported():
         limit = parse_duration(timeout) if timeout else None
         record, _ = sandboxes.find(ref)
+        refuse_if_paused(record.session)  # where execs start, for a paused box: one line
         variables = [e if "=" in e else f"{e}={os.environ.get(e, '')}" for e in env]
         handed = None if tty else exec_at_owner(record.session, cmd, cwd=cwd, env=variables, user=user, timeout=limit)
         if handed is not None:  # its owner runs it, started by the box's init (owner_exec.py)
@@ -179,11 +181,13 @@ def enter(
     cmd: list[str] | None = typer.Argument(None, metavar="[-- CMD [ARGS...]]"),
 ) -> None:
     from quinebox.box.live.execs import enter_box
+    from quinebox.box.live.freezing import refuse_if_paused
 
     tty = sys.stdin.isatty()
     cmd = cmd[1:] if cmd and cmd[0] == "--" else cmd  # parsing stops at SESSION, so `--` arrives as a word
     argv = cmd or shell_argv(tty)
     with reported(), raw_terminal(tty):
+        refuse_if_paused(session)
         entered = enter_box(session, argv, tty=tty)
         if tty:
             follow_window(entered)
@@ -226,11 +230,11 @@ def kill_command(session: str = typer.Argument(..., help="The box's session id (
     say(f"killed {len(killed)} box{'es' if len(killed) != 1 else ''}: {' '.join(killed)}")
 
 
-@app.command("gc", help="Remove boxes whose owning quinebox process is gone, guest runtimes no box uses any more, and unpacked images no box uses whose image went, that no box used for `retention: {images:}`, or that changed.")
+@app.command("gc", help="Remove boxes whose owning quinebox process is gone, guest runtimes no box uses any more, snapshots left half made, and unpacked images no box uses whose image went, that no box used for `retention: {images:}`, or that changed.")
 def gc_command() -> None:
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.images import guest_runtime
-    from quinebox.box.live import sandboxes
+    from quinebox.box.live import sandboxes, snapshots
     from quinebox.box.owners import gc, listing
     from quinebox.box.spec import DEFAULT_IMAGE
     from quinebox.errors import EngineError
@@ -246,7 +250,10 @@ def gc_command() -> None:
         except EngineError:
             engine = None
         runtimes = guest_runtime.prune(engine, DEFAULT_IMAGE) if engine is not None else []
+        unfinished = snapshots.sweep()
     say(f"removed {len(removed)} orphaned box{'es' if len(removed) != 1 else ''}" + (": " + " ".join(removed) if removed else ""))
+    if unfinished:
+        say(f"removed {len(unfinished)} snapshot(s) left half made, or of a fork whose maker is gone: {' '.join(unfinished)}")
     if runtimes:
         say(f"removed {len(runtimes)} guest runtime(s) of older agent images: {' '.join(runtimes)}")
 

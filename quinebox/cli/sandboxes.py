@@ -62,6 +62,12 @@ def box_create_command(
 
 def hold(options: dict[str, Any], idle: float | None) -> int:
     """Fork the holder, which makes the box and owns it; print the id it reports, or its one line of failure."""
+    return told(*holding(options, idle))
+
+
+def holding(options: dict[str, Any], idle: float | None) -> tuple[int, int]:
+    """A holder forked (its pid), making the box `options` say (Sandbox's keyword arguments, or `snapshot` and
+    its own for a copy of a snapshot's box); what it reports comes on the returned fd (`told`)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the holder's life is checked from the outside (tests/e2e/test_sandboxes.py)
@@ -73,10 +79,15 @@ def hold(options: dict[str, Any], idle: float | None) -> int:
         finally:
             os._exit(code)
     os.close(write_end)
+    return pid, read_end
+
+
+def told(pid: int, read_end: int) -> int:
+    """Print the id the holder reports, or say its one line of failure (its exit status then)."""
     with os.fdopen(read_end, "rb") as report:
         said = report.read().decode(errors="replace")
     if said.startswith("id "):
-        print(said[3:].strip())
+        print(said[3:].strip(), flush=True)
         return 0
     os.waitpid(pid, 0)
     say(said.strip() or "the box's holder ended before it made the box")
@@ -88,7 +99,7 @@ def _holder(options: dict[str, Any], idle: float | None, report: int) -> int:
     import signal
     import time
 
-    from quinebox.box.live import sandboxes
+    from quinebox.box.live import freezing, sandboxes
     from quinebox.errors import QuineboxError
     from quinebox.sandbox import Sandbox
 
@@ -97,7 +108,10 @@ def _holder(options: dict[str, Any], idle: float | None, report: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        box = Sandbox(**options, _holder=True, _idle=idle)
+        if "snapshot" in options:
+            box = Sandbox.restore(options["snapshot"], ttl=options.get("ttl"), name=options.get("name"), _checked=options.get("checked", False), _holder=True, _idle=idle)
+        else:
+            box = Sandbox(**options, _holder=True, _idle=idle)
     except QuineboxError as exc:
         os.write(report, f"{exc.exit_code} {exc}\n".encode(errors="replace"))
         return exc.exit_code
@@ -110,7 +124,7 @@ def _holder(options: dict[str, Any], idle: float | None, report: int) -> int:
     try:
         while not stopping and box.returncode is None:
             time.sleep(0.2)
-            if idle is not None and time.time() - sandboxes.used(box.id, made) > idle and not sandboxes.busy(box.id):
+            if idle is not None and time.time() - sandboxes.used(box.id, made) > idle and not sandboxes.busy(box.id) and freezing.pause_of(box.id) is None:
                 break
     finally:
         box.close()
@@ -121,16 +135,17 @@ def _holder(options: dict[str, Any], idle: float | None, report: int) -> int:
 def box_ls_command() -> None:
     import time
 
-    from quinebox.box.live import sandboxes
+    from quinebox.box.live import freezing, sandboxes
 
     with reported():
         rows = sandboxes.live()
-    print(f"{'ID':12}  {'NAME':16}  {'BACKEND':7}  {'AGE':>6}  {'TTL':>6}  {'IDLE':>6}  OWNER")
+    print(f"{'ID':12}  {'NAME':16}  {'BACKEND':7}  {'STATE':7}  {'AGE':>6}  {'TTL':>6}  {'IDLE':>6}  OWNER")
     for record, _box in rows:
         owner = record.owner.split(":")[1]
         age = time.time() - record.created
+        state = "paused" if freezing.pause_of(record.session) is not None else "running"
         print(
-            f"{record.session:12}  {record.name or '-':16}  {record.backend:7}  {_duration(age):>6}  {_duration(record.ttl):>6}  "
+            f"{record.session:12}  {record.name or '-':16}  {record.backend:7}  {state:7}  {_duration(age):>6}  {_duration(record.ttl):>6}  "
             f"{_duration(record.idle):>6}  {'holder ' if record.holder else 'process '}{owner}"
         )
 
@@ -183,6 +198,7 @@ def cp_command(
     timeout: str = typer.Option(CP_TIMEOUT, "--timeout", metavar="DURATION", help="Give up a copy that takes longer than this."),
 ) -> None:
     from quinebox.box.live import sandboxes
+    from quinebox.box.live.freezing import refuse_if_paused
     from quinebox.errors import GrantError
     from quinebox.grants import parse_duration, parse_size
 
@@ -199,11 +215,13 @@ def cp_command(
         if inside[0]:
             ref, _, path = source.partition(":")
             record, _ = sandboxes.find(ref)
+            refuse_if_paused(record.session)
             with sandboxes.Running(record.session):
                 _copy_out(record, path, dest, cap, seconds)
         else:
             ref, _, path = dest.partition(":")
             record, _ = sandboxes.find(ref)
+            refuse_if_paused(record.session)
             data = _read_here(source)
             with sandboxes.Running(record.session):
                 _write_in(record, path, data, source, seconds)

@@ -16,6 +16,10 @@ import socket
 import threading
 
 EGRESS_SOCKET = "/run/quinebox/egress.sock"
+#: How long `stop` lets the connection being handed over finish (the host takes one within seconds, or drops it).
+HANDOVER_GRACE = 10.0
+
+_handing: dict[int, threading.Thread] = {}  # each listener's thread, by the listener's fd
 
 
 def start(shared=False):
@@ -37,8 +41,23 @@ def start(shared=False):
         os.write(2, f"quinebox: no egress: cannot listen on {listen}: {exc.strerror}\n".encode())
         return None
     server.listen(128)
-    threading.Thread(target=_hand_over, args=(server,), daemon=True).start()
+    thread = threading.Thread(target=_hand_over, args=(server,), daemon=True)
+    thread.start()
+    _handing[server.fileno()] = thread
     return server
+
+
+def stop(server):
+    """Hand nothing more over (a checkpoint is taken: guest/checkpoints.py): the listener shut, the connection
+    being handed over let finish. Clients meanwhile are refused at once, and try again as after any refusal."""
+    thread = _handing.pop(server.fileno(), None)
+    try:
+        server.shutdown(socket.SHUT_RDWR)  # wakes the accept below, which a close alone would not
+    except OSError:
+        pass
+    server.close()
+    if thread is not None:
+        thread.join(HANDOVER_GRACE)
 
 
 def _hand_over(server):

@@ -225,13 +225,14 @@ def main(argv):
             os.close(fd)
         if agent:
             take_over(argv, lifeline)
+    forwarding = None
     if os.environ.get("QUINEBOX_EGRESS"):  # only a box with egress has a forwarder (and threads)
         if TYPE_CHECKING:
             from quinebox.guest import forwarder
         else:
             import forwarder
 
-        forwarder.start()
+        forwarding = forwarder.start()
     if os.isatty(0):
         await_size(0)
     child = spawn(argv)
@@ -250,10 +251,11 @@ def main(argv):
     pidfd = exited_fd(child)
     init = os.getpid() == 1  # on an OCI runtime no init stands in front of us: orphans are ours to reap
     execs = None  # the execs beside the command, once the host asks for one
+    dropped = None  # the lifeline let go of around a checkpoint (guest/checkpoints.py), until dialled again
     while True:
-        watched = [lifeline, pidfd] if execs is None or _keep[0] is pidfd else [lifeline, pidfd, _keep[0]]
+        watched = [pidfd] if dropped is not None else [lifeline, pidfd] if execs is None or _keep[0] is pidfd else [lifeline, pidfd, _keep[0]]
         try:
-            ready, _, _ = select.select(watched, [], [], REAP_EVERY if init else None)
+            ready, _, _ = select.select(watched, [], [], dropped.poll if dropped is not None else REAP_EVERY if init else None)
         except InterruptedError:
             continue
         for woken in ready:
@@ -266,6 +268,14 @@ def main(argv):
         if status is not None:
             code = os.waitstatus_to_exitcode(status)
             return code if code >= 0 else 128 - code
+        if dropped is not None:
+            redialled = dropped.redialled()
+            if redialled is not None:
+                lifeline, forwarding, dropped = redialled, dropped.forwarding, None
+                line = lines.Line(lifeline)
+                if execs is not None:
+                    execs.line = line
+            continue
         if lifeline not in ready:
             continue
         if line is None:
@@ -280,14 +290,40 @@ def main(argv):
         except (EOFError, OSError, ValueError):
             kill_everything()
         for message, fds in frames:
-            if isinstance(message, dict) and message.get("kind") == "exec":
+            kind = message.get("kind") if isinstance(message, dict) else None
+            if kind == "exec":
                 if execs is None:
                     chld_wake()
                     execs = lines.Execs(line, environment)
                 execs.start(message, fds)
-            else:
-                for fd in fds:
-                    os.close(fd)
+                continue
+            for fd in fds:
+                os.close(fd)
+            if kind == "drop":
+                dropped = drop(line, forwarding, execs)
+
+
+def drop(line, forwarding, execs):
+    """The host asks, before a checkpoint, that the init let go of its lifeline (guest/checkpoints.py): a `Dropped`
+    once it has, None when something holds the host's files (it said what: the host refuses the checkpoint)."""
+    if TYPE_CHECKING:
+        from quinebox.guest import checkpoints
+    else:
+        import checkpoints
+
+    running = len(execs.running) if execs is not None else 0
+    if running:
+        line.send({"kind": "kept", "held": [f"the box's init runs {running} exec(s), whose stdin, stdout and stderr are the host's"]})
+        return None
+    return checkpoints.let_go(line.sock, forwarding, dial)
+
+
+def dial():
+    """The lifeline dialled again after a checkpoint; a host that is gone ends the box."""
+    lifeline = connect()
+    if lifeline is None:
+        kill_everything()
+    return lifeline
 
 
 if __name__ == "__main__":

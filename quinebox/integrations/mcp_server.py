@@ -12,7 +12,8 @@ for that call (never the server's end), and the file tools stay within the box's
 was granted, resolved inside the box (a link out of them is refused). Only this module imports `mcp`:
 here are the server class, the SDK's server with every tool's failure one line and unknown arguments refused,
 and the transports (stdio; HTTP on loopback behind a bearer token). The tools are mcp_tools' (boxes, commands,
-files), mcp_worlds' (revisions) and mcp_missions' (agents), over mcp_boxes' shared state; mcp_checks checks
+files), mcp_worlds' (revisions), mcp_missions' (agents) and mcp_snapshots' (pause, snapshots, forks), over
+mcp_boxes' shared state; mcp_checks checks
 every argument and narrows every grant.
 """
 
@@ -38,11 +39,12 @@ from pydantic import ConfigDict, ValidationError
 from quinebox.errors import QuineboxError
 from quinebox.integrations.mcp_checks import MAX_BOXES, Refused, one_line
 from quinebox.integrations.mcp_missions import MissionTools
+from quinebox.integrations.mcp_snapshots import SnapshotTools
 from quinebox.integrations.mcp_tools import BoxTools
 from quinebox.integrations.mcp_worlds import WorldTools
 
 
-class QuineboxMCP(BoxTools, WorldTools, MissionTools):
+class QuineboxMCP(BoxTools, WorldTools, MissionTools, SnapshotTools):
     """The server: its state and tools (Boxes and the tool classes), and `mcp`, the MCP server that serves them."""
 
     def __init__(
@@ -67,6 +69,9 @@ class QuineboxMCP(BoxTools, WorldTools, MissionTools):
             "list_files": self.list_files, "world_log": self.world_log, "world_diff": self.world_diff,
             "restore_revision": self.restore_revision, "export_world": self.export_world,
             "run_mission": self.run_mission, "fork_session": self.fork_session,
+            "pause_sandbox": self.pause_sandbox, "resume_sandbox": self.resume_sandbox, "checkpoint_sandbox": self.checkpoint_sandbox,
+            "restore_sandbox": self.restore_sandbox, "fork_sandbox": self.fork_sandbox, "list_snapshots": self.list_snapshots,
+            "remove_snapshot": self.remove_snapshot,
         }
 
     # -- transports -----------------------------------------------------------------------------
@@ -195,5 +200,6 @@ def strict(fn: Callable[..., Any], name: str) -> Tool:
 
 INSTRUCTIONS = """quinebox: hardened boxes for running commands and agents. create_sandbox makes a box (its id is used
 by every other tool); exec runs a command in it; read_file / write_file / edit_file / list_files work on its /world
-(and paths it was granted); world_log / world_diff / restore_revision / export_world show and roll back what changed.
+(and paths it was granted); world_log / world_diff / restore_revision / export_world show and roll back what changed;
+pause_sandbox / resume_sandbox stop and go on, checkpoint_sandbox / restore_sandbox / fork_sandbox copy a live box (gVisor).
 Every box holds at most this server's grants. Each result says what a person can run to look (`look`)."""

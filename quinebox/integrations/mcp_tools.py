@@ -88,10 +88,10 @@ class BoxTools(Boxes):
                 "files": self.roots[sb.id], "look": look(sb.id)}
 
     def list_sandboxes(self) -> dict[str, Any]:
-        """The boxes this server made: id, name, whether each still runs."""
+        """The boxes this server made: id, name, whether each still runs, whether it is paused."""
         with self.lock:
             boxes = list(self.boxes.values())
-        return {"boxes": [{"box": sb.id, "name": sb.name, "running": sb.returncode is None, "files": self.roots.get(sb.id),
+        return {"boxes": [{"box": sb.id, "name": sb.name, "running": sb.returncode is None, "paused": sb.paused, "files": self.roots.get(sb.id),
                            "look": look(sb.id)} for sb in boxes], "server_grants": held(self.ceiling)}
 
     def remove_sandbox(self, box: str) -> dict[str, Any]:

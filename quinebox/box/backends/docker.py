@@ -156,6 +156,20 @@ class DockerBackend:
         with _asking("the request to set a box's limits", "the engine could not set the box's limits"):
             self.api.update_container(container, **limits)
 
+    def pause(self, container: str) -> None:
+        """Stop every process of the box where it is (the engine's freezer); `unpause` lets them go on."""
+        with _asking("the request to pause a box", "the engine could not pause the box"):
+            self.quick.pause(container)
+
+    def unpause(self, container: str) -> None:
+        with _asking("the request to resume a box", "the engine could not resume the box"):
+            self.quick.unpause(container)
+
+    def experimental(self) -> bool:
+        """Whether the engine runs with its experimental features (`docker checkpoint` is one)."""
+        with _asking("the request for its features", "the engine refused to say its features"):
+            return bool(self.quick.info().get("ExperimentalBuild"))
+
     def kill(self, container: str, signal: str = "KILL") -> bool:
         """Whether the engine took the kill (or the box had stopped already); False when it did not answer.
 

@@ -149,10 +149,57 @@ class Runtime:
         except EngineError:
             raise EngineError(f"the OCI runtime {self.name} could not start the box: {_logged_reason(log)}") from None
 
+    def pause(self, cid: str) -> None:
+        """Stop every process of the box where it is (runsc: its kernel stops its tasks); `resume` lets them go on."""
+        self._call(self.argv("pause", cid), "pause the box", timeout=QUICK_TIMEOUT)
+
+    def resume(self, cid: str) -> None:
+        self._call(self.argv("resume", cid), "resume the box", timeout=QUICK_TIMEOUT)
+
+    def checkpoint(self, cid: str, image: str) -> None:
+        """The box's memory, processes and open files written into the directory `image` (runsc). The sandbox ends
+        once it is written, as this runsc always ends it (`--leave-running` only restores a new one in its place and
+        waits on it); a paused one ends when it is resumed or killed."""
+        try:
+            self._call(self.argv("checkpoint", "--image-path", image, cid), "checkpoint the box", timeout=runtime_timeout())
+        except TimedOut:
+            raise
+        except EngineError as exc:  # runsc says why on its first line, then dumps the object it could not save
+            first = str(exc).splitlines()[0]
+            raise EngineError(first.split("{", 1)[0].rstrip(": ")[:400]) from None
+
+    def restore(self, cid: str, bundle: str, image: str, *, stdio: tuple[int, int, int], pid_file: str) -> None:
+        """A box made from a checkpoint's `image` as `run` makes one from its bundle: started, detached, `stdio` its
+        init's fds 0, 1 and 2, the caller (a subreaper) left to wait for it. Every mount the bundle names is the
+        checkpointed box's, in the same order; their sources may differ (another world, another host socket)."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        log = os.path.join(bundle, "runtime.log")
+        panic = ["--panic-log", os.path.join(bundle, PANIC_LOG)] if self.gvisor else []
+        argv = self.argv("--log", log, "--log-format", "json", *panic, "restore", "--image-path", image, "--detach", "--bundle", bundle, "--pid-file", pid_file, cid)
+        try:
+            self._call(argv, "restore the box", timeout=runtime_timeout(), stdio=stdio, new_session=True)
+        except TimedOut:
+            raise
+        except EngineError:
+            raise EngineError(f"the OCI runtime {self.name} could not restore the box: {_logged_reason(log)}") from None
+
+    def signal_init(self, cid: str, signal: str) -> None:
+        """`signal` to the box's init alone (`kill` signals every process of it)."""
+        self._call(self.argv("kill", cid, signal), f"signal the box's init ({signal})", timeout=QUICK_TIMEOUT)
+
     def kill(self, cid: str, signal: str = "KILL") -> bool:
         """Signal every process of the box. False only when the runtime could not be run or did not answer in
         time: a box that has stopped or is gone already (the runtime refuses those) is not running either way."""
-        return _status(self.argv("kill", "--all", cid, signal)) is not None
+        if not (self.gvisor and signal == "KILL"):
+            return _status(self.argv("kill", "--all", cid, signal)) is not None
+        # Under gVisor the box's init is killed, and the sandbox ends with it: a box restored from a snapshot under
+        # another container id holds its processes under the old one in gVisor's kernel, which `--all` misses.
+        # runsc refuses to signal a paused box (`quinebox box pause`): resumed first.
+        done = _status(self.argv("kill", cid, signal))
+        if done not in (0, None):
+            _status(self.argv("resume", cid))
+            done = _status(self.argv("kill", cid, signal))
+        return done is not None
 
     def delete(self, cid: str) -> bool:
         """Remove the box, killed first if it still runs; its cgroup and state go with it. True only when the

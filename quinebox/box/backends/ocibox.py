@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import json
 import os
+import queue
 import signal
 import threading
 import time
@@ -26,6 +27,7 @@ from typing import Any
 from quinebox.box.backends import boxroot, reaper
 from quinebox.box.backends.boxroot import IMAGE_ROOT, bundle_of, remove_box, remove_bundle
 from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id, sandbox_death
+from quinebox.box.policy import LABEL_PREFIX
 from quinebox.box.streams.console import ConsoleSocket, console_path
 from quinebox.errors import EngineError
 
@@ -44,6 +46,10 @@ _keeper: tuple[int, int, int] | None = None  # (this process, its keeper, the pi
 _keeper_lock = threading.Lock()
 #: Boxes that have ended and are being removed: a process lets them finish before it exits (finish_removals).
 _leaving: set[OciBox] = set()
+#: The boxes this process made and holds, by container id (`held`).
+_held: dict[str, OciBox] = {}
+#: The annotation that has a box restored from a checkpoint's image (the directory it names) rather than run.
+RESTORE_IMAGE = LABEL_PREFIX + "restore-image"
 _reaping = 0  # boxes being started right now: while any is, this process is a child subreaper
 _reaping_lock = threading.Lock()
 
@@ -103,6 +109,12 @@ def _alive(pid: int) -> bool:
         return os.waitpid(pid, os.WNOHANG) == (0, 0)
     except ChildProcessError:
         return False
+
+
+def held(cid: str) -> OciBox | None:
+    """The box of container id `cid` if this process made it and it has not been removed: only its maker waits
+    for its init, so only its maker may have a checkpoint end its sandbox and a successor take over (`succeed`)."""
+    return _held.get(cid)
 
 
 def oom_kills(cgroup: str) -> int:
@@ -188,6 +200,9 @@ class OciBox:
         self._removed = threading.Event()
         self._cgroup = config.get("linux", {}).get("cgroupsPath", "")
         self._config = config
+        #: While a checkpoint ends the box's sandbox: where the successor's pid comes (None: there is none).
+        self._succession: queue.SimpleQueue[int | None] | None = None
+        restore = config.get("annotations", {}).get(RESTORE_IMAGE)
         self.bundle = bundle_of(session)
         self.bundle.mkdir(mode=0o700)
         try:
@@ -206,7 +221,10 @@ class OciBox:
             terminal = ConsoleSocket(console_path(str(self.bundle))) if console else None
             try:
                 with subreaper():
-                    runtime.run(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file, console_socket=terminal.path if terminal else None)
+                    if restore:
+                        runtime.restore(self.id, str(self.bundle), restore, stdio=stdio, pid_file=pid_file)
+                    else:
+                        runtime.run(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file, console_socket=terminal.path if terminal else None)
                 boxroot.detach(self.bundle)  # the box has its root now, in a mount namespace of its own
                 self.pid = int(Path(pid_file).read_text())
                 self._pidfd = os.pidfd_open(self.pid)  # ours until we reap it (a zombie of ours if it has exited already)
@@ -222,13 +240,13 @@ class OciBox:
             reap([self.pid] if self.pid is not None else [])  # ours (a subreaper's) to reap once dead
             reap(self._helpers)
             raise
+        _held[self.id] = self
         threading.Thread(target=self._wait, name=f"oci-wait:{session}", daemon=True).start()
 
     def _wait(self) -> None:
         assert self.pid is not None
         try:
-            _, status = os.waitpid(self.pid, 0)
-            code = os.waitstatus_to_exitcode(status)
+            code = os.waitstatus_to_exitcode(self._init_status())
         except ChildProcessError:  # not ours after all (something else reaped it): its status is lost, it counts as killed
             code = -signal.SIGKILL
         oom = oom_kills(self._cgroup) > 0
@@ -259,6 +277,64 @@ class OciBox:
         with self._pidfd_lock:
             return os.dup(self._pidfd) if self._pidfd is not None else None
 
+    def _init_status(self) -> int:
+        """The wait status of the box's init; once a checkpoint has ended it for a successor, the successor's."""
+        assert self.pid is not None
+        while True:
+            _, status = os.waitpid(self.pid, 0)
+            succession = self._succession
+            following = succession.get() if succession is not None else None
+            if following is None:
+                return status
+            self.pid = following
+
+    def succeed(self, image: str, stdio: tuple[int, int, int], meanwhile: Callable[[], None]) -> None:
+        """Checkpoint the box into the directory `image`, which ends its sandbox (this runsc always does), call
+        `meanwhile()` while nothing of it runs, then restore a successor from the image in the same bundle, as the
+        same container, `stdio` its fds 0, 1 and 2: the box goes on in it, waited for here as its init was.
+        EngineError when the checkpoint or the restore fails, and then the box has ended; `meanwhile`'s own
+        failure is raised once the box goes on."""
+        assert self.pid is not None and self.runtime.gvisor
+        succession: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._succession = succession
+        following: int | None = None
+        failed: BaseException | None = None
+        try:
+            self.runtime.checkpoint(self.id, image)
+            try:
+                meanwhile()
+            except Exception as exc:  # noqa: BLE001 the box goes on all the same; its caller hears of it after
+                failed = exc
+            # The sandbox that wrote the image, and its gofer, go first: they are ours to reap, and the runtime's
+            # delete waits 5 s for a process that is still there (a zombie of ours is).
+            self.kill()
+            reap(self._helpers)
+            if not self.runtime.delete(self.id):
+                raise EngineError(f"the OCI runtime {self.runtime.name} did not remove the checkpointed sandbox in time")
+            for directory in (boxroot.ROOT, boxroot.LAYER):  # left empty when its root was detached after `run`
+                (self.bundle / directory).rmdir()
+            boxroot.layered(self._config["root"]["path"], self.bundle)
+            pid_file = str(self.bundle / "init.pid")
+            try:
+                with subreaper():
+                    self.runtime.restore(self.id, str(self.bundle), image, stdio=stdio, pid_file=pid_file)
+            finally:
+                boxroot.detach(self.bundle)
+            following = int(Path(pid_file).read_text())
+            with self._pidfd_lock:
+                if self._pidfd is not None:
+                    os.close(self._pidfd)
+                self._pidfd = os.pidfd_open(following)
+            self._helpers = self.runtime.helper_pids(self.id)
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            self._succession = None
+            succession.put(following)
+        if failed is not None:
+            raise failed
+
     def kill(self) -> None:
         """SIGKILL the box's init: the kernel then kills everything else in its pid namespace."""
         with self._pidfd_lock:
@@ -282,3 +358,4 @@ class OciBox:
         finally:
             self._removed.set()
             _leaving.discard(self)
+            _held.pop(self.id, None)

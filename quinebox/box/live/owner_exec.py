@@ -1,15 +1,14 @@
 """An exec handed to the process that owns a long-lived box: how `quinebox exec --in` reaches the box's init.
 
-Only the box's owner holds its lifeline, so only it can ask the box's init to start a command (execs.py's
-fast way). `box create`'s holder listens on run/sandboxes/<session>.sock (0600, in a 0700 directory; only its
-own uid is answered) for `exec --in` from any process of its user: one JSON line with the command, and the
-caller's stdin, stdout and stderr (SCM_RIGHTS). The holder runs it as any exec of its own — in the exec's own
-cgroup, its timeout killing the tree — with the caller's descriptors as the command's, so no byte passes
-through the holder, and answers one line with the exit status. A caller that goes away (SIGKILL included)
-ends its exec, as the watchdog of a runtime exec does; `{"kind": "kill"}` ends it early (the caller's signals).
+Only the box's owner holds its lifeline, so only it can ask the box's init to start a command (exec_ways.py's
+fast way). A caller of the same user asks it on the owner's control socket (controls.py): one JSON line with the
+command and the caller's stdin, stdout and stderr riding along (SCM_RIGHTS). The owner runs it as any exec of its
+own (`Sandbox.Popen`: in the exec's own cgroup, refused in a paused box), with the caller's descriptors as the
+command's, so no byte passes through the owner, and answers one line with the exit status. A caller that goes
+away (SIGKILL included) ends its exec, as the watchdog of a runtime exec does; `{"kind": "kill"}` ends it early
+(the caller's signals).
 
-A caller that finds no such socket (a box another quinebox made, or one with a terminal asked for) runs the
-exec the backend's own way, as before.
+A caller that finds no owner answering (a box made by an older quinebox) runs the exec the backend's own way.
 """
 
 from __future__ import annotations
@@ -18,79 +17,47 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from quinebox import fdpass
 from quinebox.box.live import sandboxes
-from quinebox.box.live.execs import BoxExec, Target
+from quinebox.box.live.controls import control_path
+from quinebox.box.live.execs import BoxExec
 from quinebox.errors import QuineboxError
 
-#: How long a caller may take to say what it wants once connected.
-REQUEST_TIMEOUT = 5.0
-#: The exit status of an exec the holder could not start for a reason of quinebox's own.
+#: The exit status of an exec the owner could not start for a reason of quinebox's own.
 EXIT_QUINEBOX = 125
 
+#: How the owner starts an exec: `Sandbox.Popen`'s signature, the caller's descriptors as the streams.
+Popen = Callable[..., BoxExec]
 
-def socket_path(session: str) -> Path:
-    return sandboxes.records_dir() / f"{session}.sock"
 
-
-class OwnerExecs:
-    """The owner's side: execs from other processes of its user, run in the box it holds."""
-
-    def __init__(self, session: str, target: Callable[[], Target]):
-        self.session = session
-        self._target = target
-        self._path = socket_path(session)
-        sandboxes.records_dir(make=True)
-        self._listener = fdpass.listen(str(self._path), mode=0o600, backlog=16)
-        threading.Thread(target=self._accept, name=f"owner-execs:{session}", daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            if fdpass.peer_uid(conn) != os.getuid():
-                return
-            try:
-                request, fds = fdpass.receive(conn, REQUEST_TIMEOUT)
-            except OSError:
-                return
-            try:
-                code = self._run(conn, request, fds) if len(fds) == 3 else EXIT_QUINEBOX
-            except QuineboxError as exc:
-                _answer(conn, {"kind": "error", "code": exc.exit_code, "message": str(exc)})
-                return
-            finally:
-                for fd in fds:
-                    os.close(fd)
-            _answer(conn, {"kind": "exit", "code": code})
-
-    def _run(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
-        argv, cwd, env, user, timeout = _checked(request)
-        where = self._target()
-        with sandboxes.Running(self.session):  # the caller's descriptors stay open here until the exec has ended:
-            # under gVisor a regular file among them is written by a copier of ours (direct.py), not the box
-            proc = BoxExec(where, argv, stdin=fds[0], stdout=fds[1], stderr=fds[2], cwd=cwd, env=env, user=sandboxes.user_of(where, user))
+def serve(conn: socket.socket, request: dict[str, Any], fds: list[int], *, session: str, popen: Popen) -> None:
+    """The owner's side of one `exec --in` (controls.py hands over the connection and the caller's descriptors):
+    run it to its end, then answer its status, or why it could not start (QuineboxError's words and exit status).
+    While it runs the box is in use (a holder's idle limit waits)."""
+    try:
+        argv, cwd, env, user, timeout = _checked(request, fds)
+        with sandboxes.Running(session):
+            # The caller's descriptors stay open here until the exec has ended: under gVisor a regular file among
+            # them is written by a copier of ours (direct.py), not by the box.
+            proc = popen(argv, stdin=fds[0], stdout=fds[1], stderr=fds[2], cwd=cwd, env=env, user=user)
             threading.Thread(target=_follow, args=(conn, proc), daemon=True).start()
-            return proc.wait(timeout)
+            code = proc.wait(timeout)
+        _answer(conn, {"kind": "exit", "code": code})
+    except QuineboxError as exc:
+        _answer(conn, {"kind": "error", "code": exc.exit_code, "message": str(exc)})
+    finally:
+        for fd in fds:
+            os.close(fd)
 
-    def close(self) -> None:
-        self._listener.close()
-        self._path.unlink(missing_ok=True)
 
-
-def _checked(request: dict[str, Any]) -> tuple[list[str], str | None, list[str], str | None, float | None]:
+def _checked(request: dict[str, Any], fds: list[int]) -> tuple[list[str], str | None, dict[str, str], str | None, float | None]:
     """(argv, cwd, env, user, timeout) of a request, each of its type, or QuineboxError (exit 125) naming what is not."""
     argv, cwd, env, user, timeout = (request.get(key) for key in ("argv", "cwd", "env", "user", "timeout"))
-    if request.get("kind") != "exec" or not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+    if len(fds) != 3:
+        raise QuineboxError("a malformed exec request: it comes with the caller's stdin, stdout and stderr")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise QuineboxError("a malformed exec request: the command is a list of strings")
     if not isinstance(env, list) or not all(isinstance(e, str) and "=" in e for e in env):
         raise QuineboxError("a malformed exec request: env is a list of NAME=VALUE")
@@ -98,7 +65,7 @@ def _checked(request: dict[str, Any]) -> tuple[list[str], str | None, list[str],
         raise QuineboxError("a malformed exec request: cwd and user are strings")
     if not (timeout is None or isinstance(timeout, (int, float)) and timeout > 0):
         raise QuineboxError("a malformed exec request: timeout is a number of seconds")
-    return argv, cwd, env, user, timeout
+    return argv, cwd, dict(e.split("=", 1) for e in env), user, timeout
 
 
 def _follow(conn: socket.socket, proc: BoxExec) -> None:
@@ -123,9 +90,10 @@ def _answer(conn: socket.socket, message: dict[str, Any]) -> None:
 
 def exec_at_owner(session: str, argv: list[str], *, cwd: str | None, env: list[str], user: str | None, timeout: float | None) -> tuple[socket.socket, Callable[[], int]] | None:
     """Hand an exec to the owner of `session`, with this process's stdin, stdout and stderr: (the connection, to
-    send {"kind": "kill"} on; a call that waits for the exit status), or None when its owner takes no execs (then
-    the caller starts it the backend's own way). A refusal (a bad user, say) is raised as the owner's QuineboxError."""
-    conn = fdpass.connect(str(socket_path(session)))
+    send {"kind": "kill"} on; a call that waits for the exit status), or None when no owner answers (then the
+    caller starts it the backend's own way). A refusal (a bad user, a paused box) is raised as the owner's
+    QuineboxError."""
+    conn = fdpass.connect(str(control_path(session)))
     if conn is None:
         return None
     fdpass.send(conn, {"kind": "exec", "argv": argv, "cwd": cwd, "env": env, "user": user, "timeout": timeout}, [0, 1, 2])

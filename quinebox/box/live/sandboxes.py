@@ -107,7 +107,7 @@ def write_record(record: Record) -> None:
 
 
 def remove_record(session: str) -> None:
-    for suffix in (".json", ".used", ".sock"):  # .sock: its holder's, for execs of other processes (owner_exec.py)
+    for suffix in (".json", ".used", ".paused", ".ctl"):  # freezing.py's marker, controls.py's socket
         try:
             (records_dir() / f"{session}{suffix}").unlink()
         except FileNotFoundError:

@@ -14,8 +14,10 @@ we die, SIGKILL included.
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -27,6 +29,9 @@ from quinebox.guest import protocol
 ERROR_EXIT = 1
 #: Connections one box may hold open at once; more are closed on arrival.
 MAX_CONNECTIONS = 64
+#: What a box's init answers the host's `drop` with (guest/checkpoints.py): it lets go of the lifeline, or keeps
+#: it, naming what of the host's its processes hold.
+LIFELINE_ANSWERS = ("dropping", "kept")
 
 
 class Handler(Protocol):
@@ -109,6 +114,9 @@ class Broker:
         #: The box's init, once it has said so on the box's first connection (net/init_line.py).
         self.init: InitLine | None = None
         self.init_said = threading.Event()
+        #: The lifeline asked (`ask_lifeline`), and where its answer goes.
+        self._asked: socket.socket | None = None
+        self._answers: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         threading.Thread(target=self._accept, name=f"broker:{os.path.basename(path)}", daemon=True).start()
 
     def _accept(self) -> None:
@@ -161,6 +169,10 @@ class Broker:
                     init = self.init = InitLine(channel)
                 if first:
                     self.init_said.set()  # the box's first connection has spoken: its init, or none that serves execs
+                if message["kind"] in LIFELINE_ANSWERS:
+                    if conn is self._asked:
+                        self._answers.put(message)
+                    continue
                 if message["kind"] == "spawn":
                     relay = self._spawn(message, channel)
                     continue
@@ -234,6 +246,38 @@ class Broker:
         except QuineboxError as exc:  # the host could not do it (its state dir is full, say): the guest is told
             return error_frame("host", str(exc), exc.exit_code)
         return error_frame("unknown", f"unknown frame kind {kind!r}")
+
+    def connections(self) -> int:
+        """How many connections the box holds open to the host (its lifeline is one)."""
+        with self._lock:
+            return len(self._connections)
+
+    def ask_lifeline(self, message: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """`message` to the box's init over its lifeline, and the init's answer (one of LIFELINE_ANSWERS); None when
+        the box holds another connection besides (or none: then which is the lifeline cannot be told), or no answer
+        came within `timeout` (an init of an older quinebox answers nothing)."""
+        with self._lock:
+            if len(self._connections) != 1:
+                return None
+            (self._asked,) = self._connections
+        while not self._answers.empty():  # a late answer to an ask that gave up
+            self._answers.get_nowait()
+        try:
+            self._asked.sendall(protocol.encode(message))
+            return self._answers.get(timeout=timeout)
+        except (OSError, queue.Empty):
+            return None
+        finally:
+            self._asked = None
+
+    def wait_unconnected(self, timeout: float) -> bool:
+        """Whether the box holds no connection to the host within `timeout` (its init let go of the lifeline)."""
+        until = time.monotonic() + timeout
+        while self.connections():
+            if time.monotonic() >= until:
+                return False
+            time.sleep(0.005)
+        return True
 
     def close(self) -> None:
         """Drop every connection (a box still attached will kill itself) and remove the socket."""
