@@ -7,6 +7,7 @@ Each test starts its own server (in a state dir of its own) with a small pool.
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import tarfile
@@ -87,7 +88,8 @@ def own_parts(config: dict, box) -> str:
         if mount["destination"] in ("/world", HOST_SOCKET):
             mount["source"] = "<own>"
     said = json.dumps(config, sort_keys=True).replace(f"QUINEBOX_SESSION={box.session}", "QUINEBOX_SESSION=<session>")
-    return said.replace(box.id.removeprefix("quinebox-"), "<id>").replace(box.session, "<session>")
+    said = said.replace(box.id.removeprefix("quinebox-"), "<id>").replace(box.session, "<session>")
+    return re.sub(r"\.oci-[0-9a-z_]+/", ".oci-<own>/", said)  # a rootless box's layers, in a directory of its own in /dev/shm
 
 
 def start_server(tmp_path, size: int = 2, runtime: str = "runc") -> dict:
