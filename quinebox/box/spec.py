@@ -24,8 +24,7 @@ from quinebox.resources import resource_path
 from quinebox.state import run_dir, state_dir
 from quinebox.worlds.spec import WorldSpec, root_world
 
-#: quinebox's agent image; QUINEBOX_AGENT_IMAGE names another build of it (a checkout's own, where several share one engine).
-DEFAULT_IMAGE = os.environ.get("QUINEBOX_AGENT_IMAGE") or f"quinebox/agent:{__version__}"
+DEFAULT_IMAGE = f"quinebox/agent:{__version__}"
 #: The image name that roots a box in the host's own filesystem, read-only, for the developer's own tools (policy_host.py).
 HOST_IMAGE = "host"
 #: The labels a caller may give a tree's boxes (as io.quinebox.NAME), beside those quinebox sets itself.

@@ -1,6 +1,4 @@
-"""`quinebox box pause/resume/checkpoint/restore/fork/snapshots`, run as a user runs them, on gVisor.
-
-These boxes run this checkout's guest: see tests/integration/test_snapshots.py for the agent image they need."""
+"""`quinebox box pause/resume/checkpoint/restore/fork/snapshots`, run as a user runs them, on gVisor."""
 
 import os
 
@@ -38,15 +36,20 @@ def left(session: str) -> list[str]:
     return found + [name for name in (os.listdir(run) if os.path.isdir(run) else []) if name.startswith(session)]
 
 
+pytestmark = pytest.mark.root_only  # gVisor's boxes are root's alone here (this runsc cannot make a rootless one)
+
+
 @pytest.fixture
 def box():
     session = ok("box", "create", "--runtime", "runsc", "--backend", "oci", "--name", "snap-e2e", timeout=60).strip()
-    done = qb("cp", "-", f"{session}:/world/counter.py", input=COUNTER.encode())
-    assert done.returncode == 0, done.stderr
-    ok("exec", "--in", session, "--", "sh", "-c", "python3 /world/counter.py > /dev/null 2>&1 < /dev/null &")
-    wait_for(lambda: qb("exec", "--in", session, "--", *ASK).returncode == 0, what="the counter listening")
-    yield session
-    qb("box", "rm", session)
+    try:
+        done = qb("cp", "-", f"{session}:/world/counter.py", input=COUNTER.encode())
+        assert done.returncode == 0, done.stderr
+        ok("exec", "--in", session, "--", "sh", "-c", "python3 /world/counter.py > /dev/null 2>&1 < /dev/null &")
+        wait_for(lambda: qb("exec", "--in", session, "--", *ASK).returncode == 0, what="the counter listening")
+        yield session
+    finally:
+        qb("box", "rm", session)
 
 
 def test_pause_refuses_execs_in_one_line_and_resume_goes_on(box):

@@ -3,9 +3,6 @@
 A box on gVisor (runsc) is snapshotted here: in every copy, and in the original, a process's in-memory counter,
 the file it holds open in /world and the socket it listens on go on from the instant. runc's CRIU fails on this
 kernel and the engine's checkpoints are experimental: each is refused in one line, and pausing works on all three.
-
-These boxes run this checkout's guest (its init answers `drop`): on a machine whose agent image another checkout
-builds, build one of this checkout's own (QUINEBOX_AGENT_IMAGE=quinebox/agent:NAME quinebox image build).
 """
 
 import json
