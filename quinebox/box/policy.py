@@ -10,7 +10,6 @@ neutral mount list (`box_mounts`) below.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from dataclasses import dataclass
@@ -150,20 +149,15 @@ def image_arch(arch: str) -> str:
 
 
 def seccomp_profile(base: dict[str, Any], grants: Grants, arch: str) -> dict[str, Any]:
-    """The base profile for the native architecture only, relaxed by `syscall:` grants."""
-    profile = copy.deepcopy(base)
-    profile.pop("comment", None)
+    """The base profile for the native architecture only, relaxed by `syscall:` grants. A new profile and new rules;
+    what a rule holds (its names, its arguments) is shared with `base`, which neither side changes."""
+    profile = {key: value for key, value in base.items() if key != "comment"}
     profile["architectures"] = [arch]
+    rules = [{key: value for key, value in rule.items() if key != "comment"} for rule in base["syscalls"]]
     if grants.syscalls:
-        rules = []
-        for rule in profile["syscalls"]:
-            names = [n for n in rule["names"] if n not in grants.syscalls]
-            if names:
-                rules.append({**rule, "names": names})
+        rules = [{**rule, "names": names} for rule in rules if (names := [n for n in rule["names"] if n not in grants.syscalls])]
         rules.append({"names": sorted(grants.syscalls), "action": "SCMP_ACT_ALLOW"})
-        profile["syscalls"] = rules
-    for rule in profile["syscalls"]:
-        rule.pop("comment", None)
+    profile["syscalls"] = rules
     return profile
 
 

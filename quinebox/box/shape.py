@@ -165,15 +165,20 @@ def oci_shape_of(spec: BoxSpec, config: dict[str, Any], runtime: str) -> dict[st
     its lifeline's and empty world's sources as stand-ins. Its limits stay in it: a warm box is made with them."""
     if why_cold(spec) is not None:
         return None
-    shaped = copy.deepcopy(config)
+    # A new dict for each part that changes, the rest shared with `config` (never changed here: a deep copy of the
+    # seccomp profile would be most of a claim's cost).
+    shaped = dict(config)
     world_layer = spec.world.layer if spec.world is not None else None
-    for mount in shaped["mounts"]:
+    mounts = []
+    for mount in config["mounts"]:
         if mount["destination"] == HOST_SOCKET:
-            mount["source"] = LIFELINE_SOURCE
+            mount = {**mount, "source": LIFELINE_SOURCE}
         elif mount["destination"] == "/world" and mount.get("type") == "bind" and mount["source"] == world_layer:
-            mount["source"] = WORLD_SOURCE
+            mount = {**mount, "source": WORLD_SOURCE}
         elif mount.get("type") == "bind" and mount["destination"] != RUNTIME:
             return None
+        mounts.append(mount)
+    shaped["mounts"] = mounts
     shaped["process"] = {**shaped["process"], "args": [], "env": []}
     shaped["annotations"] = {LABEL_USER: config["annotations"][LABEL_USER]}
     parent, _, own = config["linux"]["cgroupsPath"].rpartition("/")

@@ -73,7 +73,8 @@ class Channel:
             frame = protocol.encode(message, payload)
             with self._lock:
                 sent = socket.send_fds(self._conn, [frame], list(fds)) if fds else 0
-                self._conn.sendall(frame[sent:])
+                if sent < len(frame):  # (never a send of nothing: the box may have read it all and gone by then)
+                    self._conn.sendall(frame[sent:])
             return True
         except (OSError, protocol.ProtocolError):
             return False
