@@ -8,6 +8,7 @@ out again — so every liveness check compares the start time too, here and nowh
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -71,3 +72,17 @@ def _zombie(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+    """Be sent `signum` when `parent` dies, however it dies (Linux's PR_SET_PDEATHSIG); gone already, go now. (A
+    command server's workers and its pool's keeper: here, as what every process has imported, so that a worker's
+    start imports nothing.)"""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+    if os.getppid() != parent:
+        os._exit(125)

@@ -50,10 +50,18 @@ def state_root() -> str:
     return os.path.join(base, "quinebox")
 
 
-def state_dir() -> Path:
-    from pathlib import Path
+#: The state dir as a Path, by its path: a command asks for it a score of times (QUINEBOX_STATE_DIR is read each time).
+_as_paths: dict[str, Path] = {}
 
-    return Path(state_root())
+
+def state_dir() -> Path:
+    root = state_root()
+    path = _as_paths.get(root)
+    if path is None:
+        from pathlib import Path
+
+        path = _as_paths[root] = Path(root)
+    return path
 
 
 def run_dir() -> Path:

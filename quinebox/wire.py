@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 #: A request bigger than this is not one of ours (a client's whole environment fits many times over).
 MAX_FRAME = 4 << 20
-#: The most descriptors one frame carries: a client's stdin, stdout, stderr and terminal.
-MAX_FDS = 4
+#: The most descriptors one frame carries: a client's stdin, stdout, stderr and terminal, and (to a worker forked
+#: ahead: cli/server.py's Spare) the client's connection.
+MAX_FDS = 5
 _INT = 4
 
 

@@ -8,7 +8,9 @@ When the two differ it hands the command back unrun and exits, and the thin
 client starts a server with the new code (cli/server.py, client.py). Mercurial's
 chg compares its server's config hash and extensions' mtimes the same way.
 
-Stats only: nothing is read, so the check costs about a millisecond.
+Stats only: nothing is read, so the check costs about a millisecond. A server watches the directories it
+stats (inotify, `Changes`) and stats again only after something happened in one of them: then the check costs
+nothing at all for each command.
 """
 
 from __future__ import annotations
@@ -47,3 +49,43 @@ def _stamp(path: str) -> bytes:
     except OSError:
         return f"{path}\0-\n".encode(errors="surrogateescape")
     return f"{path}\0{found.st_mtime_ns}\0{found.st_size}\n".encode(errors="surrogateescape")
+
+
+class Changes:
+    """Whether anything `fingerprint` looks at may have changed since the last look: inotify watches on each
+    directory of the package, each of the import path, the interpreter's and config.yaml's (or, while that does not
+    exist, its nearest existing ancestor's). Anything at all happening there says so — the fingerprint, not this,
+    says whether it matters — and a directory that cannot be watched makes every look say so."""
+
+    def __init__(self, paths: list[str], config: str | None = None):
+        from inotify_simple import INotify, flags
+
+        self._inotify = INotify(nonblocking=True)
+        self._blind = False
+        mask = flags.CREATE | flags.DELETE | flags.MODIFY | flags.ATTRIB | flags.MOVED_FROM | flags.MOVED_TO | flags.DELETE_SELF | flags.MOVE_SELF
+        for directory in _watched(paths, config or config_path()):
+            try:
+                self._inotify.add_watch(directory, mask)
+            except OSError:
+                self._blind = True  # a watch limit, a directory gone: look every time
+
+    def happened(self) -> bool:
+        """Whether something happened since the last call (always, where something could not be watched)."""
+        return bool(self._inotify.read(timeout=0)) or self._blind
+
+    def close(self) -> None:
+        self._inotify.close()
+
+
+def _watched(paths: list[str], config: str) -> list[str]:
+    found = []
+    for folder, dirs, _ in os.walk(os.path.dirname(os.path.abspath(quinebox.__file__))):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        found.append(folder)
+    found += [entry or "." for entry in paths if os.path.isdir(entry or ".")]
+    found.append(os.path.dirname(os.path.realpath(sys.executable)))
+    ancestor = os.path.dirname(config)
+    while ancestor != os.path.dirname(ancestor) and not os.path.isdir(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    found.append(ancestor)
+    return found

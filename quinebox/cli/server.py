@@ -34,6 +34,7 @@ from quinebox.state import pool_socket, run_dir, serve_socket
 
 if TYPE_CHECKING:
     from quinebox.box.pool.warm import Settings
+    from quinebox.cli.freshness import Changes
 
 #: A client sends its request as it connects; one that says nothing for this long is dropped (it would hold the server up).
 REQUEST_TIMEOUT = 2.0
@@ -63,6 +64,9 @@ def warm() -> None:
     from quinebox.errors import EngineError
 
     seccomp_base()
+    from quinebox.box.images.rootfs import engine_names
+
+    engine_names()  # read once here; a worker reads the engine's table again only when it has changed
     register()
     command()
     from inotify_simple import INotify
@@ -90,9 +94,12 @@ class Server:
         #: What the code and config were when it started (cli/freshness.py): taken by `serve_forever`, after `warm`.
         self.paths = list(sys.path)
         self.fingerprint = ""
+        self.changes: Changes | None = None
         #: Workers and the pool's keeper: what the server waits for when it stops. Not every child of this process
         #: (an OCI backend's keeper lives until its owner has exited: waiting for it never ends).
         self.children: set[int] = set()
+        #: A worker forked ahead, waiting for the next command (its fork is then off that command's path).
+        self.spare: Spare | None = None
 
     def bind(self) -> None:
         """Listen on the state dir's socket; refuse to take it from a server that answers there."""
@@ -138,16 +145,18 @@ class Server:
         self.children.add(pid)
 
     def serve_forever(self) -> None:
-        from quinebox.cli.freshness import fingerprint
+        from quinebox.cli.freshness import Changes, fingerprint
 
         assert self.listener is not None
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        self.changes = Changes(self.paths)  # before the fingerprint: what changes meanwhile is seen
         self.fingerprint = fingerprint(paths=self.paths)
         self.last = time.monotonic()  # idle from when it answers, not from before its imports
         self.keep_pool()
         # Everything imported so far lives as long as the server: out of the collector's sight, a worker's collections
         # do not write to (and so copy) the pages it shares with the server.
         gc.freeze()
+        self.spare = Spare(self.listener)
         if self.idle is not None:
             self.listener.settimeout(min(self.idle, IDLE_CHECK))
         try:
@@ -169,6 +178,10 @@ class Server:
                         self._answer(conn)
                     except OSError:
                         pass  # a client that went away, or never said what it wanted: the next one
+                if self.spare is None and self.listener is not None:
+                    # The next command's worker, forked once this one's connection and descriptors are closed here (a
+                    # spare holding a client's stdout would keep its reader from ever seeing the end)
+                    self.spare = Spare(self.listener)
         finally:
             self.stop()
             _wait_for(self.children)
@@ -182,6 +195,9 @@ class Server:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.dismiss()
         keeper, self.keeper = self.keeper, None
         if keeper is not None:
             try:
@@ -199,9 +215,12 @@ class Server:
         return self.idle is not None and time.monotonic() - self.last >= self.idle
 
     def stale(self) -> bool:
-        """Whether a fresh `quinebox` would load other code or config than this server did."""
+        """Whether a fresh `quinebox` would load other code or config than this server did (looked at again only
+        once something happened where it would show: freshness.Changes)."""
         from quinebox.cli.freshness import fingerprint
 
+        if self.changes is not None and not self.changes.happened():
+            return False
         return fingerprint(paths=self.paths) != self.fingerprint
 
     def _answer(self, conn: socket.socket) -> None:
@@ -218,23 +237,10 @@ class Server:
             wire.send(conn, {"kind": "stale"})
         elif kind == "run" and len(fds) in (3, 4):
             self.served += 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            parent = os.getpid()
-            pid = os.fork()
-            if pid == 0:
-                code = 125  # unless the worker gets as far as the command's own status
-                try:
-                    if self.listener is not None:
-                        self.listener.close()  # the worker's copy: only the server accepts
-                    os.setsid()
-                    from quinebox.box.pool.keeper import die_with_parent
-
-                    die_with_parent(parent)
-                    code = worker(conn, message, fds)
-                finally:
-                    os._exit(code)
-            self.children.add(pid)
+            spare, self.spare = self.spare, None
+            if spare is None or not spare.take(conn, message, fds):
+                spare = Spare(self.listener, (conn, message, fds))  # none was ready: one forked for this command
+            self.children.add(spare.pid)
         elif kind == "status":
             pool = fdpass.ask(str(pool_socket()), {"kind": "stats"}, 5) or None
             wire.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool})
@@ -243,6 +249,55 @@ class Server:
             self.stop()
         for fd in fds:
             os.close(fd)
+
+
+class Spare:
+    """A worker forked ahead: it waits on a socket pair for the command it is to run (the request, and the client's
+    connection and descriptors riding along), so that the fork — a few milliseconds of a large process — is off the
+    command's path. Given `request` it runs that one at once. Dismissed (its pair closed) it exits, having run
+    nothing; it dies with the server, as every worker does."""
+
+    def __init__(self, listener: socket.socket | None, request: tuple[socket.socket, dict[str, Any], list[int]] | None = None):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        parent = os.getpid()
+        ours, theirs = socket.socketpair()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 125  # unless the worker gets as far as the command's own status
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                ours.close()
+                if listener is not None:
+                    listener.close()  # the worker's copy: only the server accepts
+                os.setsid()
+                from quinebox.processes import die_with_parent
+
+                die_with_parent(parent)
+                if request is None:
+                    message, fds = wire.receive(theirs, None)
+                    if not message or len(fds) not in (4, 5):
+                        os._exit(0)  # dismissed
+                    request = (socket.socket(fileno=fds[0]), message, fds[1:])
+                theirs.close()
+                code = worker(*request)
+            finally:
+                os._exit(code)
+        theirs.close()
+        self._sock = ours
+
+    def take(self, conn: socket.socket, message: dict[str, Any], fds: list[int]) -> bool:
+        """Hand it a command; False when it is gone (then the server forks one for it)."""
+        try:
+            wire.send(self._sock, message, [conn.fileno(), *fds])
+            return True
+        except OSError:
+            return False
+        finally:
+            self._sock.close()
+
+    def dismiss(self) -> None:
+        self._sock.close()
 
 
 def _reap(children: set[int]) -> bool:

@@ -177,10 +177,20 @@ def engine_names() -> dict[str, str] | None:
         tables = sorted(Path(root, "image").glob("*/repositories.json"), key=lambda p: p.stat().st_mtime)
         if not tables:
             return None
-        repositories = json.loads(tables[-1].read_text()).get("Repositories") or {}
-        return {name: image_id for names in repositories.values() for name, image_id in names.items()}
+        global _engine_names
+        seen = tables[-1].stat()
+        stamp = (str(tables[-1]), seen.st_mtime_ns, seen.st_size)
+        if _engine_names is None or _engine_names[0] != stamp:  # read again only once the engine has written it again
+            repositories = json.loads(tables[-1].read_text()).get("Repositories") or {}
+            _engine_names = stamp, {name: image_id for names in repositories.values() for name, image_id in names.items()}
+        return dict(_engine_names[1])
     except (OSError, ValueError, AttributeError):
         return None
+
+
+#: The engine's names as last read here (a command server reads them before it forks its workers): which table it
+#: was, its mtime and size, and the names.
+_engine_names: tuple[tuple[str, int, int], dict[str, str]] | None = None
 
 
 def remember(info: ImageInfo, source: str = "engine") -> None:

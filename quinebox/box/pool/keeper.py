@@ -8,7 +8,6 @@ own user only, on the state dir's pool.sock: a claim (a shape: a warm box of it,
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -27,18 +26,11 @@ from quinebox.box.pool.warm_oci import WarmOci, wait_claimed
 from quinebox.box.shape import oci_shape_of, shape_of, well_formed
 from quinebox.box.spec import build_spec
 from quinebox.errors import QuineboxError
+from quinebox.processes import die_with_parent
 from quinebox.state import pool_socket
 
-PR_SET_PDEATHSIG = 1
 #: How long a stopping keeper waits for the makes under way: an engine create, its start and the lifeline, each bounded.
 SETTLE_TIMEOUT = 90.0
-
-
-def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
-    """Be sent `signum` when `parent` dies, however it dies (Linux's PR_SET_PDEATHSIG); gone already, go now."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
-    if os.getppid() != parent:
-        os._exit(125)
 
 
 class Stopping(Exception):
