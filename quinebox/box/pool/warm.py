@@ -37,6 +37,8 @@ from quinebox.guest import protocol
 
 #: The most a hello may hold (it is a few dozen bytes).
 MAX_HELLO = 4096
+#: How long a refill waits after a claim: the claimed box's command, and its claimer, have the machine first.
+REFILL_AFTER = 0.03
 #: After a failed make, a shape waits this long before the pool tries again.
 BACKOFF = 5.0
 #: The most shapes kept at once; one more pushes out the one claimed least recently.
@@ -234,7 +236,8 @@ class Pool:
 
     def _refill(self) -> None:
         while not self._closed:
-            self._wake.wait(1.0)
+            if self._wake.wait(1.0):
+                time.sleep(REFILL_AFTER)  # the box just claimed runs its command first: a make takes a core meanwhile
             self._wake.clear()
             now = time.monotonic()
             with self._lock:
