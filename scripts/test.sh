@@ -18,6 +18,16 @@ if [ ! -x /usr/bin/chromium ]; then
         [ "${CI:-}" != true ] || exit 1
     fi
 fi
+# Copy-on-write worlds are tested on a real XFS made on a loop device (tests/integration/test_world_clones.py).
+if ! command -v mkfs.xfs >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing Debian's xfsprogs (for the copy-on-write worlds' tests on a real XFS)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs >/dev/null 2>&1 ||
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs >/dev/null; } || true
+fi
+if ! command -v mkfs.xfs >/dev/null && [ "$(id -u)" = 0 ]; then
+    say "no mkfs.xfs: tests/integration/test_world_clones.py needs it (apt-get install xfsprogs)"
+    [ "${CI:-}" != true ] || exit 1
+fi
 .venv/bin/python -c 'import playwright.sync_api' || { say "Playwright's Python package is missing from .venv (the test extra)"; exit 1; }
 # The lint first, before any box starts: ruff's rules and mypy's settings are pyproject.toml's, and one finding fails the run.
 [ -x .venv/bin/ruff ] && [ -x .venv/bin/mypy ] || { say "ruff or mypy is missing from .venv (the test extra)"; exit 1; }

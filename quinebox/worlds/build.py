@@ -6,6 +6,8 @@ world that will not be used.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -21,6 +23,10 @@ from quinebox.worlds.spec import WorldSpec, world_dir
 
 #: An archive may hold at most this many members and bytes (before anything is written).
 MAX_ARCHIVE_MEMBERS = 200_000
+#: Linux's FICLONE ioctl (linux/fs.h): the target shares the source's blocks until either is written.
+FICLONE = 0x40049409
+#: What FICLONE answers where blocks cannot be shared: another filesystem, or one without reflinks (ext4, tmpfs).
+NO_CLONE = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS})
 
 
 def max_archive_bytes() -> int:
@@ -102,7 +108,35 @@ def _copy(source: str, target: str) -> None:
     elif kind in (stat.S_IFCHR, stat.S_IFBLK):
         raise WorldError(f"refused {source}: a device node cannot be part of a world; leave it out of --world-from")
     else:
+        copy_file(source, target)
+
+
+def copy_file(source: str, target: str) -> None:
+    """A file copied as `shutil.copy2` copies it (a link as a link; mode and times kept), but copy-on-write where
+    the filesystem can (btrfs, XFS, bcachefs: FICLONE): a world copied from another, a snapshot's world and each
+    copy of a fork then share their blocks until one of them writes, and a copy takes no time for its size."""
+    if stat.S_ISREG(os.lstat(source).st_mode) and _cloned(source, target):
+        shutil.copystat(source, target, follow_symlinks=False)
+    else:
         shutil.copy2(source, target, follow_symlinks=False)
+
+
+def _cloned(source: str, target: str) -> bool:
+    """Whether `target` now shares `source`'s blocks; False where the filesystem cannot (then it is copied)."""
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.ioctl(dst, FICLONE, src)
+            return True
+        except OSError as exc:
+            if exc.errno in NO_CLONE:
+                return False
+            raise
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
 
 
 def import_archive(archive: str, into: str) -> None:

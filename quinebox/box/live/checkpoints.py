@@ -45,6 +45,7 @@ from quinebox.box.policy import LABEL_PREFIX
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, build_spec
 from quinebox.errors import EngineError, QuineboxError
 from quinebox.processes import owner_id
+from quinebox.worlds.build import copy_file
 
 #: How long the box's init may take to answer `drop` (it looks through /proc first), and to close its lifeline.
 DROP_WITHIN = 10.0
@@ -261,8 +262,9 @@ def special_files(layer: Path) -> list[str]:
 
 
 def copy_world(layer: Path, into: Path, session: str) -> None:
-    """The box's world copied into the snapshot while nothing of the box runs: links as links (never followed)."""
+    """The box's world copied into the snapshot while nothing of the box runs: links as links (never followed), files
+    copy-on-write where the filesystem can (so are each copy's, from the snapshot's)."""
     specials = special_files(layer)
     if specials:  # made since it was first looked at
         raise QuineboxError(snapshot_rules.world_refusal(session, specials))
-    shutil.copytree(layer, into, symlinks=True)
+    shutil.copytree(layer, into, symlinks=True, copy_function=copy_file)
