@@ -1,4 +1,5 @@
-"""A box's life as the audit log holds it: the `box_created` and `box_ended` records, read into one typed record.
+"""A box's life as the audit log holds it: the `box_created` and `box_ended` records, and the moments its time
+was revised between them (paused, resumed, a snapshot taken, restored from one), read into one typed record.
 
 The tree writes both (tree/supervisor.py): `box_created` as a box is about to start, with its owner, parent,
 grants and image, and `box_ended` once it is gone, with its exit status and why it ended. The log is the only
@@ -19,6 +20,15 @@ from typing import Any
 #: The kinds of the two records a box leaves in the audit log.
 CREATED = "box_created"
 ENDED = "box_ended"
+#: The records of a box's time revised (box/live, sandbox_time.py, tree/resume.py), each by the word the view
+#: shows, and the facts of it worth showing with their types: anything else in such a record is left out.
+MOMENTS: dict[str, tuple[str, dict[str, type]]] = {
+    "box_paused": ("paused", {}),
+    "box_resumed": ("resumed", {"paused_s": float}),
+    "snapshot_taken": ("snapshot", {"snapshot": str, "bytes": int, "transient": bool}),
+    "box_restored": ("restored", {"snapshot": str, "box": str}),
+    "session_resumed": ("resumed after its host died", {"turn": int}),
+}
 
 
 @dataclass
@@ -36,6 +46,14 @@ class BoxLife:
     image: str | None = None
     exit_code: int | None = None
     termination: str | None = None
+    #: Its time revised, in order: each {"t", "what"} and the facts MOMENTS keeps for its kind.
+    moments: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def paused(self) -> bool:
+        """Paused now: it runs on, and its last pause was not yet followed by a resume."""
+        turns = [m["what"] for m in self.moments if m["what"] in ("paused", "resumed")]
+        return self.ended is None and turns[-1:] == ["paused"]
 
     def take(self, kind: str, time: float | None, facts: dict[str, Any]) -> None:
         """What one of the box's records says of it."""
@@ -52,11 +70,21 @@ class BoxLife:
             exit_code = facts.get("exit")
             self.exit_code = exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None
             self.termination = _text(facts.get("termination"))
+        elif kind in MOMENTS:
+            what, kept = MOMENTS[kind]
+            moment: dict[str, Any] = {"t": time, "what": what}
+            for name, kind_of in kept.items():
+                value = facts.get(name)
+                if kind_of is float and isinstance(value, int) and not isinstance(value, bool):
+                    value = float(value)
+                if isinstance(value, kind_of) and (kind_of is bool or not isinstance(value, bool)):
+                    moment[name] = value
+            self.moments.append(moment)
 
 
 def take(boxes: dict[str, BoxLife], record: Any) -> BoxLife | None:
     """Fold one audit record into `boxes` (by session); the box it told of, or None when it is no box record."""
-    if not isinstance(record, dict) or record.get("kind") not in (CREATED, ENDED) or not isinstance(record.get("session"), str):
+    if not isinstance(record, dict) or record.get("kind") not in (CREATED, ENDED, *MOMENTS) or not isinstance(record.get("session"), str):
         return None
     facts: dict[str, Any] = record["facts"] if isinstance(record.get("facts"), dict) else {}
     box = boxes.setdefault(record["session"], BoxLife(record["session"]))

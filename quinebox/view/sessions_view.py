@@ -31,12 +31,14 @@ SESSION_ID = re.compile(r"[0-9a-f]{6,64}")
 MAX_TEXT = 32 << 10
 
 
-def state_of(ended: float | None, exit_code: int | None, termination: str | None, *, alive: bool, waiting: bool) -> str:
-    """One word for a box: running (or waiting for a person), done, failed, or killed (from outside, or its owner died)."""
+def state_of(ended: float | None, exit_code: int | None, termination: str | None, *, alive: bool, waiting: bool, paused: bool = False,
+             interrupted: bool = False) -> str:
+    """One word for a box: running (or waiting for a person, or paused), done, failed, killed (from outside, or its
+    owner died), or interrupted (an agent whose owner died, which `quinebox resume` goes on with)."""
     if ended is None:
         if not alive:
-            return "killed"
-        return "waiting" if waiting else "running"
+            return "interrupted" if interrupted else "killed"
+        return "paused" if paused else "waiting" if waiting else "running"
     if exit_code == 0:
         return "done"
     if (termination or "") in KILLED or (exit_code is not None and exit_code >= 128):
@@ -114,16 +116,21 @@ class Sessions:
     def _alive(self, session: str) -> bool:
         return _owner_alive(self.audit.box(session))
 
-    def row(self, row: SessionRow, waiting: set[str] | None = None) -> dict[str, Any]:
+    def row(self, row: SessionRow, waiting: set[str] | None = None, interrupted: set[str] | None = None) -> dict[str, Any]:
         waiting = self._waiting() if waiting is None else waiting
-        alive = row.ended is not None or self._alive(row.id)
-        state = state_of(row.ended, row.exit_code, row.termination, alive=alive, waiting=row.id in waiting)
+        interrupted = self.index.interrupted([row]) if interrupted is None else interrupted
+        box = self.audit.box(row.id)
+        alive = row.ended is not None or _owner_alive(box)
+        state = state_of(row.ended, row.exit_code, row.termination, alive=alive, waiting=row.id in waiting, paused=box is not None and box.paused,
+                         interrupted=row.id in interrupted)
         return {**asdict(row), "state": state}
 
     def list(self, *, q: str = "", state: str = "", since: float | None = None, exit_code: int | None = None, limit: int = 200) -> builtins.list[dict[str, Any]]:
         self.audit.refresh()
         waiting = self._waiting()
-        rows = [self.row(r, waiting) for r in self.index.recent(max(limit * 4, 1000) if (q or state or exit_code is not None) else limit)]
+        found = self.index.recent(max(limit * 4, 1000) if (q or state or exit_code is not None) else limit)
+        interrupted = self.index.interrupted(found)
+        rows = [self.row(r, waiting, interrupted) for r in found]
         words = q.lower().split()
         return [
             r for r in rows
@@ -146,24 +153,36 @@ class Sessions:
         tape = read_tape(row.id)
         meta = tape[0] if tape and tape[0].get("kind") == "meta" else {}
         keep = ("grants", "image", "workdir", "depth", "forked_from")
-        return {"session": self.row(row), "meta": {k: meta[k] for k in keep if k in meta}}
+        return {"session": self.row(row), "meta": {k: meta[k] for k in keep if k in meta}, "moments": self._moments(row.id)}
+
+    def _moments(self, session: str) -> builtins.list[dict[str, Any]]:
+        """The box's time revised, as the audit log has it: paused, resumed, snapshots, restored from one."""
+        box = self.audit.box(session)
+        return list(box.moments) if box is not None else []
 
     def tree(self, session: str) -> dict[str, Any]:
-        """Every box below `session`: agents from the index, other boxes (in-box `quinebox exec`) from the audit log."""
+        """Every box below `session`: agents from the index, other boxes (in-box `quinebox exec`) from the audit log.
+        `session` may be a box that is no agent (a long-lived box, `quinebox exec`): the log has it, and its children."""
         self.audit.refresh()
         waiting = self._waiting()
-        root = self.find(session)
         tapes: dict[str, list[dict[str, Any]]] = {}
         now = time.time()
-        nodes: list[dict[str, Any]] = [{**self._node(self.row(root, waiting), tapes, now), "kind": "agent"}]
-        known, pending = {root.id}, [root.id]
+        box = self.audit.box(session) if self.index.get(session) is None and self.index.pruned(session) is None else None
+        if box is not None and box.created is not None:
+            interrupted: set[str] = set()
+            nodes = [self._exec_node(box, tapes, now)]
+        else:
+            row = self.find(session)
+            interrupted = self.index.interrupted(self.index.subtree(row.id))
+            nodes = [{**self._node(self.row(row, waiting, interrupted), tapes, now), "kind": "agent"}]
+        known, pending = {nodes[0]["id"]}, [nodes[0]["id"]]
         while pending:  # breadth first; a command's box may start agents too, so both kinds are walked
             parent = pending.pop(0)
             for row in self.index.children(parent):
                 if row.id not in known:
                     known.add(row.id)
                     pending.append(row.id)
-                    nodes.append({**self._node(self.row(row, waiting), tapes, now), "kind": "agent"})
+                    nodes.append({**self._node(self.row(row, waiting, interrupted), tapes, now), "kind": "agent"})
             for box in self.audit.children(parent):
                 if box.session not in known and not box.agent:
                     known.add(box.session)
@@ -186,7 +205,7 @@ class Sessions:
             "termination": row["termination"], "turns": row["turns"], "tokens": row["tokens"], "started": row["started"],
             "ended": row["ended"], "duration_s": round((row["ended"] or now) - row["started"], 3), "model": row["model"],
             "grants": meta.get("grants") if isinstance(meta.get("grants"), list) else [],
-            "how": how_spawned(self._tape(parent, tapes), row["id"]) if parent else None,
+            "how": how_spawned(self._tape(parent, tapes), row["id"]) if parent else None, "moments": self._moments(row["id"]),
         }
 
     def _exec_node(self, box: BoxLife, tapes: dict[str, builtins.list[dict[str, Any]]], now: float) -> dict[str, Any]:
@@ -194,10 +213,10 @@ class Sessions:
         started = box.created or now
         return {
             "id": box.session, "parent": box.parent, "mission": "(a command)", "kind": "exec",
-            "state": state_of(box.ended, box.exit_code, box.termination, alive=alive, waiting=False),
+            "state": state_of(box.ended, box.exit_code, box.termination, alive=alive, waiting=False, paused=box.paused),
             "exit_code": box.exit_code, "termination": box.termination, "turns": 0, "tokens": 0, "started": started,
             "ended": box.ended, "duration_s": round((box.ended or now) - started, 3), "model": None, "grants": box.grants,
-            "how": how_spawned(self._tape(box.parent, tapes), box.session) if box.parent else None,
+            "how": how_spawned(self._tape(box.parent, tapes), box.session) if box.parent else None, "moments": list(box.moments),
         }
 
     @staticmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -294,6 +295,70 @@ def test_the_page_asks_nothing_of_any_host_but_the_server(browser, view, tree, m
         no_foreign(recorded, view.origin)
     finally:
         context.close()
+
+
+# -- (g) time revised: a box paused and resumed, an agent whose host died -------------------------------------
+
+
+def test_a_paused_box_and_its_moments_show_on_its_page_without_a_reload(browser, view):
+    made = qb("box", "create", "--backend", "oci", "--runtime", "runc", timeout=60)
+    assert made.returncode == 0, made.stderr
+    session = made.stdout.decode().strip()
+    context, recorded = browser.context()
+    try:
+        page = open_page(context, view.page_url(f"#/s/{session}"), "session")
+        node = f'#tree .node[data-session="{session}"]'
+        page.wait_for_selector(f'{node}[data-state="running"]', timeout=20_000)
+        assert qb("box", "pause", session).returncode == 0
+        page.wait_for_selector(f'{node}[data-state="paused"]', timeout=20_000)
+        page.wait_for_selector('#node-summary .moments li[data-what="paused"]')
+        assert qb("box", "resume", session).returncode == 0
+        page.wait_for_selector(f'{node}[data-state="running"]', timeout=20_000)
+        resumed = page.text_content('#node-summary .moments li[data-what="resumed"]')
+        assert resumed is not None and re.search(r" resumed after \d+\.\d\d s paused$", resumed), resumed
+        assert page.loads == 1
+        no_foreign(recorded, view.origin)
+    finally:
+        context.close()
+        qb("box", "rm", session)
+
+
+def test_an_agent_whose_host_died_shows_as_interrupted_with_how_to_resume_it(browser, view, tmp_path):
+    mission = f"interrupted {os.urandom(4).hex()}"
+    scripts(tmp_path, sleeper=[{"sh": "sleep 120"}, {"exit": "success"}])
+    run = subprocess.Popen([QUINEBOX, "run", "-q", "-m", f"script:{tmp_path / 'sleeper.yaml'}", mission], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    context, recorded = browser.context()
+    try:
+        def running():
+            index = Index()
+            try:
+                row = next((row for row in index.recent(20) if row.mission == mission), None)
+                return row and row.id in index.owners([row.id]) and row.id
+            finally:
+                index.close()
+
+        session = wait_for(running, 60, what="the run's session in the index, with its owner")
+        page = open_page(context, view.page_url(f"#/s/{session}"), "session")
+        node = f'#tree .node[data-session="{session}"]'
+        page.wait_for_selector(f'{node}[data-state="running"]', timeout=20_000)
+        index = Index()
+        try:
+            owner = int(index.owners([session])[session].split(":")[1])
+        finally:
+            index.close()
+        os.kill(owner, signal.SIGKILL)  # the process running the session: the run's own, or a command server's worker
+        run.communicate(timeout=60)
+        page.reload()  # the index does not change when a host dies: a page looks again when it loads
+        page.wait_for_selector(f'{node}[data-state="interrupted"]', timeout=20_000)
+        assert page.text_content("#node-summary .resume") == f"its process was lost: `quinebox resume {session}` goes on from its last complete turn"
+        listing = open_page(context, view.page_url("#/"), "sessions")
+        listing.wait_for_selector(f'tr.session[data-session="{session}"][data-state="interrupted"]', timeout=20_000)
+        no_foreign(recorded, view.origin)
+    finally:
+        context.close()
+        stop(run)
+        qb("gc")
 
 
 # -- (h) an export, opened from file:// --------------------------------------------------------------------

@@ -16,6 +16,7 @@ import quinebox
 from quinebox.box.backends.boxroot import bundle_of
 from quinebox.box.live import freezing, snapshots
 from quinebox.errors import QuineboxError
+from quinebox.view.catalog import Catalog
 
 #: Counts in memory; appends each count to a file it holds open in /world; answers the count on a listening socket.
 COUNTER = r"""
@@ -116,6 +117,15 @@ def test_a_snapshot_is_restored_as_a_new_box_any_number_of_times_and_removed_who
         assert count(first) > 0 and count(second) > 0 and count(sb) > 0
         assert first.exec(["cat", "/world/counter.py"]).stdout == sb.exec(["cat", "/world/counter.py"]).stdout
         assert first.diagnostics() == "" and sb.diagnostics() == ""
+        view = Catalog()  # the view shows each box's time revised, from the audit log
+        try:
+            moments = {box.id: [{k: v for k, v in m.items() if k != "t"} for m in view.sessions.tree(box.id)["nodes"][0]["moments"]] for box in (sb, first)}
+        finally:
+            view.close()
+        assert moments == {
+            sb.id: [{"what": "snapshot", "snapshot": snapshot.id, "bytes": snapshot.size, "transient": False}],
+            first.id: [{"what": "restored", "snapshot": snapshot.id, "box": sb.id}],
+        }
     finally:
         first.close()
         second.close()

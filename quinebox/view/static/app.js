@@ -34,7 +34,7 @@ function showSessions() {
   const mine = generation;
   const q = h("input", { id: "filter-q", type: "search", placeholder: "mission or id" });
   const state = h("select", { id: "filter-state" }, h("option", { value: "", text: "any state" }),
-    ...["running", "waiting", "done", "failed", "killed"].map((s) => h("option", { value: s, text: s })));
+    ...["running", "waiting", "paused", "done", "failed", "killed", "interrupted"].map((s) => h("option", { value: s, text: s })));
   const exit = h("input", { id: "filter-exit", type: "number", placeholder: "exit", min: "0", max: "255" });
   const since = h("select", { id: "filter-since" }, h("option", { value: "", text: "any time" }),
     ...[["3600", "last hour"], ["86400", "last day"], ["604800", "last week"]].map(([v, t]) => h("option", { value: v, text: t })));

@@ -55,14 +55,17 @@ function showSession(root, selected) {
     const n = nodes[selected];
     if (!n) { summary.replaceChildren(h("p", { class: "hint", text: "not in this tree" })); return; }
     summary.dataset.state = n.state;
-    summary.replaceChildren(
+    summary.replaceChildren(...[
       h("h2", {}, badge(n.state), " ", h("span", { class: "mono", text: n.id })),
       h("p", { class: "mission", text: n.mission }),
       h("dl", {},
         ...[["parent", n.parent || "—"], ["spawned by", n.how || "—"], ["model", n.model || "—"], ["started", when(n.started)],
           ["duration", seconds(n.duration_s)], ["turns", n.turns], ["tokens", n.tokens],
           ["exit", n.exit_code === null ? "—" : `${n.exit_code} (${n.termination || ""})`], ["grants", (n.grants || []).join(" ") || "none"]]
-          .flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: v })])));
+          .flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: v })])),
+      n.state === "interrupted" ? h("p", { class: "hint resume", text: `its process was lost: \`quinebox resume ${n.id}\` goes on from its last complete turn` }) : null,
+      (n.moments || []).length ? h("ul", { class: "moments" }, ...n.moments.map((m) => h("li", { dataWhat: m.what, text: `${clock(m.t)} ${moment(m)}` }))) : null,
+    ].filter(Boolean));
   }
 
   function select(id) {
@@ -168,6 +171,15 @@ function showSession(root, selected) {
 }
 
 // A tape is written from a box's requests, so a record may have any shape: one that cannot be drawn is shown as JSON.
+// A moment a box's time was revised (the audit log's pause, resume, snapshot, restore), in words.
+function moment(m) {
+  if (m.what === "resumed" && m.paused_s !== undefined) return `resumed after ${seconds(m.paused_s)} paused`;
+  if (m.what === "snapshot") return `snapshot ${m.snapshot || "?"}` + (m.bytes ? ` (${(m.bytes / 1048576).toFixed(1)} MiB)` : "") + (m.transient ? ", for a fork" : "");
+  if (m.what === "restored") return `restored from snapshot ${m.snapshot || "?"} of box ${m.box || "?"}`;
+  if (m.what === "resumed after its host died" && m.turn !== undefined) return `${m.what}, from turn ${m.turn}`;
+  return m.what;
+}
+
 function entry(r) {
   try { return drawEntry(r); } catch (err) {
     return h("div", { class: "entry odd", dataKind: String(r.kind), dataI: r.i }, h("pre", { text: JSON.stringify(r, null, 1) }));

@@ -72,3 +72,33 @@ def test_take_folds_one_record_and_says_which_box_it_told_of():
     first = take(boxes, created(parent="p"))
     assert first is boxes["s1"] and first.parent == "p" and first.ended is None
     assert take(boxes, ended(exit=0)) is first and first.exit_code == 0 and first.parent == "p"
+
+
+def note(kind, session="s1", time=START, **facts):
+    return {"kind": kind, "session": session, "time": time, "facts": facts}
+
+
+@pytest.mark.parametrize(
+    ("records", "moments", "paused"),
+    [
+        ([created()], [], False),
+        ([created(), note("box_paused", time=at(1))], [{"t": T + 1, "what": "paused"}], True),
+        ([created(), note("box_paused", time=at(1)), note("box_resumed", time=at(3), paused_s=2)],
+         [{"t": T + 1, "what": "paused"}, {"t": T + 3, "what": "resumed", "paused_s": 2.0}], False),
+        # paused, then ended: an ended box is not paused
+        ([created(), note("box_paused", time=at(1)), ended()], [{"t": T + 1, "what": "paused"}], False),
+        ([created(), note("snapshot_taken", time=at(2), snapshot="n-1", bytes=268435456, transient=True)],
+         [{"t": T + 2, "what": "snapshot", "snapshot": "n-1", "bytes": 268435456, "transient": True}], False),
+        ([note("box_restored", snapshot="n-1", box="s0")], [{"t": T, "what": "restored", "snapshot": "n-1", "box": "s0"}], False),
+        ([note("session_resumed", turn=4, was="h:1:2", lost=["c"])], [{"t": T, "what": "resumed after its host died", "turn": 4}], False),
+        # facts of the wrong type are left out; facts not shown are not kept
+        ([note("snapshot_taken", snapshot=3, bytes="big", transient="yes", secret="x")], [{"t": T, "what": "snapshot"}], False),
+        ([note("box_resumed", paused_s=True), note("session_resumed", turn=False)],
+         [{"t": T, "what": "resumed"}, {"t": T, "what": "resumed after its host died"}], False),
+        ([note("box_paused", time="never")], [{"t": None, "what": "paused"}], True),
+    ],
+)
+def test_a_box_s_time_revised_from_its_audit_records(records, moments, paused):
+    box = box_lives(records)["s1"]
+    assert box.moments == moments
+    assert box.paused is paused

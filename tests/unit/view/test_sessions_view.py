@@ -33,6 +33,21 @@ def test_state_of(ended, exit_code, termination, alive, waiting, state):
     assert state_of(ended, exit_code, termination, alive=alive, waiting=waiting) == state
 
 
+@pytest.mark.parametrize(
+    ("ended", "alive", "waiting", "paused", "interrupted", "state"),
+    [
+        (None, True, False, True, False, "paused"),
+        (None, True, True, True, False, "paused"),  # its asker is frozen with it
+        (None, False, False, True, False, "killed"),  # its owner died: nothing will resume it
+        (None, False, False, False, True, "interrupted"),  # an agent `quinebox resume` can go on with
+        (None, True, False, False, True, "running"),  # resumed since: its new owner runs it
+        (10.0, False, False, True, True, "done"),
+    ],
+)
+def test_state_of_a_box_whose_time_was_revised(ended, alive, waiting, paused, interrupted, state):
+    assert state_of(ended, 0 if ended else None, None, alive=alive, waiting=waiting, paused=paused, interrupted=interrupted) == state
+
+
 def response(*calls: tuple[str, dict]) -> dict:
     return {"kind": "response", "message": {"role": "assistant", "tool_calls": [
         {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}} for i, (name, args) in enumerate(calls)
