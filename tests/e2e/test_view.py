@@ -129,14 +129,7 @@ def test_a_running_agent_changes_state_on_the_page_without_a_reload(browser, vie
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     context, recorded = browser.context()
     try:
-        def started():
-            index = Index()
-            try:
-                return next((row.id for row in index.recent(20) if row.mission == mission), None)
-            finally:
-                index.close()
-
-        session = wait_for(started, 60, what="the run's session in the index")
+        session = wait_for(lambda: started(mission), 60, what="the run's session in the index")
         listing = open_page(context, view.page_url("#/"), "sessions")
         page = open_page(context, view.page_url(f"#/s/{session}"), "session")
         for p in (listing, page):
@@ -155,6 +148,20 @@ def test_a_running_agent_changes_state_on_the_page_without_a_reload(browser, vie
     finally:
         context.close()
         stop(run)
+
+
+def started(mission: str, owned: bool = False):
+    """The session of the newest run of `mission` in the index (None until there is one); `owned`: with the
+    `host:pid:start` of the process running it, once it has one."""
+    index = Index()
+    try:
+        row = next((row for row in index.recent(20) if row.mission == mission), None)
+        if row is None or not owned:
+            return row and row.id
+        owner = index.owners([row.id]).get(row.id)
+        return owner and (row.id, owner)
+    finally:
+        index.close()
 
 
 def stop(run: subprocess.Popen) -> None:
@@ -330,24 +337,11 @@ def test_an_agent_whose_host_died_shows_as_interrupted_with_how_to_resume_it(bro
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     context, recorded = browser.context()
     try:
-        def running():
-            index = Index()
-            try:
-                row = next((row for row in index.recent(20) if row.mission == mission), None)
-                return row and row.id in index.owners([row.id]) and row.id
-            finally:
-                index.close()
-
-        session = wait_for(running, 60, what="the run's session in the index, with its owner")
+        session, owner = wait_for(lambda: started(mission, owned=True), 60, what="the run's session in the index, with its owner")
         page = open_page(context, view.page_url(f"#/s/{session}"), "session")
         node = f'#tree .node[data-session="{session}"]'
         page.wait_for_selector(f'{node}[data-state="running"]', timeout=20_000)
-        index = Index()
-        try:
-            owner = int(index.owners([session])[session].split(":")[1])
-        finally:
-            index.close()
-        os.kill(owner, signal.SIGKILL)  # the process running the session: the run's own, or a command server's worker
+        os.kill(int(owner.split(":")[1]), signal.SIGKILL)  # the process running the session: the run's own, or a command server's worker
         run.communicate(timeout=60)
         page.reload()  # the index does not change when a host dies: a page looks again when it loads
         page.wait_for_selector(f'{node}[data-state="interrupted"]', timeout=20_000)
