@@ -123,7 +123,7 @@ def copy_file(source: str, target: str) -> None:
 
 def _cloned(source: str, target: str) -> bool:
     """Whether `target` now shares `source`'s blocks; False where the filesystem cannot (then it is copied)."""
-    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # never blocks: it was a file when looked at
     try:
         dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:

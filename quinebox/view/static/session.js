@@ -170,7 +170,6 @@ function showSession(root, selected) {
   loadTranscript();
 }
 
-// A tape is written from a box's requests, so a record may have any shape: one that cannot be drawn is shown as JSON.
 // A moment a box's time was revised (the audit log's pause, resume, snapshot, restore), in words.
 function moment(m) {
   if (m.what === "resumed" && m.paused_s !== undefined) return `resumed after ${seconds(m.paused_s)} paused`;
@@ -180,6 +179,7 @@ function moment(m) {
   return m.what;
 }
 
+// A tape is written from a box's requests, so a record may have any shape: one that cannot be drawn is shown as JSON.
 function entry(r) {
   try { return drawEntry(r); } catch (err) {
     return h("div", { class: "entry odd", dataKind: String(r.kind), dataI: r.i }, h("pre", { text: JSON.stringify(r, null, 1) }));
