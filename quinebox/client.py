@@ -2,8 +2,8 @@
 
 Like Mercurial's chg: for `exec`, `run`, `map`, `batch` and `shell`, when
 `quinebox serve` listens on the state dir's socket (and QUINEBOX_SERVE is
-not `off`), hand the server argv, cwd, the environment and this process's
-stdin, stdout and stderr themselves (SCM_RIGHTS), forward the signals we get,
+not `off`), hand the server argv, cwd, the environment, the umask and this
+process's stdin, stdout and stderr themselves (SCM_RIGHTS), forward the signals we get,
 and exit with the status it reports. The server runs the very same CLI code
 in a process of its own, already imported, so everything behaves as without
 it. With no server, this costs one failed connect.
@@ -128,7 +128,9 @@ def through(server: _socket.socket, argv: list[str]) -> int | None:
         fds.append(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
     except OSError:
         pass
-    wire.send(server, {"kind": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, fds)
+    umask = os.umask(0o022)  # read by setting it: put back at once
+    os.umask(umask)
+    wire.send(server, {"kind": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask}, fds)
     for fd in fds[3:]:
         os.close(fd)
 

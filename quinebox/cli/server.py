@@ -334,6 +334,8 @@ def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
+    umask = request.get("umask")
+    os.umask(umask & 0o777 if isinstance(umask, int) and not isinstance(umask, bool) else 0o022)  # the files it makes are made as the client's
     if len(fds) == 4:  # the client's controlling terminal, for questions to a person
         os.set_inheritable(fds[3], False)
         os.environ["QUINEBOX_TERMINAL_FD"] = str(fds[3])

@@ -48,6 +48,19 @@ def test_map_over_50_inputs(engine, tmp_path):
     assert json.loads(done.stderr.decode().splitlines()[-1])["done"] == 50
 
 
+def test_a_maps_outputs_are_made_under_the_callers_umask(engine, tmp_path):
+    """Through a command server too: its worker makes them, with the umask the client had, not the server's."""
+    (tmp_path / "doc.txt").write_text("line\n")
+    out = tmp_path / "out"
+    done = subprocess.run([QUINEBOX, "map", "-m", COUNT, "Count the lines", str(tmp_path / "doc.txt"), "--out", str(out)], capture_output=True,
+                          timeout=300, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.umask(0o077))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "doc.txt.out").read_bytes() == b"The material has 1 lines.\n"
+    made = {str(path.relative_to(tmp_path)): path.stat().st_mode & 0o777 for path in [out, *out.rglob("*")]}
+    assert {"out", "out/doc.txt.out", "out/results.jsonl"} <= set(made)
+    assert {path: mode for path, mode in made.items() if mode & 0o077} == {}
+
+
 def test_a_partly_failing_map_exits_non_zero_and_says_which(engine, tmp_path):
     crash = write_script(tmp_path / "m.yaml", {"sh": "if grep -q BAD <&3; then kill -9 $PPID; fi; echo fine >&4"}, {"exit": "success"})
     for name, text in [("a", "ok"), ("b", "BAD"), ("c", "ok"), ("d", "BAD")]:
