@@ -134,6 +134,24 @@ def test_signal_to_quinebox_kills_and_removes_the_box_first(engine, signum):
     assert quinebox_boxes(engine) == []
 
 
+def test_a_stopped_and_continued_quinebox_finishes_as_if_never_stopped(engine):
+    """Job control (Ctrl-Z, then `fg`): its box runs on meanwhile, as any box's does, and its result is as it was."""
+    proc = subprocess.Popen([QUINEBOX, "exec", "--", "sh", "-c", "sleep 1; echo done"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert wait_for_box(engine, lambda boxes: any(b.status == "running" for b in boxes))
+    proc.send_signal(signal.SIGTSTP)
+    until = time.monotonic() + 10
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < until, "SIGTSTP did not stop quinebox"
+        time.sleep(0.01)
+    time.sleep(2)  # past the command's end
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out, err) == (0, b"done\n", b"")
+    assert wait_for_box(engine, lambda boxes: boxes == [], timeout=10) == []
+
+
 def test_sigkill_of_quinebox_leaves_no_box_within_10_s(engine):
     proc = subprocess.Popen([QUINEBOX, "exec", "--", "sh", "-c", "trap '' TERM HUP INT; sleep 300 & sleep 300"], stdin=subprocess.DEVNULL)
     assert wait_for_box(engine, lambda boxes: any(b.status == "running" for b in boxes))
