@@ -167,12 +167,16 @@ class Sessions:
         waiting = self._waiting()
         tapes: dict[str, list[dict[str, Any]]] = {}
         now = time.time()
-        box = self.audit.box(session) if self.index.get(session) is None and self.index.pruned(session) is None else None
-        if box is not None and box.created is not None:
-            interrupted: set[str] = set()
+        interrupted: set[str] | None  # of the agents below, or None: each row asks for itself
+        try:
+            row = self.find(session)
+        except KeyError:  # no agent, nor a pruned one: a box the audit log knows, or nothing
+            box = self.audit.box(session)
+            if box is None or box.created is None:
+                raise
+            interrupted = None
             nodes = [self._exec_node(box, tapes, now)]
         else:
-            row = self.find(session)
             interrupted = self.index.interrupted(self.index.subtree(row.id))
             nodes = [{**self._node(self.row(row, waiting, interrupted), tapes, now), "kind": "agent"}]
         known, pending = {nodes[0]["id"]}, [nodes[0]["id"]]
