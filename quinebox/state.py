@@ -28,6 +28,7 @@ module imports nothing of quinebox.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -100,10 +101,24 @@ def session_dir(session: str) -> Path:
     return state_dir() / "sessions" / session
 
 
+#: SQLite's result codes (sqlite3.Error.sqlite_errorcode, its low byte) for the errnos they stand for: SQLITE_FULL, SQLITE_READONLY.
+_SQLITE_ERRNO = {13: errno.ENOSPC, 8: errno.EACCES}
+
+
 def unwritable(what: str, exc: BaseException) -> str:
-    """One line for a write to the state dir that failed, saying what to do."""
+    """One line for a write to the state dir that failed, saying what to do about its cause, told by its errno
+    (never its text): a full disk wants space, a refused write an owner or mode put right."""
     reason = getattr(exc, "strerror", None) or str(exc)
-    return f"cannot write {what} in the state dir {state_dir()}: {reason}; free some space there (`quinebox gc`, or remove old sessions/) and run again"
+    cause = getattr(exc, "errno", None) or _SQLITE_ERRNO.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF)
+    said = f"cannot write {what} in the state dir {state_dir()}: {reason}"
+    if cause in (errno.ENOSPC, errno.EDQUOT):
+        return f"{said}; free some space there (`quinebox gc`, or remove old sessions/) and run again"
+    if cause == errno.EROFS:
+        return f"{said}; set QUINEBOX_STATE_DIR to a dir on a filesystem mounted read-write"
+    if cause in (errno.EACCES, errno.EPERM):
+        where = getattr(exc, "filename", None)
+        return f"{said}{f' ({where})' if where else ''}; it must be yours (uid {os.getuid()}) and writable by you: fix its owner or mode, or set QUINEBOX_STATE_DIR to a dir of your own"
+    return said
 
 
 def tree_bytes(path: str | Path) -> int:
