@@ -134,22 +134,50 @@ def test_signal_to_quinebox_kills_and_removes_the_box_first(engine, signum):
     assert quinebox_boxes(engine) == []
 
 
+JOB_CONTROL_SIGNALS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+
+
+def _start_as_a_job(argv: list[str]) -> subprocess.Popen:
+    """As a job-control shell starts a job: in a process group of its own, below a parent (this test) of the same
+    session, with the stop signals at their default. How the runner was started must not decide the outcome: the
+    kernel discards SIGTSTP/SIGTTIN/SIGTTOU sent to a member of an orphaned process group (no member's parent in
+    another group of the same session), which the test's own group is under a detached CI runner (`setsid`, a
+    service, a background job of a shell without job control); and SIG_IGN set by the runner (`trap '' TSTP`)
+    survives exec. A shell puts each job in its own group, so its Ctrl-Z always arrives."""
+
+    def stoppable() -> None:
+        for signum in JOB_CONTROL_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0,
+                            preexec_fn=stoppable)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def test_a_stopped_and_continued_quinebox_finishes_as_if_never_stopped(engine):
-    """Job control (Ctrl-Z, then `fg`): its box runs on meanwhile, as any box's does, and its result is as it was."""
-    proc = subprocess.Popen([QUINEBOX, "exec", "--", "sh", "-c", "sleep 1; echo done"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    assert wait_for_box(engine, lambda boxes: any(b.status == "running" for b in boxes))
-    proc.send_signal(signal.SIGTSTP)
-    until = time.monotonic() + 10
-    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < until, "SIGTSTP did not stop quinebox"
-        time.sleep(0.01)
-    time.sleep(2)  # past the command's end
-    assert proc.poll() is None
-    proc.send_signal(signal.SIGCONT)
-    out, err = proc.communicate(timeout=30)
-    assert (proc.returncode, out, err) == (0, b"done\n", b"")
-    assert wait_for_box(engine, lambda boxes: boxes == [], timeout=10) == []
+    """Job control (Ctrl-Z, then `fg`): the terminal stops the whole job, its process group, and `fg` continues it.
+    The box runs on meanwhile, as any box's does, and the result is as it was."""
+    proc = _start_as_a_job([QUINEBOX, "exec", "--", "sh", "-c", "sleep 1; echo done"])
+    try:
+        assert wait_for_box(engine, lambda boxes: any(b.status == "running" for b in boxes))
+        os.killpg(proc.pid, signal.SIGTSTP)
+        until = time.monotonic() + 10
+        while _state(proc.pid) != "T":
+            assert time.monotonic() < until, "SIGTSTP did not stop quinebox"
+            time.sleep(0.01)
+        time.sleep(2)  # past the command's end
+        assert proc.poll() is None and _state(proc.pid) == "T"
+        os.killpg(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=30)
+        assert (proc.returncode, out, err) == (0, b"done\n", b"")
+        assert wait_for_box(engine, lambda boxes: boxes == [], timeout=10) == []
+    finally:
+        if proc.poll() is None:  # failed while stopped: nothing of it is left stopped, or running
+            proc.kill()
+            proc.communicate(timeout=30)
 
 
 def test_sigkill_of_quinebox_leaves_no_box_within_10_s(engine):
