@@ -84,7 +84,10 @@ def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> b
 
 
 def _image_ready(say: Say, on: str, backend: DockerBackend | None, *, build: str) -> bool:
-    from quinebox.box.images import rootfs
+    """Looks where `exec` looks (configure.unpacked_image), in its order and with its own lookups: this user's
+    cache; the engine when it answers; else the machine's shared cache root fills (shared.py). Where it is
+    nowhere, the fix is the one that works for this user: root shares it for a user with no engine to ask."""
+    from quinebox.box.images import rootfs, shared
     from quinebox.box.images.agent_image import image_exists
 
     if on == "oci":
@@ -92,10 +95,18 @@ def _image_ready(say: Say, on: str, backend: DockerBackend | None, *, build: str
         if known is not None and rootfs.unpacked(known.id) is not None:
             say("ok", f"image {DEFAULT_IMAGE} unpacked for OCI boxes ({rootfs.unpacked(known.id)})")
             return True
-        if backend is not None and image_exists(backend, DEFAULT_IMAGE):
-            say("ok", f"image {DEFAULT_IMAGE} present in the engine (unpacked for OCI boxes on first use)")
+        if backend is not None:
+            if image_exists(backend, DEFAULT_IMAGE):
+                say("ok", f"image {DEFAULT_IMAGE} present in the engine (unpacked for OCI boxes on first use)")
+                return True
+            say("FAIL", f"image {DEFAULT_IMAGE} is not here (neither unpacked nor in the engine)", build)
+            return False
+        public = shared.lookup(DEFAULT_IMAGE)
+        if public is not None:
+            say("ok", f"image {DEFAULT_IMAGE} in the machine's shared image cache ({public[1]}; copied into yours on first use)")
             return True
-        say("FAIL", f"image {DEFAULT_IMAGE} is not here (neither unpacked nor in the engine)", build)
+        say("FAIL", f"image {DEFAULT_IMAGE} is not here (not unpacked, not in the shared image cache {shared.shared_root()}, and no engine to ask)",
+            build if os.geteuid() == 0 else f"have root share it: sudo quinebox image share {DEFAULT_IMAGE}")
         return False
     assert backend is not None  # the engine way works, so it answered
     if not image_exists(backend, DEFAULT_IMAGE):

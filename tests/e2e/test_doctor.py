@@ -60,11 +60,12 @@ def test_doctor_passes_here_and_lists_every_way(engine, backend, default):
 
 def test_an_engine_not_running_is_told_to_start_and_fails_doctor_only_when_it_is_the_default(engine):
     state = tempfile.mkdtemp(prefix="quinebox-doctor-state-")
+    nowhere = tempfile.mkdtemp(prefix="quinebox-doctor-shared-")  # a shared image cache holding nothing
     try:
-        code, lines = doctor(DOCKER_HOST=NO_ENGINE, QUINEBOX_STATE_DIR=state)
+        code, lines = doctor(DOCKER_HOST=NO_ENGINE, QUINEBOX_STATE_DIR=state, QUINEBOX_SHARED_IMAGES=nowhere)
         said = line(lines, "Docker engine: ")
         assert said.startswith("no   Docker engine: installed but not running (nothing listens on /nonexistent/docker.sock)\n      → start it: `"), said
-        assert code == 1, lines  # runc, the default, works, but the agent image is neither unpacked nor to be had
+        assert code == 1, lines  # runc, the default, works, but the agent image is neither unpacked, nor shared, nor to be had
         image = line(lines, "image ")
         assert image.startswith("FAIL image quinebox/agent:") and "the engine builds it, and installed but not running" in image, image
         unpacked = subprocess.run([QUINEBOX, "exec", "--", "true"], capture_output=True, timeout=60, env=chosen(QUINEBOX_STATE_DIR=state))
@@ -74,6 +75,7 @@ def test_an_engine_not_running_is_told_to_start_and_fails_doctor_only_when_it_is
         assert line(lines, "image ").startswith("ok   image quinebox/agent:") and "unpacked for OCI boxes" in line(lines, "image ")
     finally:
         shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(nowhere, ignore_errors=True)
     code, lines = doctor(DOCKER_HOST=NO_ENGINE, QUINEBOX_BACKEND="docker")
     assert code == 1
     assert line(lines, "default: ").startswith("FAIL default: the Docker backend was asked for; and the Docker engine cannot run boxes here: installed but not running")
