@@ -23,7 +23,7 @@ import quinebox
 PACKAGE = Path(quinebox.__file__).parent
 #: Rooms from the bottom up; a module may import its own room and the ones below it.
 ROOMS = [
-    ("foundation", ("quinebox.errors", "quinebox.processes", "quinebox.resources", "quinebox.documents", "quinebox.state", "quinebox.fdpass", "quinebox.wire", "quinebox.netrules", "quinebox.grants", "quinebox.untar")),
+    ("foundation", ("quinebox.errors", "quinebox.processes", "quinebox.resources", "quinebox.documents", "quinebox.state", "quinebox.private", "quinebox.fdpass", "quinebox.wire", "quinebox.netrules", "quinebox.grants", "quinebox.untar")),
     ("guest", ("quinebox.guest",)),
     ("audit", ("quinebox.audit",)),
     ("worlds", ("quinebox.worlds",)),
