@@ -1,7 +1,7 @@
 """The audit log: one append-only, hash-chained record of every authority decision in a state dir.
 
     audit/log.jsonl   one record per line: seq, time, session, kind, facts, prev, hash[, mac]
-    audit/segments/   FIRST-LAST.jsonl: the log's earlier records, sealed (read-only) once it grew past
+    audit/segments/   FIRST-LAST.jsonl: the log's earlier records, sealed (read-only, 0400) once it grew past
                       QUINEBOX_AUDIT_SEGMENT bytes (64 MiB); the chain runs on through them unbroken
     audit/head.json   the chain's head (seq and hash[, mac]) as of the last append, padded to HEAD_SIZE
 
@@ -21,7 +21,12 @@ the log past its segment size seals it: renames it into segments/ under that
 lock and leaves an empty log in its place, whose first record chains to the
 segment's last. Everyone who takes the lock checks that the file they hold
 is still the log (else takes the new one), and `verify` walks the segments
-in order, then the log, as one chain. No record is ever edited or removed:
+in order, then the log, as one chain. The seal makes a segment read-only
+only once it is no longer the log: a writer opening the log by its name
+meanwhile (for writing, before it waits for the lock) must find either the
+old file still writable or the new one, never a read-only file by the log's
+name, which a plain user (unlike root) is refused. What is here is the
+user's alone whatever the umask: dirs 0700, the log and head 0600 (private.py). No record is ever edited or removed:
 `quinebox prune` leaves the records of the sessions it prunes, and adds its own. A writer killed mid-line
 leaves a torn last line; `verify` says so (it is not tampering: the head
 was never moved past it), and the next writer cuts it off and records that
@@ -45,6 +50,7 @@ from typing import Any
 
 from quinebox.documents import json_objects
 from quinebox.errors import QuineboxError, StateError
+from quinebox.private import SEALED_MODE, private_dir, private_file
 from quinebox.state import state_dir, unwritable
 
 GENESIS = "0" * 64
@@ -119,7 +125,7 @@ class AuditLog:
         try:
             fd = self._locked(fcntl.LOCK_EX)
         except OSError as exc:
-            raise StateError(unwritable("the audit log", exc)) from None
+            raise StateError(unwritable("the audit log", exc)) from exc
         try:
             last, torn = _tail(fd)
             if torn:
@@ -133,20 +139,20 @@ class AuditLog:
                 self._seal(fd, record)
             return record
         except OSError as exc:
-            raise StateError(unwritable("the audit log", exc)) from None
+            raise StateError(unwritable("the audit log", exc)) from exc
         finally:
             os.close(fd)  # releases the lock
 
     def _locked(self, how: int, *, create: bool = True) -> int:
         """The log's fd holding `how`, once the file locked is still the log (a writer may have sealed it meanwhile)."""
-        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
         while True:
             try:
-                fd = os.open(self.path, flags, 0o600)
+                fd = private_file(self.path, flags)
             except FileNotFoundError:
                 if not create:
                     raise
-                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                private_dir(self.directory)
                 continue
             fcntl.flock(fd, how)
             try:
@@ -174,13 +180,18 @@ class AuditLog:
             os.close(fd)
 
     def _seal(self, fd: int, last: dict[str, Any]) -> None:
-        """Under the lock: the log becomes segments/FIRST-LAST.jsonl, read-only, and an empty log takes its place."""
+        """Under the lock: the log becomes segments/FIRST-LAST.jsonl, read-only, and an empty log takes its place.
+
+        Renamed first, made read-only after: a writer that opens the log meanwhile (it opens, then waits for the lock)
+        opens this file while it is still writable, then finds it is no longer the log and takes the new one; made
+        read-only first, the open by the log's name is refused (EACCES) to anyone but root, and that writer's record
+        is lost."""
         first = json.loads(os.pread(fd, _first_line_end(fd), 0))["seq"]
-        self.segments.mkdir(mode=0o700, exist_ok=True)
-        os.fchmod(fd, 0o400)
+        private_dir(self.segments)
         os.rename(self.path, self.segments / f"{first:012d}-{last['seq']:012d}.jsonl")
+        os.fchmod(fd, SEALED_MODE)
         try:
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            os.close(private_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             pass  # a writer that found none made it already
 
@@ -209,7 +220,7 @@ class AuditLog:
         head = {"seq": record["seq"], "hash": record["hash"]}
         if self.key is not None:
             head["mac"] = _mac(self.key, f"{record['seq']}:{record['hash']}")
-        fd = os.open(self.head_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = private_file(self.head_path, os.O_WRONLY | os.O_CREAT)
         try:
             os.pwrite(fd, canonical(head).ljust(HEAD_SIZE), 0)
         finally:
