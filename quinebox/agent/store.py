@@ -2,6 +2,10 @@
 
     sessions.db                SQLite index: one row per session
     sessions/<id>/tape.jsonl   append-only record of a session, fsynced per record
+
+Both are the user's alone whatever the umask (private.py): a tape holds the mission and every answer of the
+model, the index every mission. Dirs are made 0700, the tape, the index (SQLite's -wal and -shm take its
+mode) and its lock 0600.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from quinebox.agent.records import Outcome, Records, as_dict, parse, read_file
 from quinebox.errors import StateError
+from quinebox.private import private_dir, private_file
 from quinebox.processes import owner_alive
 from quinebox.state import session_dir, state_dir, unwritable
 
@@ -28,10 +33,10 @@ class Tape:
     def __init__(self, session: str):
         self.path = session_dir(session) / "tape.jsonl"
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            private_dir(self.path.parent)
+            self._fd = private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         except OSError as exc:
-            raise StateError(unwritable(f"session {session}'s tape", exc)) from None
+            raise StateError(unwritable(f"session {session}'s tape", exc)) from exc
         self._lock = threading.Lock()
 
     def append(self, kind: str, **fields: Any) -> None:
@@ -47,7 +52,7 @@ class Tape:
                 os.fsync(self._fd)
             except OSError as exc:
                 os.ftruncate(self._fd, end)  # no half record: the tape stays whole
-                raise StateError(unwritable(f"the tape {self.path}", exc)) from None
+                raise StateError(unwritable(f"the tape {self.path}", exc)) from exc
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -134,25 +139,26 @@ class Index:
         #: SQLite's own failures (a full disk); its transactions leave the index whole either way.
         self._failed = sqlite3.Error
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(path.parent)
             # Opened one at a time: two first opens race on the switch to WAL, which SQLite answers with "database is
             # locked" at once instead of waiting (seen when `map` starts its first agents on a fresh state dir).
-            with open(path.with_name("sessions.db.lock"), "a") as opening:
+            with open(private_file(path.with_name("sessions.db.lock"), os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as opening:
                 fcntl.flock(opening, fcntl.LOCK_EX)
+                os.close(private_file(path, os.O_RDWR | os.O_CREAT))  # made 0600 here: SQLite would make it 0644
                 self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(_SCHEMA)
                 self._db.execute(_PRUNED)
                 self._db.execute(_OWNERS)
         except (OSError, sqlite3.Error) as exc:
-            raise StateError(unwritable("the sessions index", exc)) from None
+            raise StateError(unwritable("the sessions index", exc)) from exc
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> None:
         try:
             with self._lock, self._db:
                 self._db.execute(sql, params)
         except self._failed as exc:
-            raise StateError(unwritable("the sessions index", exc)) from None
+            raise StateError(unwritable("the sessions index", exc)) from exc
 
     def start(self, session: str, *, parent: str | None, mission: str, model: str, owner: str | None = None) -> None:
         try:
@@ -161,7 +167,7 @@ class Index:
                 if owner is not None:
                     self._db.execute("INSERT OR REPLACE INTO owners VALUES (?, ?)", (session, owner))
         except self._failed as exc:
-            raise StateError(unwritable("the sessions index", exc)) from None
+            raise StateError(unwritable("the sessions index", exc)) from exc
 
     def claim(self, session: str, owner: str) -> None:
         """`owner` runs the session from now on: it was resumed."""
@@ -222,7 +228,7 @@ class Index:
                 self._db.executemany("DELETE FROM owners WHERE id = ?", [(s,) for s in sessions])
                 self._db.executemany("INSERT OR REPLACE INTO pruned VALUES (?, ?)", [(s, at) for s in sessions])
         except self._failed as exc:
-            raise StateError(unwritable("the sessions index", exc)) from None
+            raise StateError(unwritable("the sessions index", exc)) from exc
 
     def pruned(self, session: str) -> tuple[str, float] | None:
         """The one pruned session `session` names (an id or a prefix) and when it was pruned; None for none or several."""

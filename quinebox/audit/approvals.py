@@ -8,7 +8,8 @@ A box never reaches the state dir, so nothing here can be approved from inside
 one. The asking process waits for whichever comes first: a person at its
 terminal, a decision file from any other process (an approver may die and be
 started again: the request is still pending), or its deadline, which denies.
-Every question and answer goes to the audit log.
+Every question and answer goes to the audit log. All of it is the user's alone,
+whatever the umask: dirs 0700, files 0600 (private.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from quinebox.audit.asks import Asks
 from quinebox.audit.prompt import Terminal
 from quinebox.audit.request import Request
 from quinebox.errors import QuineboxError
+from quinebox.private import private_dir, private_file, private_write
 from quinebox.processes import owner_alive, owner_id
 
 #: What a person may answer: allow this request only, for the rest of the box's session, or always; or deny.
@@ -45,14 +47,12 @@ class Decision:
 
 def _dir(name: str) -> Path:
     path = log.audit_dir() / name
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(path)
     return path
 
 
 def _write(path: Path, value: dict[str, Any] | list[dict[str, Any]]) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(log.canonical(value))
-    os.replace(temporary, path)
+    private_write(path, log.canonical(value))
 
 
 def _asker(entry: dict[str, Any]) -> str | None:
@@ -117,9 +117,9 @@ def remembered() -> list[dict[str, Any]]:
 def _update(change: Any) -> Any:
     """Change the remembered rules under a lock, so two deciders never lose each other's rule."""
     home = log.audit_dir()
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(home)
     path = home / "remembered.json"
-    with open(home / "remembered.lock", "a") as lock:
+    with open(private_file(home / "remembered.lock", os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         entries = remembered()
         result = change(entries)

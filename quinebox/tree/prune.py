@@ -37,6 +37,7 @@ from quinebox.audit.log import record
 from quinebox.box.owners.gc import prune_images
 from quinebox.box.owners.listing import every_box, reachable_engine
 from quinebox.errors import QuineboxError
+from quinebox.private import private_dir, private_file
 from quinebox.processes import user_name
 from quinebox.state import run_dir, session_dir, state_dir, tree_bytes
 from quinebox.tree.runs import END, attempted, runs_dir
@@ -275,8 +276,8 @@ def ended_runs(pruned: set[str], indexed: set[str]) -> list[Path]:
 def _exclusive() -> int:
     """One prune at a time per state dir; a second is refused at once rather than waiting behind the first."""
     path = state_dir() / "prune.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    private_dir(path.parent)
+    fd = private_file(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -7,6 +7,7 @@
 How each input finished is already in DIR/results.jsonl (fanout.py), whose lines carry the run's id;
 this adds only what that file cannot say: the run itself, what is queued and what runs now. The record is
 a bystander: a write that fails (a full disk, an unwritable state dir) costs the record, never the run.
+It holds the mission: its dirs are 0700 and its files 0600 whatever the umask (private.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from quinebox.documents import json_objects
+from quinebox.private import private_dir, private_file, private_write
 from quinebox.processes import owner_id
 from quinebox.state import state_dir
 
@@ -69,7 +71,7 @@ class RunRecord:
             "inputs": [{"name": job.name, "source": job.source} for job in jobs], "resumed": sorted(resumed),
         }
         try:
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dir(self.dir)
         except OSError:
             return
         self._write_json(RUN, run)
@@ -78,7 +80,7 @@ class RunRecord:
         """An attempt has started: `session` as soon as its agent's session exists (None where only a later moment knows it)."""
         line = json.dumps({"t": time.time(), "name": name, "source": source, "session": session}) + "\n"
         try:
-            fd = os.open(self.dir / ATTEMPTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = private_file(self.dir / ATTEMPTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         except OSError:
             return
         try:
@@ -93,12 +95,7 @@ class RunRecord:
 
     def _write_json(self, name: str, value: dict[str, Any]) -> None:
         """Whole or not at all: a reader sees the old file (or none), never half of the new one."""
-        partial = self.dir / f".{name}.tmp"
         try:
-            partial.write_text(json.dumps(value))
-            os.replace(partial, self.dir / name)
+            private_write(self.dir / name, json.dumps(value).encode())
         except OSError:
-            try:
-                partial.unlink(missing_ok=True)
-            except OSError:
-                pass
+            pass

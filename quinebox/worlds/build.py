@@ -2,6 +2,11 @@
 
 Everything here either finishes or leaves nothing behind; `discard` removes a
 world that will not be used.
+
+A world is the user's alone whatever the umask (private.py): its dirs are made
+0700 and meta.json 0600, and the layer the box writes to is 0700 too, owned by
+the box's uid and gid when root makes it (the box's user keeps every right on
+it; no one else has any). What the box puts in it keeps the modes it gave.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import stat
 from typing import Any
 
 from quinebox import untar
+from quinebox.private import DIR_MODE, private_dir, private_write
 from quinebox.state import session_dir
 from quinebox.worlds import beneath
 from quinebox.worlds.materialize import carry_out
@@ -37,19 +43,19 @@ def max_archive_bytes() -> int:
 def create(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
     """Make the world's directories and fill them; on any failure nothing is left behind."""
     here = world_dir(session)
-    here.mkdir(parents=True, exist_ok=True)
+    private_dir(here)
     try:
         if spec.kind == "overlay":
             for path in (spec.layer, spec.work):
                 if path is None:
                     raise WorldError(f"world {session}: an overlay world has no work directory")
-                os.mkdir(path, 0o755)
+                _mkdir(path)
                 _own(path, uid, gid)
         elif spec.kind == "dir":
             _make_layer(spec)
             _fill(spec, uid, gid)
             _own(spec.layer, uid, gid)
-        (here / "meta.json").write_text(json.dumps({"session": session, "uid": uid, "gid": gid, **_spec_fields(spec)}))
+        private_write(here / "meta.json", json.dumps({"session": session, "uid": uid, "gid": gid, **_spec_fields(spec)}).encode())
     except BaseException:
         discard(session)
         raise
@@ -57,12 +63,19 @@ def create(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
 
 def _make_layer(spec: WorldSpec) -> None:
     """A dir world's directory; one already there is taken only when empty and meant to stay empty:
-    a warm box's world, moved into its session when the box was claimed (box/pool/claim.py)."""
+    a warm box's world, moved into its session when the box was claimed (box/pool/claim.py), made private then."""
     try:
-        os.mkdir(spec.layer, 0o755)
+        _mkdir(spec.layer)
     except FileExistsError:
         if spec.base or spec.sources or spec.archive or os.listdir(spec.layer):
             raise WorldError(f"cannot make a world at {spec.layer}: something is there already") from None
+        os.chmod(spec.layer, DIR_MODE)
+
+
+def _mkdir(path: str) -> None:
+    """A layer the box writes to, 0700 whatever the umask (then owned by the box's user: `_own`)."""
+    os.mkdir(path, DIR_MODE)
+    os.chmod(path, DIR_MODE)
 
 
 def _spec_fields(spec: WorldSpec) -> dict[str, Any]:
@@ -127,6 +140,7 @@ def _cloned(source: str, target: str) -> bool:
     try:
         dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
+            os.fchmod(dst, 0o600)  # whatever the umask: where it cannot be cloned, copy2 opens it again to write it
             fcntl.ioctl(dst, FICLONE, src)
             return True
         except OSError as exc:

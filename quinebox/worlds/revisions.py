@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from quinebox.errors import QuineboxError
+from quinebox.private import SEALED_MODE, private_dir, private_file
 from quinebox.state import session_dir, state_dir
 from quinebox.worlds import beneath
 
@@ -92,15 +93,17 @@ class ObjectStore:
     `quinebox prune` takes the objects no revision names (worlds/sweep.py). So that it never takes one a world
     is about to name: each put holds `sweep.lock` shared (the sweep holds it exclusive), an object found already
     there is touched, and each open world holds a lease from before its first put (`lease`); the sweep spares
-    every object touched since the oldest live lease began."""
+    every object touched since the oldest live lease began.
+
+    Its dirs are 0700 and each object 0400 (private.py): a world's files are the user's alone, whatever the umask."""
 
     def __init__(self, root: Path | None = None):
         self.root = root or state_dir() / "objects"
 
     def locked(self, how: int) -> int:
         """An fd of `sweep.lock` holding `how` (fcntl.LOCK_SH or LOCK_EX); the caller closes it to let go."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / "sweep.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        private_dir(self.root)
+        fd = private_file(self.root / "sweep.lock", os.O_RDWR | os.O_CREAT)
         fcntl.flock(fd, how)
         return fd
 
@@ -110,8 +113,8 @@ class ObjectStore:
         swept = self.locked(fcntl.LOCK_SH)
         try:
             leases = self.root / "leases"
-            leases.mkdir(exist_ok=True)
-            fd = os.open(leases / f"{os.getpid()}-{secrets.token_hex(4)}", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            private_dir(leases)
+            fd = private_file(leases / f"{os.getpid()}-{secrets.token_hex(4)}", os.O_RDWR | os.O_CREAT | os.O_EXCL)
             fcntl.flock(fd, fcntl.LOCK_SH)
             return fd
         finally:
@@ -141,7 +144,7 @@ class ObjectStore:
 
     def _put(self, fd: int) -> tuple[str, int] | None:
         tmp_dir = self.root / "tmp"
-        tmp_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(tmp_dir)
         digest = hashlib.sha256()
         out = tempfile.NamedTemporaryFile(dir=tmp_dir, delete=False)
         try:
@@ -160,8 +163,8 @@ class ObjectStore:
             if final.exists():
                 os.utime(final)  # named again: a sweep under way before the next revision names it spares it
                 return sha, total
-            final.parent.mkdir(exist_ok=True)
-            os.chmod(out.name, 0o444)
+            private_dir(final.parent)
+            os.chmod(out.name, SEALED_MODE)
             os.replace(out.name, final)
             return sha, total
         finally:
@@ -301,7 +304,7 @@ def describe(old: Manifest, delta: Changes) -> list[tuple[str, str]]:
 
 
 class RevisionLog:
-    """A world's revisions, one JSON line each, appended and fsynced: `sessions/<id>/world/revisions.jsonl`."""
+    """A world's revisions, one JSON line each, appended and fsynced: `sessions/<id>/world/revisions.jsonl` (0600)."""
 
     def __init__(self, session: str):
         self.session = session
@@ -320,8 +323,8 @@ class RevisionLog:
         record = {"t": round(time.time(), 3), **record}
         line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "ab") as f:
+            private_dir(self.path.parent)
+            with open(private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as f:
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())
