@@ -21,6 +21,7 @@ from quinebox.errors import EngineError, GrantError, ImageError
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.idmap import IdRange
 
 
 def configure(spec: BoxSpec, backend: DockerBackend) -> tuple[BoxSpec, ImageInfo, ContainerConfig]:
@@ -50,11 +51,49 @@ def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo,
     spec = with_argv(spec, image)
     agent_root = rootfs if spec.image == DEFAULT_IMAGE else unpacked_image(DEFAULT_IMAGE, pull="never")[1]
     runtime = f"{agent_root}{RUNTIME}"
-    config = oci_config(
-        spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs, gvisor=runtime_name == "runsc", hidden=hidden,
-        rootless=rootless,
-    )
+    gvisor = runtime_name == "runsc"
+    ids = inherited_ids(spec.parent) if rootless is None and not gvisor else None
+    claimed = ids is None and rootless is None and not gvisor
+    if claimed:
+        ids = own_ids(spec.session)
+    try:
+        config = oci_config(
+            spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs, gvisor=gvisor, hidden=hidden,
+            rootless=rootless, userns=(ids.first, ids.span) if ids is not None else None,
+        )
+    except BaseException:
+        if ids is not None and claimed:
+            from quinebox.box.backends.idmap import release
+
+            release(ids, spec.session)
+        raise
     return spec, image, config
+
+
+def release_ids(config: dict[str, Any], session: str) -> None:
+    """Give back the host ids a config of `session`'s claimed (own_ids), where it claimed any: once no box is made of it."""
+    from quinebox.box.backends.idmap import range_of, release
+
+    ids = range_of(config.get("linux", {}).get("uidMappings"))
+    if ids is not None:
+        release(ids, session)
+
+
+def inherited_ids(parent: str | None) -> IdRange | None:
+    """The ids a child shares with its parent's box, run by this process (backends/idmap.py: a tree is one span)."""
+    from quinebox.box.backends.idmap import inherited
+
+    return inherited(parent)
+
+
+def own_ids(session: str) -> IdRange:
+    """A root-made box's own span of host ids (backends/idmap.py); refused in one line where none can be had."""
+    from quinebox.box.backends.idmap import claim
+
+    try:
+        return claim(session)
+    except OSError as exc:
+        raise EngineError(f"cannot give the box host ids of its own: {exc.strerror or exc}") from exc
 
 
 def rootless_user() -> Rootless | None:

@@ -121,9 +121,10 @@ class BoxProcess:
         """Lifeline, world, place, the box started on its backend, its deadline set: in this order."""
         spec = self.spec
         listener = self._launch.claim(spec, config, lasting=self._lasting)
-        self._broker = Broker(spec.lifeline, self._handler, self.place, listener=listener) if spec.lifeline else None
+        owner = self._launch.world_owner(spec)  # the host's ids of the box's user: its sockets and world are theirs
+        self._broker = Broker(spec.lifeline, self._handler, self.place, listener=listener, owner=owner) if spec.lifeline else None
         if spec.world is not None:
-            self.world = open_world(spec.session, spec.world, uid=spec.uid, gid=spec.gid, limit=spec.grants.world or DEFAULT_WORLD, on_full=self._world_full)
+            self.world = open_world(spec.session, spec.world, uid=owner[0], gid=owner[1], limit=spec.grants.world or DEFAULT_WORLD, on_full=self._world_full)
         if self.place is not None:
             self.place.attach(self)
         self._launch.start(spec, config, streams, broker=self._broker, stop_fd=self._stop_r)
@@ -226,7 +227,7 @@ class BoxProcess:
             self.spec.grants.net, say=self._say, session=self.session, record=handler.record_egress if handler else None, secrets=secrets, authority=authority,
             asks=self.spec.asks, approve=self.place.approve if self.place else None,
         )
-        egress.listen(self.spec.egress_socket or "")
+        egress.listen(self.spec.egress_socket or "", self._launch.world_owner(self.spec))
         return egress
 
     def _reader_gone(self) -> None:

@@ -158,6 +158,10 @@ def claim_frame(spec: BoxSpec, config: ContainerConfig) -> dict[str, Any]:
 # -- on an OCI runtime: the shape of a config.json ----------------------------------------------------------
 
 
+#: A shape's stand-in for a root-made box's own uid and gid maps, which each warm box claims (backends/idmap.py).
+OWN_IDS = "quinebox.own-ids"
+
+
 def oci_shape_of(spec: BoxSpec, config: dict[str, Any], runtime: str) -> dict[str, Any] | None:
     """The shape of the box `config` (an OCI runtime's config.json, policy_oci.py) describes for `spec` on
     `runtime`, or None when only a cold box can serve it: the config less who the box is (its annotations but its
@@ -165,6 +169,8 @@ def oci_shape_of(spec: BoxSpec, config: dict[str, Any], runtime: str) -> dict[st
     its lifeline's and empty world's sources as stand-ins. Its limits stay in it: a warm box is made with them."""
     if why_cold(spec) is not None:
         return None
+    if spec.parent and "uidMappings" in config["linux"] and spec.caller == 0:
+        return None  # a child shares its parent's host ids (backends/idmap.py), and a warm box has its own
     # A new dict for each part that changes, the rest shared with `config` (never changed here: a deep copy of the
     # seccomp profile would be most of a claim's cost).
     shaped = dict(config)
@@ -185,6 +191,8 @@ def oci_shape_of(spec: BoxSpec, config: dict[str, Any], runtime: str) -> dict[st
     if own != CGROUP_PREFIX + spec.session:
         return None
     shaped["linux"] = {**shaped["linux"], "cgroupsPath": parent}  # its parent: each warm box's own is named for it
+    if spec.caller == 0 and "uidMappings" in shaped["linux"]:  # a root-made box's own ids: each warm box claims its own
+        shaped["linux"] = {key: value for key, value in shaped["linux"].items() if key not in ("uidMappings", "gidMappings")} | {OWN_IDS: True}
     return {"backend": "oci", "runtime": runtime, "config": shaped}
 
 
@@ -200,10 +208,23 @@ def _well_formed_oci(shape: dict[str, Any]) -> bool:
     )
 
 
-def warm_oci_config(shape: dict[str, Any], *, box: str, lifeline: str, world: str | None, owner: str, created: str) -> dict[str, Any]:
+def own_ids(shape: dict[str, Any]) -> bool:
+    """Whether each box of this OCI shape has host ids of its own (a root-made box's: backends/idmap.py)."""
+    return bool(shape.get("config", {}).get("linux", {}).get(OWN_IDS))
+
+
+def warm_oci_config(
+    shape: dict[str, Any], *, box: str, lifeline: str, world: str | None, owner: str, created: str, userns: tuple[int, int] | None = None,
+) -> dict[str, Any]:
     """The config.json of a warm box `box` of an OCI `shape`: its lifeline socket and world at host paths of its
-    own, its cgroup named for it, and the guest's init waiting for its claim (its environment comes with it)."""
+    own, its cgroup named for it, and the guest's init waiting for its claim (its environment comes with it).
+    `userns`: the (first, count) host ids of its own that a shape with `own_ids` needs."""
     config = copy.deepcopy(shape["config"])
+    if own_ids(shape):
+        if userns is None:
+            raise ValueError("this shape needs host ids of the box's own")
+        mapping = [{"containerID": 0, "hostID": userns[0], "size": userns[1]}]
+        config["linux"] = {key: value for key, value in config["linux"].items() if key != OWN_IDS} | {"uidMappings": mapping, "gidMappings": mapping}
     for mount in config["mounts"]:
         if mount.get("source") == LIFELINE_SOURCE:
             mount["source"] = lifeline

@@ -37,14 +37,17 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from quinebox.box.backends import idmap
 from quinebox.box.backends.oci import deleted
 from quinebox.box.policy import LABEL_PREFIX
 from quinebox.errors import EngineError
@@ -94,13 +97,19 @@ def bundles() -> list[tuple[str, Path]]:
     return [(path.name[: -len(BUNDLE_SUFFIX)], path) for path in sorted(run_dir().glob(f"*{BUNDLE_SUFFIX}"))]
 
 
-def layered(image_root: str, bundle: Path) -> str:
+def layered(image_root: str, bundle: Path, *, ids: idmap.IdRange | None = None, mounts: Sequence[dict[str, Any]] = ()) -> str:
     """The box's root in `bundle`, the image's tree `image_root` under an empty layer of the box's own: its path.
 
-    Mounted until `detach(bundle)`; EngineError (nothing left mounted) when the kernel refuses."""
+    `ids`: a root-made box's own host ids (idmap.py): its root is where `in_slot` put it, its upper layer is
+    that namespace's root's, and the mount points of `mounts` (the config's) are made here, as the host's root,
+    since the namespace's root may not write the image's directories (the host's root owns them, unmapped
+    there). Mounted until `detach(bundle)`; EngineError (nothing left mounted) when the kernel refuses."""
     root, layer = bundle / ROOT, bundle / LAYER
     try:
-        root.mkdir()
+        if ids is None:
+            root.mkdir()
+        else:
+            root = Path(os.readlink(root))
         layer.mkdir()
         _mount("tmpfs", str(layer), "tmpfs", LAYER_OPTIONS)
         try:
@@ -111,7 +120,8 @@ def layered(image_root: str, bundle: Path) -> str:
             image = os.stat(image_root)
             os.chmod(layer / "upper", stat.S_IMODE(image.st_mode))
             if os.geteuid() == 0:
-                os.chown(layer / "upper", image.st_uid, image.st_gid)
+                owner = (image.st_uid, image.st_gid) if ids is None else (_in(ids, image.st_uid), _in(ids, image.st_gid))
+                os.chown(layer / "upper", *owner)
             fds = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in (image_root, layer / "upper", layer / "work")]
             try:
                 _mount("overlay", str(root), "overlay", "lowerdir=/proc/self/fd/{},upperdir=/proc/self/fd/{},workdir=/proc/self/fd/{}".format(*fds))
@@ -120,10 +130,81 @@ def layered(image_root: str, bundle: Path) -> str:
                     os.close(fd)
         finally:
             _unmount(layer)  # the overlay holds its upper layer: the tmpfs needs no place of its own in the host's tree
+        if ids is not None:
+            mount_points(str(root), mounts)
     except OSError as exc:
         detach(bundle)
         raise EngineError(f"cannot give the box a root of its own over image tree {image_root}: mounting {exc.filename} failed ({exc.strerror})") from None
     return str(root)
+
+
+def in_slot(bundle: Path, ids: idmap.IdRange, mounts: Sequence[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """For a root-made box with its own ids: where its root will be mounted (the slot's directory for its session,
+    the bundle's ROOT a link to it, for `layered` and `detach`), and its config's mounts with each overlay (an
+    inherited world) mounted here by the host and bound in: the kernel resolves an overlay's layers by path as
+    whoever mounts it, and the namespace's root may not walk the state dir's paths. Detached with the root."""
+    session = bundle.name.removesuffix(BUNDLE_SUFFIX)
+    root = ids.root_for(session)
+    root.mkdir(mode=0o700)
+    os.chown(root, ids.first, ids.first)
+    (bundle / ROOT).symlink_to(root)
+    out = []
+    for number, mount in enumerate(mounts):
+        if mount.get("type") == "overlay" and mount["destination"] != "/":
+            target = Path(f"{root}.mnt") / str(number)
+            target.mkdir(mode=0o700, parents=True)
+            try:
+                _mount("overlay", str(target), "overlay", ",".join(mount.get("options", ())))
+            except OSError as exc:
+                detach(bundle)
+                raise EngineError(f"cannot mount the box's {mount['destination']} (an overlay of its parent's layers): {exc.strerror}") from None
+            mount = {"destination": mount["destination"], "type": "bind", "source": str(target), "options": ["rbind", "rprivate", "rw"]}
+        out.append(mount)
+    return str(root), out
+
+
+def _in(ids: idmap.IdRange, host_id: int) -> int:
+    """The image's owner `host_id` as the same id in the box's namespace (its root is its namespace's root)."""
+    return ids.host(host_id) if host_id < ids.span else ids.first
+
+
+def mount_points(root: str, mounts: Sequence[dict[str, Any]]) -> None:
+    """Make each mount's destination in the box's `root` (a directory, or an empty file for a bind of one), as the
+    runtime would, walking from a directory fd with O_NOFOLLOW at every step: a link in the image is never followed
+    out of the root (a destination behind one is left to the runtime, which resolves it inside the root). One that
+    lands inside another mount (/dev/pts in /dev's tmpfs) is the runtime's to make there, where its root may."""
+    targets = [m["destination"] for m in mounts]
+    for mount in mounts:
+        dest = os.path.normpath(mount["destination"])
+        if dest == "/" or any(other != dest and dest.startswith(other.rstrip("/") + "/") for other in targets):
+            continue
+        source = mount.get("source")
+        is_file = mount.get("type") == "bind" and isinstance(source, str) and os.path.exists(source) and not os.path.isdir(source)
+        _make_point(root, dest.strip("/").split("/"), is_file)
+
+
+def _make_point(root: str, parts: list[str], is_file: bool) -> None:
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for depth, name in enumerate(parts):
+            last = depth == len(parts) - 1
+            try:
+                if last and is_file:
+                    os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd))
+                    return
+                os.mkdir(name, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            except OSError:
+                return  # a link, a file where a directory goes: the runtime's to answer
+            try:
+                child = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                return
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
 
 
 def in_namespace(image_root: str, bundle: Path) -> list[dict[str, Any]]:
@@ -168,12 +249,26 @@ def _shared_memory_layer(bundle: Path) -> Path:
 def detach(bundle: Path) -> None:
     """Detach the box's root from the host's mount namespace (its box keeps its own copy while it runs); safe to
     call again, or for a bundle that never had one. Before any removal of the bundle: a removal that walked into a
-    mounted root would spend its time making whiteouts."""
-    for target in (bundle / ROOT, bundle / LAYER):
+    mounted root would spend its time making whiteouts. A root-made box's root is in its ids' slot (the bundle's
+    ROOT links there: `in_slot`), with the overlays the host mounted for it beside it."""
+    root = bundle / ROOT
+    targets = [root, bundle / LAYER]
+    if root.is_symlink():
+        slot_root = Path(os.readlink(root))
+        mounts = Path(f"{slot_root}.mnt")
+        targets = [slot_root, *(mounts / name for name in _names(mounts)), bundle / LAYER]
+    for target in targets:
         try:
             _unmount(target)
         except OSError:
             pass  # not ours to detach (EPERM): the bundle's removal then stops at it, and the cache is not written
+
+
+def _names(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def remove_box(runtime: list[str], cid: str, bundle: Path | None) -> bool:
@@ -191,11 +286,23 @@ def remove_bundle(bundle: Path) -> None:
     """A box's bundle removed, its root detached first (a box removes its own as soon as it ends, see ocibox).
     A rootless box's overlay leaves its work directory unreadable (mode 0, as overlayfs makes it): opened up."""
     detach(bundle)
+    _release_ids(bundle)
     handler: dict[str, Any] = {"onexc" if sys.version_info >= (3, 12) else "onerror": _open_up}
     layer = bundle / LAYER
     if layer.is_symlink():  # a rootless box's layers, in /dev/shm (_shared_memory_layer)
         shutil.rmtree(os.readlink(layer), **handler)
     shutil.rmtree(bundle, **handler)
+
+
+def _release_ids(bundle: Path) -> None:
+    """A root-made box's own ids given back (idmap.py) once its root is detached: its config names them."""
+    try:
+        config = json.loads((bundle / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    ids = idmap.range_of(config.get("linux", {}).get("uidMappings")) if isinstance(config, dict) and isinstance(config.get("linux"), dict) else None
+    if ids is not None and os.geteuid() == 0:
+        idmap.release(ids, bundle.name[: -len(BUNDLE_SUFFIX)])
 
 
 def _open_up(function: Any, path: str, exc: Any) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from quinebox.box.backends import boxroot, reaper
+from quinebox.box.backends import boxroot, idmap, reaper
 from quinebox.box.backends.boxroot import IMAGE_ROOT, bundle_of, remove_box, remove_bundle
 from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, container_id, sandbox_death
 from quinebox.box.policy import LABEL_PREFIX
@@ -205,18 +205,24 @@ class OciBox:
         restore = config.get("annotations", {}).get(RESTORE_IMAGE)
         self.bundle = bundle_of(session)
         self.bundle.mkdir(mode=0o700)
+        self._ids: idmap.IdRange | None = None
         try:
             image_root = config["root"]["path"]
             # The box's own root over the image's tree (boxroot.py): the runtime makes its mount points there, not in the
             # cache. A rootless box's is made in its own namespace (the config's first mount), a root-made one's here.
-            rootless = any(ns["type"] == "user" for ns in config.get("linux", {}).get("namespaces", ()))
-            own = {**config, "root": {**config["root"], "path": str(self.bundle / boxroot.ROOT)}, "annotations": {**config.get("annotations", {}), IMAGE_ROOT: image_root}}
+            rootless = os.geteuid() != 0 and any(ns["type"] == "user" for ns in config.get("linux", {}).get("namespaces", ()))
+            # A root-made box's own ids (idmap.py): its root is mounted where the namespace's root can reach it.
+            self._ids = idmap.range_of(config.get("linux", {}).get("uidMappings")) if not rootless else None
+            root, mounts = str(self.bundle / boxroot.ROOT), config["mounts"]
+            if self._ids is not None:
+                root, mounts = boxroot.in_slot(self.bundle, self._ids, mounts)
+            own = {**config, "root": {**config["root"], "path": root}, "mounts": mounts, "annotations": {**config.get("annotations", {}), IMAGE_ROOT: image_root}}
             if rootless:
                 own["mounts"] = [*boxroot.in_namespace(image_root, self.bundle), *config["mounts"]]
             (self.bundle / "config.json").write_text(json.dumps(own, separators=(",", ":")))
             hold(runtime, self.id, str(self.bundle))
             if not rootless:
-                boxroot.layered(image_root, self.bundle)
+                boxroot.layered(image_root, self.bundle, ids=self._ids, mounts=mounts)
             pid_file = str(self.bundle / "init.pid")
             terminal = ConsoleSocket(console_path(str(self.bundle))) if console else None
             try:
@@ -227,6 +233,8 @@ class OciBox:
                         runtime.run(self.id, str(self.bundle), stdio=stdio, pid_file=pid_file, console_socket=terminal.path if terminal else None)
                 boxroot.detach(self.bundle)  # the box has its root now, in a mount namespace of its own
                 self.pid = int(Path(pid_file).read_text())
+                if self._ids is not None:
+                    idmap.settle(self._ids, session, self.pid)  # its ids are its init's while it lives, whoever made it
                 self._pidfd = os.pidfd_open(self.pid)  # ours until we reap it (a zombie of ours if it has exited already)
                 self._helpers = runtime.helper_pids(self.id)
                 if terminal is not None and console is not None:
@@ -313,7 +321,7 @@ class OciBox:
                 raise EngineError(f"the OCI runtime {self.runtime.name} did not remove the checkpointed sandbox in time")
             for directory in (boxroot.ROOT, boxroot.LAYER):  # left empty when its root was detached after `run`
                 (self.bundle / directory).rmdir()
-            boxroot.layered(self._config["root"]["path"], self.bundle)
+            boxroot.layered(self._config["root"]["path"], self.bundle, ids=self._ids, mounts=self._config["mounts"])
             pid_file = str(self.bundle / "init.pid")
             try:
                 with subreaper():

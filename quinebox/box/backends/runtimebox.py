@@ -57,7 +57,7 @@ class RuntimeBox(Box):
 
     def id_ranges(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]] | None:
         """The uids and gids its user namespace maps, each as (first id in the box, count), from its bundle's
-        config; None when it has none (a box root made: its ids are the host's)."""
+        config; None when it has none (a gVisor box: its ids are its sandbox's)."""
         try:
             linux = json.loads((self.bundle / "config.json").read_text())["linux"]
             if "uidMappings" not in linux:

@@ -91,22 +91,38 @@ def _serves_execs(message: dict[str, Any]) -> bool:
     return message["kind"] == "hello" and message.get("role") == "lifeline" and isinstance(serves, list) and "exec" in serves
 
 
-def box_socket(path: str, *, backlog: int) -> socket.socket:
+def box_socket(path: str, *, backlog: int, owner: tuple[int, int] | None = None) -> socket.socket:
     """A listening Unix socket at `path` (a stale one there is replaced) that the box reaches by bind mount.
 
-    The box's uid may differ from ours, so anyone may connect: the run dir (0700)
-    keeps everyone else out, and the box reaches the socket only through its mount.
+    `owner`: the host's (uid, gid) of the box's user (a root-made box's own ids, backends/idmap.py): the socket
+    is theirs alone (0600; root reaches it as root). Without one (a box whose user is ours) it is ours alone.
+    The run dir (0700) keeps everyone else from its path; `box_peer` checks who connected on every accept.
     """
-    return fdpass.listen(path, mode=0o666, backlog=backlog)
+    listener = fdpass.listen(path, mode=0o600, backlog=backlog)
+    if owner is not None and os.geteuid() == 0:  # only root gives a file away; a box made without root has its maker's ids
+        os.chown(path, *owner, follow_symlinks=False)  # in the run dir, which only we may write: nothing can swap it
+    return listener
+
+
+def box_peer(conn: socket.socket, owner: tuple[int, int] | None) -> bool:
+    """Whether the process at the other end of `conn` is the box's (its user's host uid) or the host's own (our
+    uid, root's): anyone else that reached the socket (through a box's /proc/PID/root, say) is refused."""
+    uid = fdpass.peer_uid(conn)
+    return uid == os.geteuid() or uid == 0 or (owner is not None and uid == owner[0])
 
 
 class Broker:
-    def __init__(self, path: str, handler: Handler | None = None, spawner: Spawner | None = None, *, listener: socket.socket | None = None):
-        """`listener`: the socket already listening at `path` (a warm box's, handed over when it was claimed)."""
+    def __init__(
+        self, path: str, handler: Handler | None = None, spawner: Spawner | None = None, *, listener: socket.socket | None = None,
+        owner: tuple[int, int] | None = None,
+    ):
+        """`listener`: the socket already listening at `path` (a warm box's, handed over when it was claimed).
+        `owner`: the host's (uid, gid) of the box's user, who alone (and the host) may connect (box_socket)."""
         self.path = path
+        self.owner = owner
         self.handler = handler
         self.spawner = spawner
-        self._listener = listener or box_socket(path, backlog=16)
+        self._listener = listener or box_socket(path, backlog=16, owner=owner)
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -126,6 +142,9 @@ class Broker:
                 conn, _ = self._listener.accept()
             except OSError:
                 return  # closed
+            if not box_peer(conn, self.owner):
+                conn.close()
+                continue
             if not self.adopt(conn) and self._closed:
                 return
 

@@ -84,9 +84,9 @@ class Egress:
         if loopback := sorted(rule.format() for rule in rules if rule.kind == "loopback"):
             log.note("host_loopback_granted", session, grants=loopback)
 
-    def listen(self, path: str) -> None:
-        """Serve the connections the box hands over at `path` (a socket it reaches by bind mount only)."""
-        self._handover = Handover(path, self._serve)
+    def listen(self, path: str, owner: tuple[int, int] | None = None) -> None:
+        """Serve the connections the box's user (`owner`, host ids) hands over at `path` (bound into the box only)."""
+        self._handover = Handover(path, self._serve, owner)
 
     def close(self) -> None:
         if self._handover is not None:

@@ -13,16 +13,18 @@ import stat
 import threading
 from collections.abc import Callable
 
-from quinebox.box.net.broker import box_socket
+from quinebox.box.net.broker import box_peer, box_socket
 
 
 class Handover:
     """A listening socket at `path`; `serve(conn)` runs on a thread of its own for each TCP socket handed over."""
 
-    def __init__(self, path: str, serve: Callable[[socket.socket], None]):
+    def __init__(self, path: str, serve: Callable[[socket.socket], None], owner: tuple[int, int] | None = None):
+        """`owner`: the host's (uid, gid) of the box's user, who alone (and the host) may hand over (box_socket)."""
         self.path = path
         self._serve = serve
-        self._listener = box_socket(path, backlog=64)
+        self._owner = owner
+        self._listener = box_socket(path, backlog=64, owner=owner)
         threading.Thread(target=self._accept, name=f"handover:{os.path.basename(path)}", daemon=True).start()
 
     def close(self) -> None:
@@ -40,7 +42,7 @@ class Handover:
                 return  # closed
             try:
                 handing.settimeout(5)
-                _, fds, _, _ = socket.recv_fds(handing, 1, 4)
+                _, fds, _, _ = socket.recv_fds(handing, 1, 4) if box_peer(handing, self._owner) else (b"", [], 0, None)
             except (OSError, ValueError):
                 fds = []
             finally:

@@ -48,6 +48,8 @@ class ClaimedOci:
     socket_path: str
     world: str | None
     keeper: socket.socket
+    #: The host's (uid, gid) of its user: its world and socket are theirs (a root-made box's own ids, idmap.py).
+    owner: tuple[int, int]
     #: Whether its init said, as it connected, that it starts execs (net/init_line.py).
     serves_execs: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -143,8 +145,14 @@ def claim_oci(spec: BoxSpec, config: dict[str, Any], runtime: str) -> ClaimedOci
             os.close(fd)
         conn.close()
         return None
+    owner = answer.get("owner")
+    if not (isinstance(owner, list) and len(owner) == 2 and all(isinstance(i, int) for i in owner)):
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return None
     listener, lifeline = (socket.socket(fileno=fd) for fd in fds[:2])
     return ClaimedOci(
         container=str(answer["container"]), box=str(answer["box"]), listener=listener, lifeline=lifeline, pidfd=fds[2],
-        socket_path=str(answer["lifeline"]), world=answer.get("world"), keeper=conn, serves_execs=bool(answer.get("init")),
+        socket_path=str(answer["lifeline"]), world=answer.get("world"), keeper=conn, owner=(owner[0], owner[1]), serves_execs=bool(answer.get("init")),
     )

@@ -1,9 +1,9 @@
 """The pool's keeper: the process of its own that `quinebox serve` forks to keep warm boxes (warm.py) and hand them out.
 
-It is forked before the server answers anyone and tied to it: however the server goes (`serve stop`, an idle
-exit, SIGKILL) the keeper gets SIGTERM (PR_SET_PDEATHSIG), lets every warm box go — those whose make is under way
+It is forked once commands keep coming (warm.Demand) and tied to the server: however the server goes (`serve
+stop`, an idle exit, its state dir removed, SIGKILL) the keeper gets SIGTERM (PR_SET_PDEATHSIG), lets every warm box go — those whose make is under way
 included — and waits for the boxes it made on a runtime and handed out to end, before it exits. It answers its
-own user only, on the state dir's pool.sock: a claim (a shape: a warm box of it, or a miss), or its stats.
+own user's processes as free as itself only (warm.refused), on the state dir's pool.sock: a claim (a shape: a warm box of it, or a miss), or its stats.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 from quinebox import fdpass
 from quinebox.box.backends.choice import choose
 from quinebox.box.backends.docker import DockerBackend
-from quinebox.box.configure import configure, configure_oci
+from quinebox.box.configure import configure, configure_oci, release_ids
 from quinebox.box.policy import oci_refusal
-from quinebox.box.pool.warm import Kept, Pool, Settings
+from quinebox.box.pool.warm import Kept, Pool, Settings, refused
 from quinebox.box.pool.warm_docker import start_warm
 from quinebox.box.pool.warm_oci import WarmOci, wait_claimed
 from quinebox.box.shape import oci_shape_of, shape_of, well_formed
@@ -65,6 +65,7 @@ def default_shape(makers: Makers) -> dict[str, Any] | None:
     if choice.backend == "oci":
         runtime = choice.runtime or "runc"
         spec, _, oci = configure_oci(spec, runtime)
+        release_ids(oci, spec.session)  # a shape holds no box's own ids: each warm box claims its own
         return oci_shape_of(spec, oci, runtime)
     spec, _, config = configure(spec, makers.engine())
     return shape_of(spec, config)
@@ -131,7 +132,7 @@ def unlink_own(listener: socket.socket, bound: os.stat_result) -> None:
 def _answer(pool: Pool, conn: socket.socket) -> None:
     kept = False  # a runtime's claimed box keeps the connection: how the box ended is told on it
     try:
-        if fdpass.peer_uid(conn) != os.getuid():
+        if refused(conn):  # another user's, or a process less free than the pool (a sandboxed one's)
             return
         message, fds = fdpass.receive(conn, 2.0)
         for fd in fds:

@@ -26,12 +26,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from quinebox import fdpass
+from quinebox.box.backends import idmap
 from quinebox.box.backends.ocibox import OciBox, finish_removals, oci_runtime
 from quinebox.box.net.broker import box_socket
 from quinebox.box.pool.claim import forget
 from quinebox.box.pool.warm import holds, take_lifeline
 from quinebox.box.pool.warm_docker import START_TIMEOUT
-from quinebox.box.shape import POOL_SESSION, box_user, has_world, warm_oci_config
+from quinebox.box.shape import POOL_SESSION, box_user, has_world, own_ids, warm_oci_config
 from quinebox.box.spec import new_session_id
 from quinebox.errors import EngineError
 from quinebox.processes import owner_id
@@ -55,7 +56,16 @@ class WarmOci:
         self._ended = threading.Event()
         self._oci: OciBox | None = None
         self._pidfd: int | None = None
-        self.listener = box_socket(self.socket_path, backlog=16)
+        #: Its own host ids (a root-made box's, idmap.py), and so the host's ids of its user, who owns its world and socket.
+        self.ids = idmap.claim(POOL_SESSION + self.box) if own_ids(shape) else None
+        uid, gid = box_user(shape)
+        self.owner = (self.ids.host(uid), self.ids.host(gid)) if self.ids is not None else (uid, gid)
+        try:
+            self.listener = box_socket(self.socket_path, backlog=16, owner=self.owner)
+        except BaseException:
+            if self.ids is not None:
+                idmap.release(self.ids, POOL_SESSION + self.box)
+            raise
         self.lifeline: socket.socket | None = None
         #: Whether its init said it starts execs (its hello, read as it connected: pool/warm.py's take_lifeline).
         self.serves_execs = False
@@ -64,9 +74,12 @@ class WarmOci:
                 self.world = str(pool_dir() / self.box / "tree")
                 os.makedirs(self.world, 0o755)
                 if os.getuid() == 0:
-                    os.chown(self.world, *box_user(shape))
+                    os.chown(self.world, *self.owner)
             created = datetime.now(UTC).isoformat(timespec="seconds")
-            config = warm_oci_config(shape, box=self.box, lifeline=self.socket_path, world=self.world, owner=owner_id(), created=created)
+            config = warm_oci_config(
+                shape, box=self.box, lifeline=self.socket_path, world=self.world, owner=owner_id(), created=created,
+                userns=(self.ids.first, self.ids.span) if self.ids is not None else None,
+            )
             null = os.open(os.devnull, os.O_RDWR)  # the init's stdio until its claim brings the claimer's
             try:
                 self._oci = OciBox(oci_runtime(shape["runtime"]), POOL_SESSION + self.box, config, stdio=(null, null, null), ended=self._end)
@@ -101,7 +114,10 @@ class WarmOci:
             self._claimer = conn
             with _claimed_lock:  # before it is the claimer's: a keeper stopping meanwhile waits for it to end
                 _claimed.add(self)
-        answer = {"kind": "claimed", "container": self.container, "box": self.box, "lifeline": self.socket_path, "world": self.world, "init": self.serves_execs}
+        answer = {
+            "kind": "claimed", "container": self.container, "box": self.box, "lifeline": self.socket_path, "world": self.world, "init": self.serves_execs,
+            "owner": list(self.owner),
+        }
         try:
             fdpass.send(conn, answer, [self.listener.fileno(), self.lifeline.fileno(), self._pidfd])
         except OSError:
@@ -123,6 +139,8 @@ class WarmOci:
             shutil.rmtree(os.path.dirname(self.world), ignore_errors=True)
         if self._oci is not None and self.lifeline is None:
             self._oci.kill()  # it never held its lifeline: nothing else would end it
+        if self._oci is None and self.ids is not None:  # a box made gives its ids back with its remains
+            idmap.release(self.ids, POOL_SESSION + self.box)
 
     def _close_ours(self) -> None:
         for sock in (self.listener, self.lifeline):

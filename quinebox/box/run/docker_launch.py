@@ -76,6 +76,11 @@ class DockerLaunch:
         self.claimed.settle(spec, config.create["command"])
         return self.claimed.listener
 
+    def world_owner(self, spec: BoxSpec) -> tuple[int, int]:
+        """The engine runs the box as `spec.uid` itself (its own user namespaces, where its daemon remaps, are
+        its own: `quinebox doctor` says whether it does)."""
+        return spec.uid, spec.gid
+
     def start(self, spec: BoxSpec, config: ContainerConfig, streams: tuple[Stream | bytes, Stream, Stream], *, broker: Broker | None, stop_fd: int) -> None:
         """The box created (or a warm one claimed), its events followed, its streams attached, started."""
         stdin, stdout, stderr = streams

@@ -7,10 +7,12 @@ the runtime makes it and hands over its master, relayed as the engine's attach i
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 from typing import IO, Any
 
+from quinebox.box.backends import idmap
 from quinebox.box.backends.ocibox import OciBox, oci_runtime
 from quinebox.box.configure import configure_oci
 from quinebox.box.images.rootfs import in_rootfs
@@ -43,9 +45,24 @@ class OciLaunch:
         self._console: ConsoleRelay | None = None
         #: The warm box this one is, when the pool had one of its shape.
         self.claimed: ClaimedOci | None = None
+        #: A root-made box's own host ids (idmap.py), from its configuration until it is claimed warm or removed.
+        self._ids: idmap.IdRange | None = None
+        self._session: str | None = None
 
     def configure(self, spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
-        return configure_oci(spec, self.runtime.name)
+        spec, image, config = configure_oci(spec, self.runtime.name)
+        self._session = spec.session
+        self._ids = idmap.range_of(config["linux"].get("uidMappings")) if os.geteuid() == 0 else None
+        idmap.note(spec.session, self._ids)  # its children share them
+        return spec, image, config
+
+    def world_owner(self, spec: BoxSpec) -> tuple[int, int]:
+        """A claimed warm box's user's, a root-made box's own ids' (idmap.py), or the caller's (rootless)."""
+        if self.claimed is not None:
+            return self.claimed.owner
+        if self._ids is not None:
+            return self._ids.host(spec.uid), self._ids.host(spec.gid)
+        return spec.uid, spec.gid
 
     def reader(self, config: dict[str, Any], image: str) -> Callable[[str], bytes]:
         return rootfs_reader(config["root"]["path"])
@@ -55,6 +72,8 @@ class OciLaunch:
         self.claimed = None if lasting else claim_oci(spec, config, self.runtime.name)
         if self.claimed is None:
             return None
+        self._release_ids(spec)  # the warm box has ids of its own
+        idmap.note(spec.session, idmap.holding(self.claimed.owner[0]))
         self.claimed.settle(spec, config["process"])
         return self.claimed.listener
 
@@ -109,12 +128,25 @@ class OciLaunch:
             self._console.drain(grace)
 
     def close(self) -> None:
+        if self._session is not None:
+            idmap.note(self._session, None)
         if self._console is not None:
             self._console.close()
         if self.claimed is not None:
             forget(self.claimed.container)
 
+    def _release_ids(self, spec: BoxSpec) -> None:
+        if self._ids is not None:
+            idmap.release(self._ids, spec.session)
+            self._ids = None
+
     def abandon(self) -> None:
+        """A start that failed: a box made removes its ids with its remains (boxroot.remove_bundle); one never
+        made gives them back here."""
+        if self._box is None and self._ids is not None and self._session is not None:
+            idmap.release(self._ids, self._session)
+        if self._session is not None:
+            idmap.note(self._session, None)
         if self._direct is not None:
             self._direct.close()
         if self.claimed is not None:
