@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quinebox.box.policy_oci import Rootless
+from quinebox.box.spec import AGENT_UID
 from quinebox.processes import user_name
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -197,18 +198,41 @@ def this_user(hierarchy: str) -> Rootless | Refusal:
     cgroup = v2_delegated(_own_v2_cgroup(), uid, _owner, _controllers) if hierarchy == "v2" else v1_delegated(uid, _owner)
     if cgroup is None:
         return no_cgroup(name, hierarchy)
-    subuid = subgid = None
-    if shutil.which("newuidmap") and shutil.which("newgidmap"):  # runc maps a range only through them
-        subuid, subgid = subordinate(_ids_file("/etc/subuid"), name, uid), subordinate(_ids_file("/etc/subgid"), name, uid)
-        if subuid is None or subgid is None:
-            subuid = subgid = None
+    if not (shutil.which("newuidmap") and shutil.which("newgidmap")):  # runc maps a range only through them
+        return NO_UIDMAP
+    subuid, subgid = subordinate(_ids_file("/etc/subuid"), name, uid), subordinate(_ids_file("/etc/subgid"), name, uid)
+    if subuid is None or subgid is None or min(subuid[1], subgid[1]) <= AGENT_UID:
+        return no_range(name)
     return Rootless(uid=uid, gid=gid, cgroup=cgroup, subuid=subuid, subgid=subgid)
 
 
+#: A box's user is uid AGENT_UID in its namespace, mapped to its caller; its uid 0 (which runc must map) and every
+#: other id are the caller's subordinate range, written by newuidmap (policy_oci.Rootless).
+NO_UIDMAP = Refusal(
+    "no newuidmap and newgidmap here: a rootless box maps its uid 0 and its other ids onto your subordinate range through them",
+    "sudo apt-get install uidmap",
+)
+
+
+def no_range(name: str) -> Refusal:
+    return Refusal(
+        f"{name} has no subordinate id range of 65536 ids (/etc/subuid, /etc/subgid): a box's user is uid {AGENT_UID} in its namespace, mapped to you, and its other ids, its uid 0 among them, to that range",
+        f"sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {name}  (a range no other user has)",
+    )
+
+
+#: What of a v1 cgroup systemd's Delegate= hands over, and so `setup_user`: its directory (to make boxes' cgroups
+#: below it) and the files that move processes into it. Its limits and weights stay root's: a delegated user
+#: sets its own boxes' limits, in the sub-cgroups it makes, never the subtree's own against the rest of the
+#: machine (its cpu.shares, its memory.limit_in_bytes).
+DELEGATED_FILES = ("cgroup.procs", "tasks")
+
+
 def setup_user(name: str, hierarchy: str) -> list[str]:
-    """As root: delegate `name` the cgroup its boxes need (V1_CONTROLLERS' `quinebox.user-UID`, the directory and
-    its files given to the user, as systemd's Delegate= does); the lines that say what was done. On v2 nothing
-    is made: systemd delegates the user's manager a subtree, which `this_user` finds."""
+    """As root: delegate `name` the cgroup its boxes need (each v1 hierarchy's `quinebox.user-UID`, with its
+    DELEGATED_FILES, as systemd's Delegate= does); the lines that say what was done. On v2 nothing is made:
+    systemd delegates the user's manager a subtree, which `this_user` finds. A file another setup gave the
+    user (every one of them, before) is given back to root."""
     try:
         user = pwd.getpwnam(name)
     except KeyError:
@@ -224,15 +248,16 @@ def setup_user(name: str, hierarchy: str) -> list[str]:
         for copied in CPUSET_COPIED:
             if (base / copied).exists() and not (path / copied).read_text().strip():
                 (path / copied).write_text((base / copied).read_text())
-        for entry in (path, *path.iterdir()):
-            if entry.is_dir() and entry != path:
-                continue  # a box's own cgroup inside is the user's already
-            os.chown(entry, user.pw_uid, user.pw_gid)
+        for entry in path.iterdir():
+            if not entry.is_dir():  # a box's own cgroup inside (a directory) is the user's already
+                owner = (user.pw_uid, user.pw_gid) if entry.name in DELEGATED_FILES else (0, 0)
+                os.chown(entry, *owner)
+        os.chown(path, user.pw_uid, user.pw_gid)
         done.append(base.name)
     missing = [c for c in V1_NEEDED if c not in done]
     if missing:
         raise ValueError(f"this machine has no {' or '.join(missing)} cgroup controller: boxes' limits need it")
-    return [f"delegated to {name} (uid {user.pw_uid}): {CGROUP_ROOT}/{{{','.join(done)}}}/{delegated_name(user.pw_uid)}; boxes of {name}'s now run without root"]
+    return [f"delegated to {name} (uid {user.pw_uid}): {CGROUP_ROOT}/{{{','.join(done)}}}/{delegated_name(user.pw_uid)} (its directory, cgroup.procs and tasks; its own limits stay root's); boxes of {name}'s now run without root"]
 
 
 def v1_hierarchies(mounts: str | None = None) -> list[Path]:
