@@ -36,7 +36,7 @@ from quinebox.box.policy import (
     seccomp_profile,
     workdir_for,
 )
-from quinebox.box.spec import AGENT_UID, BoxSpec, ImageInfo
+from quinebox.box.spec import BoxSpec, ImageInfo
 
 OCI_VERSION = "1.0.2"
 #: Every box's own namespaces, and a user namespace besides: a root-made box's maps a span of host ids no account
@@ -110,33 +110,25 @@ def gvisor_seccomp(profile: dict[str, Any]) -> dict[str, Any]:
 class Rootless:
     """A box made by a user who is not root: who they are, the ids the system gives them, their cgroup.
 
-    The box's user is uid AGENT_UID in its namespace, as in every other box, and that uid is the caller: what
-    the box writes to /world and to rw grants is theirs. runc maps a namespace only with its uid 0 mapped
-    (it becomes that 0 first), so 0 and every other id of the box are the caller's subordinate range
-    (/etc/subuid, through newuidmap): the image's owners are themselves in the box, and none of them is the
-    caller. Without a range there is no rootless box (backends/rootless.py says so, and how to get one): the
-    caller would have to be the box's uid 0. `cgroup`: the cgroup delegated to the caller, each box's a child of
-    it (rootless.py finds it, `quinebox setup-user` makes one).
+    The box's user is the caller, seen in the box as uid 0 and holding no capability there (none in any set,
+    NoNewPrivs, our seccomp): runc makes a rootless box only with its uid 0 mapped, to the caller, since it
+    hands its start FIFO to that uid. A subordinate range (/etc/subuid, through newuidmap) maps the box's uids
+    1… onto it, so the image's other owners are themselves in the box; without one the box has one uid and
+    gid, and every other owner shows as the overflow id. `cgroup`: the cgroup delegated to the caller, each
+    box's a child of it (rootless.py finds it, `quinebox setup-user` makes one).
     """
 
     uid: int
     gid: int
     cgroup: str
-    subuid: tuple[int, int]  # (first host id, count)
-    subgid: tuple[int, int]
+    subuid: tuple[int, int] | None = None  # (first host id, count)
+    subgid: tuple[int, int] | None = None
 
-    @staticmethod
-    def mappings(own: int, sub: tuple[int, int]) -> list[dict[str, int]]:
-        """The box's ids onto the host's: AGENT_UID is `own`, every other id below the range's count is the
-        range's id of the same offset (the range's AGENT_UID-th id goes unused)."""
-        first, count = sub
-        maps = [{"containerID": 0, "hostID": first, "size": min(AGENT_UID, count)}, {"containerID": AGENT_UID, "hostID": own, "size": 1}]
-        if count > AGENT_UID + 1:
-            maps.append({"containerID": AGENT_UID + 1, "hostID": first + AGENT_UID + 1, "size": count - AGENT_UID - 1})
-        return maps
+    def mappings(self, own: int, sub: tuple[int, int] | None) -> list[dict[str, int]]:
+        return [{"containerID": 0, "hostID": own, "size": 1}, *([{"containerID": 1, "hostID": sub[0], "size": sub[1]}] if sub else [])]
 
     def mapped_gid(self, gid: int) -> bool:
-        return gid < min(AGENT_UID, self.subgid[1]) or gid == AGENT_UID or AGENT_UID < gid < self.subgid[1]
+        return gid == 0 or (self.subgid is not None and 1 <= gid <= self.subgid[1])
 
 
 def _rootless_mount(mount: dict[str, Any], who: Rootless) -> dict[str, Any]:
@@ -187,14 +179,14 @@ def oci_config(
     `gvisor_seccomp`, and whose read-only mounts are read-only all the way down without rro. `hidden`: what of
     the root the box is not shown (policy_host.host_view, for the host's own root), mounted before the box's own
     mounts of the same depth, so a grant inside a hidden directory lands on it. `rootless`: made by a user who is
-    not root (`Rootless`): the same box in a user namespace of its own, its user AGENT_UID there and the caller here, its
+    not root (`Rootless`): the same box in a user namespace of its own, its user the caller's uid 0 there, its
     cgroup a child of the caller's; the devices cgroup, which only the host's root may write, is left out, as a
     user namespace already refuses a box every device node but those it is shown (mknod is refused in it).
     `userns`: for a box root makes, (first, count): the host ids its user namespace maps its ids 0… onto, the
     box's user (`spec.uid`) among them, none of them an account's (backends/idmap.py).
     """
-    if rootless is not None:  # the box's user is AGENT_UID in its namespace, as everywhere, mapped to the caller
-        spec = replace(spec, uid=AGENT_UID, gid=AGENT_UID)
+    if rootless is not None:  # the box's user is its namespace's uid 0: its world, /world's owner, are that uid's
+        spec = replace(spec, uid=0, gid=0)
     grants = spec.grants
     mem = grants.mem or DEFAULT_MEM
     pids = grants.pids or DEFAULT_PIDS

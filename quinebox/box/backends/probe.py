@@ -25,14 +25,14 @@ _BINDS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
 
 def probe_config(rootfs: str, cgroup: str, rootless: Rootless | None = None) -> dict[str, Any]:
     """The probe's config.json; `rootless`: as a user who is not root makes it (policy_oci.Rootless), its user
-    uid 1000 in its namespace, as every box's, and its cgroup the user's."""
+    the namespace's uid 0 and its cgroup the user's."""
     mounts = [{"destination": "/proc", "type": "proc", "source": "proc"},
               {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}]
     mounts += [{"destination": path, "type": "bind", "source": os.path.realpath(path), "options": ["rbind", "ro", "rprivate"]}
                for path in _BINDS if os.path.isdir(path) and not os.path.islink(path)]
     config: dict[str, Any] = {
         "ociVersion": "1.0.2",
-        "process": {"args": ["/bin/true"], "cwd": "/", "env": ["PATH=/usr/bin:/bin"], "user": {"uid": 1000, "gid": 1000},
+        "process": {"args": ["/bin/true"], "cwd": "/", "env": ["PATH=/usr/bin:/bin"], "user": {"uid": 0 if rootless else 1000, "gid": 0 if rootless else 1000},
                     "noNewPrivileges": True, "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")}},
         "root": {"path": rootfs, "readonly": True},
         "hostname": "probe",

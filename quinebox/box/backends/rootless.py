@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quinebox.box.policy_oci import Rootless
-from quinebox.box.spec import AGENT_UID
 from quinebox.processes import user_name
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -198,27 +197,12 @@ def this_user(hierarchy: str) -> Rootless | Refusal:
     cgroup = v2_delegated(_own_v2_cgroup(), uid, _owner, _controllers) if hierarchy == "v2" else v1_delegated(uid, _owner)
     if cgroup is None:
         return no_cgroup(name, hierarchy)
-    if not (shutil.which("newuidmap") and shutil.which("newgidmap")):  # runc maps a range only through them
-        return NO_UIDMAP
-    subuid, subgid = subordinate(_ids_file("/etc/subuid"), name, uid), subordinate(_ids_file("/etc/subgid"), name, uid)
-    if subuid is None or subgid is None or min(subuid[1], subgid[1]) <= AGENT_UID:
-        return no_range(name)
+    subuid = subgid = None
+    if shutil.which("newuidmap") and shutil.which("newgidmap"):  # runc maps a range only through them
+        subuid, subgid = subordinate(_ids_file("/etc/subuid"), name, uid), subordinate(_ids_file("/etc/subgid"), name, uid)
+        if subuid is None or subgid is None:
+            subuid = subgid = None
     return Rootless(uid=uid, gid=gid, cgroup=cgroup, subuid=subuid, subgid=subgid)
-
-
-#: A box's user is uid AGENT_UID in its namespace, mapped to its caller; its uid 0 (which runc must map) and every
-#: other id are the caller's subordinate range, written by newuidmap (policy_oci.Rootless).
-NO_UIDMAP = Refusal(
-    "no newuidmap and newgidmap here: a rootless box maps its uid 0 and its other ids onto your subordinate range through them",
-    "sudo apt-get install uidmap",
-)
-
-
-def no_range(name: str) -> Refusal:
-    return Refusal(
-        f"{name} has no subordinate id range of 65536 ids (/etc/subuid, /etc/subgid): a box's user is uid {AGENT_UID} in its namespace, mapped to you, and its other ids, its uid 0 among them, to that range",
-        f"sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {name}  (a range no other user has)",
-    )
 
 
 #: What of a v1 cgroup systemd's Delegate= hands over, and so `setup_user`: its directory (to make boxes' cgroups

@@ -204,12 +204,15 @@ def user_of(where: Target, user: str | None) -> str | None:
 
 def unmapped(user: str, resolved: str, ranges: tuple[list[tuple[int, int]], list[tuple[int, int]]] | None) -> str | None:
     """Why `resolved` (an exec's uid:gid) cannot be `user` in a box whose user namespace maps `ranges` (uids,
-    gids: RuntimeBox.id_ranges), or None: a root-made box maps its own 65536 ids, a rootless one its user's own
-    id (the box's 1000) and subordinate range."""
+    gids: RuntimeBox.id_ranges), or None: a root-made box maps its own 65536 ids (backends/idmap.py), a rootless
+    one its user's subordinate range (or its one id)."""
     if ranges is None:
         return None
     for kind, wanted, mapped in zip(("uid", "gid"), (int(i) for i in resolved.split(":")), ranges, strict=True):
         if not any(first <= wanted < first + count for first, count in mapped):
+            if sum(count for _, count in mapped) == 1:
+                return (f"refused user {user!r}: this rootless box maps its user's own {kind} alone, as the box's 0; give its "
+                        "user a range (`sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER`) for more")
             said = ", ".join(f"{first}" if count == 1 else f"{first}-{first + count - 1}" for first, count in mapped)
             return f"refused user {user!r}: this box's user namespace maps {kind}s {said} only; give one of those"
     return None

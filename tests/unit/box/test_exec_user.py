@@ -6,7 +6,8 @@ from quinebox.box.live.sandboxes import exec_user, unmapped
 from quinebox.errors import GrantError
 
 PASSWD = b"root:x:0:0::/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\nodd:x:abc:1::/:/bin/sh\n"
-RANGED = ([(0, 1000), (1000, 1), (1001, 64535)], [(0, 1000), (1000, 1), (1001, 64535)])  # a rootless box: 1000 its user, the rest a range
+RANGED = ([(0, 1), (1, 65536)], [(0, 1), (1, 65536)])  # a rootless box of a user with a subordinate range
+SINGLE = ([(0, 1)], [(0, 1)])  # one without
 OWN = ([(0, 65536)], [(0, 65536)])  # a root-made box: its own 65536 ids (backends/idmap.py)
 
 
@@ -14,7 +15,7 @@ OWN = ([(0, 65536)], [(0, 65536)])  # a root-made box: its own 65536 ids (backen
     "user, default, expected",
     [
         (None, "1000:1000", "1000:1000"),
-        ("", "1000:1000", "1000:1000"),  # every box's own user is its namespace's 1000
+        ("", "0:0", "0:0"),  # a rootless box's own user is its namespace's 0: the default, never asked for
         ("4242", "1000:1000", "4242:4242"),
         ("4242:7", "1000:1000", "4242:7"),
         ("agent", "1000:1000", "1000:1000"),
@@ -46,18 +47,20 @@ def test_a_bad_user_is_one_line(user, said):
 @pytest.mark.parametrize(
     "resolved, ranges, said",
     [
-        ("1000:1000", None, None),  # gVisor's box: no user namespace, every id is the sandbox's
-        ("4000000:4000000", None, None),
+        ("1000:1000", None, None),  # a gVisor box: no user namespace, every id is its sandbox's
         ("1000:1000", OWN, None),
         ("65535:65535", OWN, None),  # the span's last
         ("65536:1000", OWN, "this box's user namespace maps uids 0-65535 only"),
         ("1000:65536", OWN, "this box's user namespace maps gids 0-65535 only"),
+        ("4000000:4000000", None, None),
+        ("0:0", SINGLE, None),
+        ("0:0", RANGED, None),
         ("1000:1000", RANGED, None),
-        ("999:999", RANGED, None),
-        ("1001:1001", RANGED, None),
-        ("65535:65535", RANGED, None),  # the range's last
-        ("65536:1", RANGED, "this box's user namespace maps uids 0-999, 1000, 1001-65535 only"),
-        ("1:65536", RANGED, "this box's user namespace maps gids 0-999, 1000, 1001-65535 only"),
+        ("65536:65536", RANGED, None),  # the range's last
+        ("65537:1", RANGED, "maps uids 0, 1-65536 only"),
+        ("1:65537", RANGED, "maps gids 0, 1-65536 only"),
+        ("1000:1000", SINGLE, "maps its user's own uid alone, as the box's 0; give its user a range (`sudo usermod --add-subuids"),
+        ("0:1000", SINGLE, "maps its user's own gid alone"),
     ],
 )
 def test_an_id_the_box_does_not_map_is_refused_by_name(resolved, ranges, said):
@@ -65,5 +68,5 @@ def test_an_id_the_box_does_not_map_is_refused_by_name(resolved, ranges, said):
     if said is None:
         assert why is None
     else:
-        assert why is not None and why.startswith("refused user 'someone': ") and said in why, why
+        assert why is not None and why.startswith("refused user 'someone': this ") and said in why, why
         assert "\n" not in why

@@ -125,11 +125,12 @@ def test_claims_are_one_box_each_root_reachable_and_freed_with_the_box(slots):
     assert len({ids.slot for ids in taken}) == 20
     for i, ids in enumerate(taken):
         st = os.stat(ids.dir)
-        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (ids.first, ids.first, 0o700)
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 0, 0o711)  # root's; each box's root in it is its own
         assert idmap.claimant(ids) == f"s{i}" and not idmap.stale(ids)  # this process holds them
     assert os.stat(slots).st_mode & 0o777 == 0o711 and os.stat(slots.parent).st_mode & 0o777 == 0o711
-    idmap.release(taken[0], "another session")  # not its own: left as it is
-    assert taken[0].dir.exists()
+    (taken[0].root_for("child")).mkdir()  # a child's root, which shares its parent's slot
+    idmap.release(taken[0], "child")  # not its own slot: only the child's directory goes
+    assert taken[0].dir.exists() and not taken[0].root_for("child").exists()
     idmap.release(taken[0], "s0")
     assert not taken[0].dir.exists()
 

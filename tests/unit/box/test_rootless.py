@@ -1,6 +1,5 @@
 """A box made by a user who is not root, as tables: what the machine must allow (rootless.py) and how the same
-box is rendered for the runtime (policy_oci.Rootless): a user namespace, its uid 1000 the caller, every other
-id (its 0 among them) the caller's subordinate range."""
+box is rendered for the runtime (policy_oci.Rootless): a user namespace, its uid 0 the caller, no more."""
 
 import pytest
 from test_policy import spec
@@ -11,8 +10,8 @@ from quinebox.box.backends.rootless import RUNSC, Refusal, delegated_name, no_cg
 from quinebox.box.policy import DEFAULT_MEM, DEFAULT_PIDS
 from quinebox.box.policy_oci import Rootless
 
+SINGLE = Rootless(uid=1000, gid=1000, cgroup="/quinebox.user-1000")
 RANGED = Rootless(uid=1000, gid=1000, cgroup="/quinebox.user-1000", subuid=(100000, 65536), subgid=(200000, 65536))
-SMALL = Rootless(uid=1003, gid=1004, cgroup="/quinebox.user-1003", subuid=(300000, 1001), subgid=(400000, 5000))
 
 
 @pytest.mark.parametrize(
@@ -108,9 +107,9 @@ def test_the_delegated_cgroup_is_never_taken_for_a_box():
     [
         ("runc", None, None),
         ("runsc", None, None),  # root: gVisor as ever
-        ("runc", RANGED, None),
-        ("/usr/sbin/runc", SMALL, None),
-        ("runsc", SMALL, RUNSC),
+        ("runc", SINGLE, None),
+        ("/usr/sbin/runc", SINGLE, None),
+        ("runsc", SINGLE, RUNSC),
         ("/usr/bin/runsc", RANGED, RUNSC),
         ("runc", no_cgroup("dev", "hybrid"), no_cgroup("dev", "hybrid")),
     ],
@@ -124,7 +123,7 @@ def test_no_cgroup_names_the_fix_for_each_hierarchy():
     assert "systemd" in no_cgroup("dev", "v2").reason and isinstance(no_cgroup("dev", "v2"), Refusal)
 
 
-def rootless(box, who=RANGED):
+def rootless(box, who=SINGLE):
     from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR
     from test_policy_oci import ROOTFS
 
@@ -137,25 +136,17 @@ def rootless(box, who=RANGED):
 @pytest.mark.parametrize(
     "who, uids, gids",
     [
-        (RANGED, [{"containerID": 0, "hostID": 100000, "size": 1000}, {"containerID": 1000, "hostID": 1000, "size": 1}, {"containerID": 1001, "hostID": 101001, "size": 64535}],
-         [{"containerID": 0, "hostID": 200000, "size": 1000}, {"containerID": 1000, "hostID": 1000, "size": 1}, {"containerID": 1001, "hostID": 201001, "size": 64535}]),
-        # A range of 1001 ids leaves nothing above the box's user; the gids' 5000 do.
-        (SMALL, [{"containerID": 0, "hostID": 300000, "size": 1000}, {"containerID": 1000, "hostID": 1003, "size": 1}],
-         [{"containerID": 0, "hostID": 400000, "size": 1000}, {"containerID": 1000, "hostID": 1004, "size": 1}, {"containerID": 1001, "hostID": 401001, "size": 3999}]),
+        (SINGLE, [{"containerID": 0, "hostID": 1000, "size": 1}], [{"containerID": 0, "hostID": 1000, "size": 1}]),
+        (RANGED, [{"containerID": 0, "hostID": 1000, "size": 1}, {"containerID": 1, "hostID": 100000, "size": 65536}],
+         [{"containerID": 0, "hostID": 1000, "size": 1}, {"containerID": 1, "hostID": 200000, "size": 65536}]),
     ],
 )
-def test_a_rootless_box_has_its_own_user_namespace_and_the_caller_is_its_uid_1000(who, uids, gids):
+def test_a_rootless_box_has_its_own_user_namespace_and_the_caller_is_its_uid_0(who, uids, gids):
     config = rootless(spec(), who)
     linux = config["linux"]
     assert [ns["type"] for ns in linux["namespaces"]] == ["user", "pid", "network", "ipc", "uts", "mount", "cgroup"]
     assert (linux["uidMappings"], linux["gidMappings"]) == (uids, gids)
-    assert config["process"]["user"] == {"uid": 1000, "gid": 1000, "umask": 0o022}
-    for maps in (uids, gids):  # no id of the box is mapped twice, and the caller is the box's 1000 alone
-        spans = sorted((m["containerID"], m["containerID"] + m["size"]) for m in maps)
-        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
-        hosts = sorted((m["hostID"], m["hostID"] + m["size"]) for m in maps)
-        assert all(a[1] <= b[0] for a, b in zip(hosts, hosts[1:]))
-    assert {"containerID": 1000, "hostID": who.uid, "size": 1} in uids and not any(m["containerID"] == 0 and m["hostID"] == who.uid for m in uids)
+    assert config["process"]["user"] == {"uid": 0, "gid": 0, "umask": 0o022}
 
 
 def test_a_rootless_box_keeps_every_other_control_of_a_root_made_one():
@@ -178,21 +169,22 @@ def test_defaults_are_the_same_limits_rootless():
 
 
 def test_owners_the_namespace_cannot_map_are_left_out_of_mount_options():
+    single = {m["destination"]: m for m in rootless(spec())["mounts"]}
     ranged = {m["destination"]: m for m in rootless(spec(), RANGED)["mounts"]}
-    assert "gid=5" in ranged["/dev/pts"]["options"]  # tty's gid is the range's 6th id
-    assert RANGED.mapped_gid(5) and RANGED.mapped_gid(1000) and RANGED.mapped_gid(65535) and not RANGED.mapped_gid(65536)
-    assert SMALL.mapped_gid(4999) and not SMALL.mapped_gid(5000)
+    assert "gid=5" not in single["/dev/pts"]["options"] and "gid=5" in ranged["/dev/pts"]["options"]
+    assert {k: v for k, v in single["/dev/pts"].items() if k != "options"} == {k: v for k, v in ranged["/dev/pts"].items() if k != "options"}
 
 
-def test_a_rootless_world_is_the_boxs_uid_1000s_and_so_the_callers():
+def test_a_rootless_world_is_its_namespaces_uid_0s():
     box = spec()
     world = next(m for m in rootless(box)["mounts"] if m["destination"] == "/world")
-    assert "uid=1000" in world["options"] and "gid=1000" in world["options"]
+    assert "uid=0" in world["options"] and "gid=0" in world["options"]
+    assert box.uid != 0  # the spec itself still names the caller: the host makes its world theirs
 
 
 def test_the_probe_is_made_as_the_user_makes_boxes():
-    made, mine = probe_config("/r", "/quinebox-probe-1"), probe_config("/r", "/quinebox-probe-1", RANGED)
+    made, mine = probe_config("/r", "/quinebox-probe-1"), probe_config("/r", "/quinebox-probe-1", SINGLE)
     assert "uidMappings" not in made["linux"] and made["process"]["user"] == {"uid": 1000, "gid": 1000}
-    assert mine["process"]["user"] == {"uid": 1000, "gid": 1000}
+    assert mine["process"]["user"] == {"uid": 0, "gid": 0}
     assert mine["linux"]["namespaces"][0] == {"type": "user"} and mine["linux"]["cgroupsPath"] == "/quinebox.user-1000/quinebox-probe-1"
     assert mine["linux"]["resources"] == made["linux"]["resources"]
