@@ -57,8 +57,28 @@ def run() -> int:
     if backend is not None:
         _orphans(say, backend)
     if os.geteuid() == 0:
-        say("note", "running as root: boxes run as uid 1000, so rw: grants must be writable by uid 1000")
+        _own_ids(say, backend)
     return 0 if ready and any(way.works for way in ways) else 1
+
+
+def _own_ids(say: Say, backend: DockerBackend | None) -> None:
+    """As root: whose ids a box runs as (backends/idmap.py), on a runtime and on the engine."""
+    from quinebox.box.backends import idmap
+
+    first, last = idmap.BASE, idmap.BASE + idmap.SLOTS * idmap.SPAN - 1
+    say("note", f"running as root: a box on runc runs in a user namespace of its own, its user a host uid of quinebox's range {first}…{last} "
+        "(no account's; its children share it): rw: grants must be writable by it (e.g. mode 1777, or an ACL); gVisor's boxes are its sandbox's")
+    if backend is None:
+        return
+    try:
+        remapped = backend.remaps_users()
+    except QuineboxError:
+        return
+    if remapped:
+        say("ok", "the Docker engine runs boxes in user namespaces of its own (dockerd --userns-remap)")
+    else:
+        say("no", "the Docker engine runs boxes without a user namespace: a root-made box on it runs as host uid 1000, which may be an account's",
+            "use the OCI backend (runc, the default here), or start dockerd with --userns-remap=default")
 
 
 def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> bool:

@@ -150,3 +150,22 @@ def test_exec_as_that_user_says_permission_in_one_line(engine, user, home):
     assert done.stderr.count(b"\n") == 1, done.stderr
     assert done.stderr.startswith(b"quinebox: cannot reach the Docker engine: permission denied on /var/run/docker.sock"), done.stderr
     assert b"docker group" in done.stderr
+
+
+def test_as_root_doctor_says_whose_ids_a_box_runs_as_on_each_backend(engine):
+    """A root-made box on runc has host ids of its own (backends/idmap.py); on an engine that does not remap
+    users it runs as host uid 1000, which doctor says in one line with the fix (issue 52)."""
+    from quinebox.box.backends import idmap
+
+    code, lines = doctor()
+    assert code == 0, lines
+    assert line(lines, "running as root: a box on runc runs in a user namespace of its own").endswith(
+        f"quinebox's range {idmap.BASE}…{idmap.BASE + idmap.SLOTS * idmap.SPAN - 1} (no account's; its children share it): rw: grants must be writable "
+        "by it (e.g. mode 1777, or an ACL); gVisor's boxes are its sandbox's")
+    remaps = subprocess.run(["docker", "info", "--format", "{{json .SecurityOptions}}"], capture_output=True, text=True, timeout=60)
+    if "name=userns" in remaps.stdout:
+        assert line(lines, "the Docker engine runs boxes in user namespaces of its own")
+    else:
+        said = line(lines, "the Docker engine runs boxes without a user namespace")
+        assert said.startswith("no   the Docker engine runs boxes without a user namespace: a root-made box on it runs as host uid 1000"), said
+        assert "→ use the OCI backend (runc, the default here), or start dockerd with --userns-remap=default" in said

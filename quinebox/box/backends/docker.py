@@ -170,6 +170,11 @@ class DockerBackend:
         with _asking("the request for its features", "the engine refused to say its features"):
             return bool(self.quick.info().get("ExperimentalBuild"))
 
+    def remaps_users(self) -> bool:
+        """Whether the engine runs its containers in user namespaces of its own (dockerd's --userns-remap)."""
+        with _asking("the request for its security options", "the engine refused to say its security options"):
+            return any("name=userns" in str(option) for option in self.quick.info().get("SecurityOptions") or ())
+
     def kill(self, container: str, signal: str = "KILL") -> bool:
         """Whether the engine took the kill (or the box had stopped already); False when it did not answer.
 
