@@ -182,9 +182,9 @@ def _dirs() -> None:
 
 def claim(session: str) -> IdRange:
     """A slot of its own for the box of `session`, held by this process until `settle` names the box's init."""
-    register()
     _dirs()
     with _locked():
+        register()  # under the lock: two first boxes at once write the range once
         start = random.randrange(SLOTS)
         for offset in range(SLOTS):
             ids = IdRange((start + offset) % SLOTS)
