@@ -14,7 +14,14 @@ command takes to run, so the next command is the first to go through it (and
 the server's imports wait for this client to exit, so as not to slow it).
 A server whose code or config.yaml changed since it started hands a command
 back unrun and exits (cli/freshness.py); the client then starts a new one and
-runs that command in-process too. A server exits on its own once idle.
+runs that command in-process too. A server hands back, too, the command of a
+process less free than itself (a sandboxed agent's: cli/server.py), which then
+runs it in-process, under its own confinement. A server exits on its own once
+idle, or once its state dir is gone.
+
+The state dir must be this user's (state.py): another's is refused in one line
+before anything is sent or written, and a server socket that answers as
+another user's process is sent nothing (wire.connect).
 
 QUINEBOX_SERVE says which: `auto` (the default) uses the user's server and
 starts one when none answers; `manual` uses one only if the user started it
@@ -33,7 +40,8 @@ import sys
 import time
 
 from quinebox import wire
-from quinebox.state import serve_socket, state_root
+from quinebox.errors import StateError
+from quinebox.state import open_private, run_path, serve_socket, state_root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -68,36 +76,55 @@ def main() -> None:
                 os.fstat(fd)
             except OSError:
                 os.open(os.devnull, os.O_RDWR)
-        server = wire.connect(serve_socket())
+        try:
+            path = serve_socket()  # a state dir that is not this user's is refused here: nothing sent, nothing written
+        except StateError as exc:
+            print(f"quinebox: {exc}", file=sys.stderr)
+            sys.exit(EXIT_QUINEBOX)
+        try:
+            server = wire.connect(path)
+        except StateError as exc:  # another user's server: it got no byte; this command runs in-process, and starts none
+            print(f"quinebox: {exc} (this command runs in-process)", file=sys.stderr)
+            server, mode = None, "manual"
+        handed = "none"
         if server is not None:
-            code = through(server, argv)
-            if code is not None:
+            handed = through(server, argv)
+            if isinstance(handed, int):
                 sys.stdout.flush()
                 sys.stderr.flush()
-                os._exit(code)  # nothing is left to clean up, and a thin client's exit should be as quick as its start
-        if mode == "auto":
-            start_server(again=server is not None)  # none answered, or the one that did has old code and is going
+                os._exit(handed)  # nothing is left to clean up, and a thin client's exit should be as quick as its start
+        if mode == "auto" and handed != "confined":  # none answered, or the one that did has old code and is going
+            start_server(again=handed == "stale")
     from quinebox.cli import main as full
 
     full()
 
 
 def start_server(again: bool = False) -> None:
-    """Start the user's command server detached, and do not wait for it (`again`: its predecessor just exited stale)."""
+    """Start the user's command server detached, and do not wait for it (`again`: its predecessor just exited stale).
+
+    Its marker (run/serve.started) and log (serve.log) are opened never through a link (state.open_private): one
+    planted there is refused in one line, and no server is started."""
     root = state_root()
     marker = os.path.join(root, "run", "serve.started")
     try:
-        if not again and time.time() - os.stat(marker).st_mtime < START_AGAIN_AFTER:
+        if not again and time.time() - os.lstat(marker).st_mtime < START_AGAIN_AFTER:
             return
     except OSError:
         pass
     try:
-        os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
-        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
-        os.utime(marker)
-        log = os.open(os.path.join(root, "serve.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        run_path()  # made (0700) and checked as the state dir is
+        try:
+            os.unlink(marker)
+        except FileNotFoundError:
+            pass
+        os.close(open_private(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL))  # made anew: another client making it too starts none
+        log = open_private(os.path.join(root, "serve.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    except StateError as exc:
+        print(f"quinebox: {exc} (this command runs in-process, and starts no command server)", file=sys.stderr)
+        return
     except OSError:
-        return  # a state dir this user cannot write: the command, in-process, says so itself
+        return  # a state dir this user cannot write, or another client starting one this instant: the command goes on in-process
     env = {**os.environ, "QUINEBOX_STATE_DIR": root}  # absolute: the server works in / (it keeps no directory of the user's busy)
     gate, held = os.pipe()  # we hold `held` open until we exit; the server's imports wait for that (START_AFTER)
     pid = os.fork()
@@ -120,9 +147,11 @@ def start_server(again: bool = False) -> None:
     os.waitpid(pid, 0)
 
 
-def through(server: _socket.socket, argv: list[str]) -> int | None:
-    """Run argv in the server with our stdio; our signals go to it; its exit status is ours. None: the server
-    handed it back unrun, because its code or config is older than ours (it is exiting)."""
+def through(server: _socket.socket, argv: list[str]) -> int | str:
+    """Run argv in the server with our stdio; our signals go to it; its exit status is ours. A word instead when the
+    server handed it back unrun: `stale`, its code or config is older than ours (it is exiting); `confined`, this
+    process is less free than the server (another namespace, NoNewPrivs, seccomp, fewer capabilities: fdpass.unfree),
+    so it runs the command itself, under its own confinement."""
     fds = [0, 1, 2]
     try:  # the controlling terminal, where questions for a person go (audit/prompt.py): the worker has none of its own
         fds.append(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
@@ -159,8 +188,8 @@ def through(server: _socket.socket, argv: list[str]) -> int | None:
             return EXIT_QUINEBOX
         if message.get("kind") == "exit":
             return int(message.get("code", EXIT_QUINEBOX))
-        if message.get("kind") == "stale":
+        if message.get("kind") in ("stale", "confined"):
             for signum, handler in before.items():
                 signal.signal(signum, handler)
             server.close()
-            return None
+            return str(message["kind"])

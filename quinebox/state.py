@@ -22,8 +22,11 @@
       audit/                     the hash-chained audit log and its head; pending requests, decisions and
                                  remembered rules of approvals (audit/)
 
-It is never grantable to a box. Every layer finds its part here, and weighs it with `tree_bytes`, so this
-module imports nothing of quinebox.
+It is never grantable to a box. It is trusted only as ssh's StrictModes trusts ~/.ssh: the state dir and run/
+must be the caller's and writable by no one else, and a file quinebox writes there is opened never through a
+link (`open_private`); anything else is refused in one line, naming the path and the fix. Every layer finds its
+part here, and weighs it with `tree_bytes`, so this module imports nothing of quinebox but its errors (and
+those only to refuse).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import stat
 
 TYPE_CHECKING = False  # typing itself is not imported: the thin client imports this module on its fast path
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 
@@ -41,14 +45,29 @@ if TYPE_CHECKING:
 #: after an upgrade until it idles out, listens on a name of its own, which no newer client asks.
 SERVE_SOCKET = "serve.2.sock"
 
+#: The directories found to be this user's (`_own`), by path: a command asks for the state dir a score of times,
+#: and a command server for every command; each path is looked at once per process.
+_trusted: set[str] = set()
+
 
 def state_root() -> str:
-    """The state dir's path, by os.path alone: the thin client finds the server's socket without importing pathlib."""
+    """The state dir's path, by os.path alone (the thin client finds the server's socket without importing pathlib),
+    made if missing (0700) and checked as ssh's StrictModes checks ~/.ssh: a directory of this user's that no one
+    else may write. Another user's, or one others may write, is refused in one line (StateError), as is a relative
+    QUINEBOX_STATE_DIR (it would be a different dir in every cwd)."""
     override = os.environ.get("QUINEBOX_STATE_DIR")
     if override:
-        return os.path.join(os.getcwd(), os.path.expanduser(override))
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return os.path.join(base, "quinebox")
+        root = os.path.expanduser(override)
+        if not os.path.isabs(root):
+            raise _refusal(f"QUINEBOX_STATE_DIR={override!r} is a relative path (a different state dir in each working directory): set it to an absolute one")
+    else:
+        base = os.environ.get("XDG_STATE_HOME", "")
+        if not os.path.isabs(base):  # unset, or relative, which the XDG base directory spec says to ignore
+            base = os.path.expanduser("~/.local/state")
+        root = os.path.join(base, "quinebox")
+    if root not in _trusted:
+        _own(root, "state dir", follow=True)
+    return root
 
 
 #: The state dir as a Path, by its path: a command asks for it a score of times (QUINEBOX_STATE_DIR is read each time).
@@ -65,21 +84,33 @@ def state_dir() -> Path:
     return path
 
 
-def run_dir() -> Path:
-    """Per-box sockets. Private to the user: a box reaches its own socket by bind mount only."""
-    path = state_dir() / "run"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+def run_path() -> str:
+    """run/, made if missing and checked as the state dir is: per-box sockets and the servers' (a box reaches its own
+    socket by bind mount only)."""
+    path = os.path.join(state_root(), "run")
+    if path not in _trusted:
+        _own(path, "run dir")
     return path
 
 
+def run_dir() -> Path:
+    """run_path() as a Path."""
+    run_path()
+    return state_dir() / "run"
+
+
 def serve_socket() -> str:
-    """Where `quinebox serve` listens for this user's thin clients (cli/server.py, client.py)."""
-    return os.path.join(state_root(), "run", SERVE_SOCKET)
+    """Where `quinebox serve` listens for this user's thin clients (cli/server.py, client.py). run/ is checked when it
+    is there; a client that finds none finds no server either, and makes none."""
+    run = os.path.join(state_root(), "run")
+    if run not in _trusted and os.path.lexists(run):
+        _own(run, "run dir", make=False)
+    return os.path.join(run, SERVE_SOCKET)
 
 
 def pool_socket() -> Path:
     """Where the command server's pool of warm boxes is claimed from (box/pool/warm.py, box/pool/claim.py)."""
-    return state_dir() / "run" / "pool.sock"
+    return run_dir() / "pool.sock"
 
 
 def cluster_dir() -> Path:
@@ -119,6 +150,70 @@ def unwritable(what: str, exc: BaseException) -> str:
         where = getattr(exc, "filename", None)
         return f"{said}{f' ({where})' if where else ''}; it must be yours (uid {os.getuid()}) and writable by you: fix its owner or mode, or set QUINEBOX_STATE_DIR to a dir of your own"
     return said
+
+
+def open_private(path: str, flags: int) -> int:
+    """`os.open(path, flags)` for a file quinebox writes in the state dir (O_CREAT makes it 0600), never through a
+    symbolic link, and only if what opens is a regular file of this user's that no one else may write: a link or a
+    file planted there (by whoever once could) is refused in one line, StateError, its target untouched. Give
+    O_EXCL where a planted file could be reused, O_APPEND where it is added to (O_TRUNC would truncate a planted
+    hard link before the check)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)  # a planted FIFO would block an open
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refusal(f"{path} in the state dir is a symbolic link, which quinebox never writes through: remove it") from None
+        raise
+    try:
+        _check(path, os.fstat(fd), "file", stat.S_ISREG)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _own(path: str, what: str, *, follow: bool = False, make: bool = True) -> None:
+    """Make `path` a directory (0700, whatever the umask) if it is missing and `make`, then refuse it (StateError)
+    unless it is this user's and no one else may write it; remember it as trusted. `follow`: `path` may be a
+    symbolic link to the directory (a state dir kept elsewhere), which is then what is checked."""
+    look = os.stat if follow else os.lstat
+    try:
+        info = look(path)
+    except (FileNotFoundError, NotADirectoryError):
+        if not make:
+            return
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.mkdir(path, 0o700)
+            os.chmod(path, 0o700)  # the umask took from the mode; made here, so ours to set
+        except FileExistsError:
+            pass  # made meanwhile, by whoever: looked at below as any other
+        except OSError:
+            return  # one that cannot be made: the write that needs it says why (`unwritable`)
+        try:
+            info = look(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+    _check(path, info, what, stat.S_ISDIR)
+    _trusted.add(path)
+
+
+def _check(path: str, info: os.stat_result, what: str, kind: Callable[[int], bool]) -> None:
+    """StateError in one line, naming `path` and the fix, unless `info` is of `kind`, this user's, and writable by them alone."""
+    me = os.geteuid()
+    if not kind(info.st_mode):
+        raise _refusal(f"the {what} {path} is not a {'directory' if kind is stat.S_ISDIR else 'regular file'}: remove it, or set QUINEBOX_STATE_DIR to a dir of your own")
+    if info.st_uid != me:
+        raise _refusal(f"the {what} {path} is uid {info.st_uid}'s, not yours (uid {me}): set QUINEBOX_STATE_DIR to a dir of your own (or `chown {me} {path}` if it is yours)")
+    if info.st_mode & 0o022:
+        raise _refusal(f"the {what} {path} may be written by others (mode {stat.S_IMODE(info.st_mode):04o}): `chmod go-w {path}`")
+
+
+def _refusal(said: str) -> Exception:
+    from quinebox.errors import StateError  # only when refusing: the thin client's start-up does not import it
+
+    return StateError(said)
 
 
 def tree_bytes(path: str | Path) -> int:

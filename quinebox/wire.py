@@ -3,8 +3,8 @@
 The thin client (client.py) speaks it to `quinebox serve` (cli/server.py) for every command it hands over, so
 it is built for start-up: `_socket` and `marshal` only, neither json nor the socket module (each pulls in
 enum and re, a third of the client's start-up). A frame is its length (4 bytes, big-endian) and a marshal'd
-dict of strings, numbers, lists and dicts. Both ends are one user's (the server answers its own uid only) and
-one quinebox's (a server whose code differs hands a request back unrun: cli/freshness.py); a frame larger than
+dict of strings, numbers, lists and dicts. Both ends are one user's (the server answers its own uid only, and
+the client sends nothing to a server of another: `connect`) and one quinebox's (a server whose code differs hands a request back unrun: cli/freshness.py); a frame larger than
 MAX_FRAME, or one that does not load as a dict, reads as {}, which neither end acts on.
 """
 
@@ -29,14 +29,29 @@ _INT = 4
 
 
 def connect(path: str) -> _socket.socket | None:
-    """A connection to the server listening at `path`, or None when nothing answers there."""
+    """A connection to the server listening at `path`, or None when nothing answers there. One that answers as
+    another user's process (SO_PEERCRED, read before a byte is sent: no stdio, argv or environment reaches it) is
+    closed at once and refused, StateError in one line."""
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         conn.connect(path)
+        uid = peer_uid(conn)
     except OSError:
         conn.close()
         return None
+    if uid != os.geteuid():
+        conn.close()
+        from quinebox.errors import StateError
+
+        raise StateError(f"the command server's socket {path} answers as uid {uid}, not as you (uid {os.geteuid()}), and was sent nothing: remove it")
     return conn
+
+
+def peer_uid(sock: Any) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED: its pid, uid and gid, as it connected
+    or listened)."""
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 3 * _INT)
+    return int.from_bytes(creds[_INT : 2 * _INT], sys.byteorder)
 
 
 def send(sock: Any, message: dict[str, Any], fds: Sequence[int] = ()) -> None:

@@ -10,7 +10,7 @@ chg compares its server's config hash and extensions' mtimes the same way.
 
 Stats only: nothing is read, so the check costs about a millisecond. A server watches the directories it
 stats (inotify, `Changes`) and stats again only after something happened in one of them: then the check costs
-nothing at all for each command.
+nothing at all for each command. It watches its state dir too (`Gone`): one removed leaves it nothing to serve.
 """
 
 from __future__ import annotations
@@ -72,6 +72,39 @@ class Changes:
     def happened(self) -> bool:
         """Whether something happened since the last call (always, where something could not be watched)."""
         return bool(self._inotify.read(timeout=0)) or self._blind
+
+    def close(self) -> None:
+        self._inotify.close()
+
+
+class Gone:
+    """Whether a server's state dir is gone — removed (a CI job's `rm -rf` of its temporary state dir, say), moved
+    away, or its socket unlinked: then no client can reach the server any more, and it exits instead of waiting out
+    its idle time. inotify: IN_DELETE_SELF and IN_MOVE_SELF on the state dir and run/, and IN_DELETE and
+    IN_MOVED_FROM in run/, for the socket's own name. The last is what tells an `rm -rf` while boxes run: their
+    mounts hold the removed directories' dentries, and the kernel says IN_DELETE_SELF only once the last is let
+    go — which, for a warm pool's boxes, is once the server has gone. `fileno` is what the server waits on beside
+    its socket; a box ending in run/ wakes it for the one read that says it was not the socket. A directory that
+    cannot be watched (a watch limit) is not."""
+
+    def __init__(self, state: str, run: str, socket_name: str):
+        from inotify_simple import INotify, flags
+
+        self._inotify = INotify(nonblocking=True)
+        self._name = socket_name
+        self._gone = flags.DELETE_SELF | flags.MOVE_SELF | flags.IGNORED
+        for path, mask in ((state, flags.DELETE_SELF | flags.MOVE_SELF), (run, flags.DELETE_SELF | flags.MOVE_SELF | flags.DELETE | flags.MOVED_FROM | flags.ONLYDIR)):
+            try:
+                self._inotify.add_watch(path, mask)
+            except OSError:
+                pass
+
+    def fileno(self) -> int:
+        return self._inotify.fileno()
+
+    def happened(self) -> bool:
+        """Whether the state dir, run/ or the socket went since the last call (reads what is there, never waits)."""
+        return any(event.mask & self._gone or event.name == self._name for event in self._inotify.read(timeout=0))
 
     def close(self) -> None:
         self._inotify.close()

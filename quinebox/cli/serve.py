@@ -6,10 +6,59 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import typer
 
+from quinebox import wire
 from quinebox.cli.app import app, reported, say
+from quinebox.state import serve_socket
+
+
+def warm() -> None:
+    """Import what commands load, so that workers inherit it instead of importing it each time.
+
+    Nothing here may start a thread or keep a connection open (a forked worker would share it), and nothing of quinebox
+    may read a setting from the environment at import: settings are read when used, in the worker, from the client's."""
+    import importlib
+
+    for name in ("docker", "openai", "yaml", "rich.console", "cryptography.x509", "sqlite3", "quinebox.cli", "quinebox.api", "quinebox.agent.session",
+                 "quinebox.tree.agent", "quinebox.tree.fanout", "quinebox.box.owners.listing", "quinebox.audit.approvals", "quinebox.worlds.tracker",
+                 "quinebox.agent.diagnostics", "quinebox.agent.providers.script", "quinebox.agent.providers.openai", "typer._click.decorators",
+                 "quinebox.box.run.oci_launch", "quinebox.box.pool.claim_oci", "quinebox.box.images.rootfs", "quinebox.box.images.shared",
+                 "quinebox.box.images.usage", "quinebox.tree.retention"):
+        importlib.import_module(name)
+    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.spec import seccomp_base
+    from quinebox.cli import register
+    from quinebox.cli.app import command
+    from quinebox.errors import EngineError
+
+    seccomp_base()
+    from quinebox.box.images.rootfs import engine_names
+
+    engine_names()  # read once here; a worker reads the engine's table again only when it has changed
+    register()
+    command()
+    from inotify_simple import INotify
+
+    INotify().close()  # it finds libc on first use (`ldconfig -p`, a process): once here, not in every worker
+    try:  # the engine's API version, so that a worker's first request is its own; the connection is closed before any fork
+        engine = DockerBackend.connect(timeout=5)
+        DockerBackend.known_version = (os.environ.get("DOCKER_HOST", ""), engine.api.api_version)
+        engine.close()
+    except EngineError:
+        pass  # no engine yet: each worker asks it
+
+
+def status() -> dict[str, Any] | None:
+    """What the server says of itself, or None when no server answers."""
+    return wire.ask(serve_socket(), {"kind": "status"}, 5) or None
+
+
+def stop() -> bool:
+    return wire.ask(serve_socket(), {"kind": "stop"}, 5) is not None
+
 
 serve_app = typer.Typer(help="A per-user command server: exec, run, map, batch and shell start without the CLI's start-up.")
 app.add_typer(serve_app, name="serve")
@@ -52,8 +101,8 @@ def serve(
         return
     from quinebox.agent.providers import load_config
     from quinebox.box.pool.warm import Settings
-    from quinebox.cli.server import Server, status, warm
-    from quinebox.state import state_dir
+    from quinebox.cli.server import Server
+    from quinebox.state import open_private, state_dir
 
     with reported():
         config = load_config()
@@ -73,7 +122,8 @@ def serve(
             say("the server did not answer; see serve.log in the state dir")
             raise typer.Exit(125)
         os.setsid()
-        log = os.open(state_dir() / "serve.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with reported():
+            log = open_private(str(state_dir() / "serve.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # never through a link planted there
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)
@@ -89,8 +139,6 @@ def serve(
 
 @serve_app.command("status", help="Exit 0 when a server answers (and say since when and how much it served), 1 when none does.")
 def status_command(as_json: bool = typer.Option(False, "--json", help="What the server and its pool say, as one JSON object.")) -> None:
-    from quinebox.cli.server import status
-
     answer = status()
     if answer is None:
         say("no command server answers: `quinebox serve --background` starts one")
@@ -103,6 +151,9 @@ def status_command(as_json: bool = typer.Option(False, "--json", help="What the 
     exits = "until `quinebox serve stop`" if idle is None else f"exits after {idle:g} s with no command"
     print(f"serving: pid {answer.get('pid')}, since {since}, {answer.get('served')} command(s) served, {exits}")
     pool = answer.get("pool")
+    if not pool and answer.get("pool_after") is not None:
+        print(f"pool: not started: it starts once the server has run {answer['pool_after']} commands within a minute (`serve --pool N`, or `pool: {{after: 0}}` in config.yaml, start it with the server)")
+        return
     if not pool:
         print("pool: none (`quinebox serve --pool N` keeps N warm boxes per shape)")
         return
@@ -116,8 +167,6 @@ def status_command(as_json: bool = typer.Option(False, "--json", help="What the 
 
 @serve_app.command("stop", help="Stop the server; commands it is running go on to their end.")
 def stop_command() -> None:
-    from quinebox.cli.server import stop
-
     if not stop():
         say("no command server answers")
         raise typer.Exit(1)

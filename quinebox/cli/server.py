@@ -1,7 +1,7 @@
 """`quinebox serve`: a per-user command server that runs thin clients' commands in warm, already-imported processes.
 
 The server imports the CLI and everything a command loads (typer, docker,
-openai, the policy and seccomp data) once, then forks one worker per command,
+openai, the policy and seccomp data) once (serve.py's `warm`), then forks one worker per command,
 as Mercurial's chg server does. The worker takes the client's stdin, stdout
 and stderr as its own, its cwd and environment, and runs the very same CLI
 code a cold `quinebox` would, so options, errors, exit codes, `--json` and
@@ -13,9 +13,14 @@ ends no command that runs.
 
 The server never starts a thread or keeps an engine connection, so every
 worker starts clean: the pool of warm boxes (box/pool/warm.py) lives in a process of its
-own, forked before anything is served. Workers and the pool die with the
+own, forked between two commands once commands keep coming (warm.Demand). Workers and the pool die with the
 server, however it dies (SIGKILL included), and their boxes with them; `serve
-stop` lets running commands finish first. Only the owner's uid may connect.
+stop` lets running commands finish first. A server exits once idle, and once its
+state dir is gone (freshness.Gone).
+
+It serves only its own user's processes that are as free as itself (fdpass.unfree: the same namespaces, no
+NoNewPrivs, seccomp or fewer capabilities than it has): a sandboxed process's command would otherwise run with
+the server's freedom. Such a process's command is handed back unrun, to run in-process, in its own sandbox.
 """
 
 from __future__ import annotations
@@ -30,10 +35,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from quinebox import fdpass, wire
-from quinebox.state import pool_socket, run_dir, serve_socket
+from quinebox.state import pool_socket, run_dir, serve_socket, state_root
 
 if TYPE_CHECKING:
-    from quinebox.box.pool.warm import Settings
+    from quinebox.box.pool.warm import Demand, Settings
     from quinebox.cli.freshness import Changes
 
 #: A client sends its request as it connects; one that says nothing for this long is dropped (it would hold the server up).
@@ -44,42 +49,6 @@ IDLE_CHECK = 5.0
 IDLE_DEFAULT = 15 * 60.0
 
 
-def warm() -> None:
-    """Import what commands load, so that workers inherit it instead of importing it each time.
-
-    Nothing here may start a thread or keep a connection open (a forked worker would share it), and nothing of quinebox
-    may read a setting from the environment at import: settings are read when used, in the worker, from the client's."""
-    import importlib
-
-    for name in ("docker", "openai", "yaml", "rich.console", "cryptography.x509", "sqlite3", "quinebox.cli", "quinebox.api", "quinebox.agent.session",
-                 "quinebox.tree.agent", "quinebox.tree.fanout", "quinebox.box.owners.listing", "quinebox.audit.approvals", "quinebox.worlds.tracker",
-                 "quinebox.agent.diagnostics", "quinebox.agent.providers.script", "quinebox.agent.providers.openai", "typer._click.decorators",
-                 "quinebox.box.run.oci_launch", "quinebox.box.pool.claim_oci", "quinebox.box.images.rootfs", "quinebox.box.images.shared",
-                 "quinebox.box.images.usage", "quinebox.tree.retention"):
-        importlib.import_module(name)
-    from quinebox.box.backends.docker import DockerBackend
-    from quinebox.box.spec import seccomp_base
-    from quinebox.cli import register
-    from quinebox.cli.app import command
-    from quinebox.errors import EngineError
-
-    seccomp_base()
-    from quinebox.box.images.rootfs import engine_names
-
-    engine_names()  # read once here; a worker reads the engine's table again only when it has changed
-    register()
-    command()
-    from inotify_simple import INotify
-
-    INotify().close()  # it finds libc on first use (`ldconfig -p`, a process): once here, not in every worker
-    try:  # the engine's API version, so that a worker's first request is its own; the connection is closed before any fork
-        engine = DockerBackend.connect(timeout=5)
-        DockerBackend.known_version = (os.environ.get("DOCKER_HOST", ""), engine.api.api_version)
-        engine.close()
-    except EngineError:
-        pass  # no engine yet: each worker asks it
-
-
 class Server:
     def __init__(self, pool: Settings, idle: float | None = None) -> None:
         self.path = str(serve_socket())
@@ -88,6 +57,9 @@ class Server:
         self.listener: socket.socket | None = None
         self.pool = pool
         self.keeper: int | None = None
+        #: When commands have kept coming enough to start the pool (its keeper is forked then, between two commands).
+        self.demand: Demand | None = None
+        self.pool_due = False
         #: Seconds with no command running after which the server exits (None: never), and when the last one ended.
         self.idle = idle
         self.last = time.monotonic()
@@ -124,8 +96,9 @@ class Server:
             pass
 
     def keep_pool(self) -> None:
-        """Fork the pool's keeper (it dies with this process), unless the pool's size is 0."""
-        if not self.pool.size:
+        """Fork the pool's keeper (it dies with this process), unless the pool's size is 0 or it runs already."""
+        self.pool_due = False
+        if not self.pool.size or self.keeper is not None:
             return
         from quinebox.box.pool.keeper import keep
 
@@ -138,6 +111,8 @@ class Server:
             try:
                 assert self.listener is not None
                 self.listener.close()
+                if self.spare is not None:
+                    self.spare.dismiss()  # the keeper's copy of its end: the spare hears only the server's
                 keep(self.pool, parent)
             finally:
                 os._exit(code)
@@ -145,29 +120,38 @@ class Server:
         self.children.add(pid)
 
     def serve_forever(self) -> None:
-        from quinebox.cli.freshness import Changes, fingerprint
+        import select
+
+        from quinebox.box.pool.warm import Demand
+        from quinebox.cli.freshness import Changes, Gone, fingerprint
 
         assert self.listener is not None
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.changes = Changes(self.paths)  # before the fingerprint: what changes meanwhile is seen
         self.fingerprint = fingerprint(paths=self.paths)
+        gone = Gone(state_root(), str(run_dir()), os.path.basename(self.path))
         self.last = time.monotonic()  # idle from when it answers, not from before its imports
-        self.keep_pool()
+        self.demand = Demand(self.pool.after)
+        if not self.pool.after:
+            self.keep_pool()
         # Everything imported so far lives as long as the server: out of the collector's sight, a worker's collections
         # do not write to (and so copy) the pages it shares with the server.
         gc.freeze()
         self.spare = Spare(self.listener)
-        if self.idle is not None:
-            self.listener.settimeout(min(self.idle, IDLE_CHECK))
+        self.listener.setblocking(False)  # select says when to accept; a client gone meanwhile is no wait
         try:
             while self.listener is not None:
                 try:
-                    conn, _ = self.listener.accept()
-                except TimeoutError:
-                    if self.idled():
-                        print(f"quinebox serve: idle for {self.idle:g} s: exiting", file=sys.stderr, flush=True)
+                    ready, _, _ = select.select([self.listener, gone], [], [], None if self.idle is None else min(self.idle, IDLE_CHECK))
+                    if gone in ready and gone.happened():
+                        print(f"quinebox serve: the state dir {state_root()} is gone (or this server's socket in it): exiting", file=sys.stderr, flush=True)
                         break
-                    continue
+                    if self.listener not in ready:
+                        if not ready and self.idled():
+                            print(f"quinebox serve: idle for {self.idle:g} s: exiting", file=sys.stderr, flush=True)
+                            break
+                        continue
+                    conn, _ = self.listener.accept()
                 except OSError:
                     if self.listener is None:
                         break
@@ -178,12 +162,15 @@ class Server:
                         self._answer(conn)
                     except OSError:
                         pass  # a client that went away, or never said what it wanted: the next one
+                if self.pool_due and self.listener is not None:
+                    self.keep_pool()  # forked with no client's connection or descriptors open here, and no spare
                 if self.spare is None and self.listener is not None:
                     # The next command's worker, forked once this one's connection and descriptors are closed here (a
                     # spare holding a client's stdout would keep its reader from ever seeing the end)
                     self.spare = Spare(self.listener)
         finally:
             self.stop()
+            gone.close()
             _wait_for(self.children)
 
     def stop(self) -> None:
@@ -224,26 +211,35 @@ class Server:
         return fingerprint(paths=self.paths) != self.fingerprint
 
     def _answer(self, conn: socket.socket) -> None:
-        if fdpass.peer_uid(conn) != os.getuid():
+        unfree = fdpass.unfree(conn)  # SO_PEERCRED, and the peer's /proc held by its pidfd: ~0.1 ms
+        if unfree is not None and fdpass.peer_uid(conn) != os.getuid():
             return  # only the owner; the run dir is private anyway
         _reap(self.children)
         message, fds = wire.receive(conn, REQUEST_TIMEOUT)
         kind = message.get("kind")
-        if kind == "run":  # a command, not a status or a stop, is what keeps the server from idling out
-            self.last = time.monotonic()
-        if kind == "run" and len(fds) in (3, 4) and self.stale():
+        if kind == "run" and unfree is not None:
+            # A process of this user less free than the server (a sandboxed agent's): run for it here, the command would
+            # have the server's freedom. Handed back unrun, it runs in the client, under the client's own confinement.
+            wire.send(conn, {"kind": "confined", "why": unfree})
+        elif unfree is not None:
+            pass  # neither a status nor a stop for it
+        elif kind == "run" and len(fds) in (3, 4) and self.stale():
             print("quinebox serve: the code or config.yaml changed since this server started: exiting", file=sys.stderr, flush=True)
             self.stop()  # the socket goes first, so that the client's new server can take it
             wire.send(conn, {"kind": "stale"})
         elif kind == "run" and len(fds) in (3, 4):
+            self.last = time.monotonic()  # a command, not a status or a stop, is what keeps the server from idling out
             self.served += 1
             spare, self.spare = self.spare, None
             if spare is None or not spare.take(conn, message, fds):
                 spare = Spare(self.listener, (conn, message, fds))  # none was ready: one forked for this command
             self.children.add(spare.pid)
+            if self.keeper is None and self.demand is not None and self.demand.command():
+                self.pool_due = True
         elif kind == "status":
             pool = fdpass.ask(str(pool_socket()), {"kind": "stats"}, 5) or None
-            wire.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool})
+            wire.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool,
+                             "pool_after": None if self.keeper is not None or not self.pool.size else self.pool.after})
         elif kind == "stop":
             wire.send(conn, {"kind": "stopping"})
             self.stop()
@@ -389,12 +385,3 @@ def _follow_client(conn: socket.socket) -> None:
         if isinstance(signum, int) and signum in {s.value for s in signal.Signals} and signum not in (signal.SIGKILL, signal.SIGSTOP):
             os.kill(os.getpid(), signum)
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def status() -> dict[str, Any] | None:
-    """What the server says of itself, or None when no server answers."""
-    return wire.ask(serve_socket(), {"kind": "status"}, 5) or None
-
-
-def stop() -> bool:
-    return wire.ask(serve_socket(), {"kind": "stop"}, 5) is not None

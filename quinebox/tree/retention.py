@@ -161,7 +161,10 @@ def due(now: float | None = None) -> bool:
     """As a quinebox process ends: start retention if `retention:` is set and it has not run for a day (whether it
     started). Never raises: retention that cannot run says so in its log, and costs the command nothing."""
     now = time.time() if now is None else now
-    stamp = os.path.join(state_root(), STAMP)
+    try:
+        stamp = os.path.join(state_root(), STAMP)
+    except QuineboxError:  # a state dir quinebox refuses (state.py): the command said so, as it failed
+        return False
     try:
         if now - os.stat(stamp).st_mtime < EVERY:
             return False

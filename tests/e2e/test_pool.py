@@ -237,7 +237,7 @@ def test_a_server_that_ends_while_its_pool_fills_leaves_no_box_behind(tmp_path, 
     env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config"), "QUINEBOX_SERVE": "manual"}
     env.pop("QUINEBOX_POOL", None)
     (tmp_path / "config" / "quinebox").mkdir(parents=True)
-    (tmp_path / "config" / "quinebox" / "config.yaml").write_text("pool: {size: 12, creates: 2}\n")
+    (tmp_path / "config" / "quinebox" / "config.yaml").write_text("pool: {size: 12, creates: 2, after: 0}\n")  # after 0: the pool starts with the server
     for _ in range(3):  # a create is in flight about half the time while the pool fills: three ends, one or more mid-create
         assert quinebox_cli("serve", "--background", env=env).returncode == 0
         said = status(env)
@@ -259,7 +259,7 @@ def test_idle_shapes_and_their_warm_boxes_are_reaped_after_the_ttl(tmp_path, eng
     env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     env.pop("QUINEBOX_POOL", None)
     (tmp_path / "config" / "quinebox").mkdir(parents=True)
-    (tmp_path / "config" / "quinebox" / "config.yaml").write_text("pool: {size: 1, ttl: 4}\n")
+    (tmp_path / "config" / "quinebox" / "config.yaml").write_text("pool: {size: 1, ttl: 4, after: 0}\n")  # after 0: the pool starts with the server
     assert quinebox_cli("serve", "--background", env=env).returncode == 0
     try:
         wait_for(lambda: warm_count(env) == 1, "the warm box")

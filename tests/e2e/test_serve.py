@@ -128,8 +128,10 @@ def test_stopping_the_server_ends_no_command_it_runs(served):
 def test_a_server_in_the_foreground_exits_once_stopped(tmp_path):
     """With its default pool it probes the runtime, whose box's keeper lives until the server has exited: waiting for
     every child at the end, the server once waited for that keeper forever (and `serve stop` said it had stopped)."""
-    env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state")}
+    env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     env["QUINEBOX_SERVE"] = "manual"
+    (tmp_path / "config" / "quinebox").mkdir(parents=True)
+    (tmp_path / "config" / "quinebox" / "config.yaml").write_text("pool: {after: 0}\n")  # the default pool, started with the server
     server = subprocess.Popen([QUINEBOX, "serve"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         for _ in range(600):

@@ -4,7 +4,8 @@ Only the process that made a box waits for its init and runs its clocks (its TTL
 stop those clocks while the box is paused, and only it can have a checkpoint end the box's sandbox and a
 successor take over (ocibox.succeed). `quinebox box pause`, `resume`, `checkpoint` and `fork`, and the MCP tools,
 from any process of the same user, ask it: one JSON line each way (fdpass) over run/sandboxes/<session>.ctl, in
-the user's run dir (0700), answered only to a peer of the owner's own uid (or root).
+the user's run dir (0700), answered only to a peer of the owner's own uid (or root), and of that uid only to one as
+free as the owner (fdpass.unfree: a sandboxed process is refused in one line, as it would act with the owner's freedom).
 """
 
 from __future__ import annotations
@@ -56,9 +57,17 @@ class Controls:
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
-                if fdpass.peer_uid(conn) not in (os.getuid(), 0):
+                uid = fdpass.peer_uid(conn)
+                if uid not in (os.geteuid(), 0):
                     return
+                unfree = fdpass.unfree(conn) if uid == os.geteuid() else None  # root's /proc is not a user's to read, and root is freer than any owner
                 request, fds = fdpass.receive(conn, 10)
+                if unfree is not None:  # a sandboxed process of this user: its exec, pause or checkpoint would have the owner's freedom
+                    for fd in fds:
+                        os.close(fd)
+                    said = f"a box's owner answers no process less free than itself ({unfree}): ask from outside that sandbox"
+                    fdpass.send(conn, {"error": said, "exit": 125, "kind": "error", "message": said, "code": 125})  # as `ask` and an exec read a refusal
+                    return
                 if request.get("kind") == "exec" and self._handoff is not None:
                     self._handoff(conn, request, fds)
                     return

@@ -5,7 +5,8 @@
     snapshots/<id>/world/          the box's /world at the same instant (none when its /world is a tmpfs: the image
                                    holds that)
     snapshots/<id>.making/         one being made, its maker's owner id in `maker`; `gc` removes it once that is gone
-    snapshots/.keys/<uid>          the key each user seals their manifests with (0600)
+    snapshots/.keys/<uid>          the key each user seals their manifests with (0600, in a dir of theirs, 0700:
+                                   another's, a link, or one open to others is refused, never used)
 
 A snapshot is its maker's: its directory is theirs (0700), its manifest names their uid, and the manifest — every
 file with its SHA-256, the box's recipe — is sealed with an HMAC under their key. Restoring checks all of it and
@@ -15,6 +16,7 @@ its uid), is refused in one line, and nothing is started.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
@@ -22,12 +24,13 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from quinebox.box.spec import new_session_id
-from quinebox.errors import QuineboxError
+from quinebox.errors import QuineboxError, StateError
 from quinebox.processes import owner_alive, owner_id
 from quinebox.state import snapshots_dir
 
@@ -80,17 +83,47 @@ class Snapshot:
 
 
 def _user_key() -> bytes:
-    """This user's sealing key, made the first time (its file this user's alone)."""
+    """This user's sealing key, made the first time. Whoever could plant it, or read it, could seal a manifest as
+    this user: the keys' dir must be this user's and no one else's to enter, and the key a regular file of theirs
+    that no one else may read or write, opened never through a link; anything else is refused in one line
+    (StateError) naming the path and the fix, and nothing is sealed or restored."""
     keys = snapshots_dir() / KEYS
-    keys.mkdir(mode=0o700, parents=True, exist_ok=True)
+    keys.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.mkdir(keys, 0o700)
+        os.chmod(keys, 0o700)  # made here: its mode is the umask's no more
+    except FileExistsError:
+        pass
+    _private(keys, os.lstat(keys), stat.S_ISDIR, "dir of snapshot keys")
     path = keys / str(os.getuid())
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
-        return path.read_bytes()
-    with os.fdopen(fd, "wb") as out:
-        out.write(os.urandom(32))
-    return path.read_bytes()
+        pass
+    else:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(fd, 0o600)
+            out.write(os.urandom(32))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # a planted FIFO would block a read
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StateError(f"the snapshot key {path} is a symbolic link, which quinebox never reads through: remove it (what it sealed cannot be restored)") from None
+        raise
+    with os.fdopen(fd, "rb") as key:
+        _private(path, os.fstat(fd), stat.S_ISREG, "snapshot key")
+        return key.read()
+
+
+def _private(path: Path, info: os.stat_result, kind: Callable[[int], bool], what: str) -> None:
+    """StateError unless `info` is of `kind`, this user's, and no one else's to read, write or enter."""
+    me = os.geteuid()
+    if not kind(info.st_mode):
+        raise StateError(f"the {what} {path} is of the wrong kind (not made by quinebox): remove it (what it sealed cannot be restored)")
+    if info.st_uid != me:
+        raise StateError(f"the {what} {path} is uid {info.st_uid}'s, not yours (uid {me}): remove it (what it sealed cannot be restored)")
+    if info.st_mode & 0o077:
+        raise StateError(f"the {what} {path} is open to others (mode {stat.S_IMODE(info.st_mode):04o}): `chmod go= {path}`")
 
 
 def _canonical(fields: dict[str, Any]) -> bytes:

@@ -1,7 +1,7 @@
 """The warm pool: boxes created and started ahead of demand, per shape, each waiting for its one command.
 
 `quinebox serve` runs the pool in a process of its own (keeper.py), forked
-before the server answers anyone and tied to it: when the server dies the
+once commands keep coming (`Demand`: never for a short job) and tied to it: when the server dies the
 keeper lets every warm box go (their lifelines). A warm box runs only the guest's
 init (`shape.POOL_COMMAND`): it holds no session, no grants beyond its shape, no
 mounts beyond its own empty world, and no command, environment or secret
@@ -20,6 +20,7 @@ dropped with its warm boxes.
 from __future__ import annotations
 
 import io
+import os
 import select
 import socket
 import statistics
@@ -31,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from quinebox import fdpass
 from quinebox.box.shape import shape_key
 from quinebox.errors import QuineboxError
 from quinebox.guest import protocol
@@ -106,28 +108,72 @@ def holds(lifeline: socket.socket) -> bool:
         return False
 
 
+def refused(conn: socket.socket) -> bool:
+    """Whether the pool serves no claim from the process on `conn`: another user's (not answered at all), or one of
+    this user's less free than the pool (fdpass.unfree: a sandboxed agent's), which is told why in one line. A warm
+    box handed to it would be a box started with the pool's freedom (its network, its engine, its runtime); refused,
+    the claimer starts its box cold, itself, under its own confinement (claim.py takes any answer but a box as a miss)."""
+    unfree = fdpass.unfree(conn)
+    if unfree is None:
+        return False
+    if fdpass.peer_uid(conn) == os.geteuid():
+        try:
+            fdpass.send(conn, {"kind": "refused", "error": f"the warm pool serves no process less free than itself ({unfree}): start the box cold"})
+        except OSError:
+            pass
+    return True
+
+
 @dataclass(frozen=True)
 class Settings:
-    """`pool:` in config.yaml — a size, or {size, ttl, creates} — and `quinebox serve --pool N`."""
+    """`pool:` in config.yaml — a size, or {size, ttl, creates, after} — and `quinebox serve --pool N`.
+
+    `after`: the pool starts at the server's `after`th command within START_WINDOW (0: with the server). A size
+    given on the command line (`serve --pool N`) is a pool asked for now: it starts with the server."""
 
     size: int = 4
     ttl: float = 600.0
     creates: int = 2
+    after: int = 3
 
     @classmethod
     def from_config(cls, config: Any, size: int | None = None) -> Settings:
         fields = {"size": config} if isinstance(config, int) else dict(config) if isinstance(config, dict) else {}
-        if config is not None and not fields or set(fields) - {"size", "ttl", "creates"}:
-            raise QuineboxError("bad `pool:` in config.yaml: give a size (pool: 4) or a mapping of size, ttl (seconds) and creates")
+        if config is not None and not fields or set(fields) - {"size", "ttl", "creates", "after"}:
+            raise QuineboxError("bad `pool:` in config.yaml: give a size (pool: 4) or a mapping of size, ttl (seconds), creates and after (commands)")
         try:
-            settings = cls(size=int(fields.get("size", cls.size)), ttl=float(fields.get("ttl", cls.ttl)), creates=int(fields.get("creates", cls.creates)))
+            settings = cls(size=int(fields.get("size", cls.size)), ttl=float(fields.get("ttl", cls.ttl)), creates=int(fields.get("creates", cls.creates)),
+                           after=int(fields.get("after", cls.after)))
         except (TypeError, ValueError):
-            raise QuineboxError("bad `pool:` in config.yaml: size and creates are whole numbers, ttl is seconds") from None
+            raise QuineboxError("bad `pool:` in config.yaml: size, creates and after are whole numbers, ttl is seconds") from None
         if size is not None:
-            settings = replace(settings, size=size)
-        if settings.size < 0 or settings.ttl <= 0 or settings.creates < 1:
-            raise QuineboxError("bad pool settings: size ≥ 0, ttl > 0 and creates ≥ 1")
+            settings = replace(settings, size=size, after=0)
+        if settings.size < 0 or settings.ttl <= 0 or settings.creates < 1 or settings.after < 0:
+            raise QuineboxError("bad pool settings: size ≥ 0, ttl > 0, creates ≥ 1 and after ≥ 0")
         return settings
+
+
+#: The window in which a server counts commands towards starting its pool (Settings.after).
+START_WINDOW = 60.0
+
+
+class Demand:
+    """When a command server starts its pool: once commands keep coming, not on a state dir's first. A pool's boxes
+    outlive the commands that wanted them by its ttl, so a short job (a CI step, a test suite's state dir of its own,
+    a person's odd command) that started one would leave warm boxes, and the server holding them, running long
+    after it ended; from the `after`th command within START_WINDOW seconds on, a pool pays for itself."""
+
+    def __init__(self, after: int):
+        self.after = after
+        self._times: deque[float] = deque()
+
+    def command(self) -> bool:
+        """One more command came, now; whether the pool is due."""
+        now = time.monotonic()
+        self._times.append(now)
+        while now - self._times[0] > START_WINDOW:
+            self._times.popleft()
+        return len(self._times) >= self.after
 
 
 class Kind:

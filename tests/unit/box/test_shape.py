@@ -168,15 +168,17 @@ def test_only_a_shapes_form_is_made_into_boxes(candidate, ok):
         (None, None, Settings(4, 600.0, 2)),
         (2, None, Settings(2, 600.0, 2)),
         ({"size": 8, "ttl": 30, "creates": 1}, None, Settings(8, 30.0, 1)),
-        ({"ttl": 5}, 0, Settings(0, 5.0, 2)),
-        (3, 6, Settings(6, 600.0, 2)),
+        ({"ttl": 5}, 0, Settings(0, 5.0, 2, after=0)),
+        (3, 6, Settings(6, 600.0, 2, after=0)),  # a size on the command line is a pool asked for now: it starts with the server
+        ({"size": 2, "after": 0}, None, Settings(2, 600.0, 2, after=0)),
+        (None, None, Settings(4, 600.0, 2, after=3)),  # by default, from the server's third command within a minute
     ],
 )
 def test_pool_settings_come_from_config_and_the_command_line(config, size, expected):
     assert Settings.from_config(config, size) == expected
 
 
-@pytest.mark.parametrize("config, size", [("big", None), ({"size": 2, "color": "red"}, None), ({"size": "x"}, None), ({"ttl": 0}, None), (None, -1), ([], None)])
+@pytest.mark.parametrize("config, size", [("big", None), ({"size": 2, "color": "red"}, None), ({"size": "x"}, None), ({"ttl": 0}, None), (None, -1), ([], None), ({"after": -1}, None)])
 def test_bad_pool_settings_are_one_clear_error(config, size):
     with pytest.raises(QuineboxError, match="pool"):
         Settings.from_config(config, size)
