@@ -86,7 +86,7 @@ def main() -> None:
         except StateError as exc:  # another user's server: it got no byte; this command runs in-process, and starts none
             print(f"quinebox: {exc} (this command runs in-process)", file=sys.stderr)
             server, mode = None, "manual"
-        handed = "none"
+        handed: int | str = "none"
         if server is not None:
             handed = through(server, argv)
             if isinstance(handed, int):

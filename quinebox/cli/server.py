@@ -140,19 +140,19 @@ class Server:
         self.spare = Spare(self.listener)
         self.listener.setblocking(False)  # select says when to accept; a client gone meanwhile is no wait
         try:
-            while self.listener is not None:
+            while (listener := self.listener) is not None:  # the one this turn: a SIGTERM's stop() may close it meanwhile
                 try:
-                    ready, _, _ = select.select([self.listener, gone], [], [], None if self.idle is None else min(self.idle, IDLE_CHECK))
-                    if gone in ready and gone.happened():
+                    ready, _, _ = select.select([listener.fileno(), gone.fileno()], [], [], None if self.idle is None else min(self.idle, IDLE_CHECK))
+                    if gone.fileno() in ready and gone.happened():
                         print(f"quinebox serve: the state dir {state_root()} is gone (or this server's socket in it): exiting", file=sys.stderr, flush=True)
                         break
-                    if self.listener not in ready:
+                    if listener.fileno() not in ready:
                         if not ready and self.idled():
                             print(f"quinebox serve: idle for {self.idle:g} s: exiting", file=sys.stderr, flush=True)
                             break
                         continue
-                    conn, _ = self.listener.accept()
-                except OSError:
+                    conn, _ = listener.accept()
+                except (OSError, ValueError):  # ValueError: select on the listener a stop() closed just now
                     if self.listener is None:
                         break
                     continue
