@@ -34,7 +34,7 @@ from quinebox.box.run.launch import launch_for
 from quinebox.box.spec import BoxSpec
 from quinebox.box.streams import relay
 from quinebox.box.streams.direct import DEVNULL, PIPE, Stream  # noqa: F401 - PIPE and DEVNULL are taken from here, as from subprocess
-from quinebox.errors import EngineError
+from quinebox.errors import EXIT_QUINEBOX, EngineError
 from quinebox.worlds.build import discard
 from quinebox.worlds.world import World, end_world, open_world
 
@@ -156,6 +156,9 @@ class BoxProcess:
         """A start that failed leaves nothing behind: no claim, no box, no world; an engine's failure is an incident."""
         if isinstance(exc, EngineError):
             watch.record_incident(str(exc), session=self.session)
+        # Its place may hold it already (a child attached before its runtime refused it): whoever waits on it, as
+        # the tree's end does for every box in it, is answered at once, never left waiting for a box that never ran.
+        self.returncode = EXIT_QUINEBOX
         self._launch.abandon()
         self._close()
         self._end_world(started=False)

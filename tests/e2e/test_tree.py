@@ -266,3 +266,13 @@ def test_the_tree_caps_model_calls_in_flight(engine, fake_openai):
 def test_a_malformed_request_costs_no_spawn_budget(engine):
     done = qb("exec", "-g", "spawn:1", "-g", "depth:1", "--", "sh", "-c", "quinebox exec -w relative -- true; echo $?; quinebox exec -- echo started")
     assert done.stdout == b"125\nstarted\n" and b"bad workdir 'relative'" in done.stderr
+
+
+def test_a_child_its_runtime_refuses_ends_its_parents_tree_at_once(engine):
+    """A child box attached to its tree, then refused by its runtime (its workdir a file), once left the root's end
+    waiting forever for a box that never ran: now the child's 125 comes back and the tree ends with it."""
+    started = time.monotonic()
+    done = qb("exec", "-g", "spawn:1", "-g", "depth:1", "--", "/.quinebox/bin/quinebox", "exec", "--workdir", "/etc/passwd", "--", "true", timeout=60)
+    assert done.returncode == 125, done.stderr
+    assert b"not a directory" in done.stderr and done.stdout == b""
+    assert time.monotonic() - started < 30
