@@ -169,8 +169,6 @@ def oci_shape_of(spec: BoxSpec, config: dict[str, Any], runtime: str) -> dict[st
     its lifeline's and empty world's sources as stand-ins. Its limits stay in it: a warm box is made with them."""
     if why_cold(spec) is not None:
         return None
-    if spec.parent and "uidMappings" in config["linux"] and spec.caller == 0:
-        return None  # a child shares its parent's host ids (backends/idmap.py), and a warm box has its own
     # A new dict for each part that changes, the rest shared with `config` (never changed here: a deep copy of the
     # seccomp profile would be most of a claim's cost).
     shaped = dict(config)

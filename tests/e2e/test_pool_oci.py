@@ -87,6 +87,10 @@ def own_parts(config: dict, box) -> str:
     for mount in config["mounts"]:
         if mount["destination"] in ("/world", HOST_SOCKET):
             mount["source"] = "<own>"
+    for key in ("uidMappings", "gidMappings"):  # a root-made box's own host ids (backends/idmap.py), and its root in their slot
+        for mapping in config["linux"].get(key, ()):
+            mapping["hostID"] = "<own>"
+    config["root"]["path"] = re.sub(r"^/run/quinebox/boxes/[0-9]+/", "/run/quinebox/boxes/<slot>/", config["root"]["path"])
     said = json.dumps(config, sort_keys=True).replace(f"QUINEBOX_SESSION={box.session}", "QUINEBOX_SESSION=<session>")
     said = said.replace(box.id.removeprefix("quinebox-"), "<id>").replace(box.session, "<session>")
     return re.sub(r"\.oci-[0-9a-z_]+/", ".oci-<own>/", said)  # a rootless box's layers, in a directory of its own in /dev/shm

@@ -145,9 +145,12 @@ def in_slot(bundle: Path, ids: idmap.IdRange, mounts: Sequence[dict[str, Any]]) 
     whoever mounts it, and the namespace's root may not walk the state dir's paths. Detached with the root."""
     session = bundle.name.removesuffix(BUNDLE_SUFFIX)
     root = ids.root_for(session)
-    root.mkdir(mode=0o700)
-    os.chown(root, ids.first, ids.first)
-    (bundle / ROOT).symlink_to(root)
+    try:
+        root.mkdir(mode=0o700)
+        os.chown(root, ids.first, ids.first)
+        (bundle / ROOT).symlink_to(root)
+    except OSError as exc:
+        raise EngineError(f"cannot give the box a root in its ids' slot {root.parent}: {exc.strerror} (`quinebox gc` frees slots whose boxes are gone)") from exc
     out = []
     for number, mount in enumerate(mounts):
         if mount.get("type") == "overlay" and mount["destination"] != "/":

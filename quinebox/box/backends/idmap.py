@@ -13,7 +13,8 @@ as podman's `--userns=auto` and Kubernetes' user-namespaced pods do:
   first+1000) for as long as it lives, and its children (agents' children, boxes started from inside it) share
   it (`inherited`): they see and change their parent's files (an overlay world over its layers, a rw grant it
   passed on) as their own, as they did when every box was uid 1000, while no other tree and no account has
-  those ids. The claim is the directory BOXES/<slot>, made by mkdir (atomic: two boxes never get one slot),
+  those ids. A child a warm box serves (one with nothing of its parent's: box/shape.py's why_cold) has that
+  warm box's own. The claim is the directory BOXES/<slot>, made by mkdir (atomic: two boxes never get one slot),
   owned by the slot's first id and 0711: each box's own root is mounted in it (`root_for`), since the runtime
   makes that root the box's as the namespace's root, which must reach it (the state dir's 0700 directories,
   root's, are closed to it; every bind mount's source the runtime opens itself, as the host's root, before it
@@ -213,8 +214,11 @@ def _write_claim(ids: IdRange, session: str, pid: int) -> None:
 
 
 def settle(ids: IdRange, session: str, pid: int) -> None:
-    """The box's init (`pid`) holds the slot from now on: it outlives its maker when the keeper has it."""
-    _write_claim(ids, session, pid)
+    """The box's init (`pid`) holds the slot from now on, when the slot is its own (a child's is its parent's):
+    it outlives its maker when the keeper has it."""
+    with _locked():
+        if claimant(ids) == session:
+            _write_claim(ids, session, pid)
 
 
 def claimant(ids: IdRange) -> str | None:

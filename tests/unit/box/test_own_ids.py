@@ -129,6 +129,8 @@ def test_claims_are_one_box_each_root_reachable_and_freed_with_the_box(slots):
         assert idmap.claimant(ids) == f"s{i}" and not idmap.stale(ids)  # this process holds them
     assert os.stat(slots).st_mode & 0o777 == 0o711 and os.stat(slots.parent).st_mode & 0o777 == 0o711
     (taken[0].root_for("child")).mkdir()  # a child's root, which shares its parent's slot
+    idmap.settle(taken[0], "child", os.getpid())  # a child's init never takes its parent's claim
+    assert idmap.claimant(taken[0]) == "s0"
     idmap.release(taken[0], "child")  # not its own slot: only the child's directory goes
     assert taken[0].dir.exists() and not taken[0].root_for("child").exists()
     idmap.release(taken[0], "s0")
