@@ -22,6 +22,7 @@ from quinebox.box.pool.claim import WarmBox
 from quinebox.box.pool.warm import holds, take_lifeline
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, warm_config
 from quinebox.box.spec import new_session_id
+from quinebox.private import private_dir
 from quinebox.processes import owner_id
 from quinebox.state import pool_dir, run_dir
 
@@ -68,13 +69,13 @@ def start_warm(backend: DockerBackend, shape: dict[str, Any]) -> Warm:
     """Create and start a box of `shape` and take its lifeline; on any failure nothing is left behind."""
     box = new_session_id()
     path = str(run_dir() / f"{POOL_SESSION}{box}.sock")
-    listener = box_socket(path, backlog=16)
+    listener = box_socket(path, backlog=16, owner=box_user(shape))
     world = None
     container = None
     try:
         if has_world(shape):
             world = str(pool_dir() / box / "tree")
-            os.makedirs(world, 0o755)
+            private_dir(world)  # the user's alone whatever the umask; its box's user owns it below
             if os.getuid() == 0:
                 os.chown(world, *box_user(shape))
         created = datetime.now(UTC).isoformat(timespec="seconds")

@@ -35,6 +35,7 @@ from quinebox.box.pool.warm_docker import START_TIMEOUT
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, own_ids, warm_oci_config
 from quinebox.box.spec import new_session_id
 from quinebox.errors import EngineError
+from quinebox.private import private_dir
 from quinebox.processes import owner_id
 from quinebox.state import pool_dir, run_dir
 
@@ -72,7 +73,7 @@ class WarmOci:
         try:
             if has_world(shape):
                 self.world = str(pool_dir() / self.box / "tree")
-                os.makedirs(self.world, 0o755)
+                private_dir(self.world)  # the user's alone whatever the umask; its box's user owns it below
                 if os.getuid() == 0:
                     os.chown(self.world, *self.owner)
             created = datetime.now(UTC).isoformat(timespec="seconds")
