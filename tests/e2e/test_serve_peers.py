@@ -71,6 +71,7 @@ def test_the_pool_lends_no_warm_box_to_a_confined_process(tmp_path):
         free = json.loads(subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, timeout=60, check=True).stdout)
         assert free["kind"] == "stats"
         confined = subprocess.run([*CONFINEMENTS["no-new-privs"], sys.executable, "-c", ask], env=env, capture_output=True, timeout=60)
+        assert confined.returncode == 0, confined.stderr
         answer = json.loads(confined.stdout)
         assert answer == {"kind": "refused", "error": "the warm pool serves no process less free than itself (NoNewPrivs): start the box cold"}, confined.stderr
     finally:

@@ -118,6 +118,9 @@ def refused(conn: socket.socket) -> bool:
         return False
     if fdpass.peer_uid(conn) == os.geteuid():
         try:
+            _, fds = fdpass.receive(conn, 2.0)  # its request first: closed unread, it could be cut off before it reads the answer
+            for fd in fds:
+                os.close(fd)
             fdpass.send(conn, {"kind": "refused", "error": f"the warm pool serves no process less free than itself ({unfree}): start the box cold"})
         except OSError:
             pass
