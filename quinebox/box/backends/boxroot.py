@@ -40,9 +40,11 @@ import errno
 import json
 import os
 import shutil
+import signal
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,9 @@ def _unmount(target: Path) -> None:
         raise OSError(code, os.strerror(code), str(target))
 
 
+#: Where the boxes' cgroups are (`_remove_cgroups`), and the users' delegated cgroups they may lie in (rootless.py).
+CGROUPS = Path("/sys/fs/cgroup")
+DELEGATED_GLOB = "quinebox.user-*"
 #: What a bundle's directory name ends with, after its box's session.
 BUNDLE_SUFFIX = ".oci"
 
@@ -280,9 +285,43 @@ def remove_box(runtime: list[str], cid: str, bundle: Path | None) -> bool:
     leaves the bundle, and the box listed, for the next try."""
     if not deleted(runtime, cid):
         return False
+    _remove_cgroups(cid)
     if bundle is not None:  # a keeper told of none (never from our own hold) removes the box alone
         remove_bundle(bundle)
     return True
+
+
+def _remove_cgroups(cid: str) -> None:
+    """The box's own cgroups (named as its container: policy_oci's cgroupsPath), where its runtime left them: one
+    that no longer knows the box (its state went with a state dir a job removed) neither kills its processes nor
+    deletes its cgroups. What is still in them is the box's alone, killed; then each goes, once empty. At the top
+    of each hierarchy, or below a user's delegated one."""
+    groups = [g for pattern in (cid, f"*/{cid}", f"{DELEGATED_GLOB}/{cid}", f"*/{DELEGATED_GLOB}/{cid}") for g in CGROUPS.glob(pattern)]
+    for group in groups:
+        for pid in _procs(group):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    deadline = time.monotonic() + 2
+    while groups and time.monotonic() < deadline:
+        for group in list(groups):
+            try:
+                os.rmdir(group)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue  # its processes still exiting
+            groups.remove(group)
+        if groups:
+            time.sleep(0.01)
+
+
+def _procs(group: Path) -> list[int]:
+    try:
+        return [int(line) for line in (group / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def remove_bundle(bundle: Path) -> None:

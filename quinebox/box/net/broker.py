@@ -98,10 +98,8 @@ def box_socket(path: str, *, backlog: int, owner: tuple[int, int] | None = None)
     is theirs alone (0600; root reaches it as root). Without one (a box whose user is ours) it is ours alone.
     The run dir (0700) keeps everyone else from its path; `box_peer` checks who connected on every accept.
     """
-    listener = fdpass.listen(path, mode=0o600, backlog=backlog)
-    if owner is not None and os.geteuid() == 0:  # only root gives a file away; a box made without root has its maker's ids
-        os.chown(path, *owner, follow_symlinks=False)  # in the run dir, which only we may write: nothing can swap it
-    return listener
+    # Only root gives a file away; a box made without root has its maker's ids.
+    return fdpass.listen(path, mode=0o600, backlog=backlog, owner=owner if os.geteuid() == 0 else None)
 
 
 def box_peer(conn: socket.socket, owner: tuple[int, int] | None) -> bool:
