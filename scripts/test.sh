@@ -137,7 +137,7 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]
             tests/integration/test_host_image.py tests/integration/test_any_image.py tests/integration/test_registry.py \
             tests/integration/test_box_removal.py tests/integration/test_hostile_box.py tests/integration/test_agent.py \
             tests/integration/test_inspect.py tests/integration/test_mcp.py tests/unit/tree/test_pruning.py tests/unit/tree/test_retention.py \
-            tests/unit/audit/test_audit_segments.py tests/unit/audit/test_audit_bound_writers.py tests/unit/test_private_modes.py \
+            tests/unit/audit/test_audit_segments.py tests/unit/audit/test_audit_bound_writers.py tests/unit/test_private_modes.py tests/unit/test_state_trust.py \
             tests/unit/box/test_image_usage.py tests/e2e \
             -k 'not 50_mb and not quiet_spell_longer and not a_bad_grant_starts_nothing' --basetemp '$work/t'"
     status=$?
