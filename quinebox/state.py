@@ -196,6 +196,11 @@ def _own(path: str, what: str, *, follow: bool = False, make: bool = True) -> No
         except (FileNotFoundError, NotADirectoryError):
             return
     _check(path, info, what, stat.S_ISDIR)
+    if info.st_mode & 0o077:  # ours, and no one else may write it: made by an older quinebox (0755), now ours alone to read
+        try:
+            os.chmod(path, 0o700)
+        except OSError:
+            pass
     _trusted.add(path)
 
 

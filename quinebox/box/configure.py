@@ -52,9 +52,8 @@ def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo,
     agent_root = rootfs if spec.image == DEFAULT_IMAGE else unpacked_image(DEFAULT_IMAGE, pull="never")[1]
     runtime = f"{agent_root}{RUNTIME}"
     gvisor = runtime_name == "runsc"
-    ids = inherited_ids(spec.parent) if rootless is None and not gvisor else None
-    claimed = ids is None and rootless is None and not gvisor
-    if claimed:
+    ids = inherited_ids(spec.parent, spec.session) if rootless is None and not gvisor else None
+    if ids is None and rootless is None and not gvisor:
         ids = own_ids(spec.session)
     try:
         config = oci_config(
@@ -62,7 +61,7 @@ def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo,
             rootless=rootless, userns=(ids.first, ids.span) if ids is not None else None,
         )
     except BaseException:
-        if ids is not None and claimed:
+        if ids is not None:
             from quinebox.box.backends.idmap import release
 
             release(ids, spec.session)
@@ -79,11 +78,15 @@ def release_ids(config: dict[str, Any], session: str) -> None:
         release(ids, session)
 
 
-def inherited_ids(parent: str | None) -> IdRange | None:
-    """The ids a child shares with its parent's box, run by this process (backends/idmap.py: a tree is one span)."""
-    from quinebox.box.backends.idmap import inherited
+def inherited_ids(parent: str | None, session: str) -> IdRange | None:
+    """The ids the child `session` shares with its parent's box, run by this process (backends/idmap.py: a tree is
+    one span), its claim on them joined to its parent's."""
+    from quinebox.box.backends.idmap import inherited, join
 
-    return inherited(parent)
+    ids = inherited(parent)
+    if ids is not None:
+        join(ids, session)
+    return ids
 
 
 def own_ids(session: str) -> IdRange:

@@ -74,11 +74,12 @@ def _own_ids(say: Say, backend: DockerBackend | None) -> None:
         remapped = backend.remaps_users()
     except QuineboxError:
         return
-    if remapped:
-        say("ok", "the Docker engine runs boxes in user namespaces of its own (dockerd --userns-remap)")
+    if remapped:  # its boxes' host uids are the engine's remapped ones, which quinebox does not hand its sockets and worlds
+        say("no", "the Docker engine remaps users (dockerd --userns-remap): its boxes cannot reach their sockets and worlds, which are uid 1000's",
+            "use the OCI backend (runc, the default here), or run dockerd without --userns-remap for quinebox")
     else:
         say("no", "the Docker engine runs boxes without a user namespace: a root-made box on it runs as host uid 1000, which may be an account's",
-            "use the OCI backend (runc, the default here), or start dockerd with --userns-remap=default")
+            "use the OCI backend (runc, the default here), whose boxes have host ids of their own")
 
 
 def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> bool:

@@ -109,8 +109,15 @@ class BoxProcess:
         self.spec, image, config = self._launch.configure(spec)
         self.args = self.spec.argv
         self.image_id = image.id
-        self._egress_proxy = self._egress(handler, image.id or self.spec.image, self._launch.reader(config, image.id or self.spec.image)) if proxied(self.spec) else None
-        self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
+        self._egress_proxy: Egress | None = None
+        try:  # what configure took (a root-made box's host ids) goes back if the way out cannot be made
+            self._egress_proxy = self._egress(handler, image.id or self.spec.image, self._launch.reader(config, image.id or self.spec.image)) if proxied(self.spec) else None
+            self._stop_r, self._stop_w = os.pipe()  # only now: a box refused above holds nothing to release
+        except BaseException:
+            if self._egress_proxy is not None:
+                self._egress_proxy.close()
+            self._launch.abandon()
+            raise
         try:
             self._start(config, (stdin, stdout, stderr))
         except BaseException as exc:

@@ -295,7 +295,8 @@ def _remove_cgroups(cid: str) -> None:
     """The box's own cgroups (named as its container: policy_oci's cgroupsPath), where its runtime left them: one
     that no longer knows the box (its state went with a state dir a job removed) neither kills its processes nor
     deletes its cgroups. What is still in them is the box's alone, killed; then each goes, once empty. At the top
-    of each hierarchy, or below a user's delegated one."""
+    of each hierarchy, or below a user's delegated v1 one (setup-user's); a v2 subtree systemd delegates is
+    deeper, and `gc` sweeps what is left there."""
     groups = [g for pattern in (cid, f"*/{cid}", f"{DELEGATED_GLOB}/{cid}", f"*/{DELEGATED_GLOB}/{cid}") for g in CGROUPS.glob(pattern)]
     for group in groups:
         for pid in _procs(group):

@@ -146,8 +146,11 @@ def register() -> None:
         if other is not None:
             raise IdRangeError(errno.EEXIST, f"{path}'s entry {other!r} overlaps quinebox's box ids {BASE}…{BASE + SLOTS * SPAN - 1}: give that user another range (usermod --del-subuids/--add-subuids)")
         if subordinate_line() not in (text if text.endswith("\n") else text + "\n"):
-            with open(path, "a") as f:
-                f.write(("" if not text or text.endswith("\n") else "\n") + subordinate_line())
+            try:
+                with open(path, "a") as f:
+                    f.write(("" if not text or text.endswith("\n") else "\n") + subordinate_line())
+            except OSError:
+                pass  # a read-only /etc: the range is still used, and useradd's own (below SUB_UID_MAX) is far below it
     _system_user()
     _registered = True
 
@@ -183,6 +186,7 @@ def _dirs() -> None:
 
 def claim(session: str) -> IdRange:
     """A slot of its own for the box of `session`, held by this process until `settle` names the box's init."""
+    usable()
     _dirs()
     with _locked():
         register()  # under the lock: two first boxes at once write the range once
@@ -194,6 +198,23 @@ def claim(session: str) -> IdRange:
     raise IdRangeError(errno.ENOSPC, f"all {SLOTS} boxes' id ranges are in use: remove boxes (quinebox gc) and try again")
 
 
+def usable() -> None:
+    """Refused in one line where this root cannot map our range: it is itself in a user namespace that maps no id
+    from BASE (LXC, a user-namespaced pod), or user namespaces are switched off."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            maps = [tuple(int(n) for n in line.split()) for line in f if line.strip()]
+        with open("/proc/sys/user/max_user_namespaces") as f:
+            allowed = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return
+    end = BASE + SLOTS * SPAN
+    if not any(inside <= BASE and end <= inside + count for inside, _, count in maps):
+        raise IdRangeError(errno.ERANGE, f"this root's own user namespace does not map quinebox's box ids {BASE}…{end - 1} (/proc/self/uid_map): run quinebox where root maps them, or with --runtime runsc")
+    if allowed == 0:
+        raise IdRangeError(errno.EPERM, "user namespaces are switched off (user.max_user_namespaces = 0): sudo sysctl -w user.max_user_namespaces=15000, or --runtime runsc")
+
+
 def _take(ids: IdRange, session: str) -> bool:
     try:
         ids.dir.mkdir(mode=0o711)
@@ -201,42 +222,55 @@ def _take(ids: IdRange, session: str) -> bool:
         if not stale(ids):
             return False
         _remove(ids)
-        ids.dir.mkdir(mode=0o711)
+        try:
+            ids.dir.mkdir(mode=0o711)
+        except OSError:
+            return False  # something of a box's is still in it: never shared
+    except OSError:
+        return False
     os.chmod(ids.dir, 0o711)
     _write_claim(ids, session, os.getpid())
     return True
 
 
+def _claim_file(ids: IdRange, session: str) -> Path:
+    return ids.dir / f"{CLAIM}.{session}"
+
+
 def _write_claim(ids: IdRange, session: str, pid: int) -> None:
-    fd = os.open(ids.dir / CLAIM, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(_claim_file(ids, session), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(f"{session} {pid} {process_start_ticks(pid)}\n")
+        f.write(f"{pid} {process_start_ticks(pid)}\n")
+
+
+def join(ids: IdRange, session: str) -> None:
+    """The box of `session` (a child) holds its parent's slot too, until it is released: the slot is never
+    freed while any box in it lives, its parent gone first or not."""
+    with _locked():
+        _write_claim(ids, session, os.getpid())
 
 
 def settle(ids: IdRange, session: str, pid: int) -> None:
-    """The box's init (`pid`) holds the slot from now on, when the slot is its own (a child's is its parent's):
-    it outlives its maker when the keeper has it."""
+    """The box's init (`pid`) holds its claim on the slot from now on: it outlives its maker when the keeper has it."""
     with _locked():
-        if claimant(ids) == session:
+        if _claim_file(ids, session).exists():
             _write_claim(ids, session, pid)
 
 
-def claimant(ids: IdRange) -> str | None:
-    """The session whose box holds the slot, or None."""
-    try:
-        return (ids.dir / CLAIM).read_text().split()[0]
-    except (OSError, IndexError):
-        return None
+def claimants(ids: IdRange) -> list[str]:
+    """The sessions whose boxes hold the slot."""
+    return [name.removeprefix(f"{CLAIM}.") for name in _listdir(ids.dir) if name.startswith(f"{CLAIM}.")]
 
 
 def stale(ids: IdRange) -> bool:
-    """Whether a slot is claimed by nothing alive: its claim's process gone, and nothing mounted in it."""
-    try:
-        fields = (ids.dir / CLAIM).read_text().split()
-    except FileNotFoundError:
-        fields = []
-    if len(fields) == 3 and fields[1].isdigit() and pid_alive(int(fields[1]), fields[2]):
-        return False
+    """Whether a slot is held by nothing alive: every claim's process gone, and nothing mounted in it."""
+    for session in claimants(ids):
+        try:
+            fields = _claim_file(ids, session).read_text().split()
+        except OSError:
+            continue
+        if len(fields) == 2 and fields[0].isdigit() and pid_alive(int(fields[0]), fields[1]):
+            return False
     return not any(os.path.ismount(path) for path in _points(ids))
 
 
@@ -259,15 +293,22 @@ def _listdir(path: Path | str) -> list[str]:
 
 
 def release(ids: IdRange, session: str) -> None:
-    """What the box of `session` had in the slot removed (its root's and its mounts' empty directories), and the
-    slot freed when it is still `session`'s own (a child's leaves its parent's; a stale one another box took
-    since is left to it)."""
+    """What the box of `session` had in the slot removed (its claim, its root's and its mounts' empty
+    directories), and the slot freed once no box holds it. Never raises: a box's removal goes on whatever is left
+    here (a mount still there keeps the slot taken, until gc)."""
     if not ids.dir.is_dir():
         return
-    with _locked():
-        _remove_dirs(ids.root_for(session))
-        if claimant(ids) == session:
-            _remove(ids)
+    try:
+        with _locked():
+            _remove_dirs(ids.root_for(session))
+            try:
+                _claim_file(ids, session).unlink()
+            except FileNotFoundError:
+                pass
+            if not claimants(ids):
+                _remove(ids)
+    except OSError:
+        pass
 
 
 def _remove_dirs(root: Path) -> None:
@@ -280,15 +321,23 @@ def _remove_dirs(root: Path) -> None:
             pass
 
 
-def _remove(ids: IdRange) -> None:
+def _remove(ids: IdRange) -> bool:
+    """The slot's directory and what is in it removed, when nothing of a box's is left mounted there: whether it went."""
     for name in _listdir(ids.dir):
-        if name != CLAIM:
+        if not name.startswith(f"{CLAIM}."):
             _remove_dirs(ids.dir / name.removesuffix(".mnt"))
+    if any(not name.startswith(f"{CLAIM}.") for name in _listdir(ids.dir)):
+        return False  # a root or mount still there (mounted): the slot stays taken
+    for name in _listdir(ids.dir):
+        try:
+            os.unlink(ids.dir / name)
+        except OSError:
+            pass
     try:
-        (ids.dir / CLAIM).unlink()
-    except FileNotFoundError:
-        pass
-    ids.dir.rmdir()
+        ids.dir.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def sweep() -> int:
@@ -299,11 +348,7 @@ def sweep() -> int:
     with _locked():
         for name in os.listdir(BOXES):
             if name.isdigit() and int(name) < SLOTS and stale(IdRange(int(name))):
-                try:
-                    _remove(IdRange(int(name)))
-                    freed += 1
-                except OSError:
-                    continue
+                freed += _remove(IdRange(int(name)))
     return freed
 
 

@@ -126,15 +126,17 @@ def test_claims_are_one_box_each_root_reachable_and_freed_with_the_box(slots):
     for i, ids in enumerate(taken):
         st = os.stat(ids.dir)
         assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 0, 0o711)  # root's; each box's root in it is its own
-        assert idmap.claimant(ids) == f"s{i}" and not idmap.stale(ids)  # this process holds them
+        assert idmap.claimants(ids) == [f"s{i}"] and not idmap.stale(ids)  # this process holds them
     assert os.stat(slots).st_mode & 0o777 == 0o711 and os.stat(slots.parent).st_mode & 0o777 == 0o711
-    (taken[0].root_for("child")).mkdir()  # a child's root, which shares its parent's slot
-    idmap.settle(taken[0], "child", os.getpid())  # a child's init never takes its parent's claim
-    assert idmap.claimant(taken[0]) == "s0"
-    idmap.release(taken[0], "child")  # not its own slot: only the child's directory goes
-    assert taken[0].dir.exists() and not taken[0].root_for("child").exists()
-    idmap.release(taken[0], "s0")
+    idmap.join(taken[0], "child")  # a child shares its parent's slot, with a claim of its own
+    (taken[0].root_for("child")).mkdir()
+    idmap.settle(taken[0], "child", os.getpid())
+    assert sorted(idmap.claimants(taken[0])) == ["child", "s0"]
+    idmap.release(taken[0], "s0")  # the parent goes first: the child still holds the slot
+    assert taken[0].dir.exists() and idmap.claimants(taken[0]) == ["child"] and not idmap.stale(taken[0])
+    idmap.release(taken[0], "child")  # the last box in it: the slot is free
     assert not taken[0].dir.exists()
+    idmap.release(taken[0], "child")  # again, or for a slot gone: nothing, never an error
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="slots are root's")
@@ -144,7 +146,7 @@ def test_a_slot_whose_holder_died_is_swept_and_one_whose_box_lives_is_not(slots)
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     idmap.settle(held, "kept", child.pid)  # the box's init, alive
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    (gone.dir / idmap.CLAIM).write_text(f"lost {dead.stdout.strip()} 1\n")  # its maker died before the box started
+    (gone.dir / f"{idmap.CLAIM}.lost").write_text(f"{dead.stdout.strip()} 1\n")  # its maker died before the box started
     try:
         assert idmap.stale(gone) and not idmap.stale(held)
         assert idmap.sweep() == 1
