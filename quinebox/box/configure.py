@@ -10,6 +10,8 @@ asks the engine nothing, and the guest runtime is the agent image's own /.quineb
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +62,8 @@ def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo,
             spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs, gvisor=gvisor, hidden=hidden,
             rootless=rootless, userns=(ids.first, ids.span) if ids is not None else None,
         )
+        if ids is not None:
+            enterable(config, ids.host(spec.uid))
     except BaseException:
         if ids is not None:
             from quinebox.box.backends.idmap import release
@@ -67,6 +71,27 @@ def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo,
             release(ids, spec.session)
         raise
     return spec, image, config
+
+
+def enterable(config: dict[str, Any], uid: int) -> None:
+    """Refuse in one line a box whose working directory is a granted host directory that its user, the host uid
+    `uid` of its own (backends/idmap.py), may not enter: the runtime would fail its start with a chdir error. Such a
+    user is never the directory's owner, nor in its group, so the directory's bits for others are what count."""
+    workdir = config["process"]["cwd"]
+    binds = [m for m in config["mounts"] if m.get("type") == "bind" and (workdir == m["destination"] or workdir.startswith(m["destination"].rstrip("/") + "/"))]
+    if not binds:
+        return
+    mount = max(binds, key=lambda m: len(m["destination"]))
+    source = os.path.normpath(os.path.join(mount["source"], os.path.relpath(workdir, mount["destination"])))
+    try:
+        st = os.stat(source)
+    except OSError:
+        return  # the runtime says what is wrong with it
+    if stat.S_ISDIR(st.st_mode) and st.st_uid != uid and not st.st_mode & 0o001:
+        raise GrantError(
+            f"the box's user, host uid {uid} (its own, no account's), may not enter its working directory {source} (mode {stat.S_IMODE(st.st_mode):04o}, "
+            f"uid {st.st_uid}'s): `chmod o+x {source}` (o+rwx to let it write there), or work from another directory"
+        )
 
 
 def release_ids(config: dict[str, Any], session: str) -> None:
@@ -90,11 +115,19 @@ def inherited_ids(parent: str | None, session: str) -> IdRange | None:
 
 
 def own_ids(session: str) -> IdRange:
-    """A root-made box's own span of host ids (backends/idmap.py); refused in one line where none can be had."""
-    from quinebox.box.backends.idmap import claim
+    """A root-made box's own span of host ids (backends/idmap.py); refused in one line where none can be had. A
+    session that goes on (resumed) asks for the span its world's owner had, so its files stay its own."""
+    import json
+
+    from quinebox.box.backends.idmap import claim, holding
+    from quinebox.worlds.spec import world_dir
 
     try:
-        return claim(session)
+        last = json.loads((world_dir(session) / "meta.json").read_text()).get("uid")
+    except (OSError, ValueError, AttributeError):
+        last = None
+    try:
+        return claim(session, prefer=holding(last) if isinstance(last, int) else None)
     except OSError as exc:
         raise EngineError(f"cannot give the box host ids of its own: {exc.strerror or exc}") from exc
 

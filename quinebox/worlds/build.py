@@ -61,6 +61,26 @@ def create(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
         raise
 
 
+def hand_over(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
+    """A world that goes on in a new box (a resumed session's) made the new box's user's: what its earlier box's
+    user owned (a root-made box's host ids are its tree's own, and a new box has others: box/backends/idmap.py)
+    is given to `uid`:`gid`, walking without following links, and meta.json says so. Only root gives files away."""
+    meta_path = world_dir(session) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    old = (meta.get("uid"), meta.get("gid"))
+    if os.getuid() != 0 or old == (uid, gid):
+        return
+    for top in (spec.layer, spec.work):
+        if top is None or not os.path.isdir(top):
+            continue
+        for path in [top, *(os.path.join(d, n) for d, dirs, files in os.walk(top) for n in dirs + files)]:
+            st = os.lstat(path)
+            owner = (uid if st.st_uid == old[0] else st.st_uid, gid if st.st_gid == old[1] else st.st_gid)
+            if owner != (st.st_uid, st.st_gid):
+                os.chown(path, *owner, follow_symlinks=False)
+    private_write(meta_path, json.dumps({**meta, "uid": uid, "gid": gid}).encode())
+
+
 def _make_layer(spec: WorldSpec) -> None:
     """A dir world's directory; one already there is taken only when empty and meant to stay empty:
     a warm box's world, moved into its session when the box was claimed (box/pool/claim.py), made private then."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from quinebox.worlds import beneath
-from quinebox.worlds.build import create, discard, load_spec
+from quinebox.worlds.build import create, discard, hand_over, load_spec
 from quinebox.worlds.revisions import CHUNK, NODES, Changes, ConflictError, Manifest, ObjectStore, RevisionLog, Scanner, WorldError, apply, below, changes, describe, merge, new_bytes, unkept
 from quinebox.worlds.spec import WorldSpec, world_dir
 
@@ -228,6 +228,8 @@ def open_world(session: str, spec: WorldSpec, *, uid: int, gid: int, limit: int,
     made = not world_dir(session).joinpath("meta.json").exists()  # else a resumed session's, which goes on as it is
     if made:
         create(session, spec, uid, gid)
+    else:
+        hand_over(session, spec, uid, gid)  # its new box's user may be another host uid than its last one's
     try:
         world = World(session, spec, limit=limit, on_full=on_full)
     except BaseException:

@@ -150,6 +150,7 @@ def test_shell_read_only_refuses_writes(engine, tmp_path):
 
 
 def test_shell_on_a_terminal_is_interactive(engine, tmp_path, terminal):
+    tmp_path.chmod(0o777)  # the box's user may enter it: as root, a host uid of the box's own
     t = terminal("shell", cwd=tmp_path)
     assert t.wait_for(b"# " if BOX_UID == 0 else b"$ "), t.seen  # the prompt: bash may drop what is typed before it is ready
     t.type(b"echo $((6 * 7))\r")
@@ -160,8 +161,20 @@ def test_shell_on_a_terminal_is_interactive(engine, tmp_path, terminal):
 
 
 def test_shell_in_an_image_of_the_users(engine, test_images, tmp_path):
+    tmp_path.chmod(0o777)
     done = qb("shell", "--image", BUSYBOX.name, input=b"probe say from-busybox x", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (0, b"from-busybox\n")
+
+
+@pytest.mark.root_only
+@pytest.mark.skipif(os.environ.get("QUINEBOX_BACKEND", "oci") == "docker" or os.environ.get("QUINEBOX_RUNTIME", "runc") != "runc", reason="a box's own host uid is runc's")
+def test_shell_in_a_directory_its_box_may_not_enter_is_refused_in_one_line(engine, tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    done = qb("shell", input=b"true", cwd=private)
+    assert done.returncode == 125 and done.stdout == b""
+    said = done.stderr.decode()
+    assert said.count("\n") == 1 and said.startswith("quinebox: the box's user, host uid ") and f"may not enter its working directory {private} (mode 0700, uid 0's): `chmod o+x {private}`" in said, said
 
 
 # -- quinebox enter ----------------------------------------------------------------------

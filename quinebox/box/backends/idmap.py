@@ -184,12 +184,15 @@ def _dirs() -> None:
         os.chmod(path, 0o711)
 
 
-def claim(session: str) -> IdRange:
-    """A slot of its own for the box of `session`, held by this process until `settle` names the box's init."""
+def claim(session: str, prefer: IdRange | None = None) -> IdRange:
+    """A slot of its own for the box of `session`, held by this process until `settle` names the box's init;
+    `prefer`'s where it is free (a resumed session's last: what its boxes wrote to its grants stays theirs)."""
     usable()
     _dirs()
     with _locked():
         register()  # under the lock: two first boxes at once write the range once
+        if prefer is not None and _take(prefer, session):
+            return prefer
         start = random.randrange(SLOTS)
         for offset in range(SLOTS):
             ids = IdRange((start + offset) % SLOTS)

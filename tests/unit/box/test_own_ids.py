@@ -178,3 +178,13 @@ def test_mount_points_are_made_in_the_root_without_following_its_links(tmp_path)
     assert (root / "world").is_dir() and (root / "opt" / "a" / "b").is_dir()
     assert (root / "run" / "quinebox" / "host.sock").is_file()
     assert os.listdir(outside) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slots are root's")
+def test_a_resumed_session_gets_its_last_slot_back_when_it_is_free(slots):
+    first = idmap.claim("s1")
+    idmap.release(first, "s1")
+    again = idmap.claim("s1", prefer=first)
+    assert again == first  # what its boxes wrote to its grants is still its own
+    other = idmap.claim("s2", prefer=first)  # taken meanwhile: another slot, never a shared one
+    assert other != first and idmap.claimants(first) == ["s1"]
