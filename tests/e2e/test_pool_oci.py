@@ -278,7 +278,8 @@ def test_gvisor_boxes_are_kept_warm_and_claimed_too(tmp_path):
     try:
         done = quinebox_cli("exec", "--", "sh", "-c", "cat; uname -r >&2; exit 6", env=env, input=b"through gVisor")
         assert (done.returncode, done.stdout) == (6, b"through gVisor") and hits(env) == 1, done.stderr
-        assert done.stderr.strip() != os.uname().release.encode() and containers(env, "runsc")  # gVisor's kernel's own; the pool refilling
+        assert done.stderr.strip() != os.uname().release.encode()  # gVisor's kernel's own
+        wait_for(lambda: containers(env, "runsc"), "the pool to refill with a gVisor box", timeout=60)
     finally:
         quinebox_cli("serve", "stop", env=env)
     wait_for(lambda: containers(env, "runsc") == [], "gVisor's warm boxes to go", timeout=60)
