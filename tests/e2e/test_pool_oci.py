@@ -64,7 +64,10 @@ def containers(env, runtime: str = "runc") -> list[dict]:
     root = Path(env["QUINEBOX_STATE_DIR"], "oci", runtime)
     if not root.is_dir():
         return []
-    listed = subprocess.run([runtime, "--root", str(root), "list", "--format", "json"], capture_output=True, timeout=30)
+    for _ in range(5):  # runc 1.1's list fails outright when a box it found goes before it reads its state: once more
+        listed = subprocess.run([runtime, "--root", str(root), "list", "--format", "json"], capture_output=True, timeout=30)
+        if listed.returncode == 0 or b"container does not exist" not in listed.stderr:
+            break
     assert listed.returncode == 0, listed.stderr
     return json.loads(listed.stdout or b"null") or []
 

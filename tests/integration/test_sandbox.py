@@ -56,7 +56,7 @@ def test_exec_runs_as_the_box_user_or_another_but_never_root(sb):
     with pytest.raises(GrantError, match="no such user"):
         sb.exec(["id"], user="no-such-user")
     if ROOTLESS:  # past its user's subordinate range: refused before any process starts, in our words, not runc's
-        with pytest.raises(GrantError, match=r"^refused user '4000000': this rootless box maps uids 0, 1-\d+ only \(its user's /etc/subuid range\)"):
+        with pytest.raises(GrantError, match=r"^refused user '4000000': this box's user namespace maps uids 0, 1-\d+ only; give one of those$"):
             sb.exec(["id"], user="4000000")
 
 
