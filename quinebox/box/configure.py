@@ -117,14 +117,13 @@ def inherited_ids(parent: str | None, session: str) -> IdRange | None:
 def own_ids(session: str) -> IdRange:
     """A root-made box's own span of host ids (backends/idmap.py); refused in one line where none can be had. A
     session that goes on (resumed) asks for the span its world's owner had, so its files stay its own."""
-    import json
-
     from quinebox.box.backends.idmap import claim, holding
-    from quinebox.worlds.spec import world_dir
+    from quinebox.worlds.build import load_spec
+    from quinebox.worlds.revisions import WorldError
 
     try:
-        last = json.loads((world_dir(session) / "meta.json").read_text()).get("uid")
-    except (OSError, ValueError, AttributeError):
+        last = load_spec(session)[1].get("uid")
+    except (WorldError, OSError, ValueError, KeyError):
         last = None
     try:
         return claim(session, prefer=holding(last) if isinstance(last, int) else None)

@@ -230,14 +230,21 @@ def oci_config(
         },
     }
     if userns is not None:
-        first, count = userns
-        mapping = [{"containerID": 0, "hostID": first, "size": count}]
-        config["linux"] = {**config["linux"], "namespaces": [{"type": "user"}, *config["linux"]["namespaces"]], "uidMappings": mapping, "gidMappings": mapping}
+        config["linux"] = own_userns(config["linux"], userns)
     if rootless is None:
         return config
     config["linux"] = rootless_linux(config["linux"], rootless, f"{CGROUP_PREFIX}{spec.session}")
     config["mounts"] = [_rootless_mount(m, rootless) for m in config["mounts"]]
     return config
+
+
+def own_userns(linux: dict[str, Any], userns: tuple[int, int]) -> dict[str, Any]:
+    """A config's `linux` with a user namespace of the box's own (a root-made box's), its ids 0… mapped onto the
+    host ids `userns` (first, count) names, uids and gids alike; one there already is replaced (a warm box's)."""
+    first, count = userns
+    mapping = [{"containerID": 0, "hostID": first, "size": count}]
+    namespaces = [ns for ns in linux["namespaces"] if ns.get("type") != "user"]
+    return {**linux, "namespaces": [{"type": "user"}, *namespaces], "uidMappings": mapping, "gidMappings": mapping}
 
 
 def rootless_linux(linux: dict[str, Any], who: Rootless, cgroup: str) -> dict[str, Any]:

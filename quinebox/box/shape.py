@@ -21,6 +21,7 @@ import json
 from typing import Any, TypeGuard
 
 from quinebox.box.policy import CGROUP_PREFIX, DEFAULT_MEM, GUEST_PYTHON, HOST_SOCKET, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_PREFIX, LABEL_SESSION, LABEL_USER, RUNTIME, ContainerConfig, proxied
+from quinebox.box.policy_oci import own_userns
 from quinebox.box.spec import BoxSpec
 
 #: On a warm box: the digest of its shape (it holds no session until claimed).
@@ -221,8 +222,7 @@ def warm_oci_config(
     if own_ids(shape):
         if userns is None:
             raise ValueError("this shape needs host ids of the box's own")
-        mapping = [{"containerID": 0, "hostID": userns[0], "size": userns[1]}]
-        config["linux"] = {key: value for key, value in config["linux"].items() if key != OWN_IDS} | {"uidMappings": mapping, "gidMappings": mapping}
+        config["linux"] = own_userns({key: value for key, value in config["linux"].items() if key != OWN_IDS}, userns)
     for mount in config["mounts"]:
         if mount.get("source") == LIFELINE_SOURCE:
             mount["source"] = lifeline

@@ -65,8 +65,7 @@ def hand_over(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
     """A world that goes on in a new box (a resumed session's) made the new box's user's: what its earlier box's
     user owned (a root-made box's host ids are its tree's own, and a new box has others: box/backends/idmap.py)
     is given to `uid`:`gid`, walking without following links, and meta.json says so. Only root gives files away."""
-    meta_path = world_dir(session) / "meta.json"
-    meta = json.loads(meta_path.read_text())
+    _, meta = load_spec(session)
     old = (meta.get("uid"), meta.get("gid"))
     if os.getuid() != 0 or old == (uid, gid):
         return
@@ -78,7 +77,7 @@ def hand_over(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
             owner = (uid if st.st_uid == old[0] else st.st_uid, gid if st.st_gid == old[1] else st.st_gid)
             if owner != (st.st_uid, st.st_gid):
                 os.chown(path, *owner, follow_symlinks=False)
-    private_write(meta_path, json.dumps({**meta, "uid": uid, "gid": gid}).encode())
+    private_write(world_dir(session) / "meta.json", json.dumps({**meta, "uid": uid, "gid": gid}).encode())
 
 
 def _make_layer(spec: WorldSpec) -> None:

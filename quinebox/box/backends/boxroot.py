@@ -264,19 +264,12 @@ def detach(bundle: Path) -> None:
     if root.is_symlink():
         slot_root = Path(os.readlink(root))
         mounts = Path(f"{slot_root}.mnt")
-        targets = [slot_root, *(mounts / name for name in _names(mounts)), bundle / LAYER]
+        targets = [slot_root, *(mounts / name for name in idmap.entries(mounts)), bundle / LAYER]
     for target in targets:
         try:
             _unmount(target)
         except OSError:
             pass  # not ours to detach (EPERM): the bundle's removal then stops at it, and the cache is not written
-
-
-def _names(path: Path) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
 
 
 def remove_box(runtime: list[str], cid: str, bundle: Path | None) -> bool:

@@ -14,15 +14,17 @@ as podman's `--userns=auto` and Kubernetes' user-namespaced pods do:
   it (`inherited`): they see and change their parent's files (an overlay world over its layers, a rw grant it
   passed on) as their own, as they did when every box was uid 1000, while no other tree and no account has
   those ids. A child a warm box serves (one with nothing of its parent's: box/shape.py's why_cold) has that
-  warm box's own. The claim is the directory BOXES/<slot>, made by mkdir (atomic: two boxes never get one slot),
-  owned by the slot's first id and 0711: each box's own root is mounted in it (`root_for`), since the runtime
-  makes that root the box's as the namespace's root, which must reach it (the state dir's 0700 directories,
-  root's, are closed to it; every bind mount's source the runtime opens itself, as the host's root, before it
-  enters the namespace). Its CLAIM file says whose it is: the session, and the process that holds it (the
-  box's init once started: `settle`; until then the maker).
-- a slot is free again once its box is removed (`release`, from boxroot.remove_bundle: its owner, its keeper,
-  gc and `box rm` alike), or once the process named in its claim is gone and nothing is mounted there (`stale`:
-  whoever claims next, and gc, sweep it), so a crash of every process that knew of it leaks nothing for long.
+  warm box's own. The slot is the directory BOXES/<slot>, made by mkdir (atomic: two trees never get one
+  slot), root's and 0711: each box's own root is mounted in it (`root_for`, owned by the slot's first id),
+  since the runtime makes that root the box's as the namespace's root, which must reach it (the state dir's
+  0700 directories, root's, are closed to it; every bind mount's source the runtime opens itself, as the host's
+  root, before it enters the namespace). Each box in it, its tree's root and each child (`join`), has a claim
+  file, CLAIM.<session>, naming the process that holds it (the box's init once started: `settle`; until then
+  its maker).
+- a slot is free again once every box in it is removed (`release`, from boxroot.remove_bundle: its owner, its
+  keeper, gc and `box rm` alike), or once every process its claims name is gone and nothing is mounted there
+  (`stale`: whoever claims next, and gc, sweep it), so a crash of every process that knew of it leaks nothing
+  for long, and a child that outlives its parent keeps its ids its own.
 
 gVisor's boxes need none (their processes are the sandbox's, not the host's), and a rootless box has the
 namespace its user's own ids make (policy_oci.Rootless).
@@ -73,13 +75,6 @@ class IdRange:
             raise ValueError(f"id {inside} is outside a box's namespace (0…{SPAN - 1})")
         return self.first + inside
 
-    def holds(self, host_id: int) -> bool:
-        return self.first <= host_id < self.first + SPAN
-
-    def mappings(self) -> list[dict[str, int]]:
-        """The namespace's uid (and gid) map, in the OCI config's form."""
-        return [{"containerID": 0, "hostID": self.first, "size": SPAN}]
-
     @property
     def dir(self) -> Path:
         return BOXES / str(self.slot)
@@ -101,9 +96,8 @@ def range_of(mappings: object) -> IdRange | None:
     if not isinstance(mappings, list) or len(mappings) != 1 or not isinstance(mappings[0], dict):
         return None
     first, size = mappings[0].get("hostID"), mappings[0].get("size")
-    if not isinstance(first, int) or size != SPAN or first < BASE or (first - BASE) % SPAN or (first - BASE) // SPAN >= SLOTS:
-        return None
-    return IdRange((first - BASE) // SPAN)
+    ids = holding(first) if isinstance(first, int) and size == SPAN else None
+    return ids if ids is not None and ids.first == first else None
 
 
 def subordinate_line(name: str = USER) -> str:
@@ -262,7 +256,7 @@ def settle(ids: IdRange, session: str, pid: int) -> None:
 
 def claimants(ids: IdRange) -> list[str]:
     """The sessions whose boxes hold the slot."""
-    return [name.removeprefix(f"{CLAIM}.") for name in _listdir(ids.dir) if name.startswith(f"{CLAIM}.")]
+    return [name.removeprefix(f"{CLAIM}.") for name in entries(ids.dir) if name.startswith(f"{CLAIM}.")]
 
 
 def stale(ids: IdRange) -> bool:
@@ -280,15 +274,16 @@ def stale(ids: IdRange) -> bool:
 def _points(ids: IdRange) -> list[str]:
     """Every directory in a slot and one level below: the boxes' roots and the host's mounts beside them."""
     found = []
-    for top in _listdir(ids.dir):
+    for top in entries(ids.dir):
         path = os.path.join(ids.dir, top)
         if os.path.isdir(path) and not os.path.islink(path):
             found.append(path)
-            found += [os.path.join(path, name) for name in _listdir(path) if os.path.isdir(os.path.join(path, name))]
+            found += [os.path.join(path, name) for name in entries(path) if os.path.isdir(os.path.join(path, name))]
     return found
 
 
-def _listdir(path: Path | str) -> list[str]:
+def entries(path: Path | str) -> list[str]:
+    """The names in a directory, none where it is not one (or is gone)."""
     try:
         return os.listdir(path)
     except OSError:
@@ -317,7 +312,7 @@ def release(ids: IdRange, session: str) -> None:
 def _remove_dirs(root: Path) -> None:
     """A box's empty directories in its slot: its root's and its mounts' (`.mnt/N`); a mounted one stays."""
     mounts = Path(f"{root}.mnt")
-    for path in [*(mounts / name for name in _listdir(mounts)), mounts, root]:
+    for path in [*(mounts / name for name in entries(mounts)), mounts, root]:
         try:
             os.rmdir(path)
         except OSError:
@@ -326,12 +321,12 @@ def _remove_dirs(root: Path) -> None:
 
 def _remove(ids: IdRange) -> bool:
     """The slot's directory and what is in it removed, when nothing of a box's is left mounted there: whether it went."""
-    for name in _listdir(ids.dir):
+    for name in entries(ids.dir):
         if not name.startswith(f"{CLAIM}."):
             _remove_dirs(ids.dir / name.removesuffix(".mnt"))
-    if any(not name.startswith(f"{CLAIM}.") for name in _listdir(ids.dir)):
+    if any(not name.startswith(f"{CLAIM}.") for name in entries(ids.dir)):
         return False  # a root or mount still there (mounted): the slot stays taken
-    for name in _listdir(ids.dir):
+    for name in entries(ids.dir):
         try:
             os.unlink(ids.dir / name)
         except OSError:

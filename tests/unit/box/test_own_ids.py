@@ -37,10 +37,9 @@ def owned(box, userns=OWN):
 def test_a_slot_is_a_span_of_host_ids_no_account_has(slot, first, user):
     ids = idmap.IdRange(slot)
     assert ids.first == first and ids.host(1000) == user and ids.host(0) == first
-    assert ids.holds(first) and ids.holds(first + 65535) and not ids.holds(first + 65536) and not ids.holds(first - 1)
+    assert idmap.holding(first) == idmap.holding(first + 65535) == ids and idmap.holding(first + 65536) != ids and idmap.holding(first - 1) != ids
     assert ids.first + ids.span - 1 < 1 << 31  # never read as negative by what reads ids signed
-    assert ids.mappings() == [{"containerID": 0, "hostID": first, "size": 65536}]
-    assert idmap.range_of(ids.mappings()) == ids
+    assert idmap.range_of([{"containerID": 0, "hostID": first, "size": 65536}]) == ids
 
 
 @pytest.mark.parametrize("inside", [-1, 65536, 1 << 20])
