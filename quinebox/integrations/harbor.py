@@ -1,0 +1,325 @@
+"""A Harbor environment: `harbor run --env quinebox.integrations.harbor:QuineboxEnvironment` runs each trial in a box.
+
+Harbor (Terminal-Bench's harness) gives each trial a container of the task's image, runs the agent's and the
+verifier's commands in it, and moves /solution, /tests and /logs in and out. Its Docker provider makes that
+container a compose project with the engine's defaults (root, every capability but a few, the engine's seccomp).
+This one makes it a quinebox box of the same image instead: the task's Dockerfile is built by the Docker engine
+(tagged by the content hash of environment/, so a second trial reuses it), a task that names an image runs that
+image, and the box gets a writable root layer of its own (grant `rootfs:rw`, discarded with the box) because a
+benchmark's tasks change their container's files; everything else is the hardened box: no capabilities, our
+seccomp, never host root, limits. Root inside (Harbor's `user="root"`) is honored where the box has a user
+namespace of its own and refused in one line elsewhere.
+
+What maps onto what: Harbor's network policy onto egress grants (`public` → `net`, `no-network` → none, an
+allowlist → one `net:HOST` per entry), its cpus and memory onto `cpus:`/`mem:`, its bind mounts onto `ro:`/`rw:`.
+A docker-compose task is refused in one line (capabilities say `docker_compose=False`). `stop(delete=False)` keeps
+the box (`quinebox exec --in ID -- bash` looks inside; `quinebox box rm ID` ends it). Only quinebox's public API
+is used. See docs/frameworks/harbor.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import concurrent.futures
+import io
+import os
+import re
+import shlex
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from harbor.environments.base import BaseEnvironment, ExecResult, OutputCallback, OutputStream
+from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
+from harbor.environments.definition import COMPOSE_FILE_NAME, DOCKERFILE_NAME, require_agent_environment_definition
+from harbor.environments.options import EnvironmentOptions
+from harbor.models.task.config import EnvironmentConfig, NetworkAllowlistEntryType, NetworkMode, NetworkPolicy, classify_network_allowlist_entry
+from harbor.models.trial.config import ResourceMode
+from harbor.models.trial.paths import TrialPaths
+from pydantic import Field
+
+from quinebox import DEVNULL, QuineboxError, Sandbox
+
+#: What each box's name starts with: what `quinebox box ls` shows of a Harbor trial's box.
+NAME_PREFIX = "harbor-"
+#: The repository a task's built image is tagged in; its tag is the content hash of the task's environment/.
+IMAGE_REPOSITORY = "quinebox-harbor"
+#: Each stream of an exec is kept up to this many bytes (Harbor holds them in memory); past it the command is killed.
+OUTPUT_MAX = 64 << 20
+#: The most a download (one file, or a directory's tar) may hold.
+DOWNLOAD_MAX = 1 << 30
+
+
+class QuineboxOptions(EnvironmentOptions):
+    """`--ek KEY=VALUE` options of the quinebox environment (values are parsed as JSON: `--ek grants='["tmp:2g"]'`)."""
+
+    grants: list[str] = Field(default_factory=list, description="Grants each box gets beyond what the task asks (e.g. tmp:2g, pids:512).")
+    backend: str | None = Field(default=None, description="Where boxes run: oci or docker (default: quinebox's choice).")
+    runtime: str | None = Field(default=None, description="The OCI runtime: runc or runsc (default: quinebox's choice).")
+    ttl: str | None = Field(default=None, description="The longest a box may live, kept ones too (e.g. 2h; default: until removed).")
+
+
+def allowlist_grant(entry: str) -> str:
+    """One Harbor allowlist entry as an egress grant, any port (Harbor's allowlists name hosts, never ports)."""
+    kind = classify_network_allowlist_entry(entry)
+    if kind in (NetworkAllowlistEntryType.IPV6_ADDRESS, NetworkAllowlistEntryType.IPV6_CIDR):
+        return f"net:[{entry}]:*"
+    if kind in (NetworkAllowlistEntryType.IPV4_ADDRESS, NetworkAllowlistEntryType.IPV4_CIDR):
+        return f"net:{entry}"
+    return f"net:{entry}:*"
+
+
+def network_grants(policy: NetworkPolicy) -> list[str]:
+    """Harbor's network policy as egress grants: a box reaches nothing unless granted."""
+    if policy.network_mode == NetworkMode.PUBLIC:
+        return ["net"]
+    if policy.network_mode == NetworkMode.ALLOWLIST:
+        return [allowlist_grant(entry) for entry in policy.allowed_hosts]
+    return []
+
+
+def mount_grant(mount: dict[str, Any]) -> str:
+    """A Harbor mount (compose's volume format) as a `ro:`/`rw:` grant; only host directories (binds) can be one."""
+    if mount.get("type", "bind") != "bind":
+        raise ValueError(f"cannot mount {mount.get('source')!r} at {mount.get('target')!r}: the quinebox environment mounts host paths (type bind) only, not {mount.get('type')!r}")
+    kind = "ro" if mount.get("read_only") else "rw"
+    return f"{kind}:{os.path.abspath(mount['source'])}={mount['target']}"
+
+
+def image_tag(environment_name: str, content_hash: str) -> str:
+    """The engine tag of a task's built image: the same environment/ bytes, the same tag, so a build is reused."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", environment_name.lower()).strip("-._") or "task"
+    return f"{IMAGE_REPOSITORY}/{name[:100]}:{content_hash[:64]}"
+
+
+def box_name(session_id: str) -> str:
+    return NAME_PREFIX + re.sub(r"[^A-Za-z0-9_.-]+", "_", session_id)[:120]
+
+
+class QuineboxEnvironment(BaseEnvironment):
+    """One Harbor trial's environment as one quinebox box of the task's image."""
+
+    options_model = QuineboxOptions
+    options: QuineboxOptions
+    #: One build of each tag at a time in this process: concurrent trials of one task wait for the first's image.
+    _build_locks: ClassVar[dict[str, asyncio.Lock]] = {}
+
+    def __init__(
+        self,
+        environment_dir: Path,
+        environment_name: str,
+        session_id: str,
+        trial_paths: TrialPaths,
+        task_env_config: EnvironmentConfig,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        self._sandbox: Sandbox | None = None
+        self._image_user = ""
+        super().__init__(environment_dir, environment_name, session_id, trial_paths, task_env_config, *args, **kwargs)
+
+    @staticmethod
+    def type() -> str:
+        return "quinebox"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(
+            disable_internet=True, network_allowlist=True, network_allowlist_hostnames=True, network_allowlist_wildcard_hostnames=True,
+            network_allowlist_ipv4_addresses=True, network_allowlist_ipv6_addresses=True, network_allowlist_ipv4_cidrs=True,
+            network_allowlist_ipv6_cidrs=True, mounted=True, docker_compose=False,
+        )
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        return EnvironmentResourceCapabilities(cpu_limit=True, memory_limit=True, fractional_cpus=True)
+
+    def _validate_definition(self) -> None:
+        if (self.environment_dir / COMPOSE_FILE_NAME).exists():
+            raise ValueError(
+                f"task {self.environment_name!r} is a docker-compose project ({self.environment_dir / COMPOSE_FILE_NAME}): the quinebox "
+                "environment runs one box of one image per trial; run this task with --env docker"
+            )
+        require_agent_environment_definition(self.environment_dir, docker_image=self.task_env_config.docker_image)
+
+    # -- the box ------------------------------------------------------------------------------
+
+    @property
+    def sandbox(self) -> Sandbox:
+        """The trial's box, once `start` made it."""
+        if self._sandbox is None:
+            raise RuntimeError(f"environment {self.session_id} has no box: call start() first")
+        return self._sandbox
+
+    def grants(self) -> list[str]:
+        """Every grant of the trial's box: its own root layer, the network policy, resources, mounts, the user's."""
+        grants = ["rootfs:rw", *network_grants(self.network_policy)]
+        cpus = self._resource_limit_value("cpu", auto_mode=ResourceMode.LIMIT)
+        if cpus:
+            grants.append(f"cpus:{cpus}")
+        memory_mb = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
+        if memory_mb:
+            grants.append(f"mem:{memory_mb}m")
+        grants += [mount_grant(dict(mount)) for mount in self._host_mounts]
+        return grants + list(self.options.grants)
+
+    async def start(self, force_build: bool) -> None:
+        dockerfile = self.environment_dir / DOCKERFILE_NAME
+        if self.task_env_config.docker_image and not (force_build and dockerfile.exists()):
+            image = self.task_env_config.docker_image
+        else:
+            image = image_tag(self.environment_name, self.environment_id)
+            lock = self._build_locks.setdefault(image, asyncio.Lock())
+            async with lock:
+                await asyncio.to_thread(self._build, image, force_build)
+        self._image_user = await asyncio.to_thread(self._user_of, image)
+        self._sandbox = await Sandbox.adetached(
+            image=image, grants=self.grants(), name=box_name(self.session_id),
+            backend=self.options.backend, runtime=self.options.runtime, ttl=self.options.ttl,
+        )
+        self.logger.debug(f"box {self._sandbox.id} of {image} started")
+        await self._upload_environment_dir_after_start()
+        await self.ensure_dirs(self._mount_targets(writable_only=True))
+
+    def _engine(self) -> Any:
+        import docker
+
+        return docker.from_env(timeout=int(self.task_env_config.build_timeout_sec))
+
+    def _build(self, tag: str, force: bool) -> None:
+        """Build the task's Dockerfile with the engine unless `tag` (its content hash) is built already; bounded by
+        the task's build_timeout_sec (each read of the engine's answer), never pulling a base it has."""
+        import docker
+
+        try:
+            client = self._engine()
+        except docker.errors.DockerException as exc:
+            raise QuineboxError(f"cannot build {self.environment_dir / DOCKERFILE_NAME}: the Docker engine is not reachable ({exc}); give the task a docker_image instead") from None
+        with client:
+            if not force:
+                try:
+                    client.images.get(tag)
+                    return
+                except docker.errors.ImageNotFound:
+                    pass
+            try:
+                client.images.build(path=str(self.environment_dir), dockerfile=DOCKERFILE_NAME, tag=tag, rm=True, timeout=int(self.task_env_config.build_timeout_sec))
+            except docker.errors.BuildError as exc:
+                said = "".join(str(entry.get("stream") or entry.get("error") or "") for entry in exc.build_log).strip()
+                raise QuineboxError(f"cannot build {self.environment_dir / DOCKERFILE_NAME}: {exc.msg}\n{said[-2000:]}") from None
+            except docker.errors.APIError as exc:
+                raise QuineboxError(f"cannot build {self.environment_dir / DOCKERFILE_NAME}: {exc.explanation or exc}") from None
+
+    def _user_of(self, image: str) -> str:
+        """The image's USER, whom a command that names none runs as (as `docker exec` does); "" where the engine
+        does not know the image (quinebox fetches it then, and such a command runs as root)."""
+        import docker
+
+        try:
+            with self._engine() as client:
+                return str((client.images.get(image).attrs.get("Config") or {}).get("User") or "")
+        except docker.errors.DockerException:
+            return ""
+
+    async def stop(self, delete: bool) -> None:
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is None:
+            return
+        if delete:
+            await sandbox.aremove_box()
+            return
+        await sandbox.aclose()  # detach only: the box lives on for inspection
+        self.logger.info(f"kept box {sandbox.id} of trial {self.session_id}: `{Sandbox.connection_command(sandbox.id)}` looks inside, `quinebox box rm {sandbox.id}` ends it")
+
+    async def attach(self) -> None:
+        argv = shlex.split(Sandbox.connection_command(self.sandbox.id).replace(" -- sh", " -- bash"))
+        os.execvp(argv[0], argv)
+
+    # -- commands -----------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        """`bash -c command` in the box, as Docker's provider runs it; a command past `timeout_sec` is killed (its
+        whole process tree, the box stays) and raises, as Docker's does."""
+        who = self._resolve_user(user)
+        options: dict[str, Any] = {
+            "cwd": cwd or self.task_env_config.workdir, "env": self._merge_env(env),
+            "user": str(who) if who is not None else (self._image_user or "root"),
+        }
+        callback = self._output_callback()
+        if callback is None:
+            result = await self.sandbox.aexec(["bash", "-c", command], timeout=timeout_sec, max_output=OUTPUT_MAX, **options)
+            code, out, err, timed_out = result.returncode, result.stdout, result.stderr, result.timed_out
+        else:
+            code, out, err, timed_out = await self._streamed(["bash", "-c", command], callback, timeout_sec, options)
+        if timed_out:
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
+        return ExecResult(stdout=out.decode(errors="replace") or None, stderr=err.decode(errors="replace") or None, return_code=code)
+
+    async def _streamed(self, argv: list[str], callback: OutputCallback, timeout: int | None, options: dict[str, Any]) -> tuple[int, bytes, bytes, bool]:
+        """A command whose output Harbor watches as it comes (a trial's log callbacks): each chunk goes to `callback`
+        on this loop, in order, and is kept (up to OUTPUT_MAX a stream) for the result."""
+        loop = asyncio.get_running_loop()
+        sent: list[concurrent.futures.Future[None]] = []
+
+        def sink(kept: bytearray, stream: OutputStream) -> Callable[[bytes], None]:
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+            def take(chunk: bytes) -> None:
+                kept.extend(chunk[: max(OUTPUT_MAX - len(kept), 0)])
+                if text := decoder.decode(chunk):
+                    sent.append(asyncio.run_coroutine_threadsafe(callback(text, stream), loop))
+
+            return take
+
+        out, err = bytearray(), bytearray()
+        proc = await asyncio.to_thread(self.sandbox.Popen, argv, stdin=DEVNULL, stdout=sink(out, "stdout"), stderr=sink(err, "stderr"), **options)
+        code = await asyncio.to_thread(proc.wait, timeout)
+        for future in sent:
+            await asyncio.wrap_future(future)
+        return code, bytes(out), bytes(err), bool(proc.timed_out)
+
+    # -- files --------------------------------------------------------------------------------
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        """One host file into the box at `target_path`, its mode kept (a script stays executable)."""
+        parent, _, name = target_path.rstrip("/").rpartition("/")
+        data = await asyncio.to_thread(tar_of_file, Path(source_path), name)
+        await self.sandbox.amkdir(parent or "/", parents=True, exist_ok=True)
+        await self.sandbox.aput_tar(parent or "/", io.BytesIO(data))
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        """What is in `source_dir` into `target_dir` of the box (made if missing), over what is there."""
+        await self.sandbox.amkdir(target_dir, parents=True, exist_ok=True)
+        await self.sandbox.aput_dir(str(source_dir), target_dir)
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        data = await self.sandbox.aread_file(source_path, max_bytes=DOWNLOAD_MAX)
+        target = Path(target_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(target.write_bytes, data)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        Path(target_dir).mkdir(parents=True, exist_ok=True)
+        await self.sandbox.aget_dir(source_dir, str(target_dir), max_bytes=DOWNLOAD_MAX)
+
+
+def tar_of_file(source: Path, name: str) -> bytes:
+    """A tar of one file named `name`, owned by root as Docker's provider sends it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tar.gettarinfo(str(source), arcname=name)
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        with source.open("rb") as data:
+            tar.addfile(info, data)
+    return buffer.getvalue()
+

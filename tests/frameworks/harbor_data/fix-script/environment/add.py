@@ -1,0 +1,3 @@
+import sys
+
+print(int(sys.argv[1]) - int(sys.argv[2]))
