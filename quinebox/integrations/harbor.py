@@ -59,6 +59,7 @@ class QuineboxOptions(EnvironmentOptions):
     backend: str | None = Field(default=None, description="Where boxes run: oci or docker (default: quinebox's choice).")
     runtime: str | None = Field(default=None, description="The OCI runtime: runc or runsc (default: quinebox's choice).")
     ttl: str | None = Field(default=None, description="The longest a box may live, kept ones too (e.g. 2h; default: until removed).")
+    idle: str | None = Field(default="1h", description="A box with no command running this long ends (null: never; a kept box too).")
 
 
 def allowlist_grant(entry: str) -> str:
@@ -177,7 +178,7 @@ class QuineboxEnvironment(BaseEnvironment):
         self._image_user = await asyncio.to_thread(self._user_of, image)
         self._sandbox = await Sandbox.adetached(
             image=image, grants=self.grants(), name=box_name(self.session_id),
-            backend=self.options.backend, runtime=self.options.runtime, ttl=self.options.ttl,
+            backend=self.options.backend, runtime=self.options.runtime, ttl=self.options.ttl, idle=self.options.idle,
         )
         self.logger.debug(f"box {self._sandbox.id} of {image} started")
         await self._upload_environment_dir_after_start()
@@ -197,7 +198,7 @@ class QuineboxEnvironment(BaseEnvironment):
             client = self._engine()
         except docker.errors.DockerException as exc:
             raise QuineboxError(f"cannot build {self.environment_dir / DOCKERFILE_NAME}: the Docker engine is not reachable ({exc}); give the task a docker_image instead") from None
-        with client:
+        try:
             if not force:
                 try:
                     client.images.get(tag)
@@ -211,6 +212,8 @@ class QuineboxEnvironment(BaseEnvironment):
                 raise QuineboxError(f"cannot build {self.environment_dir / DOCKERFILE_NAME}: {exc.msg}\n{said[-2000:]}") from None
             except docker.errors.APIError as exc:
                 raise QuineboxError(f"cannot build {self.environment_dir / DOCKERFILE_NAME}: {exc.explanation or exc}") from None
+        finally:
+            client.close()
 
     def _user_of(self, image: str) -> str:
         """The image's USER, whom a command that names none runs as (as `docker exec` does); "" where the engine
@@ -218,17 +221,22 @@ class QuineboxEnvironment(BaseEnvironment):
         import docker
 
         try:
-            with self._engine() as client:
-                return str((client.images.get(image).attrs.get("Config") or {}).get("User") or "")
+            client = self._engine()
         except docker.errors.DockerException:
             return ""
+        try:
+            return str((client.images.get(image).attrs.get("Config") or {}).get("User") or "")
+        except docker.errors.DockerException:
+            return ""
+        finally:
+            client.close()
 
     async def stop(self, delete: bool) -> None:
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is None:
             return
         if delete:
-            await sandbox.aremove_box()
+            await sandbox.adestroy()
             return
         await sandbox.aclose()  # detach only: the box lives on for inspection
         self.logger.info(f"kept box {sandbox.id} of trial {self.session_id}: `{Sandbox.connection_command(sandbox.id)}` looks inside, `quinebox box rm {sandbox.id}` ends it")
@@ -293,12 +301,10 @@ class QuineboxEnvironment(BaseEnvironment):
         """One host file into the box at `target_path`, its mode kept (a script stays executable)."""
         parent, _, name = target_path.rstrip("/").rpartition("/")
         data = await asyncio.to_thread(tar_of_file, Path(source_path), name)
-        await self.sandbox.amkdir(parent or "/", parents=True, exist_ok=True)
         await self.sandbox.aput_tar(parent or "/", io.BytesIO(data))
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         """What is in `source_dir` into `target_dir` of the box (made if missing), over what is there."""
-        await self.sandbox.amkdir(target_dir, parents=True, exist_ok=True)
         await self.sandbox.aput_dir(str(source_dir), target_dir)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
@@ -308,7 +314,6 @@ class QuineboxEnvironment(BaseEnvironment):
         await asyncio.to_thread(target.write_bytes, data)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        Path(target_dir).mkdir(parents=True, exist_ok=True)
         await self.sandbox.aget_dir(source_dir, str(target_dir), max_bytes=DOWNLOAD_MAX)
 
 
