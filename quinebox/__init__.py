@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "run", "resume", "Box", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "PIPE", "DEVNULL"]
+__all__ = ["__version__", "exec", "run", "resume", "Box", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL"]
 
 
 def __getattr__(name: str):
@@ -27,7 +27,11 @@ def __getattr__(name: str):
         from quinebox.box.live.snapshots import Snapshot
 
         return Snapshot
-    if name in ("QuineboxError", "GrantError", "FileTooLargeError"):
+    if name == "FileInfo":
+        from quinebox.box.live.box_files import FileInfo
+
+        return FileInfo
+    if name in ("QuineboxError", "GrantError", "FileTooLargeError", "EngineError"):
         from quinebox import errors
 
         return getattr(errors, name)

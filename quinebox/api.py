@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ExecResult:
-    """A finished box: what `quinebox.exec` returns."""
+    """A finished box (what `quinebox.exec` returns), or a command in one (`Sandbox.exec`). `truncated`: output past
+    the exec's `max_output` was dropped."""
 
     argv: tuple[str, ...]
     returncode: int
@@ -35,6 +36,12 @@ class ExecResult:
     oom_killed: bool
     session: str
     duration_s: float
+    truncated: bool = False
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The command, by subprocess.CompletedProcess's name for it."""
+        return self.argv
 
 
 class Popen(BoxProcess):

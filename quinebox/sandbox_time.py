@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Self
 
 from quinebox.audit import log
-from quinebox.box.live import checkpoints, freezing, snapshots
+from quinebox.box.live import checkpoints, controls, freezing, snapshots
 from quinebox.box.live.checkpoints import Live
 from quinebox.box.live.execs import BoxExec, Target
 from quinebox.box.live.sandboxes import Record, busy
@@ -40,7 +40,7 @@ class SandboxTime:
 
     id: str
     target: Target
-    _box: BoxProcess
+    _box: BoxProcess | None
     _record: Record
     _diagnostics: list[bytes]
     _execs: weakref.WeakSet[BoxExec]
@@ -55,6 +55,9 @@ class SandboxTime:
 
         def close(self) -> None: ...
 
+        @property
+        def _owned(self) -> BoxProcess: ...
+
     @property
     def paused(self) -> bool:
         """Whether the box is paused (by this process or any other of its user's)."""
@@ -62,7 +65,10 @@ class SandboxTime:
 
     def pause(self) -> None:
         """Stop every process of the box where it is; its TTL and idle clocks stand still until `resume`. Execs into
-        it are refused meanwhile, in one line."""
+        it are refused meanwhile, in one line. An attached Sandbox asks the box's owner, as `quinebox box pause` does."""
+        if self._box is None:
+            self._ask("pause")
+            return
         self._alive()
         freezing.pause(self.target.box, self.id)
         self._box.hold_deadline()
@@ -70,6 +76,9 @@ class SandboxTime:
 
     def resume(self) -> None:
         """Let every process of the box go on, and its clocks with them."""
+        if self._box is None:
+            self._ask("resume")
+            return
         self._alive()
         paused = freezing.resume(self.target.box, self.id)
         freezing.idle_clock_stood(self.id, self._record.created, paused)
@@ -79,13 +88,16 @@ class SandboxTime:
     def checkpoint(self, *, _transient: bool = False) -> Snapshot:
         """A snapshot of the box at one instant — memory, processes, open files, every tmpfs, /world — sealed as
         this user's (`quinebox box snapshots` lists them); the box goes on. On gVisor (runtime="runsc") only;
-        what it cannot carry is refused in one line (QuineboxError), and the box goes on as it was."""
+        what it cannot carry is refused in one line (QuineboxError), and the box goes on as it was. An attached
+        Sandbox asks the box's owner, as `quinebox box checkpoint` does."""
+        if self._box is None:
+            return snapshots.find(self._ask("checkpoint", transient=_transient)["snapshot"])
         self._alive()
         return checkpoints.take(self._live(), transient=_transient)
 
     def fork(self, n: int) -> list[Self]:
         """`n` live copies of the box, each from the same instant, each with a world of its own; the box goes on.
-        Each copy is owned as this Sandbox is (by this process) and has its own id."""
+        Each copy is owned by this process (an attached Sandbox's copies too) and has its own id."""
         if not 1 <= n <= MAX_FORK:
             raise QuineboxError(f"bad fork count {n}: make 1 to {MAX_FORK} copies at once")
         snapshot = self.checkpoint(_transient=True)
@@ -103,7 +115,7 @@ class SandboxTime:
             snapshots.remove(snapshot)
 
     def _live(self) -> Live:
-        box = self._box
+        box = self._owned
         return Live(self.id, box.spec, self.target.box, box.broker, box.image_id or "", self._busy, self._successor_stdio)
 
     def _busy(self) -> bool:
@@ -115,6 +127,11 @@ class SandboxTime:
         read_end, write_end = os.pipe()
         threading.Thread(target=_drain, args=(read_end, self._diagnostics.append), daemon=True).start()
         return os.open(os.devnull, os.O_RDONLY), os.open(os.devnull, os.O_WRONLY), write_end
+
+    def _ask(self, op: str, **args: Any) -> dict[str, Any]:
+        """The box's owner's answer (controls.py), as `quinebox box pause` and the rest ask it."""
+        self._alive()
+        return controls.ask(self.id, {"op": op, **args})
 
     def _control(self, request: dict[str, Any]) -> dict[str, Any]:
         """A request about the box from another process of this user's (controls.py)."""

@@ -1,8 +1,8 @@
 """Commands for long-lived boxes: `box create`, `box ls`, `box rm`, and `cp` to and from one.
 
 `exec --in ID` (box.py) runs a command in one. `box create` leaves a holder process of its own owning the box
-(`hold` below), so the box outlives the command that made it: it lasts until `box rm`, its --ttl, or --idle
-with no exec running, and it goes when its holder does, however that ends.
+(box/live/holders.py, as `quinebox.Sandbox.detached` does), so the box outlives the command that made it: it lasts
+until `box rm`, its --ttl, or --idle with no exec running, and it goes when its holder does, however that ends.
 """
 
 from __future__ import annotations
@@ -66,68 +66,26 @@ def hold(options: dict[str, Any], idle: float | None) -> int:
 
 
 def holding(options: dict[str, Any], idle: float | None) -> tuple[int, int]:
-    """A holder forked (its pid), making the box `options` say (Sandbox's keyword arguments, or `snapshot` and
-    its own for a copy of a snapshot's box); what it reports comes on the returned fd (`told`)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the holder's life is checked from the outside (tests/e2e/test_sandboxes.py)
-        os.close(read_end)
-        os.setsid()
-        code = 125
-        try:
-            code = _holder(options, idle, write_end)
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    return pid, read_end
+    """A holder forked (its pid; box/live/holders.py), making the box `options` say (Sandbox's keyword arguments, or
+    `snapshot` and its own for a copy of a snapshot's box: sandbox.held); what it reports comes on the returned fd."""
+    import functools
+
+    from quinebox.box.live import holders
+    from quinebox.sandbox import held
+
+    return holders.fork(functools.partial(held, options, idle), idle)
 
 
 def told(pid: int, read_end: int) -> int:
     """Print the id the holder reports, or say its one line of failure (its exit status then)."""
-    with os.fdopen(read_end, "rb") as report:
-        said = report.read().decode(errors="replace")
-    if said.startswith("id "):
-        print(said[3:].strip(), flush=True)
-        return 0
-    os.waitpid(pid, 0)
-    say(said.strip() or "the box's holder ended before it made the box")
-    return int(said.partition(" ")[0]) if said[:3].isdigit() else 125
-
-
-def _holder(options: dict[str, Any], idle: float | None, report: int) -> int:
-    """The box's owner: made here, so it ends with this process; said to the CLI, then waited over."""
-    import signal
-    import time
-
-    from quinebox.box.live import freezing, sandboxes
+    from quinebox.box.live import holders
     from quinebox.errors import QuineboxError
-    from quinebox.sandbox import Sandbox
 
-    stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        if "snapshot" in options:
-            box = Sandbox.restore(options["snapshot"], ttl=options.get("ttl"), name=options.get("name"), _checked=options.get("checked", False), _holder=True, _idle=idle)
-        else:
-            box = Sandbox(**options, _holder=True, _idle=idle)
+        print(holders.told(read_end, pid), flush=True)
     except QuineboxError as exc:
-        os.write(report, f"{exc.exit_code} {exc}\n".encode(errors="replace"))
+        say(str(exc))
         return exc.exit_code
-    os.write(report, f"id {box.id}\n".encode())
-    os.close(report)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    made = time.time()
-    try:
-        while not stopping and box.returncode is None:
-            time.sleep(0.2)
-            if idle is not None and time.time() - sandboxes.used(box.id, made) > idle and not sandboxes.busy(box.id) and freezing.pause_of(box.id) is None:
-                break
-    finally:
-        box.close()
     return 0
 
 
@@ -229,7 +187,7 @@ def cp_command(
 
 def _copy_out(record: Record, path: str, dest: str, cap: int, timeout: float) -> None:
     """The box's file into `dest` as it comes (a new file is renamed into place once whole), or onto stdout."""
-    from quinebox.box.live import sandboxes
+    from quinebox.box.live import box_files, sandboxes
 
     where = sandboxes.target(record)
     target = dest if dest == "-" else os.path.join(dest, os.path.basename(path)) if os.path.isdir(dest) else dest
@@ -244,7 +202,7 @@ def _copy_out(record: Record, path: str, dest: str, cap: int, timeout: float) ->
                 failed.append(exc)
 
     try:
-        sandboxes.read_into(where, path, take, max_bytes=cap, timeout=timeout, raise_it="give cp --max-size SIZE")
+        box_files.read_into(where, path, take, max_bytes=cap, timeout=timeout, raise_it="give cp --max-size SIZE")
         if not failed:
             out.flush()
     except OSError as exc:
@@ -288,12 +246,12 @@ def _discard(out, scratch: str | None) -> None:
 
 
 def _write_in(record: Record, path: str, data: bytes, source: str, timeout: float) -> None:
-    from quinebox.box.live import sandboxes
+    from quinebox.box.live import box_files, sandboxes
 
     if path.endswith("/"):
         path += os.path.basename(source) if source != "-" else "stdin"
     try:
-        sandboxes.write_bytes(sandboxes.target(record), path, data, timeout=timeout)
+        box_files.write_bytes(sandboxes.target(record), path, data, timeout=timeout)
     except OSError as exc:
         say(f"cannot copy into {path} in the box: {exc.strerror or exc}")
         raise typer.Exit(1) from None

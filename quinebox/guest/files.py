@@ -1,4 +1,5 @@
-"""A long-lived box's files, read and written from inside it: `files.py read PATH [CAP]` and `files.py write PATH`.
+"""A long-lived box's files, from inside it: `files.py read PATH [CAP]`, `write PATH`, `list PATH`, `stat PATH
+[follow]`, `remove PATH [recursive]`, `mkdir PATH PARENTS EXIST_OK`, `gettar PATH CAP`, `puttar DIR CAP UNTAR`.
 
 The host runs this as an exec (its source sent with `python -c`, so it is always the host's own version), as the
 box's user, so the kernel decides what may be read or written, through
@@ -10,20 +11,32 @@ its reason on stderr.
 The box may have made PATH anything: only a regular file is opened, never blocking (a FIFO nobody writes
 would hang the read; a device or a socket is not a file's bytes), and no more than CAP bytes are read (a file
 the box keeps growing never ends). The host holds its own cap and deadline too: this only makes the refusal
-quick and clear.
+quick and clear. list and stat say what a path is without opening it (a link is a link: lstat). gettar writes a
+tar of a file, or of a directory's contents, to stdout: links as links, never followed, FIFOs, sockets and devices
+left out, each file opened without blocking or following a link, at most CAP bytes. puttar takes a tar on stdin
+(at most CAP bytes), spools it beside its destination, and unpacks it with quinebox's untar.py (its source is
+UNTAR, the host's own): every header checked before a byte is written, nothing written through a link, no member
+outside DIR, no device or FIFO; the box's Python (3.11.2) has no `data` filter of tarfile's.
 
 Runs inside untrusted boxes: stdlib only, small.
 """
 
 import errno
+import json
 import os
+import shutil
 import stat
 import sys
+import tarfile
+import types
 
 #: Exit statuses, one per error the host raises again.
 NOT_FOUND, IS_A_DIRECTORY, NOT_PERMITTED, OTHER, NOT_A_DIRECTORY, NOT_A_FILE, TOO_LARGE = 2, 3, 4, 5, 6, 7, 8
+EXISTS, REFUSED, NOT_EMPTY = 9, 10, 11
 CODES = {errno.ENOENT: NOT_FOUND, errno.EISDIR: IS_A_DIRECTORY, errno.EACCES: NOT_PERMITTED, errno.EPERM: NOT_PERMITTED,
-         errno.EROFS: NOT_PERMITTED, errno.ENOTDIR: NOT_A_DIRECTORY}
+         errno.EROFS: NOT_PERMITTED, errno.ENOTDIR: NOT_A_DIRECTORY, errno.EEXIST: EXISTS, errno.ENOTEMPTY: NOT_EMPTY}
+#: The most members an archive put into the box may have.
+MAX_MEMBERS = 1_000_000
 CHUNK = 1 << 16
 KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
@@ -34,6 +47,10 @@ class NotAFile(Exception):
 
 class TooLarge(Exception):
     """The file has more bytes than the caller's cap: the message starts with how many (or the cap + 1)."""
+
+
+class Refused(Exception):
+    """An archive that will not be unpacked: the message names the member and why."""
 
 
 def kind(mode):
@@ -96,22 +113,157 @@ def write(path):
         raise
 
 
+def info(path, st):
+    """What `list` and `stat` say of one path (never opened)."""
+    mode = st.st_mode
+    kind = "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "symlink" if stat.S_ISLNK(mode) else "other"
+    name = os.path.basename(path.rstrip("/")) or "/"
+    return {"name": name, "path": path, "type": kind, "size": st.st_size, "mode": stat.S_IMODE(mode), "mtime": st.st_mtime}
+
+
+def listing(path):
+    found = []
+    with os.scandir(path) as entries:
+        for entry in entries:
+            try:
+                found.append(info(os.path.join(path, entry.name), entry.stat(follow_symlinks=False)))
+            except FileNotFoundError:
+                continue  # gone since it was listed
+    dump(sorted(found, key=lambda e: e["name"]))
+
+
+def dump(value):
+    sys.stdout.write(json.dumps(value))
+    sys.stdout.flush()
+
+
+def remove(path, recursive):
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        if not recursive:
+            raise IsADirectoryError(errno.EISDIR, "Is a directory (remove it with recursive=True)")
+        shutil.rmtree(path)  # by fds, never through a link (rmtree.avoids_symlink_attacks)
+    else:
+        os.unlink(path)
+
+
+def mkdir(path, parents, exist_ok):
+    try:
+        if parents:
+            os.makedirs(path)
+        else:
+            os.mkdir(path)
+    except FileExistsError:
+        if not (exist_ok and stat.S_ISDIR(os.stat(path).st_mode)):
+            raise
+
+
+def gettar(path, cap):
+    """A tar of `path` (a file: one member, its name; a directory: its contents, by their paths in it) on stdout.
+    `path` itself is reached as the kernel follows it; what lies beneath it is never followed."""
+    top = os.stat(path)
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        if stat.S_ISDIR(top.st_mode):
+            walk(tar, path, "", cap)
+        else:
+            check(top)
+            add(tar, path, os.path.basename(path.rstrip("/")), cap, follow=True)
+
+
+def walk(tar, root, rel, cap):
+    with os.scandir(os.path.join(root, rel) if rel else root) as entries:
+        names = sorted(entry.name for entry in entries)
+    for name in names:
+        inner = f"{rel}/{name}" if rel else name
+        full = os.path.join(root, inner)
+        try:
+            mode = os.lstat(full).st_mode
+        except FileNotFoundError:
+            continue  # gone since it was listed
+        if stat.S_ISDIR(mode):
+            tar.addfile(tar.gettarinfo(full, inner))
+            walk(tar, root, inner, cap)
+        elif stat.S_ISLNK(mode):
+            tar.addfile(tar.gettarinfo(full, inner))
+        elif stat.S_ISREG(mode):
+            add(tar, full, inner, cap, follow=False)
+        # a FIFO, a socket or a device has no bytes to copy: left out
+
+
+def add(tar, full, name, cap, follow):
+    """One regular file, opened without blocking (and, beneath the top, without following a link), its size the one
+    it had when opened: a file the box keeps growing ends there."""
+    fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
+    with os.fdopen(fd, "rb") as f:
+        check(os.fstat(fd))  # what was opened, should the path have been swapped since
+        item = tar.gettarinfo(arcname=name, fileobj=f)
+        if tar.offset + item.size + 3 * tarfile.BLOCKSIZE > cap:
+            raise TooLarge(f"{tar.offset + item.size} bytes or more, more than {cap}")
+        tar.addfile(item, f)
+
+
+def puttar(path, cap, code):
+    untar = types.ModuleType("untar")
+    try:
+        import lzma  # noqa: F401
+    except ImportError:  # the guest's runtime has no _lzma: an xz archive is then one tarfile cannot read
+        stub = types.ModuleType("lzma")
+        setattr(stub, "LZMAError", type("LZMAError", (Exception,), {}))  # noqa: B010 what untar.py catches
+        sys.modules["lzma"] = stub
+    exec(compile(code, "untar.py", "exec"), untar.__dict__)
+    os.makedirs(path, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the directory itself, as its links lead
+    try:
+        spool = f".quinebox-tar-{os.getpid()}-{os.urandom(4).hex()}"
+        with os.fdopen(os.open(spool, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd), "wb") as out:
+            left = cap + 1
+            while left > 0 and (chunk := sys.stdin.buffer.read(min(CHUNK, left))):
+                out.write(chunk)
+                left -= len(chunk)
+            if left == 0:
+                raise TooLarge(f"{cap + 1} bytes or more, more than {cap}")
+        try:
+            untar.unpack(f"/proc/self/fd/{fd}/{spool}", f"/proc/self/fd/{fd}", max_members=MAX_MEMBERS, max_bytes=1 << 62)
+        except (untar.Refused, untar.Unreadable) as exc:
+            raise Refused(str(exc)) from None
+        finally:
+            os.unlink(spool, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def flag(word):
+    return word == "1"
+
+
+#: Each command: (how many arguments after PATH it takes, what it does with PATH and them).
+COMMANDS = {
+    "read": ((0, 1), lambda path, *cap: read(path, int(cap[0]) if cap else None)),
+    "write": ((0,), lambda path: write(path)),
+    "list": ((0,), lambda path: listing(path)),
+    "stat": ((0, 1), lambda path, *follow: dump(info(path, os.stat(path) if follow and flag(follow[0]) else os.lstat(path)))),
+    "remove": ((0, 1), lambda path, *recursive: remove(path, bool(recursive) and flag(recursive[0]))),
+    "mkdir": ((2,), lambda path, parents, exist_ok: mkdir(path, flag(parents), flag(exist_ok))),
+    "gettar": ((1,), lambda path, cap: gettar(path, int(cap))),
+    "puttar": ((2,), lambda path, cap, code: puttar(path, int(cap), code)),
+}
+
+
 def main(argv):
-    reading = len(argv) in (3, 4) and argv[1] == "read" and (len(argv) == 3 or argv[3].isdigit())
-    if not reading and (len(argv) != 3 or argv[1] != "write"):
-        sys.stderr.write("usage: files.py read PATH [CAP] | files.py write PATH\n")
+    command = COMMANDS.get(argv[1]) if len(argv) >= 3 else None
+    if command is None or len(argv) - 3 not in command[0]:
+        sys.stderr.write("usage: files.py read|write|list|stat|remove|mkdir|gettar|puttar PATH [ARGS...]\n")
         return OTHER
     try:
-        if reading:
-            read(argv[2], int(argv[3]) if len(argv) == 4 else None)
-        else:
-            write(argv[2])
+        command[1](*argv[2:])
     except NotAFile as exc:
         sys.stderr.write(f"{exc}: {argv[2]}\n")
         return NOT_A_FILE
     except TooLarge as exc:
         sys.stderr.write(f"{exc}: {argv[2]}\n")
         return TOO_LARGE
+    except Refused as exc:
+        sys.stderr.write(f"{exc}: {argv[2]}\n")
+        return REFUSED
     except OSError as exc:
         sys.stderr.write(f"{exc.strerror or exc}: {argv[2]}\n")
         return CODES.get(exc.errno or 0, OTHER)  # one without an errno is OTHER too

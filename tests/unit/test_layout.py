@@ -42,7 +42,7 @@ ROOMS = [
     ("agent", ("quinebox.agent",)),
     ("tree", ("quinebox.tree",)),
     ("cluster", ("quinebox.cluster",)),
-    ("front", ("quinebox.api", "quinebox.sandbox", "quinebox.sandbox_time", "quinebox.cli", "quinebox.client", "quinebox.__main__", "quinebox.integrations", "quinebox.view", "quinebox")),
+    ("front", ("quinebox.api", "quinebox.sandbox", "quinebox.sandbox_files", "quinebox.sandbox_time", "quinebox.cli", "quinebox.client", "quinebox.__main__", "quinebox.integrations", "quinebox.view", "quinebox")),
 ]
 MAX_LINES = 400
 

@@ -1,4 +1,4 @@
-"""Long-lived boxes: their records, and their files read and written from inside them.
+"""Long-lived boxes: their records, and where an exec in one runs.
 
 A long-lived box (`quinebox.Sandbox`, `quinebox box create`) is an ordinary box whose main process only waits;
 what runs in it runs as execs (execs.py), with the grants it was made with and never more. Its record,
@@ -6,23 +6,15 @@ run/sandboxes/<session>.json, names it and says who owns it: the process that ma
 holder of its own that `box create` leaves running until `box rm`, its TTL or its idle limit. The box ends
 with its owner, as every box does; a record whose box is gone is stale, and whoever finds it removes it.
 
-Files go through an exec of the guest's files.py as the box's user, so the kernel, the box's mounts and its
-links decide what may be read or written there, as for any command in it. Each read and write has a byte cap
-and a deadline: nothing a box plants (a FIFO, a socket, a device, a file without end) hangs or floods the host.
+Their files, read and written from inside them, are box_files.py's.
 """
 
 from __future__ import annotations
 
-import errno
-import functools
 import json
 import os
-import shutil
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,45 +23,19 @@ from quinebox.box.backends.choice import on_engine
 from quinebox.box.backends.dockerbox import DockerBox
 from quinebox.box.backends.ocibox import oci_runtime
 from quinebox.box.backends.runtimebox import RuntimeBox
-from quinebox.box.live.execs import BoxExec, Target, target_of
+from quinebox.box.live.box_files import (
+    Taken as Taken,  # re-exported: tests/unit/box/test_taken.py looks for it here
+    read_bytes,
+)
+from quinebox.box.live.execs import Target, target_of
 from quinebox.box.owners.listing import BoxInfo, live_boxes
-from quinebox.box.policy import GUEST_PYTHON, LABEL_SESSION
-from quinebox.box.streams.direct import DEVNULL
-from quinebox.errors import FileTooLargeError, GrantError, QuineboxError
+from quinebox.box.policy import LABEL_SESSION
+from quinebox.errors import GrantError, QuineboxError
 from quinebox.processes import owner_alive, owner_id
 from quinebox.state import run_dir
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
-
-#: What a read takes at most unless its caller says otherwise: a box's file is held whole in memory.
-READ_MAX = 256 << 20
-#: How a Sandbox's caller reads more than that.
-RAISE_IT = "give read_file(..., max_bytes=N)"
-#: The longest a file's read or write may take unless its caller says otherwise (a stopped reader never ends).
-FILE_TIMEOUT = 120.0
-#: What is kept of files.py's stderr: its one line of why.
-ERR_MAX = 4096
-#: files.py's exit statuses for a FIFO, a socket or a device, and for a file over the cap.
-NOT_A_FILE, TOO_LARGE = 7, 8
-
-
-@functools.cache
-def _files_code() -> str:
-    return (resources.files("quinebox.guest") / "files.py").read_text()
-
-
-def files_command(*args: str) -> list[str]:
-    """The guest's files.py with `args`, run by the guest's Python from this quinebox's own copy of it (not the
-    image's): its refusals of a FIFO, a device and a file past the cap hold in a box of an image built by an older
-    quinebox too."""
-    return [*GUEST_PYTHON, "-c", _files_code(), *args]
-
-
-#: files.py's exit statuses, as the errors a local open() would raise.
-FILE_ERRORS: dict[int, tuple[type[OSError], int]] = {
-    2: (FileNotFoundError, errno.ENOENT), 3: (IsADirectoryError, errno.EISDIR), 4: (PermissionError, errno.EACCES), 6: (NotADirectoryError, errno.ENOTDIR),
-}
 
 
 @dataclass(frozen=True)
@@ -263,120 +229,6 @@ def busy(session: str) -> bool:
             pass
         marker.unlink(missing_ok=True)
     return False
-
-
-# -- files -------------------------------------------------------------------------------------
-
-
-def read_bytes(
-    where: Target, path: str, *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT, raise_it: str = RAISE_IT,
-    user: str | None = None,
-) -> bytes:
-    """A file's bytes, read in the box as its user: Python's own errors for what is missing or refused (see read_into)."""
-    out: list[bytes] = []
-    read_into(where, path, out.append, max_bytes=max_bytes, timeout=timeout, raise_it=raise_it, user=user)
-    return b"".join(out)
-
-
-def read_into(
-    where: Target, path: str, sink: Callable[[bytes], None], *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT,
-    raise_it: str = RAISE_IT, user: str | None = None,
-) -> None:
-    """A file's bytes into `sink` as they come, never more than `max_bytes` of them and never longer than `timeout`.
-
-    What the box planted at `path` cannot hang or flood this process: a FIFO, a socket or a device is
-    shutil.SpecialFileError naming which; a file past the cap FileTooLargeError naming the cap and `raise_it`
-    (how this caller's cap is raised); a read that outlasts the deadline TimeoutError. The guest refuses the
-    first two at once; the host counts and times the bytes itself all the same (the box's own processes may
-    write into the exec's stdout, or stop it), killing the exec when either runs out. The box stays up.
-    """
-    full = _absolute(where, path)
-    taken = Taken(sink, max_bytes)
-    err = Taken(None, ERR_MAX)
-    proc = BoxExec(where, files_command("read", full, str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err, user=user)
-    taken.watch(proc)
-    code = proc.wait(timeout)
-    taken.close()
-    if code == TOO_LARGE or taken.over:
-        said = err.text().split(" ", 1)[0]
-        size = int(said) if said.isdigit() and code == TOO_LARGE else None
-        raise FileTooLargeError(path, size, max_bytes, raise_it)
-    _raise(code, path, err, proc.timed_out, timeout, "reading")
-
-
-def write_bytes(
-    where: Target, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT, user: str | None = None,
-) -> None:
-    """`data` into a file in the box as its user (its parents made); Python's own errors for what is refused,
-    shutil.SpecialFileError for a FIFO, a socket or a device there, TimeoutError past `timeout`."""
-    err = Taken(None, ERR_MAX)
-    proc = BoxExec(where, files_command("write", _absolute(where, path)), stdin=bytes(data), stdout=DEVNULL, stderr=err, user=user)
-    code = proc.wait(timeout)
-    _raise(code, path, err, proc.timed_out, timeout, "writing")
-
-
-class Taken:
-    """An exec's output, passed on (or kept) up to a cap; past it, nothing more is taken and the exec is killed."""
-
-    def __init__(self, sink: Callable[[bytes], None] | None, cap: int):
-        self.sink, self.cap = sink, cap
-        self.kept: list[bytes] = []
-        self.count = 0
-        self.over = self.closed = False
-        self._proc: BoxExec | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self, chunk: bytes) -> None:
-        with self._lock:  # the drain's thread; a late chunk (from a box process holding the pipe) after close goes nowhere
-            if self.closed or self.over:
-                return
-            room = self.cap - self.count
-            if len(chunk) > room:
-                self.over, chunk = True, chunk[:room]
-            self.count += len(chunk)
-            if self.sink is None:
-                self.kept.append(chunk)
-            elif chunk and not self.over:
-                self.sink(chunk)
-            proc = self._proc if self.over else None
-        if proc is not None:
-            proc.kill()
-
-    def watch(self, proc: BoxExec) -> None:
-        """The exec to kill once the cap is passed (it may have been passed already)."""
-        with self._lock:
-            self._proc = proc
-            over = self.over
-        if over:
-            proc.kill()
-
-    def close(self) -> None:
-        with self._lock:
-            self.closed = True
-
-    def text(self) -> str:
-        return b"".join(self.kept).decode(errors="replace").strip()
-
-
-def _absolute(where: Target, path: str) -> str:
-    """A relative path is the box's working directory's, as a command's would be."""
-    if not path or "\0" in path:
-        raise ValueError(f"bad path {path!r}: give a file's path in the box")
-    return path if path.startswith("/") else os.path.join(where.cwd, path)
-
-
-def _raise(code: int, path: str, err: Taken, timed_out: bool, timeout: float, doing: str) -> None:
-    if timed_out:
-        raise TimeoutError(errno.ETIMEDOUT, f"{doing} {path} in the box took longer than {timeout:g} s and was stopped (the box stays up)")
-    if code == 0:
-        return
-    reason = err.text() or f"exit status {code}"
-    if code == NOT_A_FILE:
-        raise shutil.SpecialFileError(f"{path} in the box is {reason.rpartition(':')[0] or reason}: only a regular file's bytes are copied")
-    if code in FILE_ERRORS:
-        error, number = FILE_ERRORS[code]
-        raise error(number, reason.rpartition(":")[0] or reason, path)
-    raise QuineboxError(f"cannot reach {path} in the box: {reason}")
 
 
 def wait_gone(session: str, within: float, backend: DockerBackend | None = None) -> bool:

@@ -1,0 +1,112 @@
+"""An exec in a long-lived box this process does not own, handed to the box's owner: an attached Sandbox's execs.
+
+What `quinebox exec --in` does with its own stdin, stdout and stderr (owner_exec.py), done with streams like
+subprocess.Popen's (direct.DirectStdio: PIPE, bytes, a callable, DEVNULL, an fd): their ends ride to the owner
+over its control socket, the owner starts the command through the box's init as one of its own execs (in its own
+cgroup, counted as the box in use), and no byte passes through the owner. The exit status comes back on the
+connection; `kill` asks the owner to end the exec's tree, as does this process's going (SIGKILL included).
+`start` says None when no owner answers (a box made by an older quinebox): the caller runs it the backend's way.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+from collections.abc import Sequence
+
+from quinebox import fdpass
+from quinebox.box.live.controls import control_path
+from quinebox.box.live.execs import EXIT_TIMEOUT, KILLED_GRACE, BoxExec
+from quinebox.box.streams.direct import DirectStdio, Stream
+from quinebox.errors import EXIT_QUINEBOX, GrantError, QuineboxError
+
+
+class HandedExec:
+    """One command the box's owner runs for this process; the surface of BoxExec (execs.py)."""
+
+    def __init__(self, session: str, conn: socket.socket, stdio: DirectStdio, argv: Sequence[str]):
+        self.session = session
+        self.args = tuple(argv)
+        self.returncode: int | None = None
+        self.timed_out = False
+        self._conn = conn
+        self._stdio = stdio
+        self.stdin, self.stdout, self.stderr = stdio.stdin, stdio.stdout, stdio.stderr
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(
+        cls, session: str, argv: Sequence[str], *, stdin: Stream | bytes = None, stdout: Stream = None, stderr: Stream = None,
+        cwd: str | None = None, env: Sequence[str] = (), user: str | None = None,
+    ) -> HandedExec | None:
+        if not argv:
+            raise GrantError("nothing to run: give a command, as in sb.exec(['sh', '-c', 'echo hi'])")
+        conn = fdpass.connect(str(control_path(session)))
+        if conn is None:
+            return None
+        stdio = DirectStdio(stdin, stdout, stderr)
+        try:
+            fdpass.send(conn, {"kind": "exec", "argv": list(argv), "cwd": cwd, "env": list(env), "user": user, "timeout": None}, stdio.fds)
+        except BaseException:
+            stdio.close()
+            conn.close()
+            raise
+        stdio.started()  # the owner holds its copies now: EOF comes when the command closes them
+        stdio.box_gone()
+        return cls(session, conn, stdio, argv)
+
+    def kill(self) -> None:
+        """End the exec's whole process tree (the owner does); the box stays up."""
+        try:
+            self._conn.sendall(b'{"kind": "kill"}\n')
+        except OSError:
+            pass
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            return self.wait()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The command's exit status; when `timeout` runs out its tree is killed and this says 124, rather than raise."""
+        with self._lock:
+            if self.returncode is not None:
+                return self.returncode
+            try:
+                answer, fds = fdpass.receive(self._conn, timeout)
+            except TimeoutError:
+                self.timed_out = True
+                self.kill()
+                try:
+                    answer, fds = fdpass.receive(self._conn, KILLED_GRACE)
+                except TimeoutError:
+                    answer, fds = {"kind": "exit"}, []
+            except BaseException:
+                self.kill()
+                raise
+            for fd in fds:
+                os.close(fd)
+            self._conn.close()
+            self._stdio.finish(KILLED_GRACE)
+            if answer.get("kind") == "error":
+                error = QuineboxError(str(answer.get("message") or "the box's owner could not start the command"))
+                error.exit_code = int(answer.get("code") or EXIT_QUINEBOX)
+                self.returncode = error.exit_code
+                raise error
+            if answer.get("kind") != "exit":
+                self.returncode = EXIT_QUINEBOX
+                raise QuineboxError(f"box {self.session}'s owner went away before the command ended (`quinebox box ls`)")
+            self.returncode = EXIT_TIMEOUT if self.timed_out else int(answer.get("code", EXIT_QUINEBOX))
+            return self.returncode
+
+    communicate = BoxExec.communicate
+
+    def __enter__(self) -> HandedExec:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stdin:
+            self.stdin.close()
+        self.wait()
