@@ -301,8 +301,8 @@ async def open_box(state: QuineboxSandboxSessionState) -> tuple[Sandbox, bool]:
             pass  # gone: its TTL, its idle time, `quinebox box rm`, a reboot
     options = state.options.box_options(state.manifest)
     if state.checkpoint_id:
-        try:
-            box = await Sandbox.arestore(state.checkpoint_id, ttl=options["ttl"], detached=True)
+        try:  # a copy of the checkpoint's box, held as `detached` holds one: it outlives this process too
+            box = await Sandbox.adetached(snapshot=state.checkpoint_id, ttl=options["ttl"])
         except QuineboxError:
             state.checkpoint_id = None  # removed (`quinebox snapshots rm`), or not this user's
         else:
@@ -351,7 +351,7 @@ class QuineboxSandboxClient(BaseSandboxClient[QuineboxSandboxClientOptions | Non
                 box = await Sandbox.aconnect(inner.state.box_id)
             except QuineboxError:
                 return session  # gone already
-        await box.aremove_box()
+        await box.adestroy()
         return session
 
     async def resume(self, state: SandboxSessionState) -> SandboxSession:
