@@ -24,6 +24,7 @@ _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?$", re.IGNORECASE)
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|)$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SYSCALL_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+_KINDS = "ro, rw, net, cpus, mem, pids, tmp, world, time, env, secret, spawn, depth, tokens, syscall, rootfs"
 
 
 def parse_size(text: str) -> int:
@@ -94,6 +95,7 @@ class Grants:
     depth: int | None = None
     tokens: int | None = None
     syscalls: frozenset[str] = field(default_factory=frozenset)
+    rootfs_rw: bool = False  #: `rootfs:rw`: a writable root layer of the box's own, discarded with it (policy.root_layer)
 
     @classmethod
     def parse(cls, specs: Iterable[str], *, cwd: str | None = None, keeping_out: bool = False) -> Grants:
@@ -117,13 +119,8 @@ class Grants:
         for name, hosts in other.secrets:
             secrets.setdefault(name, set()).update(hosts)
         return replace(
-            self,
-            mounts=tuple(mounts),
-            net=self.net | other.net,
-            secrets=tuple((name, tuple(sorted(hosts))) for name, hosts in sorted(secrets.items())),
-            env=tuple(env.items()),
-            syscalls=self.syscalls | other.syscalls,
-            **changes,
+            self, mounts=tuple(mounts), net=self.net | other.net, secrets=tuple((name, tuple(sorted(hosts))) for name, hosts in sorted(secrets.items())),
+            env=tuple(env.items()), syscalls=self.syscalls | other.syscalls, rootfs_rw=self.rootfs_rw or other.rootfs_rw, **changes,
         )
 
     def format(self) -> list[str]:
@@ -142,8 +139,7 @@ class Grants:
         if self.time is not None:
             out.append(f"time:{format_duration(self.time)}")
         out += [f"env:{k}" + (f"={v}" if v is not None else "") for k, v in self.env]
-        out += [f"syscall:{name}" for name in sorted(self.syscalls)]
-        return out
+        return out + [f"syscall:{name}" for name in sorted(self.syscalls)] + (["rootfs:rw"] if self.rootfs_rw else [])
 
 
 def _positive_int(kind: str, text: str) -> int:
@@ -181,9 +177,7 @@ def parse_grant(spec: str, *, cwd: str | None = None, keeping_out: bool = False)
             raise GrantError(f"refused grant {spec!r}: {unreachable(rule)}")
         return Grants(net=frozenset({rule}))
     if not sep or not value:
-        raise GrantError(
-            f"bad grant {spec!r}: expected KIND:VALUE with KIND one of ro, rw, net, cpus, mem, pids, tmp, world, time, env, secret, spawn, depth, tokens, syscall"
-        )
+        raise GrantError(f"bad grant {spec!r}: expected KIND:VALUE with KIND one of {_KINDS}")
     if kind in ("ro", "rw"):
         return Grants(mounts=(_mount(kind, value, cwd),))
     if kind == "cpus":
@@ -223,9 +217,11 @@ def parse_grant(spec: str, *, cwd: str | None = None, keeping_out: bool = False)
         if not _SYSCALL_RE.match(value):
             raise GrantError(f"bad grant {spec!r}: {value!r} is not a system call name")
         return Grants(syscalls=frozenset({value}))
-    raise GrantError(
-        f"unknown grant {spec!r}: KIND must be one of ro, rw, net, cpus, mem, pids, tmp, world, time, env, secret, spawn, depth, tokens, syscall"
-    )
+    if kind == "rootfs":
+        if value != "rw":
+            raise GrantError(f"bad grant {spec!r}: the root is read-only unless granted rootfs:rw (a writable layer of the box's own)")
+        return Grants(rootfs_rw=True)
+    raise GrantError(f"unknown grant {spec!r}: KIND must be one of {_KINDS}")
 
 
 def within(path: str, root: str) -> bool:
@@ -380,6 +376,8 @@ def attenuate(parent: Grants, child: Grants) -> Grants:
     extra = child.syscalls - parent.syscalls
     if extra:
         raise _refuse(f"syscall:{sorted(extra)[0]}", "this box may not make that call either")
+    if child.rootfs_rw and not parent.rootfs_rw:
+        raise _refuse("rootfs:rw", "this box's own root is read-only")
     spawn = child.spawn or 0
     if spawn + 1 > parent.spawn:
         raise _refuse(f"spawn:{spawn}", f"this box may start {parent.spawn} more box(es), and the child counts as one")

@@ -94,6 +94,8 @@ LABEL_PARENT = LABEL_PREFIX + "parent"
 LABEL_CREATED = LABEL_PREFIX + "created"
 #: The uid of the user who started the box: only they may `enter` it.
 LABEL_USER = LABEL_PREFIX + "user"
+#: On an OCI runtime, the bytes a box's writable root layer may hold (`root_layer`; backends/boxroot.py sizes it).
+ROOT_LAYER = LABEL_PREFIX + "root-layer"
 
 #: The machine types Python reports, as Docker's images name them and as seccomp does.
 _ARCHITECTURES = {
@@ -233,6 +235,13 @@ def world_mount(spec: BoxSpec) -> BoxMount:
     return BoxMount("overlay", "/world", "overlay", writable=True, options=overlay)
 
 
+def root_layer(grants: Grants) -> int | None:
+    """The bytes a box's root may take of writes, in a layer of its own over the image's tree that goes with the box
+    (`rootfs:rw`): as many as its /tmp may hold (`tmp:`), each a tmpfs's (an OCI runtime's boxes) or the engine's
+    container layer. None: the root is read-only, the default."""
+    return (grants.tmp or DEFAULT_TMP) if grants.rootfs_rw else None
+
+
 def box_mounts(spec: BoxSpec, runtime: str) -> list[BoxMount]:
     """The box's own mounts, in order: /tmp, the granted host paths, /world, the guest's runtime, then its sockets
     and trust. Read-only unless granted rw (a world is always writable)."""
@@ -309,7 +318,7 @@ def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: 
     host: dict[str, Any] = {
         "auto_remove": True,
         "network_mode": "bridge" if bridged(grants) else "none",
-        "read_only": True,
+        "read_only": root_layer(grants) is None,  # rootfs:rw: the container's own layer, removed with it
         "cap_drop": ["ALL"],
         "security_opt": [
             "no-new-privileges:true",

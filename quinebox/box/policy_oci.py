@@ -25,6 +25,7 @@ from quinebox.box.policy import (
     OOM_SCORE_ADJ,
     READONLY_PATHS,
     RLIMITS,
+    ROOT_LAYER,
     SYSTEM_MOUNTS,
     BoxMount,
     box_mounts,
@@ -33,6 +34,7 @@ from quinebox.box.policy import (
     labels_for,
     nano_cpus,
     oci_command,
+    root_layer,
     seccomp_profile,
     workdir_for,
 )
@@ -183,7 +185,8 @@ def oci_config(
     cgroup a child of the caller's; the devices cgroup, which only the host's root may write, is left out, as a
     user namespace already refuses a box every device node but those it is shown (mknod is refused in it).
     `userns`: for a box root makes, (first, count): the host ids its user namespace maps its ids 0… onto, the
-    box's user (`spec.uid`) among them, none of them an account's (backends/idmap.py).
+    box's user (`spec.uid`) among them, none of them an account's (backends/idmap.py). A box granted `rootfs:rw`
+    has its root writable, the bytes of its own layer in the ROOT_LAYER annotation (backends/boxroot.py).
     """
     if rootless is not None:  # the box's user is its namespace's uid 0: its world, /world's owner, are that uid's
         spec = replace(spec, uid=0, gid=0)
@@ -203,9 +206,11 @@ def oci_config(
     system = [{"destination": dest, "type": kind, "source": source, "options": list(options)} for dest, kind, source, options in SYSTEM_MOUNTS]
     own = sorted([*hidden, *box_mounts(spec, runtime)], key=_depth)
     recursive_ro = not gvisor
+    layer = root_layer(grants)
+    annotations = labels_for(spec) | ({} if layer is None else {ROOT_LAYER: str(layer)})
     config: dict[str, Any] = {
         "ociVersion": OCI_VERSION,
-        "root": {"path": rootfs, "readonly": True},
+        "root": {"path": rootfs, "readonly": layer is None},
         "hostname": HOSTNAME,
         "process": {
             "terminal": spec.tty,
@@ -219,7 +224,7 @@ def oci_config(
             "oomScoreAdj": OOM_SCORE_ADJ,
         },
         "mounts": system + [_mount(m, recursive_ro) for m in own],
-        "annotations": labels_for(spec),
+        "annotations": annotations,
         "linux": {
             "namespaces": [{"type": name} for name in NAMESPACES],
             "maskedPaths": list(MASKED_PATHS),

@@ -20,7 +20,7 @@ import hashlib
 import json
 from typing import Any, TypeGuard
 
-from quinebox.box.policy import CGROUP_PREFIX, DEFAULT_MEM, GUEST_PYTHON, HOST_SOCKET, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_PREFIX, LABEL_SESSION, LABEL_USER, RUNTIME, ContainerConfig, proxied
+from quinebox.box.policy import CGROUP_PREFIX, DEFAULT_MEM, GUEST_PYTHON, HOST_SOCKET, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_PREFIX, LABEL_SESSION, LABEL_USER, ROOT_LAYER, RUNTIME, ContainerConfig, proxied
 from quinebox.box.policy_oci import own_userns
 from quinebox.box.spec import BoxSpec
 
@@ -185,7 +185,8 @@ def oci_shape_of(spec: BoxSpec, config: dict[str, Any], runtime: str) -> dict[st
         mounts.append(mount)
     shaped["mounts"] = mounts
     shaped["process"] = {**shaped["process"], "args": [], "env": []}
-    shaped["annotations"] = {LABEL_USER: config["annotations"][LABEL_USER]}
+    # Who the box's user is, and how many bytes a writable root's layer holds (rootfs:rw): each warm box is made so.
+    shaped["annotations"] = {key: config["annotations"][key] for key in (LABEL_USER, ROOT_LAYER) if key in config["annotations"]}
     parent, _, own = config["linux"]["cgroupsPath"].rpartition("/")
     if own != CGROUP_PREFIX + spec.session:
         return None

@@ -73,6 +73,7 @@ def test_parse_duration_refuses(text):
         ("depth:3", Grants(depth=3)),
         ("tokens:100000", Grants(tokens=100000)),
         ("syscall:unshare", Grants(syscalls=frozenset({"unshare"}))),
+        ("rootfs:rw", Grants(rootfs_rw=True)),
     ],
 )
 def test_parse_grant(spec, expected):
@@ -113,6 +114,10 @@ def test_parse_grant(spec, expected):
         ("docker:sock", "unknown grant"),
         ("RO:/data", "unknown grant"),
         ("gpu:1", "unknown grant"),
+        ("rootfs:ro", "the root is read-only unless granted rootfs:rw"),
+        ("rootfs:RW", "the root is read-only unless granted rootfs:rw"),
+        ("rootfs:", "expected KIND:VALUE"),
+        ("rootfs", "expected KIND:VALUE"),
     ],
 )
 def test_parse_grant_refuses(spec, words):
@@ -120,6 +125,29 @@ def test_parse_grant_refuses(spec, words):
         parse_grant(spec, cwd="/cwd")
     assert words in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_rootfs_rw_holds_once_granted_and_parses_back():
+    assert Grants.parse(["rootfs:rw", "mem:1g"]).rootfs_rw
+    assert Grants.parse(["mem:1g", "rootfs:rw", "rootfs:rw"]).format() == ["mem:1g", "rootfs:rw"]
+    assert not Grants.parse(["mem:1g"]).rootfs_rw and "rootfs:rw" not in Grants.parse(["mem:1g"]).format()
+
+
+@pytest.mark.parametrize(
+    ("parent", "asked", "holds"),
+    [
+        (["spawn:1", "depth:1", "rootfs:rw"], ["rootfs:rw"], True),
+        (["spawn:1", "depth:1", "rootfs:rw"], [], False),  # unstated: the default, a read-only root
+        (["spawn:1", "depth:1"], [], False),
+    ],
+)
+def test_a_child_holds_rootfs_rw_only_when_asked_and_its_parent_holds_it(parent, asked, holds):
+    assert attenuate(Grants.parse(parent), Grants.parse(asked)).rootfs_rw is holds
+
+
+def test_a_child_asking_rootfs_rw_of_a_parent_without_it_is_refused_in_one_line():
+    with pytest.raises(GrantError, match=r"^refused rootfs:rw: this box's own root is read-only$"):
+        attenuate(Grants.parse(["spawn:1", "depth:1"]), Grants.parse(["rootfs:rw"]))
 
 
 def test_later_limits_override_and_collections_accumulate():
@@ -140,6 +168,7 @@ def test_two_mounts_at_one_destination_are_refused():
     "specs",
     [
         ["ro:/data", "rw:/src=/work", "net", "cpus:1.5", "mem:512m", "tmp:64m", "world:3g", "pids:32", "time:90s", "env:A=b", "env:C", "spawn:4", "depth:2", "tokens:1000", "syscall:ptrace"],
+        ["rootfs:rw", "mem:1g"],
         ["time:250ms", "time:1h"],
         ["time:2d"],
         ["time:36h"],

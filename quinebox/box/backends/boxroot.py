@@ -31,6 +31,18 @@ config's first mount, at `/` over the box's empty root (`in_namespace`): the run
 namespace, and the host never holds it. Its layers are a directory of the box's own in /dev/shm, linked from
 the bundle and removed with it (overlayfs in a user namespace keeps its own attributes as `user.` xattrs, which
 tmpfs holds); in the bundle itself where there is no /dev/shm.
+
+A box granted `rootfs:rw` keeps its root writable: the same overlay, the config's `root.readonly` false, its upper
+layer the box's own writable layer (the engine's container layer, said the same way). Its bytes count against the
+box: a root-made box's layer is a tmpfs sized by its `tmp:` grant (the size policy.root_layer gives, in the
+config's ROOT_LAYER annotation), its pages charged to the box's memory cgroup as every tmpfs write of its is; a
+rootless box's, in /dev/shm, is bounded by its memory cgroup and /dev/shm's own size (a user namespace cannot mount
+a tmpfs where runc resolves the overlay's layers). It goes with the box, as the read-only one does: nothing of it
+is in the image's tree or on disk. In a root-made box the image's tree, whose owners are the host's ids and so
+no one in the box's namespace, is its lower layer through an idmapped mount (idview.py): the image's root-owned
+files are the box's own root's, as in a container of the engine's, so the box's root (an exec as user root,
+which holds no capability) may change what the image's root owns; on disk nothing changes owner, and the cache's
+files are never written.
 """
 
 from __future__ import annotations
@@ -49,9 +61,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from quinebox.box.backends import idmap
+from quinebox.box.backends import idmap, idview
 from quinebox.box.backends.oci import deleted
-from quinebox.box.policy import LABEL_PREFIX
+from quinebox.box.policy import LABEL_PREFIX, ROOT_LAYER
 from quinebox.errors import EngineError
 from quinebox.state import run_dir
 
@@ -60,10 +72,13 @@ ROOT = "rootfs"
 LAYER = "layer"
 #: The annotation naming the image's tree a box's root lies over: the image is in use while the box is (gc).
 IMAGE_ROOT = LABEL_PREFIX + "image-root"
-#: What the upper layer may hold: mount points (empty files and directories), never the box's data.
+#: What the upper layer may hold: mount points (empty files and directories), never the box's data; unless the box
+#: holds `rootfs:rw`, whose layer holds what it writes, as many bytes as the config's ROOT_LAYER says.
 LAYER_OPTIONS = "size=1m,nr_inodes=4096,mode=0700"
+WRITABLE_LAYER_OPTIONS = "size={},mode=0700"
 MS_NOSUID, MS_NODEV = 0x2, 0x4
 MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
+
 #: A tmpfs every user may make a directory in, for a rootless box's layers (_shared_memory_layer).
 SHM = "/dev/shm"
 #: What an overlay's options cannot hold in a path given by name (in_namespace), where no /proc/self/fd can help.
@@ -102,13 +117,21 @@ def bundles() -> list[tuple[str, Path]]:
     return [(path.name[: -len(BUNDLE_SUFFIX)], path) for path in sorted(run_dir().glob(f"*{BUNDLE_SUFFIX}"))]
 
 
-def layered(image_root: str, bundle: Path, *, ids: idmap.IdRange | None = None, mounts: Sequence[dict[str, Any]] = ()) -> str:
+def writable_layer(config: dict[str, Any]) -> int | None:
+    """The bytes a box's writable root layer may hold (its config's ROOT_LAYER annotation); None: a read-only root."""
+    size = config.get("annotations", {}).get(ROOT_LAYER)
+    return int(size) if isinstance(size, str) and size.isdigit() and not config.get("root", {}).get("readonly", True) else None
+
+
+def layered(image_root: str, bundle: Path, *, ids: idmap.IdRange | None = None, mounts: Sequence[dict[str, Any]] = (), writable: int | None = None) -> str:
     """The box's root in `bundle`, the image's tree `image_root` under an empty layer of the box's own: its path.
 
     `ids`: a root-made box's own host ids (idmap.py): its root is where `in_slot` put it, its upper layer is
     that namespace's root's, and the mount points of `mounts` (the config's) are made here, as the host's root,
     since the namespace's root may not write the image's directories (the host's root owns them, unmapped
-    there). Mounted until `detach(bundle)`; EngineError (nothing left mounted) when the kernel refuses."""
+    there). `writable`: a box granted `rootfs:rw`, whose layer holds this many bytes of what it writes (with
+    `ids`, over an idmapped view of the image: idview.py). Mounted until `detach(bundle)`; EngineError (nothing
+    left mounted) when the kernel refuses."""
     root, layer = bundle / ROOT, bundle / LAYER
     try:
         if ids is None:
@@ -116,7 +139,7 @@ def layered(image_root: str, bundle: Path, *, ids: idmap.IdRange | None = None, 
         else:
             root = Path(os.readlink(root))
         layer.mkdir()
-        _mount("tmpfs", str(layer), "tmpfs", LAYER_OPTIONS)
+        _mount("tmpfs", str(layer), "tmpfs", LAYER_OPTIONS if writable is None else WRITABLE_LAYER_OPTIONS.format(writable))
         try:
             (layer / "upper").mkdir()
             (layer / "work").mkdir()
@@ -127,8 +150,9 @@ def layered(image_root: str, bundle: Path, *, ids: idmap.IdRange | None = None, 
             if os.geteuid() == 0:
                 owner = (image.st_uid, image.st_gid) if ids is None else (_in(ids, image.st_uid), _in(ids, image.st_gid))
                 os.chown(layer / "upper", *owner)
-            fds = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in (image_root, layer / "upper", layer / "work")]
+            fds = [idview.idmapped(image_root, ids) if ids is not None and writable is not None else os.open(image_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
             try:
+                fds += [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in (layer / "upper", layer / "work")]
                 _mount("overlay", str(root), "overlay", "lowerdir=/proc/self/fd/{},upperdir=/proc/self/fd/{},workdir=/proc/self/fd/{}".format(*fds))
             finally:
                 for fd in fds:

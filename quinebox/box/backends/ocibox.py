@@ -222,7 +222,7 @@ class OciBox:
             (self.bundle / "config.json").write_text(json.dumps(own, separators=(",", ":")))
             hold(runtime, self.id, str(self.bundle))
             if not rootless:
-                boxroot.layered(image_root, self.bundle, ids=self._ids, mounts=mounts)
+                boxroot.layered(image_root, self.bundle, ids=self._ids, mounts=mounts, writable=boxroot.writable_layer(config))
             pid_file = str(self.bundle / "init.pid")
             terminal = ConsoleSocket(console_path(str(self.bundle))) if console else None
             try:
@@ -303,6 +303,8 @@ class OciBox:
         EngineError when the checkpoint or the restore fails, and then the box has ended; `meanwhile`'s own
         failure is raised once the box goes on."""
         assert self.pid is not None and self.runtime.gvisor
+        if boxroot.writable_layer(self._config) is not None:
+            raise EngineError("a box granted rootfs:rw cannot be checkpointed: what it wrote to its root is in a layer of the box's own, which gVisor's image does not hold")
         succession: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._succession = succession
         following: int | None = None

@@ -10,10 +10,12 @@ from quinebox.box.policy import (
     AGENT_COMMAND,
     DEFAULT_MEM,
     DEFAULT_PIDS,
+    DEFAULT_TMP,
     EGRESS_SOCKET,
     GUEST_PREFIX,
     HOST_SOCKET,
     LABEL_SESSION,
+    ROOT_LAYER,
     RUNTIME,
     container_config,
     oci_command,
@@ -147,6 +149,27 @@ def test_tmp_grant_sizes_both_tmpfs():
     assert sizes == {"/tmp": ["size=64m"], "/world": ["size=64m"]}
 
 
+@pytest.mark.parametrize(
+    "grants, layer",
+    [
+        ((), None),
+        (("rootfs:rw",), DEFAULT_TMP),
+        (("rootfs:rw", "tmp:64m"), 64 << 20),
+        (("tmp:64m",), None),
+    ],
+)
+def test_rootfs_rw_makes_the_root_writable_its_layer_as_large_as_tmp_and_nothing_else_differs(grants, layer):
+    """The one difference: root.readonly, and the layer's bytes for the runtime (boxroot sizes its tmpfs by them)."""
+    cfg, plain = oci(spec(*grants)), oci(spec(*(g for g in grants if g != "rootfs:rw")))
+    assert cfg["root"] == {"path": ROOTFS, "readonly": layer is None}
+    assert cfg["annotations"].get(ROOT_LAYER) == (None if layer is None else str(layer))
+    strip = lambda c: {**c, "root": None, "annotations": {k: v for k, v in c["annotations"].items() if k != ROOT_LAYER}}  # noqa: E731
+    assert strip(cfg) == strip(plain)
+    engine, engine_plain = docker(spec(*grants)), docker(spec(*(g for g in grants if g != "rootfs:rw")))
+    assert engine.host["read_only"] is (layer is None)
+    assert {**engine.host, "read_only": None} == {**engine_plain.host, "read_only": None} and engine.create == engine_plain.create
+
+
 def test_granted_paths_are_recursive_binds_read_only_all_the_way_down_unless_rw():
     mounts = own_mounts(oci(spec("ro:/data", "rw:/src=/work", lifeline=None)))
     assert [m for m in mounts if m["type"] == "bind"] == [
@@ -248,6 +271,7 @@ BOXES = {
     "env grants": (spec("env:A=1", "env:B=", "env:LANG=de_DE.UTF-8"), USER_IMAGE),
     "syscall grants": (spec("syscall:clone3", "syscall:ptrace"), AGENT_IMAGE),
     "tags and a parent": (spec(tags=(("run", "r1"), ("attempt", "2")), parent="p0"), AGENT_IMAGE),
+    "a writable root": (spec("rootfs:rw", "tmp:64m"), USER_IMAGE),
 }
 
 
@@ -299,9 +323,9 @@ AGREEMENT = {
     "rlimits": lambda d, o, box: [(f"RLIMIT_{u['name'].upper()}", u["soft"], u["hard"]) for u in d.host["ulimits"]]
     == [(r["type"], r["soft"], r["hard"]) for r in o["process"]["rlimits"]],
     "hostname": lambda d, o, box: d.create["hostname"] == o["hostname"],
-    "labels": lambda d, o, box: d.create["labels"] == o["annotations"],
+    "labels": lambda d, o, box: d.create["labels"] == {k: v for k, v in o["annotations"].items() if k != ROOT_LAYER},
     "argv": lambda d, o, box: o["process"]["args"] == ([*GUEST_PREFIX, *d.create["command"]] if box.agent else d.create["command"]),
-    "read-only root": lambda d, o, box: d.host["read_only"] is o["root"]["readonly"] is True,
+    "read-only root, unless rootfs:rw": lambda d, o, box: d.host["read_only"] is o["root"]["readonly"] is (not box.grants.rootfs_rw),
     "no new privileges": lambda d, o, box: "no-new-privileges:true" in d.host["security_opt"] and o["process"]["noNewPrivileges"] is True,
     "no capabilities": lambda d, o, box: d.host["cap_drop"] == ["ALL"] and "cap_add" not in d.host and not any(o["process"]["capabilities"].values()),
     "network none, ipc private": lambda d, o, box: (d.host["network_mode"], d.host["ipc_mode"]) == ("none", "private")
