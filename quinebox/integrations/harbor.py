@@ -11,7 +11,7 @@ seccomp, never host root, limits. Root inside (Harbor's `user="root"`) is honore
 namespace of its own and refused in one line elsewhere.
 
 What maps onto what: Harbor's network policy onto egress grants (`public` → `net`, `no-network` → none, an
-allowlist → one `net:HOST` per entry), its cpus and memory onto `cpus:`/`mem:`, its bind mounts onto `ro:`/`rw:`.
+allowlist → one `net:HOST` per entry), its cpus, memory and storage onto `cpus:`/`mem:`/`tmp:`, its bind mounts onto `ro:`/`rw:`.
 A docker-compose task is refused in one line (capabilities say `docker_compose=False`). `stop(delete=False)` keeps
 the box (`quinebox exec --in ID -- bash` looks inside; `quinebox box rm ID` ends it). Only quinebox's public API
 is used. See docs/frameworks/harbor.md.
@@ -163,6 +163,8 @@ class QuineboxEnvironment(BaseEnvironment):
         memory_mb = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
         if memory_mb:
             grants.append(f"mem:{memory_mb}m")
+        if self._effective_storage_mb:  # what the box may write: its root layer and /tmp are sized by tmp:
+            grants.append(f"tmp:{self._effective_storage_mb}m")
         grants += [mount_grant(dict(mount)) for mount in self._host_mounts]
         return grants + list(self.options.grants)
 

@@ -128,11 +128,11 @@ def test_network_policy_resources_and_mounts_become_grants(tmp_path: Path) -> No
     environment = make_environment(
         tmp_path, DATA / "write-file" / "environment",
         network_policy=NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=["pypi.org", "*.pythonhosted.org", "10.1.2.3", "10.0.0.0/8", "2001:db8::1"]),
-        override_cpus=1.5, override_memory_mb=768, mounts=[{"type": "bind", "source": str(shared), "target": "/data", "read_only": True}],
+        override_cpus=1.5, override_memory_mb=768, override_storage_mb=2048, mounts=[{"type": "bind", "source": str(shared), "target": "/data", "read_only": True}],
     )
     assert environment.grants() == [
         "rootfs:rw", "net:pypi.org:*", "net:*.pythonhosted.org:*", "net:10.1.2.3", "net:10.0.0.0/8", "net:[2001:db8::1]:*",
-        "cpus:1.5", "mem:768m", f"ro:{shared}=/data",
+        "cpus:1.5", "mem:768m", "tmp:2048m", f"ro:{shared}=/data",
     ]
     public = make_environment(tmp_path / "p", DATA / "write-file" / "environment")
     assert public.grants() == ["rootfs:rw", "net"]
