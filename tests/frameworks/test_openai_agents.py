@@ -42,7 +42,8 @@ class ScriptedModel(Model):
 
     async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs, tracing, **kwargs) -> ModelResponse:
         self.shown.append(input)
-        return ModelResponse(output=self.turns.pop(0), usage=Usage(), response_id=None)
+        turn = self.turns.pop(0)
+        return ModelResponse(output=turn(input) if callable(turn) else turn, usage=Usage(), response_id=None)
 
     def stream_response(self, *args: Any, **kwargs: Any):  # pragma: no cover - Runner.run does not stream
         raise NotImplementedError
@@ -53,8 +54,18 @@ class ScriptedModel(Model):
         return [item["output"] for item in last if isinstance(item, dict) and item.get("type", "").endswith("call_output")]
 
 
-def shell(call_id: str, cmd: str) -> ResponseFunctionToolCall:
-    return ResponseFunctionToolCall(type="function_call", call_id=call_id, name="exec_command", arguments=json.dumps({"cmd": cmd}))
+def shell(call_id: str, cmd: str, **options: Any) -> ResponseFunctionToolCall:
+    return ResponseFunctionToolCall(type="function_call", call_id=call_id, name="exec_command", arguments=json.dumps({"cmd": cmd, **options}))
+
+
+def poll(call_id: str, chars: str) -> Any:
+    """A write_stdin call to the session the command just run was given (read from its output when the call is made)."""
+    def turn(shown: list[Any]) -> list[Any]:
+        said = [item["output"] for item in shown if isinstance(item, dict) and item.get("type", "").endswith("call_output")][-1]
+        session = int(said.split("Process running with session ID ")[1].split("\n")[0])
+        return [ResponseFunctionToolCall(type="function_call", call_id=call_id, name="write_stdin", arguments=json.dumps({"session_id": session, "chars": chars}))]
+
+    return turn
 
 
 def patch(call_id: str, text: str) -> ResponseCustomToolCall:
@@ -112,6 +123,26 @@ def test_a_sandbox_agent_writes_runs_and_reads_in_the_box_persists_and_a_later_r
     again = asyncio.run(asyncio.wait_for(Runner.run(SandboxAgent(name="coder", model=later), "look", run_config=resumed), 120))
     assert again.final_output == "seen"
     assert output_of(later.tool_outputs()[0]) == OUTPUT + PROGRAM
+
+
+def test_a_command_that_outlasts_its_yield_goes_on_and_the_agent_writes_to_it():
+    model = ScriptedModel(
+        [shell("c1", "sleep 1; echo late", yield_time_ms=250)],
+        poll("c2", ""),
+        [shell("c3", "read line; echo got $line", tty=True, yield_time_ms=250)],
+        poll("c4", "quinebox\n"),
+        [shell("c5", "sleep 60", tty=True, yield_time_ms=250)],
+        poll("c6", "\u0003"),
+        [say("done")],
+    )
+    config = RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=QuineboxSandboxClient(), options=QuineboxSandboxClientOptions()))
+    result = asyncio.run(asyncio.wait_for(Runner.run(SandboxAgent(name="waiter", model=model), "go", run_config=config), 120))
+    assert result.final_output == "done"
+    outputs = model.tool_outputs()
+    assert "Process running with session ID" in outputs[0] and output_of(outputs[0]) == b""
+    assert "Process exited with code 0" in outputs[1] and output_of(outputs[1]) == b"late\n"
+    assert output_of(outputs[3]) == b"got quinebox\n"
+    assert "Process exited with code 137" in outputs[5]  # Ctrl-C ended the command's tree
 
 
 async def _resume_reattaches_then_restores(tmp_path: Path) -> None:
