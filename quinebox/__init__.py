@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "run", "resume", "Box", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL"]
+__all__ = ["__version__", "exec", "run", "resume", "Box", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL", "build_image"]
 
 
 def __getattr__(name: str):
@@ -27,6 +27,10 @@ def __getattr__(name: str):
         from quinebox.box.live.snapshots import Snapshot
 
         return Snapshot
+    if name == "build_image":
+        from quinebox.box.images.dockerfiles import build
+
+        return build
     if name == "FileInfo":
         from quinebox.box.live.box_files import FileInfo
 

@@ -8,7 +8,6 @@ limits, where boxes run, and further named environments beside the default one. 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -16,7 +15,7 @@ import yaml
 from inspect_ai.util import SandboxEnvironmentConfigType
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quinebox.errors import QuineboxError
+from quinebox import QuineboxError
 
 
 class QuineboxLimits(BaseModel):
@@ -148,25 +147,9 @@ def load_config(config: SandboxEnvironmentConfigType | None) -> QuineboxSandboxC
 
 def build_image(env: QuineboxEnvironmentConfig) -> None:
     """Build `env`'s Dockerfile with the Docker engine, tagged as its boxes ask for it (the layer cache reused)."""
-    import docker
+    import quinebox
 
-    from quinebox.box.backends.reach import unreachable
+    quinebox.build_image(env.dockerfile or "", env.build_context(), tag=env.built_tag())
 
-    try:
-        client = docker.from_env(timeout=600)
-    except docker.errors.DockerException as exc:
-        why = unreachable()
-        raise QuineboxError(
-            f"cannot build {env.dockerfile}: a Dockerfile is built by the Docker engine, and it {why.reason if why else f'refused: {exc}'}; "
-            "give the config an `image:` instead (a user with no engine runs any image: docs/backends.md#rootless)"
-        ) from None
-    context = env.build_context()
-    try:
-        client.images.build(path=context, dockerfile=os.path.relpath(env.dockerfile or "", context), tag=env.built_tag(), rm=True)
-    except docker.errors.BuildError as exc:
-        said = "".join(str(entry.get("stream") or entry.get("error") or "") for entry in exc.build_log).strip()
-        raise QuineboxError(f"cannot build {env.dockerfile}: {exc.msg}\n{said[-2000:]}") from None
-    except docker.errors.APIError as exc:
-        raise QuineboxError(f"cannot build {env.dockerfile}: {exc.explanation or exc}") from None
 
 

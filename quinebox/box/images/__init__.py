@@ -1,7 +1,8 @@
 """What a box's root is made of: images found, built, unpacked and sealed, and the guest's runtime.
 
 Holds finding a box's image on the engine (lookup.py), building quinebox's
-agent image (agent_image.py), images unpacked into read-only root filesystems
+agent image (agent_image.py) and another project's Dockerfile
+(dockerfiles.py, `quinebox.build_image`), images unpacked into read-only root filesystems
 for the OCI runtimes (rootfs.py, layers.py, archives.py; registry.py with no
 engine, through skopeo), what an unpacked
 image held (seal.py), the guest's runtime copied out of the agent image
