@@ -3,6 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The agent frameworks' venv (Python >= 3.12, Harbor's floor) installs while the first passes run; its pass waits for it.
+frameworks_log=$(mktemp)
+frameworks_venv=
+if [ $# = 0 ]; then bash scripts/frameworks-venv.sh >"$frameworks_log" 2>&1 & frameworks_venv=$!; fi
 
 # The web view's tests drive Debian's headless Chromium with Playwright (the `test` extra; never `playwright install`,
 # which downloads a browser of its own). A missing browser fails those tests, never skips them.
@@ -78,6 +82,19 @@ if [ "$status" = 0 ] && [ $# = 0 ]; then
         tests/integration/test_any_image.py tests/integration/test_agent.py tests/integration/test_host_image.py tests/e2e/test_terminals.py \
         -k "not foreign_image_through and not 20_mb_of_material and not read_only_refuses"
     status=$?
+fi
+if [ "$status" = 0 ] && [ $# = 0 ]; then
+    # Each agent framework's own run (Harbor's oracle, the Agents SDK's runner, mini-swe-agent's, deepagents',
+    # smolagents' and SWE-ReX's) with quinebox as its sandbox, in the frameworks' venv (scripts/frameworks-venv.sh).
+    if wait "$frameworks_venv"; then
+        echo "test: the agent frameworks' own runs, quinebox as their sandbox ($(.venv-frameworks/bin/python -V))" >&2
+        QUINEBOX_TEST_FRAMEWORKS=1 .venv-frameworks/bin/python -m pytest -q -p no:cacheprovider tests/frameworks
+        status=$?
+    else
+        cat "$frameworks_log" >&2
+        say "the frameworks' venv could not be made (above): their tests cannot run"
+        status=1
+    fi
 fi
 if [ "$status" = 0 ] && [ $# = 0 ] && [ -x /usr/bin/python3 ]; then
     # The distribution's own python3 (Debian 12's is 3.11.2: no tarfile filters, which came in 3.11.4) in a venv

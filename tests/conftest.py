@@ -6,6 +6,10 @@ import pytest
 
 #: Boxes made by a user who is not root: only CI's rootless pass (QUINEBOX_TEST_ROOTLESS=1) is such a user.
 collect_ignore = [] if os.environ.get("QUINEBOX_TEST_ROOTLESS") == "1" else ["integration/test_rootless_boxes.py"]
+#: The agent frameworks' own runs (tests/frameworks/) need their packages, which live in a venv of their own (Python
+#: 3.12: Harbor's floor), `.venv-frameworks`; CI runs that directory there with QUINEBOX_TEST_FRAMEWORKS=1, never skipped.
+if os.environ.get("QUINEBOX_TEST_FRAMEWORKS") != "1":
+    collect_ignore.append("frameworks")
 
 
 @pytest.fixture(scope="session", autouse=True)

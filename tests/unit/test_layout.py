@@ -147,6 +147,18 @@ def test_no_module_holds_more_than_one_idea(module):
     assert lines <= MAX_LINES, f"{module} has {lines} lines: past {MAX_LINES} a module is two"
 
 
+#: The sandbox providers other people's frameworks load: thin adapters that stand on quinebox's public API alone
+#: (what `quinebox` exports), so what they need is grown there once, for every caller, and kept.
+ADAPTERS = tuple(f"quinebox.integrations.{name}" for name in ("inspect_sandbox", "inspect_config", "harbor", "openai_agents", "minisweagent", "deepagents", "smolagents", "swerex"))
+
+
+@pytest.mark.parametrize("module", ADAPTERS)
+def test_each_framework_provider_uses_only_the_public_api(module):
+    assert module in MODULES, f"{module} is missing"
+    private = sorted(t for t in imports_of(module, typing=True) if t != "quinebox" and not t.startswith("quinebox.integrations."))
+    assert private == [], f"{module} imports {private}: use what `quinebox` exports (grow the public API where it lacks something)"
+
+
 # -- the checker itself ------------------------------------------------------------------
 
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The agent frameworks' venv, .venv-frameworks: quinebox with the extras of the six framework providers
+# (quinebox/integrations/) and pytest, for tests/frameworks/. Harbor needs Python >= 3.12 and .venv may be
+# older (Debian 12's is 3.11), so this venv is of the first 3.12+ found: on PATH, then under pyenv. None found
+# is a failure, never a skip. Installed again only when pyproject.toml changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { echo "frameworks-venv: $*" >&2; }
+
+find_python() {
+    local candidate
+    for candidate in python3.13 python3.12; do
+        command -v "$candidate" >/dev/null && { command -v "$candidate"; return; }
+    done
+    local root="${PYENV_ROOT:-$HOME/.pyenv}"
+    for candidate in "$root"/versions/3.13*/bin/python3 "$root"/versions/3.12*/bin/python3; do
+        [ -x "$candidate" ] && { echo "$candidate"; return; }
+    done
+    return 1
+}
+
+if ! .venv-frameworks/bin/python -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1; then
+    python=$(find_python) || { say "no Python >= 3.12 here (Harbor's floor): install one (pyenv install 3.12, or the distribution's python3.12) and run again"; exit 1; }
+    rm -rf .venv-frameworks
+    "$python" -m venv .venv-frameworks
+fi
+if ! cmp -s pyproject.toml .venv-frameworks/pyproject.toml; then
+    say "installing quinebox and the six frameworks into .venv-frameworks ($(.venv-frameworks/bin/python -V))"
+    .venv-frameworks/bin/python -m pip install -q --disable-pip-version-check \
+        -e '.[harbor,openai-agents,minisweagent,deepagents,smolagents,swerex]' 'pytest>=8' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    .venv-frameworks/bin/python -c 'import harbor, agents.sandbox, minisweagent, deepagents, smolagents, swerex, pytest, quinebox' ||
+        { say "the frameworks did not install into .venv-frameworks"; exit 1; }
+    cp pyproject.toml .venv-frameworks/pyproject.toml
+fi
