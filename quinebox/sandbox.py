@@ -19,7 +19,6 @@ box/live/box_files.py's, each bounded as a read is.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import shlex
@@ -113,9 +112,7 @@ class Sandbox(SandboxFiles, SandboxTime):
         self._line_asked = False
         self._asking_line = threading.Lock()
         self._controls: Controls | None = None
-        self._box: BoxProcess | None = None
-        box = BoxProcess(spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec), lasting=True)
-        self._box = box
+        self._box: BoxProcess | None = (box := BoxProcess(spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec), lasting=True))
         choice = box.choice
         docker = getattr(box, "_backend", None) if choice.engine else None
         try:
@@ -142,7 +139,22 @@ class Sandbox(SandboxFiles, SandboxTime):
         """This Sandbox attached to a living long-lived box of this user's, by its id (or a unique start of it) or its
         name, as `quinebox exec --in` takes them: one of `quinebox box create`, of `Sandbox.detached`, or another
         process's Sandbox. Its execs are run by the box's owner; `close()` lets go of it, `destroy()` ends it."""
-        record, _ = sandboxes.find(ref)
+        return cls._attach(sandboxes.find(ref)[0])
+
+    @classmethod
+    def running(cls) -> list[Sandbox]:
+        """Each living long-lived box of this user's (what `quinebox box ls` lists), attached."""
+        return [cls._attach(record) for record, _ in sandboxes.live()]
+
+    @staticmethod
+    def collect_garbage() -> list[str]:
+        """Remove every box whose owner is gone (one a crashed process left), as `quinebox gc` does; their ids."""
+        from quinebox.box.owners import gc
+
+        return gc.collect_garbage()
+
+    @classmethod
+    def _attach(cls, record: sandboxes.Record) -> Sandbox:
         self = cls.__new__(cls)
         self.id, self.name = record.session, record.name
         self._diagnostics, self._closed, self._revising = [], False, threading.Lock()
@@ -349,29 +361,10 @@ class Sandbox(SandboxFiles, SandboxTime):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- async twins (and sandbox_time.py's) -----------------------------------------------------
+    # -- async twins (the rest: sandbox_time.py, sandbox_files.py) -----------------------------------------------------
 
     async def aexec(self, argv: Sequence[str], **options: Any) -> ExecResult:
         return await self._in_thread(self.exec, argv, **options)
-
-    async def aclose(self) -> None:
-        await self._in_thread(self.close)
-
-    async def adestroy(self) -> None:
-        await self._in_thread(self.destroy)
-
-    @classmethod
-    async def acreate(cls, **options: Any) -> Sandbox:
-        """`Sandbox(**options)` without blocking the event loop while the box starts."""
-        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(cls, **options))
-
-    @classmethod
-    async def aconnect(cls, ref: str) -> Sandbox:
-        return await asyncio.get_running_loop().run_in_executor(None, cls.connect, ref)
-
-    @classmethod
-    async def adetached(cls, **options: Any) -> Sandbox:
-        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(cls.detached, **options))
 
     async def __aenter__(self) -> Sandbox:
         return self

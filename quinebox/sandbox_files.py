@@ -108,7 +108,7 @@ class SandboxFiles:
         The box may have made `path` anything, so the read is bounded: a FIFO, a socket or a device is
         shutil.SpecialFileError, a file of more than `max_bytes` (default 256 MiB) FileTooLargeError, a read
         longer than `timeout` seconds TimeoutError — each at once or by its bound, and the box stays up."""
-        return self._files(box_files.read_bytes, path, max_bytes=max_bytes, timeout=timeout)  # type: ignore[no-any-return]
+        return self._files(box_files.read_bytes, path, max_bytes=max_bytes, timeout=timeout)
 
     def write_file(self, path: str, data: bytes | str, *, timeout: float = box_files.FILE_TIMEOUT) -> None:
         """`data` (str as UTF-8) into a file of the box, its missing parent directories made, replaced whole;
@@ -118,11 +118,11 @@ class SandboxFiles:
 
     def listdir(self, path: str = ".", *, max_bytes: int = box_files.READ_MAX, timeout: float = box_files.FILE_TIMEOUT) -> list[FileInfo]:
         """What a directory of the box holds, by name (links as links); FileTooLargeError past `max_bytes` of listing."""
-        return self._files(box_files.listdir, path, max_bytes=max_bytes, timeout=timeout)  # type: ignore[no-any-return]
+        return self._files(box_files.listdir, path, max_bytes=max_bytes, timeout=timeout)
 
     def stat(self, path: str, *, follow_symlinks: bool = False, timeout: float = box_files.FILE_TIMEOUT) -> FileInfo:
         """What `path` is in the box: a link itself, unless `follow_symlinks`."""
-        return self._files(box_files.stat, path, follow_symlinks=follow_symlinks, timeout=timeout)  # type: ignore[no-any-return]
+        return self._files(box_files.stat, path, follow_symlinks=follow_symlinks, timeout=timeout)
 
     def remove(self, path: str, *, recursive: bool = False, timeout: float = box_files.FILE_TIMEOUT) -> None:
         """Remove a file or link of the box; a directory with everything in it when `recursive` (never through a

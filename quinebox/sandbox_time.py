@@ -55,6 +55,14 @@ class SandboxTime:
 
         def close(self) -> None: ...
 
+        def destroy(self) -> None: ...
+
+        @classmethod
+        def connect(cls, ref: str) -> Self: ...
+
+        @classmethod
+        def detached(cls, **options: Any) -> Self: ...
+
         @property
         def _owned(self) -> BoxProcess: ...
 
@@ -147,10 +155,29 @@ class SandboxTime:
             return {"box": self.id, "snapshot": made.id, "bytes": made.size}
         raise QuineboxError(f"unknown request {op!r} for box {self.id}")
 
-    # -- async twins ---------------------------------------------------------------------------
+    # -- async twins (of these, and of the Sandbox's own life) ---------------------------------------------------------------------------
 
     async def _in_thread(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, functools.partial(call, *args, **kwargs))
+
+    async def aclose(self) -> None:
+        await self._in_thread(self.close)
+
+    async def adestroy(self) -> None:
+        await self._in_thread(self.destroy)
+
+    @classmethod
+    async def acreate(cls, **options: Any) -> Self:
+        """`Sandbox(**options)` without blocking the event loop while the box starts."""
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(cls, **options))
+
+    @classmethod
+    async def aconnect(cls, ref: str) -> Self:
+        return await asyncio.get_running_loop().run_in_executor(None, cls.connect, ref)
+
+    @classmethod
+    async def adetached(cls, **options: Any) -> Self:
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(cls.detached, **options))
 
     async def apause(self) -> None:
         await self._in_thread(self.pause)

@@ -237,14 +237,14 @@ def flag(word):
 
 #: Each command: (how many arguments after PATH it takes, what it does with PATH and them).
 COMMANDS = {
-    "read": ((0, 1), lambda path, *cap: read(path, int(cap[0]) if cap else None)),
-    "write": ((0,), lambda path: write(path)),
-    "list": ((0,), lambda path: listing(path)),
-    "stat": ((0, 1), lambda path, *follow: dump(info(path, os.stat(path) if follow and flag(follow[0]) else os.lstat(path)))),
-    "remove": ((0, 1), lambda path, *recursive: remove(path, bool(recursive) and flag(recursive[0]))),
-    "mkdir": ((2,), lambda path, parents, exist_ok: mkdir(path, flag(parents), flag(exist_ok))),
-    "gettar": ((1,), lambda path, cap: gettar(path, int(cap))),
-    "puttar": ((2,), lambda path, cap, code: puttar(path, int(cap), code)),
+    "read": ((0, 1), lambda path, *a: read(path, int(a[0]) if a else None)),
+    "write": ((0,), lambda path, *a: write(path)),
+    "list": ((0,), lambda path, *a: listing(path)),
+    "stat": ((0, 1), lambda path, *a: dump(info(path, os.stat(path) if a and flag(a[0]) else os.lstat(path)))),
+    "remove": ((0, 1), lambda path, *a: remove(path, bool(a) and flag(a[0]))),
+    "mkdir": ((2,), lambda path, *a: mkdir(path, flag(a[0]), flag(a[1]))),
+    "gettar": ((1,), lambda path, *a: gettar(path, int(a[0]))),
+    "puttar": ((2,), lambda path, *a: puttar(path, int(a[0]), a[1])),
 }
 
 

@@ -43,11 +43,8 @@ from inspect_ai.util import (
 from inspect_ai.util._subprocess import max_subprocesses_context_var
 from pydantic import BaseModel
 
-from quinebox import DEVNULL
-from quinebox.box.live.sandboxes import FILE_ERRORS, NOT_A_FILE, TOO_LARGE, files_command
-from quinebox.errors import EngineError, GrantError, QuineboxError
+from quinebox import DEVNULL, EngineError, FileTooLargeError, GrantError, QuineboxError, Sandbox
 from quinebox.integrations.inspect_config import QuineboxEnvironmentConfig, QuineboxSandboxConfig, build_image, load_config
-from quinebox.sandbox import Sandbox
 
 #: The name every box of this provider's starts with: what `quinebox box ls` shows, and `cli_cleanup` removes.
 NAME_PREFIX = "inspect-"
@@ -338,32 +335,24 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
         """`file`'s bytes as the box's user reads them (text: strict UTF-8, newlines kept), no more than Inspect's
         read limit of them: past it the read is stopped and OutputLimitExceededError raised (at once when the file's
         size says so). A FIFO, a socket or a device there is PermissionError saying which: it has no bytes to read."""
-        run = ExecRun(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE)
-        data = await self._killed_if_cancelled(run, self._read, run, file)
+        data = await in_thread(self._read, file, abandon_on_cancel=True)  # the read ends by its own cap and deadline
         return data.decode("utf-8") if text else data
 
-    def _read(self, run: ExecRun, file: str) -> bytes:
-        # Sandbox.read_file's own exec of the guest's files.py, but with a bounded sink: it reads a file whole.
+    def _read(self, file: str) -> bytes:
         try:
-            cap = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
-            code = run.run(self._sandbox, files_command("read", self._path(file), str(cap)), input=None, timeout=FILE_TIMEOUT)
+            return self._sandbox.read_file(self._path(file), max_bytes=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE, timeout=FILE_TIMEOUT)
+        except FileTooLargeError as exc:
+            raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None) from exc
+        except (FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError) as exc:
+            raise os_error(type(exc), file) from exc
+        except shutil.SpecialFileError as exc:  # a FIFO, a socket, a device: of Inspect's documented errors, this one
+            raise PermissionError(errno.EACCES, str(exc), file) from exc
+        except TimeoutError as exc:
+            raise TimeoutError(f"reading {file} took longer than {FILE_TIMEOUT} seconds") from exc
         except QuineboxError as exc:
             if self._sandbox.returncode is not None:
                 raise self._unavailable() from exc
             raise
-        if code in FILE_ERRORS:
-            raise os_error(FILE_ERRORS[code][0], file)
-        if code == NOT_A_FILE:
-            raise PermissionError(errno.EACCES, f"{file} is {bytes(run.stderr).decode(errors='replace').strip().rpartition(':')[0]}", file)
-        if run.over or code == TOO_LARGE:
-            raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
-        if run.timed_out:
-            raise TimeoutError(f"reading {file} took longer than {FILE_TIMEOUT} seconds")
-        if code != 0:
-            if self._sandbox.returncode is not None:
-                raise self._unavailable()
-            raise QuineboxError(f"cannot read {file} in box {self._sandbox.id}: {bytes(run.stderr).decode(errors='replace').strip() or f'exit status {code}'}")
-        return bytes(run.stdout)
 
     # -- people --------------------------------------------------------------------------------
 
@@ -382,18 +371,13 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
 
 def remove_boxes(id: str | None) -> list[str]:
     """Remove box `id` (its id, prefix or name), or all of this provider's, then collect orphans; the sessions removed.
-    A box that did not go keeps its record, as `quinebox box rm` leaves it, and is not among those named."""
-    from quinebox.box.live import sandboxes
-    from quinebox.box.owners import gc, listing
-
-    if id is not None:
-        doomed = [sandboxes.find(id)[0].session]
-    else:
-        doomed = [record.session for record in sandboxes.records() if (record.name or "").startswith(NAME_PREFIX)]
+    A box that did not go stays, as `quinebox box rm` leaves it, and is not among those named."""
+    doomed = [Sandbox.connect(id)] if id is not None else [sb for sb in Sandbox.running() if (sb.name or "").startswith(NAME_PREFIX)]
     removed = []
-    for session in doomed:  # as `quinebox box rm` does
-        listing.kill_subtree(session)
-        if sandboxes.wait_gone(session, 10):
-            sandboxes.remove_record(session)
-            removed.append(session)
-    return removed + gc.collect_garbage()
+    for sandbox in doomed:  # as `quinebox box rm` does
+        try:
+            sandbox.destroy()
+        except QuineboxError:
+            continue
+        removed.append(sandbox.id)
+    return removed + Sandbox.collect_garbage()
