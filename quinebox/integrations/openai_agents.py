@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from agents.sandbox import Manifest
 from agents.sandbox.errors import ExecTimeoutError, ExecTransportError, WorkspaceArchiveReadError, WorkspaceArchiveWriteError, WorkspaceReadNotFoundError
+from agents.sandbox.materialization import MaterializationResult
 from agents.sandbox.session import BaseSandboxClient, BaseSandboxClientOptions, BaseSandboxSession, Dependencies, Instrumentation, SandboxSession, SandboxSessionState
 from agents.sandbox.session.runtime_helpers import RESOLVE_WORKSPACE_PATH_HELPER, RuntimeHelperScript
 from agents.sandbox.session.workspace_payloads import coerce_write_payload
@@ -154,6 +155,24 @@ class QuineboxSandboxSession(PtySessions, BaseSandboxSession):
         if done.timed_out:
             raise ExecTimeoutError(command=argv, timeout_s=timeout)
         return ExecResult(stdout=done.stdout, stderr=done.stderr, exit_code=done.returncode)
+
+    async def _apply_manifest(self, *, only_ephemeral: bool = False, provision_accounts: bool = True) -> MaterializationResult:
+        if provision_accounts and not only_ephemeral:
+            await self.provision_manifest_accounts()
+        return await super()._apply_manifest(only_ephemeral=only_ephemeral, provision_accounts=False)
+
+    async def provision_manifest_accounts(self) -> None:
+        """A box cannot add accounts (its root is the image's, and no one in it is root outside it): the manifest's
+        users and groups must be the image's own. Each is looked up there, and a missing one refused in one line."""
+        manifest = self.state.manifest
+        wanted = {"passwd": {u.name for u in manifest.users} | {u.name for g in manifest.groups for u in g.users}, "group": {g.name for g in manifest.groups}}
+        for table, names in wanted.items():
+            if not names:
+                continue
+            known = {line.split(":", 1)[0] for line in (await self._live_box().aread_file(f"/etc/{table}")).decode(errors="replace").splitlines()}
+            for name in sorted(names - known):
+                kind = "user" if table == "passwd" else "group"
+                raise ValueError(f"{kind} {name!r} is not in the box's image (/etc/{table}), and a quinebox box cannot add one: use an image that has it")
 
     # -- files -----------------------------------------------------------------------------------
 

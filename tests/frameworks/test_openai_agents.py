@@ -20,7 +20,7 @@ import pytest
 from agents import RunConfig, Runner
 from agents.items import ModelResponse
 from agents.models.interface import Model
-from agents.sandbox import LocalSnapshotSpec, SandboxAgent, SandboxRunConfig
+from agents.sandbox import LocalSnapshotSpec, Manifest, SandboxAgent, SandboxRunConfig, User
 from agents.sandbox.errors import ExecTimeoutError, WorkspaceReadNotFoundError
 from agents.usage import Usage
 from openai.types.responses import ResponseCustomToolCall, ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
@@ -228,3 +228,23 @@ async def _checkpoint_restores_the_live_box(tmp_path: Path) -> None:
 
 def test_on_gvisor_a_persisted_session_is_a_checkpoint_that_resume_restores(tmp_path):
     asyncio.run(asyncio.wait_for(_checkpoint_restores_the_live_box(tmp_path), 120))
+
+
+async def _accounts_are_the_images(tmp_path: Path) -> None:
+    client = QuineboxSandboxClient()
+    session = await client.create(manifest=Manifest(users=[User(name="agent")]), snapshot=LocalSnapshotSpec(base_path=tmp_path))
+    try:
+        await session.start()  # the agent image has `agent`: nothing to add
+        assert (await session.exec("id -un", user=User(name="agent"))).stdout == b"agent\n"
+    finally:
+        await client.delete(session)
+    refused = await client.create(manifest=Manifest(users=[User(name="mallory")]), snapshot=LocalSnapshotSpec(base_path=tmp_path))
+    try:
+        with pytest.raises(ValueError, match="user 'mallory' is not in the box's image"):
+            await refused.start()
+    finally:
+        await client.delete(refused)
+
+
+def test_a_manifests_users_must_be_the_images_and_a_missing_one_is_refused_in_one_line(tmp_path):
+    asyncio.run(asyncio.wait_for(_accounts_are_the_images(tmp_path), 60))
