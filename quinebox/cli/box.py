@@ -60,7 +60,7 @@ def exec_command(
     runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Say where the box runs (which backend and runtime) and why."),
     inside: str | None = typer.Option(None, "--in", metavar="ID|NAME", help="Run CMD in this long-lived box (`quinebox box create`) instead of a fresh one."),
-    user: str | None = typer.Option(None, "--user", metavar="UID[:GID]|NAME", help="With --in: run as this user of the box (never root)."),
+    user: str | None = typer.Option(None, "--user", metavar="UID[:GID]|NAME", help="With --in: run as this user of the box; root only where the box has a user namespace of its own (runc), never on the engine or gVisor."),
 ) -> None:
     if inside is not None:
         fixed = {"-g": grant, "--memory": memory, "--cpus": cpus, "--pids": pids, "--image": image, "--policy": policy, "--world": world,

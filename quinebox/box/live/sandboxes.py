@@ -136,8 +136,10 @@ def _reopen(record: Record, engine: DockerBackend | None) -> Box:
     return RuntimeBox(oci_runtime(record.backend), record.container, labels)
 
 
-def exec_user(user: str | None, default: str, passwd: bytes | None) -> str:
-    """`uid`, `uid:gid` or a name from the image's /etc/passwd, as `uid:gid`; never root (nothing in a box is)."""
+def exec_user(user: str | None, default: str, passwd: bytes | None, *, no_root: str | None = "it has no user namespace of its own") -> str:
+    """`uid`, `uid:gid` or a name from the image's /etc/passwd, as `uid:gid`. Root (uid or gid 0) only where
+    `no_root` is None: in a box with a user namespace of its own, whose 0 is no one outside (a root-made runc box's
+    slot's first id, a rootless box's caller) and holds no capability there; elsewhere refused, `no_root` saying why."""
     if user is None or user == "":
         return default
     name, _, group = user.partition(":")
@@ -150,18 +152,27 @@ def exec_user(user: str | None, default: str, passwd: bytes | None) -> str:
         group = name if not group else ""
     if not group:
         raise GrantError(f"bad user {user!r}: give the group as a number, as in user='1000:1000'")
-    if int(name) == 0 or int(group) == 0:
-        raise GrantError(f"refused user {user!r}: nothing in a box runs as root (uid or gid 0); give another uid")
+    if (int(name) == 0 or int(group) == 0) and no_root is not None:
+        raise GrantError(f"refused user {user!r}: nothing in a box runs as root (uid or gid 0) where root would be the host's, and this box's would: {no_root}; give another uid, or run the box on runc")
     return f"{int(name)}:{int(group)}"
 
 
 def user_of(where: Target, user: str | None) -> str | None:
-    """An exec's `uid:gid` for `user` (a uid, uid:gid or a name the box's /etc/passwd knows); None: the box's own."""
+    """An exec's `uid:gid` for `user` (a uid, uid:gid or a name the box's /etc/passwd knows); None: the box's own.
+    Root where the box has a user namespace of its own (runc's boxes, root-made or rootless); never on the Docker
+    engine (no user namespace: its root is the host's) nor on gVisor (none either: its gofer, the host's root, makes
+    and owns the files the box's root makes, a set-uid one in a rw: grant included)."""
     if not user:
         return None
     passwd = None if user.partition(":")[0].isdigit() else read_bytes(where, "/etc/passwd")
-    resolved = exec_user(user, where.user, passwd)
     ranges = where.box.id_ranges() if isinstance(where.box, RuntimeBox) else None
+    if ranges is not None:
+        no_root = None
+    elif isinstance(where.box, RuntimeBox) and where.box.runtime.gvisor:
+        no_root = "gVisor's box has no user namespace, and its gofer makes root's files as the host's root"
+    else:
+        no_root = f"a box on {'the Docker engine' if where.backend == 'docker' else where.backend} has no user namespace of its own"
+    resolved = exec_user(user, where.user, passwd, no_root=no_root)
     refused = unmapped(user, resolved, ranges)
     if refused:
         raise GrantError(refused)
