@@ -10,7 +10,7 @@ audit), its grants fixed when it is made, each command an exec of its own in it.
 deepagents-code (the `dcode` CLI) finds third-party sandboxes through the `deepagents_code.sandbox_providers`
 entry point and calls `get_or_create(sandbox_id=..., **params)` / `delete(sandbox_id=...)` on the class it names;
 `QuineboxProvider` is that class. It makes detached boxes (they outlive the CLI's process, as a cloud sandbox
-does) and reattaches to a living one by id. The deepagents library itself reads no entry point: a program
+does), reattaches to a living one by id, and restores a snapshot's box (`--sandbox-snapshot-name`). The deepagents library itself reads no entry point: a program
 passes `backend=QuineboxSandbox(...)` to `create_deep_agent`. See docs/frameworks/deepagents.md.
 
 Errors are deepagents' data, chosen by the exception's type: a file's FileNotFoundError is `file_not_found`,
@@ -38,6 +38,8 @@ MAX_OUTPUT = 4 << 20
 MAX_DOWNLOAD = 256 << 20
 #: What a provider's `get_or_create` passes on to `Sandbox.detached`: deepagents-code's config `params`.
 BOX_OPTIONS = frozenset({"image", "grants", "policy", "workdir", "pull", "backend", "runtime", "ttl", "idle", "name"})
+#: ... or to `Sandbox.restore`, for deepagents-code's `--sandbox-snapshot-name`: a snapshot's box has its grants.
+RESTORE_OPTIONS = frozenset({"snapshot", "ttl", "name"})
 #: ... and to the QuineboxSandbox over it.
 BACKEND_OPTIONS = frozenset({"timeout", "max_output", "max_download"})
 
@@ -208,15 +210,20 @@ class QuineboxProvider:
             return None
         return SandboxProviderMetadata(
             name="quinebox", working_dir="/world", install=SandboxInstallHint(kind="package", name="quinebox[deepagents]"),
-            supports_sandbox_id=True, supports_snapshot_name=False, backend_module="quinebox.integrations.deepagents",
+            supports_sandbox_id=True, supports_snapshot_name=True, backend_module="quinebox.integrations.deepagents",
         )
 
     def get_or_create(self, *, sandbox_id: str | None = None, **params: Any) -> QuineboxSandbox:
-        """The living box `sandbox_id` (an id or a name of this user's), else a new detached box made with
-        `params`: `Sandbox`'s options (deepagents-code's config `params`), and `timeout`, `max_output` and
-        `max_download` for the backend."""
+        """The living box `sandbox_id` (an id or a name of this user's); else a new box from `snapshot` (a quinebox
+        snapshot's id: `Sandbox.restore`, owned by this process); else a new detached box made with `params`:
+        `Sandbox`'s options (deepagents-code's config `params`). `timeout`, `max_output` and `max_download` are
+        the backend's."""
         box, backend = _options(sandbox_id, params)
-        return QuineboxSandbox(Sandbox.connect(sandbox_id) if sandbox_id is not None else Sandbox.detached(**box), **backend)
+        if sandbox_id is not None:
+            return QuineboxSandbox(Sandbox.connect(sandbox_id), **backend)
+        if "snapshot" in box:
+            return QuineboxSandbox(Sandbox.restore(box.pop("snapshot"), **box), **backend)
+        return QuineboxSandbox(Sandbox.detached(**box), **backend)
 
     def delete(self, *, sandbox_id: str, **params: Any) -> None:
         """End the box `sandbox_id` and remove it."""
@@ -225,8 +232,11 @@ class QuineboxProvider:
 
     async def aget_or_create(self, *, sandbox_id: str | None = None, **params: Any) -> QuineboxSandbox:
         box, backend = _options(sandbox_id, params)
-        made = await Sandbox.aconnect(sandbox_id) if sandbox_id is not None else await Sandbox.adetached(**box)
-        return QuineboxSandbox(made, **backend)
+        if sandbox_id is not None:
+            return QuineboxSandbox(await Sandbox.aconnect(sandbox_id), **backend)
+        if "snapshot" in box:
+            return QuineboxSandbox(await Sandbox.arestore(box.pop("snapshot"), **box), **backend)
+        return QuineboxSandbox(await Sandbox.adetached(**box), **backend)
 
     async def adelete(self, *, sandbox_id: str, **params: Any) -> None:
         _refuse(params, allowed=())
@@ -238,7 +248,7 @@ def _options(sandbox_id: str | None, params: dict[str, Any]) -> tuple[dict[str, 
     or an option of neither, is refused (TypeError, as deepagents-code's own providers refuse them)."""
     backend = {key: params[key] for key in BACKEND_OPTIONS.intersection(params)}
     box = {key: value for key, value in params.items() if key not in backend}
-    _refuse(box, allowed=BOX_OPTIONS if sandbox_id is None else ())
+    _refuse(box, allowed=() if sandbox_id is not None else RESTORE_OPTIONS if "snapshot" in box else BOX_OPTIONS)
     return box, backend
 
 

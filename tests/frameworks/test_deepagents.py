@@ -202,11 +202,30 @@ def test_the_provider_makes_a_detached_box_found_again_by_id_and_deletes_it(engi
         with pytest.raises(TypeError):
             provider.get_or_create(sandbox_id=made.id, image="debian")  # a box made already has its image
         with pytest.raises(TypeError):
-            provider.get_or_create(snapshot="nope")  # deepagents-code's own providers refuse what they do not take
+            provider.get_or_create(metadata={"purpose": "test"})  # deepagents-code's own providers refuse what they do not take
     finally:
         provider.delete(sandbox_id=made.id)
     with pytest.raises(QuineboxError):
         provider.get_or_create(sandbox_id=made.id)
+
+
+def test_the_provider_restores_a_snapshots_box(engine):
+    """deepagents-code's `--sandbox-snapshot-name`: a box from a quinebox snapshot (gVisor's: runc's checkpoints need
+    CRIU, which this kernel refuses), its files as they were; a snapshot's box has its grants, so none are taken."""
+    provider = QuineboxProvider()
+    with Sandbox(runtime="runsc") as sb:
+        sb.write_file("/world/state.txt", b"as it was")
+        snapshot = sb.checkpoint()
+    with pytest.raises(TypeError):
+        provider.get_or_create(snapshot=snapshot.id, grants=["mem:1g"])
+    restored = provider.get_or_create(snapshot=snapshot.id, ttl=120)
+    try:
+        assert restored.id != sb.id
+        assert restored.execute("cat /world/state.txt").output == "as it was"
+    finally:
+        provider.delete(sandbox_id=restored.id)
+    with pytest.raises(QuineboxError):
+        restored.execute("true")
 
 
 def test_deepagents_code_finds_the_provider_by_its_entry_point():
