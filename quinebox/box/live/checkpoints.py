@@ -87,7 +87,7 @@ def facts(live: Live) -> snapshot_rules.Facts:
         except EngineError:
             pass
     criu = criu_fails() if where not in ("docker", snapshot_rules.SNAPSHOT_RUNTIME) else None
-    return snapshot_rules.Facts(live.session, where, None if world is None else world.kind, bool(live.spec.grants.secrets), criu, experimental)
+    return snapshot_rules.Facts(live.session, where, None if world is None else world.kind, bool(live.spec.grants.secrets), criu, experimental, live.spec.grants.rootfs_rw)
 
 
 def take(live: Live, *, transient: bool = False) -> Snapshot:

@@ -13,7 +13,7 @@ connections between its own processes. By rule:
 - A copy's processes keep their environment: QUINEBOX_SESSION there still names the original.
 
 Refused, by name, before anything is stopped: a box on a backend that cannot checkpoint it here (runc, whose
-CRIU fails on this kernel; the engine, without its experimental mode); secret: grants (their placeholders and
+CRIU fails on this kernel; the engine, without its experimental mode); a writable root (rootfs:rw); secret: grants (their placeholders and
 the proxy's authority are the original session's alone); a /world that is a host directory (--world DIR: the
 box works on yours, which a copy could not) or another box's copy-on-write view. Refused by what the box holds
 at that instant (box/live/checkpoints.py): an exec running in it, a file of the host's held by one of its
@@ -44,6 +44,8 @@ class Facts:
     #: On runc: why CRIU fails here (criu.criu_fails), None when it works. On the engine: its experimental mode.
     criu: str | None = None
     experimental: bool = False
+    #: A root of its own the box may write (`rootfs:rw`): its layer is the host's tmpfs, which gVisor's image leaves out.
+    writable_root: bool = False
 
 
 def refusal(facts: Facts) -> str | None:
@@ -58,6 +60,8 @@ def refusal(facts: Facts) -> str | None:
     if facts.where != SNAPSHOT_RUNTIME:
         why = f"CRIU does not work here ({facts.criu})" if facts.criu else "quinebox takes snapshots on gVisor only"
         return f"{box} runs on {facts.where}, whose checkpoints go through CRIU, and {why}; make the box with --runtime {SNAPSHOT_RUNTIME} (gVisor) to snapshot it"
+    if facts.writable_root:
+        return f"{box} holds rootfs:rw: what it wrote to its root is in a layer of its own on the host, which a snapshot cannot carry"
     if facts.secrets:
         return f"{box} holds secret: grants, whose placeholders and proxy authority are its own session's: a snapshot cannot carry them"
     if facts.world == "bind":

@@ -20,6 +20,8 @@ CRIU = "`criu check` fails on this kernel: vdso: Unexpected rt vDSO area bounds"
          "box b1 runs on the Docker engine, whose checkpoints need its experimental mode (off here: `dockerd --experimental`) and CRIU; make the box with --runtime runsc (gVisor) to snapshot it"),
         (Facts("b1", "docker", "dir", experimental=True),
          "box b1 runs on the Docker engine, whose experimental checkpoints quinebox does not take (they go through CRIU, and a box's host socket with them); make the box with --runtime runsc (gVisor) to snapshot it"),
+        (Facts("b1", "runsc", "dir", writable_root=True),
+         "box b1 holds rootfs:rw: what it wrote to its root is in a layer of its own on the host, which a snapshot cannot carry"),
         (Facts("b1", "runsc", "dir", secrets=True),
          "box b1 holds secret: grants, whose placeholders and proxy authority are its own session's: a snapshot cannot carry them"),
         (Facts("b1", "runsc", "bind"),
