@@ -35,6 +35,7 @@ from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
 from agents.sandbox.types import ExecResult, User
 from agents.sandbox.util.blocking_io import run_blocking_workspace_io
 from agents.sandbox.util.tar_utils import UnsafeTarMemberError, should_skip_tar_member, validate_tarfile
+from pydantic import Field
 
 from quinebox import QuineboxError, Sandbox
 from quinebox.integrations.openai_agents_pty import PtySessions, Running
@@ -77,7 +78,7 @@ class QuineboxSandboxSessionState(SandboxSessionState):
 
     type: Literal["quinebox"] = "quinebox"
     box_id: str = ""
-    options: QuineboxSandboxClientOptions = QuineboxSandboxClientOptions()
+    options: QuineboxSandboxClientOptions = Field(default_factory=QuineboxSandboxClientOptions)
     checkpoint_id: str | None = None
 
     def _sanitize_persisted_provider_identity(self, data: dict[str, Any], *, mount_authority_redacted: bool) -> None:
@@ -86,7 +87,6 @@ class QuineboxSandboxSessionState(SandboxSessionState):
             data["box_id"] = ""
             data["checkpoint_id"] = None
             data["workspace_root_ready"] = False
-
 
 
 class QuineboxSandboxSession(PtySessions, BaseSandboxSession):
@@ -281,7 +281,6 @@ class QuineboxSandboxSession(PtySessions, BaseSandboxSession):
             self._checkpoints = False
             return
         self.state.checkpoint_id = made.id
-
 
 
 def _portable(raw: Any, skip: set[Path]) -> io.IOBase:
