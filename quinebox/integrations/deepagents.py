@@ -205,7 +205,8 @@ class QuineboxProvider:
     def metadata(self) -> Any:
         """What deepagents-code shows of the provider, in its own type (None where that package is not installed)."""
         try:
-            from deepagents_code.integrations.sandbox_provider import SandboxInstallHint, SandboxProviderMetadata
+            # deepagents-code is the CLI's package, never a dependency: installed in neither venv mypy or the tests use.
+            from deepagents_code.integrations.sandbox_provider import SandboxInstallHint, SandboxProviderMetadata  # type: ignore[import-not-found]
         except ImportError:
             return None
         return SandboxProviderMetadata(
