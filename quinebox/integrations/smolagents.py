@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import select
 import shlex
@@ -201,7 +202,11 @@ class QuineboxExecutor(RemotePythonExecutor):
         """A new interpreter; the tools and variables sent to the last one (if any) defined again in it."""
         self._buffer = b""
         self._proc = self.sandbox.Popen([self.python, "-c", DRIVER, str(self.max_output), SITE_PATH], stdin=PIPE, stdout=PIPE, stderr=PIPE)
-        hello = self._receive(START_TIMEOUT)
+        try:
+            hello = self._receive(START_TIMEOUT)
+        except (InterpreterLost, TimeoutError) as lost:
+            self._stop()
+            raise InterpreterLost(f"the box's {self.python} could not start ({lost or 'no answer in time'}): use an image with Python 3.8 or later (image=...), or name its interpreter (python=...)") from None
         if hello.get("kind") != "hello":
             raise self._lost("the box's interpreter did not start")
         for code in self._replay:
@@ -220,12 +225,21 @@ class QuineboxExecutor(RemotePythonExecutor):
                     stream.close()
 
     def _ask(self, request: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        """Send one request (by the same deadline: an interpreter that stops reading cannot hold us) and read its answer."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         data = json.dumps(request).encode()
-        try:
-            self._proc.stdin.write(b"%d\n" % len(data) + data)
-        except OSError:
-            raise self._lost("the box's interpreter stopped reading") from None
-        return self._receive(timeout)
+        data = b"%d\n" % len(data) + data
+        fd = self._proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        while data:
+            _wait_for(fd, select.POLLOUT, deadline)
+            try:
+                data = data[os.write(fd, data):]
+            except BlockingIOError:
+                continue
+            except OSError:
+                raise self._lost("the box's interpreter stopped reading") from None
+        return self._receive(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _receive(self, timeout: float | None) -> dict[str, Any]:
         """One framed answer, read within the byte cap and by the deadline (TimeoutError; the caller kills)."""
@@ -248,11 +262,7 @@ class QuineboxExecutor(RemotePythonExecutor):
                     return answer
             elif len(header) > 20:
                 raise self._lost("the box's interpreter broke the protocol (no length)")
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError
-            if not select.select([fd], [], [], left)[0]:
-                continue
+            _wait_for(fd, select.POLLIN, deadline)
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 raise self._lost("the box's interpreter ended", ended=True)
@@ -266,7 +276,9 @@ class QuineboxExecutor(RemotePythonExecutor):
             if not ended and proc.poll() is None:
                 proc.kill()
             why = f" (exit status {proc.wait(ENDING)})"
-            if select.select([proc.stderr], [], [], 0)[0]:
+            said_poll = select.poll()
+            said_poll.register(proc.stderr.fileno(), select.POLLIN)
+            if said_poll.poll(0):
                 said = os.read(proc.stderr.fileno(), 4096).decode(errors="replace").strip()
                 why += f": {said.splitlines()[-1]}" if said else ""
         self._stop()
@@ -306,6 +318,18 @@ def tolerant_imports(code: str) -> str:
             line = lines[node.lineno - 1]
             lines[node.lineno - 1 : node.lineno] = ["try:", f"    {line}", "except ImportError:", "    pass"]
     return "\n".join(lines) + "\n"
+
+
+def _wait_for(fd: int, event: int, deadline: float | None) -> None:
+    """Return once `fd` is ready for `event` (or at its end); TimeoutError once `deadline` has passed (after a last look)."""
+    poller = select.poll()
+    poller.register(fd, event)
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if poller.poll(None if left is None else math.ceil(left * 1000)):
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError
 
 
 def _last_line(stderr: bytes) -> str:

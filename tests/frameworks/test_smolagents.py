@@ -146,6 +146,13 @@ def test_packages_the_box_has_need_nothing_and_what_it_lacks_is_refused_in_one_l
         executor.install_packages(["no_such_module_here"])
 
 
+def test_an_image_without_python_is_refused_in_one_line(test_images):
+    from images import NOPYTHON
+
+    with pytest.raises(QuineboxError, match=r"^the box's python3 could not start \(.*exit status 127.*\): use an image with Python 3.8 or later"):
+        QuineboxExecutor(image=NOPYTHON.name)
+
+
 def test_pip_installs_into_the_box_only_with_a_network_grant(engine, tmp_path):
     _pip_image(engine)
     with pytest.raises(QuineboxError, match="has no network to install them: grant the index's hosts"):
