@@ -50,8 +50,10 @@ SPOOL = 16 * 1024 * 1024
 class QuineboxSandboxClientOptions(BaseSandboxClientOptions):
     """The box a session gets, as `quinebox box create` takes it; every default is the CLI's.
 
-    `grants` are quinebox grant strings ("mem:1g", "net:pypi.org", "rw:/data=/data", ...); `checkpoint`: whether a
-    persisted workspace is also a checkpoint of the live box where its runtime can take one (gVisor)."""
+    `grants` are quinebox grant strings ("mem:1g", "net:pypi.org", "rw:/data=/data", ...); `idle`: how long the box
+    lasts with no exec running (None: until deleted or its `ttl`); `max_output`: what an exec keeps of each of stdout
+    and stderr (default: the box's, 64 MiB); `checkpoint`: whether a persisted workspace is also a checkpoint of the
+    live box where its runtime can take one (gVisor)."""
 
     type: Literal["quinebox"] = "quinebox"
     image: str | None = None
@@ -61,6 +63,7 @@ class QuineboxSandboxClientOptions(BaseSandboxClientOptions):
     backend: str | None = None
     runtime: str | None = None
     ttl: float | str | None = None
+    idle: float | str | None = "1h"
     max_output: int | None = None
     checkpoint: bool = True
 
@@ -69,7 +72,7 @@ class QuineboxSandboxClientOptions(BaseSandboxClientOptions):
         paths = [f"{'ro' if grant.read_only else 'rw'}:{grant.host_path}={grant.path}" for grant in manifest.extra_path_grants if grant.host_path]
         return {
             "image": self.image, "grants": [*self.grants, *paths], "policy": self.policy, "pull": self.pull,
-            "backend": self.backend, "runtime": self.runtime, "ttl": self.ttl,
+            "backend": self.backend, "runtime": self.runtime, "ttl": self.ttl, "idle": self.idle,
         }
 
 
@@ -328,7 +331,7 @@ async def open_box(state: QuineboxSandboxSessionState) -> tuple[Sandbox, bool]:
     options = state.options.box_options(state.manifest)
     if state.checkpoint_id:
         try:  # a copy of the checkpoint's box, held as `detached` holds one: it outlives this process too
-            box = await Sandbox.adetached(snapshot=state.checkpoint_id, ttl=options["ttl"])
+            box = await Sandbox.adetached(snapshot=state.checkpoint_id, ttl=options["ttl"], idle=options["idle"])
         except QuineboxError:
             state.checkpoint_id = None  # removed (`quinebox snapshots rm`), or not this user's
         else:

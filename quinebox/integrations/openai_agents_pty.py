@@ -9,6 +9,7 @@ its own; `QuineboxSandboxSession` (openai_agents.py) takes these methods.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import time
@@ -21,6 +22,7 @@ from agents.sandbox.errors import ExecTransportError
 from agents.sandbox.session.pty_output import collect_pty_output
 from agents.sandbox.session.pty_types import PTY_PROCESSES_MAX, PtyExecUpdate, allocate_pty_process_id, clamp_pty_yield_time_ms, process_id_to_prune_from_meta, resolve_pty_write_yield_time_ms
 from agents.sandbox.types import User
+from agents.sandbox.util.blocking_io import run_blocking_workspace_io
 
 from quinebox import DEVNULL, PIPE, QuineboxError, Sandbox
 
@@ -67,19 +69,21 @@ class PtySessions:
                              max_output_tokens: int | None = None) -> PtyExecUpdate:
         """Start a command and give what it printed within `yield_time_s`; one still running keeps a session id.
         `tty`: its stdin stays open for `write_stdin` (through a pipe: the box's exec has no terminal to give here,
-        so Ctrl-C, which a terminal would deliver as SIGINT, ends the command's whole tree)."""
+        so Ctrl-C, which a terminal would deliver as SIGINT, ends the command's whole tree). The box bounds the
+        start itself: `timeout` is not needed."""
         argv = self._prepare_exec_command(*command, shell=shell, user=None)
         box = self._live_box()
         env, cwd = await self._exec_context()
         read_end, write_end = os.pipe()
         try:
-            proc = await asyncio.wait_for(asyncio.to_thread(
+            # Not given up while it starts (even if this task is cancelled): the pipe's ends are closed only after.
+            proc = await run_blocking_workspace_io(functools.partial(
                 box.Popen, argv, stdin=PIPE if tty else DEVNULL, stdout=write_end, stderr=write_end, cwd=cwd,
                 env=env, user=user.name if isinstance(user, User) else user,
-            ), timeout)
-        except (TimeoutError, QuineboxError, OSError) as exc:
+            ))
+        except (QuineboxError, OSError) as exc:
             os.close(read_end)
-            raise ExecTransportError(command=argv, message=str(exc) or "the command did not start in time", cause=exc) from exc
+            raise ExecTransportError(command=argv, message=str(exc), cause=exc) from exc
         finally:
             os.close(write_end)
         entry = Running(proc, proc.stdin)
