@@ -97,10 +97,10 @@ class _Connection(asyncio.Protocol):
             self.relay.lost(self.id)
 
     def pause_writing(self) -> None:
-        self.relay.box_reading(False)
+        self.relay.slow(self.id, True)
 
     def resume_writing(self) -> None:
-        self.relay.box_reading(True)
+        self.relay.slow(self.id, False)
 
 
 class _BoxSide(asyncio.Protocol):
@@ -149,7 +149,8 @@ class Relay:
         self.failed: BaseException | None = None
         self._conns: dict[int, _Connection] = {}
         self._next = 0
-        self._paused_hosts = 0
+        self._paused_hosts = False
+        self._slow: set[int] = set()  # connections whose host reader is behind: the box's output waits for them
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"quinebox-swerex-relay-{sandbox.id}", daemon=True)
@@ -192,6 +193,7 @@ class Relay:
     def lost(self, ident: int) -> None:
         if self._conns.pop(ident, None) is not None:
             self.send(ident, END)
+        self.slow(ident, False)  # a connection gone while behind must not hold the others
 
     def from_box(self, ident: int, kind: int, data: bytes) -> None:
         conn = self._conns.get(ident)
@@ -209,13 +211,17 @@ class Relay:
         self._conns.clear()
 
     def host_reading(self, on: bool) -> None:
-        self._paused_hosts = 0 if on else 1
+        self._paused_hosts = not on
         for conn in self._conns.values():
             if conn.transport is not None and not conn.transport.is_closing():
                 (conn.transport.resume_reading if on else conn.transport.pause_reading)()
 
-    def box_reading(self, on: bool) -> None:
-        (self._out.resume_reading if on else self._out.pause_reading)()
+    def slow(self, ident: int, behind: bool) -> None:
+        """One connection's reader is behind (or caught up): the box's frames wait while any is."""
+        was = bool(self._slow)
+        (self._slow.add if behind else self._slow.discard)(ident)
+        if was != bool(self._slow):
+            (self._out.pause_reading if self._slow else self._out.resume_reading)()
 
     async def _shut(self) -> None:
         if getattr(self, "_server", None) is not None:

@@ -23,8 +23,8 @@ from quinebox import QuineboxError
 from quinebox.integrations.swerex import QuineboxDeployment, QuineboxDeploymentConfig
 
 
-def run(coroutine):
-    return asyncio.run(asyncio.wait_for(coroutine, 120))
+def run(coroutine, timeout: float = 120):
+    return asyncio.run(asyncio.wait_for(coroutine, timeout))
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,31 @@ def test_a_bash_session_commands_and_files_through_the_runtime(deployment, tmp_p
         return await asyncio.gather(*(runtime.execute(Command(command=["echo", str(n)])) for n in range(8)))
 
     assert [answer.stdout for answer in run(several())] == [f"{n}\n" for n in range(8)]
+
+
+def test_large_files_both_ways_and_a_reader_that_walks_away(deployment):
+    runtime, sandbox = deployment.runtime, deployment.sandbox
+    big = "".join(f"{n:08d}\n" for n in range(800_000))  # 7.2 MB: past every pipe's and socket's buffer between
+    run(runtime.write_file(WriteFileRequest(path="/world/big.txt", content=big)))
+    assert run(runtime.read_file(ReadFileRequest(path="/world/big.txt"))).content == big
+    assert sandbox.exec(["wc", "-c", "/world/big.txt"]).stdout == b"7200000 /world/big.txt\n"
+    # A client that asks for it all and leaves after a few bytes: the relay stops reading the box while that
+    # client is behind, and must read it again once it is gone, for everyone else.
+    port, token = runtime._config.port, runtime._config.auth_token
+    greedy = socket.socket()
+    greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
+    greedy.settimeout(30)
+    greedy.connect(("127.0.0.1", port))
+    body = json.dumps({"path": "/world/big.txt"}).encode()
+    greedy.sendall(b"POST /read_file HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-API-Key: " + token.encode()
+                   + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert greedy.recv(12) == b"HTTP/1.1 200"
+    deadline = time.monotonic() + 30
+    while not deployment._relay._slow:  # 7.2 MB cannot all fit in the buffers between: the relay must fall behind
+        assert time.monotonic() < deadline, "the relay never fell behind a reader that does not read"
+        time.sleep(0.01)
+    greedy.close()
+    assert run(runtime.execute(Command(command=["echo", "still served"])), timeout=20).stdout == "still served\n"
 
 
 def test_the_box_has_no_network_and_cannot_change_the_server(deployment):
