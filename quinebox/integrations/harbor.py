@@ -50,6 +50,8 @@ IMAGE_REPOSITORY = "quinebox-harbor"
 OUTPUT_MAX = 64 << 20
 #: The most a download (one file, or a directory's tar) may hold.
 DOWNLOAD_MAX = 1 << 30
+#: The longest a copy into the box may take (Harbor's own bound on packing a directory).
+TRANSFER_TIMEOUT = 600
 
 
 class QuineboxOptions(EnvironmentOptions):
@@ -238,7 +240,10 @@ class QuineboxEnvironment(BaseEnvironment):
         if sandbox is None:
             return
         if delete:
-            await sandbox.adestroy()
+            try:
+                await sandbox.adestroy()
+            except QuineboxError as exc:  # as Docker's provider, a box that would not go is the trial's warning, not its error
+                self.logger.warning(f"box {sandbox.id} of trial {self.session_id}: {exc}")
             return
         await sandbox.aclose()  # detach only: the box lives on for inspection
         self.logger.info(f"kept box {sandbox.id} of trial {self.session_id}: `{Sandbox.connection_command(sandbox.id)}` looks inside, `quinebox box rm {sandbox.id}` ends it")
@@ -302,12 +307,22 @@ class QuineboxEnvironment(BaseEnvironment):
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         """One host file into the box at `target_path`, its mode kept (a script stays executable)."""
         parent, _, name = target_path.rstrip("/").rpartition("/")
-        data = await asyncio.to_thread(tar_of_file, Path(source_path), name)
-        await self.sandbox.aput_tar(parent or "/", io.BytesIO(data))
+        await self._untar(await asyncio.to_thread(tar_of, Path(source_path), name), parent or "/")
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         """What is in `source_dir` into `target_dir` of the box (made if missing), over what is there."""
-        await self.sandbox.aput_dir(str(source_dir), target_dir)
+        await self._untar(await asyncio.to_thread(tar_of, Path(source_dir), None), target_dir)
+
+    async def _untar(self, data: bytes, target_dir: str) -> None:
+        """A tar unpacked into `target_dir` by the box's root, owned by root, as Docker's provider copies files in:
+        Harbor puts /solution and /tests at the top of the tree and into directories the image's root made. The
+        archive is this machine's own and is unpacked inside the box, so the box's links can lead it nowhere but
+        the box's own tree."""
+        result = await self.sandbox.aexec(
+            ["sh", "-c", 'mkdir -p -- "$1" && exec tar -xf - -C "$1"', "sh", target_dir], input=data, user="root", timeout=TRANSFER_TIMEOUT,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"cannot copy files into {target_dir} of box {self.sandbox.id}: {result.stderr.decode(errors='replace').strip() or f'tar exited {result.returncode}'}")
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         data = await self.sandbox.aread_file(source_path, max_bytes=DOWNLOAD_MAX)
@@ -319,14 +334,20 @@ class QuineboxEnvironment(BaseEnvironment):
         await self.sandbox.aget_dir(source_dir, str(target_dir), max_bytes=DOWNLOAD_MAX)
 
 
-def tar_of_file(source: Path, name: str) -> bytes:
-    """A tar of one file named `name`, owned by root as Docker's provider sends it."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tar.gettarinfo(str(source), arcname=name)
+def tar_of(source: Path, name: str | None) -> bytes:
+    """A tar of one file named `name`, or (`name` None) of what directory `source` holds, by their paths in it;
+    every member owned by root, as Docker's provider sends them."""
+
+    def rooted(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
         info.uname = info.gname = ""
-        with source.open("rb") as data:
-            tar.addfile(info, data)
-    return buffer.getvalue()
+        return info
 
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        if name is not None:
+            tar.add(str(source), arcname=name, recursive=False, filter=rooted)
+        else:
+            for path in sorted(source.rglob("*")):
+                tar.add(str(path), arcname=path.relative_to(source).as_posix(), recursive=False, filter=rooted)
+    return buffer.getvalue()

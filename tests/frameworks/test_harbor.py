@@ -24,7 +24,7 @@ import pytest
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
 
-from quinebox import Sandbox
+from quinebox import QuineboxError, Sandbox
 from quinebox.integrations.harbor import QuineboxEnvironment
 
 HARBOR = Path(sys.executable).parent / "harbor"
@@ -80,7 +80,9 @@ def test_oracle_rewards_from_harbors_result_files(job: tuple[Path, float]) -> No
         assert result.get("exception_info") is None, (name, result["exception_info"])
         assert result["verifier_result"]["rewards"] == {"reward": reward}, (name, result["verifier_result"])
     summary = json.loads((job_dir / "result.json").read_text())
-    assert summary["stats"]["n_errors"] == 0, summary["stats"]
+    assert (summary["stats"]["n_completed_trials"], summary["stats"]["n_errored_trials"]) == (4, 0), summary["stats"]
+    (evals,) = summary["stats"]["evals"].values()
+    assert evals["metrics"] == [{"mean": 0.75}]
 
 
 def test_figures_at_four_concurrent_trials(job: tuple[Path, float], capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,7 +108,7 @@ def make_environment(tmp_path: Path, environment_dir: Path, **options) -> Quineb
     paths.mkdir()
     config = EnvironmentConfig.model_validate(options.pop("task_env", {}))
     return QuineboxEnvironment(
-        environment_dir=environment_dir, environment_name=environment_dir.parent.name, session_id=f"t__{os.getpid()}__env",
+        environment_dir=environment_dir, environment_name=environment_dir.parent.name, session_id=f"{tmp_path.name}__env",
         trial_paths=paths, task_env_config=config, logger=logging.getLogger("test"), **options,
     )
 
@@ -157,8 +159,8 @@ def test_stop_without_delete_keeps_the_box(tmp_path: Path) -> None:
     try:
         assert kept.read_file("/app/note") == b"kept\n"
     finally:
-        kept.remove()
-    with pytest.raises(Exception):
+        kept.destroy()
+    with pytest.raises(QuineboxError):
         Sandbox.connect(box)
 
 
