@@ -214,14 +214,15 @@ def puttar(path, cap, code):
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the directory itself, as its links lead
     try:
         spool = f".quinebox-tar-{os.getpid()}-{os.urandom(4).hex()}"
-        with os.fdopen(os.open(spool, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd), "wb") as out:
-            left = cap + 1
-            while left > 0 and (chunk := sys.stdin.buffer.read(min(CHUNK, left))):
-                out.write(chunk)
-                left -= len(chunk)
+        out = os.fdopen(os.open(spool, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd), "wb")
+        try:
+            with out:
+                left = cap + 1
+                while left > 0 and (chunk := sys.stdin.buffer.read(min(CHUNK, left))):
+                    out.write(chunk)
+                    left -= len(chunk)
             if left == 0:
                 raise TooLarge(f"{cap + 1} bytes or more, more than {cap}")
-        try:
             untar.unpack(f"/proc/self/fd/{fd}/{spool}", f"/proc/self/fd/{fd}", max_members=MAX_MEMBERS, max_bytes=1 << 62)
         except (untar.Refused, untar.Unreadable) as exc:
             raise Refused(str(exc)) from None

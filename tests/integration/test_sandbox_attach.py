@@ -1,0 +1,98 @@
+"""Attached Sandboxes on the default backend: `Sandbox.detached` (a box with a holder process of its own) and
+`Sandbox.connect` (from another process), whose execs the box's owner runs, whose `close()` only lets go, and
+whose `destroy()` ends the box."""
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+import quinebox
+from live_boxes import live_boxes, soon
+from quinebox import QuineboxError
+
+PY = sys.executable
+
+
+@pytest.fixture
+def running(engine):
+    """Whether the box of `session` runs, as its backend lists it."""
+    return lambda session: any(box.labels.get("io.quinebox.session") == session for box in live_boxes(engine))
+
+
+def test_a_detached_box_outlives_its_handle_is_reached_from_another_process_and_destroy_ends_it(running):
+    sb = quinebox.Sandbox.detached(ttl="3m", idle=None)
+    try:
+        assert sb.attached and sb.returncode is None
+        sb.write_file("/world/f", b"\x00from the first\xff")
+        sb.close()  # lets go only
+        assert running(sb.id)
+        probe = (
+            "import sys, quinebox\n"
+            f"sb = quinebox.Sandbox.connect({sb.id!r})\n"
+            "r = sb.exec(['sh', '-c', 'cat /world/f; echo $X; pwd; cat; exit 3'], input=b'in', env={'X': 'x'}, cwd='/tmp')\n"
+            "sys.stdout.buffer.write(r.stdout); sb.close(); sys.exit(r.returncode)\n"
+        )
+        done = subprocess.run([PY, "-c", probe], capture_output=True, timeout=60)
+        assert (done.returncode, done.stdout) == (3, b"\x00from the first\xffx\n/tmp\nin"), done.stderr
+        again = quinebox.Sandbox.connect(sb.id)
+        assert again.exec(["true"]).returncode == 0 and running(sb.id)
+        again.destroy()
+        assert again.returncode == 137 and not running(sb.id)
+        with pytest.raises(QuineboxError, match="not running"):
+            again.exec(["true"])
+        with pytest.raises(QuineboxError, match="no long-lived box"):
+            quinebox.Sandbox.connect(sb.id)
+    finally:
+        if running(sb.id):
+            quinebox.Sandbox.connect(sb.id).destroy()
+
+
+def test_an_attached_exec_is_run_by_the_owner_times_out_alone_and_caps_its_output():
+    with quinebox.Sandbox() as owner:
+        sb = quinebox.Sandbox.connect(owner.id)
+        assert sb.attached and not owner.attached
+        result = sb.exec(["sh", "-c", "sleep 30 & echo started; wait"], timeout=1)
+        assert (result.returncode, result.timed_out, result.stdout) == (124, True, b"started\n")
+        big = sb.exec(["sh", "-c", "head -c 200000 /dev/zero; echo end >&2"], max_output=100)
+        assert (big.returncode, big.truncated, len(big.stdout), big.stderr) == (0, True, 100, b"end\n")
+        assert sb.exec(["sh", "-c", "echo $PPID"]).stdout.strip() == owner.exec(["sh", "-c", "echo $PPID"]).stdout.strip()  # the box's init forked both
+        sb.write_file("/world/g", b"g")
+        assert [i.name for i in sb.listdir("/world")] == ["g"]
+        sb.close()
+        assert owner.exec(["cat", "/world/g"]).stdout == b"g"  # the owner's box goes on
+
+
+def test_pause_and_resume_of_an_attached_box_go_through_its_owner():
+    with quinebox.Sandbox() as owner:
+        sb = quinebox.Sandbox.connect(owner.id)
+        sb.pause()
+        assert owner.paused and sb.paused
+        with pytest.raises(QuineboxError, match="paused"):
+            sb.exec(["true"])
+        sb.resume()
+        assert sb.exec(["echo", "on"]).stdout == b"on\n"
+
+
+def test_async_twins_detach_connect_and_destroy(running):
+    async def main():
+        sb = await quinebox.Sandbox.adetached(idle=None, ttl="2m")  # from a worker thread: the holder is spawned, not forked
+        try:
+            other = await quinebox.Sandbox.aconnect(sb.id)
+            await other.amkdir("/world/d/e")
+            assert [i.type for i in await other.alistdir("/world/d")] == ["dir"]
+            assert (await other.astat("/world/d/e")).type == "dir"
+            await other.aremove("/world/d", recursive=True)
+            assert (await other.aexec(["ls", "/world"])).stdout == b""
+        finally:
+            await sb.adestroy()
+        return sb.id
+
+    session = asyncio.run(main())
+    assert soon(lambda: [session] if running(session) else []) == []
+
+
+def test_connect_refuses_what_is_not_there():
+    with pytest.raises(QuineboxError, match="no long-lived box"):
+        quinebox.Sandbox.connect("no-such-box-anywhere")

@@ -1,0 +1,221 @@
+"""A Sandbox's files beyond read and write, on the default backend: listdir, stat, remove, mkdir, tars and
+directories in and out; and exec's output cap.
+
+Each is an exec of the guest's files.py in the box as its user (box/live/box_files.py): exact bytes and modes
+come back, Python's own errors say what the box refused, nothing the box planted (a FIFO, a link out, a tar
+member with ../) hangs the host or is followed, and the caps hold.
+"""
+
+import io
+import os
+import shutil
+import tarfile
+import time
+
+import pytest
+
+import quinebox
+from quinebox import FileInfo, FileTooLargeError, QuineboxError
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with quinebox.Sandbox(grants=["pids:128"]) as box:
+        yield box
+
+
+@pytest.fixture
+def here(sb):
+    """A fresh directory of the box's for one test."""
+    path = f"/world/t{os.urandom(3).hex()}"
+    sb.mkdir(path)
+    yield path
+    sb.remove(path, recursive=True)
+
+
+def tar_of(*members: tuple[str, bytes | None, str | None]) -> io.BytesIO:
+    """A tar made here: (name, bytes, None) a file, (name, None, target) a symlink, (name, None, None) a directory."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data, link in members:
+            item = tarfile.TarInfo(name)
+            if link is not None:
+                item.type, item.linkname = tarfile.SYMTYPE, link
+                tar.addfile(item)
+            elif data is None:
+                item.type, item.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(item)
+            else:
+                item.size, item.mode = len(data), 0o640
+                tar.addfile(item, io.BytesIO(data))
+    out.seek(0)
+    return out
+
+
+def test_listdir_and_stat_say_what_each_path_is_links_as_links(sb, here):
+    sb.write_file(f"{here}/a.bin", b"\x00\x01\xff" * 7)
+    sb.mkdir(f"{here}/sub")
+    assert sb.exec(["sh", "-c", f"cd {here} && chmod 751 a.bin && ln -s /etc/passwd out && mkfifo fifo"]).returncode == 0
+    found = {info.name: info for info in sb.listdir(here)}
+    assert sorted(found) == ["a.bin", "fifo", "out", "sub"]
+    assert found["a.bin"] == FileInfo("a.bin", f"{here}/a.bin", "file", 21, 0o751, found["a.bin"].mtime)
+    assert (found["sub"].type, found["out"].type, found["fifo"].type) == ("dir", "symlink", "other")
+    assert found["out"].size == len("/etc/passwd")  # the link itself, never what it leads to
+    assert abs(found["a.bin"].mtime - time.time()) < 120
+    assert sb.stat(f"{here}/out").type == "symlink"
+    assert sb.stat(f"{here}/out", follow_symlinks=True).type == "file"
+    assert sb.stat(f"{here}/fifo").type == "other"  # looked at, never opened: no hang
+    assert [i.name for i in sb.listdir(f"{here}/sub")] == []
+    relative = sb.listdir(".")
+    assert here.rsplit("/", 1)[1] in [i.name for i in relative] and relative[0].path.startswith("/world/")
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda sb, d: sb.stat(f"{d}/missing"), FileNotFoundError),
+        (lambda sb, d: sb.listdir(f"{d}/missing"), FileNotFoundError),
+        (lambda sb, d: sb.listdir(f"{d}/file"), NotADirectoryError),
+        (lambda sb, d: sb.remove(f"{d}/dir"), IsADirectoryError),
+        (lambda sb, d: sb.remove(f"{d}/missing"), FileNotFoundError),
+        (lambda sb, d: sb.remove("/etc/passwd"), PermissionError),
+        (lambda sb, d: sb.mkdir(f"{d}/dir", exist_ok=False), FileExistsError),
+        (lambda sb, d: sb.mkdir(f"{d}/file"), FileExistsError),
+        (lambda sb, d: sb.mkdir(f"{d}/no/such", parents=False), FileNotFoundError),
+        (lambda sb, d: sb.mkdir(f"{d}/file/under"), NotADirectoryError),
+        (lambda sb, d: sb.mkdir("/etc/quinebox-test"), PermissionError),
+        (lambda sb, d: sb.get_tar(f"{d}/missing", io.BytesIO()), FileNotFoundError),
+        (lambda sb, d: sb.get_tar(f"{d}/fifo", io.BytesIO()), shutil.SpecialFileError),
+        (lambda sb, d: sb.put_tar("/etc/quinebox-test", tar_of(("x", b"x", None))), PermissionError),
+    ],
+    ids=["stat-missing", "listdir-missing", "listdir-file", "remove-dir", "remove-missing", "remove-readonly", "mkdir-exists",
+         "mkdir-on-file", "mkdir-no-parents", "mkdir-under-file", "mkdir-readonly", "get-tar-missing", "get-tar-fifo", "put-tar-readonly"],
+)
+def test_errors_are_pythons_own(sb, here, call, error):
+    sb.write_file(f"{here}/file", b"x")
+    sb.mkdir(f"{here}/dir/inner")
+    assert sb.exec(["mkfifo", f"{here}/fifo"]).returncode == 0
+    began = time.monotonic()
+    with pytest.raises(error):
+        call(sb, here)
+    assert time.monotonic() - began < 10
+    assert sb.exec(["true"]).returncode == 0
+
+
+def test_remove_recursive_never_follows_a_link_out(sb, here):
+    sb.write_file(f"{here}/keep/precious", b"mine")
+    sb.write_file(f"{here}/doomed/a/b", b"x")
+    assert sb.exec(["sh", "-c", f"ln -s {here}/keep {here}/doomed/link && ln -s {here}/keep/precious {here}/doomed/a/file"]).returncode == 0
+    sb.remove(f"{here}/doomed", recursive=True)
+    assert [i.name for i in sb.listdir(here)] == ["keep"]
+    assert sb.read_file(f"{here}/keep/precious") == b"mine"
+    sb.remove(f"{here}/keep/precious")
+    assert sb.listdir(f"{here}/keep") == []
+
+
+def test_tar_round_trip_keeps_bytes_modes_and_links(sb, here):
+    data = bytes(range(256)) * 300
+    sb.write_file(f"{here}/src/deep/blob", data)
+    assert sb.exec(["sh", "-c", f"cd {here}/src && chmod 700 deep/blob && ln -s deep/blob rel && ln -s /etc/passwd abs && mkfifo fifo"]).returncode == 0
+    out = io.BytesIO()
+    sb.get_tar(f"{here}/src", out)
+    out.seek(0)
+    with tarfile.open(fileobj=out) as tar:
+        members = {m.name: m for m in tar}
+        assert sorted(members) == ["abs", "deep", "deep/blob", "rel"]  # the FIFO left out
+        assert members["abs"].issym() and members["abs"].linkname == "/etc/passwd"  # a link, never its target's bytes
+        assert tar.extractfile(members["deep/blob"]).read() == data
+    one = io.BytesIO()
+    sb.get_tar(f"{here}/src/deep/blob", one)
+    one.seek(0)
+    with tarfile.open(fileobj=one) as tar:
+        assert [m.name for m in tar] == ["blob"]
+    out.seek(0)
+    with pytest.raises(QuineboxError, match="abs"):  # an absolute link is refused going in, whole: nothing written
+        sb.put_tar(f"{here}/copy", out)
+    assert sb.listdir(f"{here}/copy") == []
+    sb.remove(f"{here}/src/abs")
+    again = io.BytesIO()
+    sb.get_tar(f"{here}/src", again)
+    again.seek(0)
+    sb.put_tar(f"{here}/copy", again)
+    assert sb.read_file(f"{here}/copy/deep/blob") == data
+    assert sb.stat(f"{here}/copy/deep/blob").mode == 0o700
+    assert sb.stat(f"{here}/copy/rel").type == "symlink"
+    assert sb.read_file(f"{here}/copy/rel") == data
+
+
+@pytest.mark.parametrize(
+    "members, words",
+    [
+        ([("ok", b"fine", None), ("../escaped", b"evil", None)], "'..'"),
+        ([("/abs-escaped", b"evil", None)], "absolute"),
+        ([("out", None, "/tmp"), ("out/escaped", b"evil", None)], "out"),
+        ([("up", None, "../../tmp"), ("z", b"x", None)], "outside"),
+    ],
+    ids=["dotdot", "absolute-name", "through-absolute-link", "link-outward"],
+)
+def test_a_tar_whose_member_would_escape_is_refused_and_nothing_is_written(sb, here, members, words):
+    with pytest.raises(QuineboxError, match=words):
+        sb.put_tar(f"{here}/dest", tar_of(*members))
+    assert sb.listdir(f"{here}/dest") == []
+    assert sb.exec(["sh", "-c", f"ls {here}/escaped /abs-escaped /tmp/escaped 2>/dev/null"]).stdout == b""
+
+
+def test_a_tar_through_a_link_the_box_planted_in_the_destination_is_refused(sb, here):
+    assert sb.exec(["sh", "-c", f"mkdir -p {here}/dest && ln -s /tmp {here}/dest/sub"]).returncode == 0
+    with pytest.raises(QuineboxError, match="sub"):
+        sb.put_tar(f"{here}/dest", tar_of(("sub/planted", b"evil", None)))
+    assert sb.exec(["sh", "-c", "test -e /tmp/planted"]).returncode == 1
+
+
+def test_the_caps_hold_at_once_and_the_box_stays_up(sb, here):
+    sb.write_file(f"{here}/big", b"x" * 50_000)
+    began = time.monotonic()
+    with pytest.raises(FileTooLargeError):
+        sb.get_tar(here, io.BytesIO(), max_bytes=20_000)
+    with pytest.raises(FileTooLargeError):
+        sb.put_tar(f"{here}/in", tar_of(("f", b"y" * 50_000, None)), max_bytes=20_000)
+    assert sb.listdir(f"{here}/in") == []
+    assert sb.exec(["sh", "-c", f"cd {here} && for i in $(seq 200); do : > name-that-is-rather-long-$i; done"]).returncode == 0
+    with pytest.raises(FileTooLargeError):
+        sb.listdir(here, max_bytes=4096)
+    assert time.monotonic() - began < 10
+    assert len(sb.listdir(here)) == 202
+
+
+def test_put_dir_and_get_dir_copy_a_tree_exactly(sb, here, tmp_path):
+    local = tmp_path / "local"
+    (local / "a" / "b").mkdir(parents=True)
+    (local / "a" / "b" / "data").write_bytes(b"\x00tree\xff")
+    (local / "top.txt").write_bytes(b"top\n")
+    os.chmod(local / "top.txt", 0o751)
+    os.symlink("a/b/data", local / "link")
+    os.mkfifo(local / "fifo")  # left out, as the box's are
+    sb.put_dir(local, f"{here}/tree")
+    assert sorted(i.name for i in sb.listdir(f"{here}/tree")) == ["a", "link", "top.txt"]
+    assert sb.read_file(f"{here}/tree/a/b/data") == b"\x00tree\xff"
+    back = tmp_path / "back"
+    sb.get_dir(f"{here}/tree", back)
+    assert (back / "a" / "b" / "data").read_bytes() == b"\x00tree\xff"
+    assert (back / "top.txt").read_bytes() == b"top\n" and oct(os.stat(back / "top.txt").st_mode & 0o777) == oct(0o751 & 0o755)
+    assert os.readlink(back / "link") == "a/b/data"
+    with pytest.raises(NotADirectoryError):
+        sb.put_dir(local / "top.txt", here)
+
+
+def test_get_dir_unpacks_the_boxs_tar_as_untrusted(sb, here, tmp_path):
+    """The box's tar is its own work: a link it planted that points out of the destination is refused here."""
+    assert sb.exec(["sh", "-c", f"mkdir -p {here}/out && echo ok > {here}/out/ok && ln -s ../../../../../../{tmp_path}/victim {here}/out/evil"]).returncode == 0
+    with pytest.raises(QuineboxError, match="evil"):
+        sb.get_dir(f"{here}/out", tmp_path / "got")
+    assert not os.path.lexists(tmp_path / "got" / "evil") and not os.path.lexists(tmp_path / "victim")
+
+
+def test_exec_output_past_its_cap_is_dropped_and_the_command_goes_on(sb):
+    result = sb.exec(["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo done >&2"], max_output=1000)
+    assert result.returncode == 0 and result.truncated
+    assert result.stdout == b"a" * 1000 and result.stderr == b"done\n"
+    assert result.args == result.argv == ("sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo done >&2")
+    whole = sb.exec(["sh", "-c", "head -c 300000 /dev/zero"])
+    assert len(whole.stdout) == 300000 and not whole.truncated
