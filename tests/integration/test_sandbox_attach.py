@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from live_boxes import live_boxes, soon
 
 import quinebox
-from live_boxes import live_boxes, soon
 from quinebox import QuineboxError
 
 PY = sys.executable
