@@ -333,7 +333,7 @@ async def open_box(state: QuineboxSandboxSessionState) -> tuple[Sandbox, bool]:
         try:  # a copy of the checkpoint's box, held as `detached` holds one: it outlives this process too
             box = await Sandbox.adetached(snapshot=state.checkpoint_id, ttl=options["ttl"], idle=options["idle"])
         except QuineboxError:
-            state.checkpoint_id = None  # removed (`quinebox snapshots rm`), or not this user's
+            state.checkpoint_id = None  # removed (`quinebox box snapshots rm`), or not this user's
         else:
             state.box_id = box.id
             return box, True
@@ -370,7 +370,7 @@ class QuineboxSandboxClient(BaseSandboxClient[QuineboxSandboxClientOptions | Non
         return self._wrap_session(QuineboxSandboxSession(state, box), instrumentation=self._instrumentation)
 
     async def delete(self, session: SandboxSession) -> SandboxSession:
-        """End the session's box (its checkpoints stay: `quinebox snapshots rm` removes them)."""
+        """End the session's box (its checkpoints stay: `quinebox box snapshots rm` removes them)."""
         inner = session._inner
         if not isinstance(inner, QuineboxSandboxSession):
             raise TypeError("QuineboxSandboxClient.delete expects a session of QuineboxSandboxClient's")

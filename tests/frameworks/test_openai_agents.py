@@ -11,6 +11,8 @@ import asyncio
 import io
 import json
 import statistics
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -125,7 +127,7 @@ def test_a_sandbox_agent_writes_runs_and_reads_in_the_box_persists_and_a_later_r
     assert output_of(later.tool_outputs()[0]) == OUTPUT + PROGRAM
 
 
-def test_a_command_that_outlasts_its_yield_goes_on_and_the_agent_writes_to_it():
+def test_a_command_that_outlasts_its_yield_goes_on_and_the_agent_writes_to_it(tmp_path):
     model = ScriptedModel(
         [shell("c1", "sleep 1; echo late", yield_time_ms=250)],
         poll("c2", ""),
@@ -135,7 +137,8 @@ def test_a_command_that_outlasts_its_yield_goes_on_and_the_agent_writes_to_it():
         poll("c6", "\u0003"),
         [say("done")],
     )
-    config = RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=QuineboxSandboxClient(), options=QuineboxSandboxClientOptions()))
+    sandbox = SandboxRunConfig(client=QuineboxSandboxClient(), options=QuineboxSandboxClientOptions(), snapshot=LocalSnapshotSpec(base_path=tmp_path))
+    config = RunConfig(tracing_disabled=True, sandbox=sandbox)
     result = asyncio.run(asyncio.wait_for(Runner.run(SandboxAgent(name="waiter", model=model), "go", run_config=config), 120))
     assert result.final_output == "done"
     outputs = model.tool_outputs()
@@ -230,6 +233,8 @@ async def _checkpoint_restores_the_live_box(tmp_path: Path) -> None:
         assert (await restored.exec("cat /tmp/marker")).stdout == b"in memory\n"  # the box's tmpfs: only a checkpoint has it
     finally:
         await client.delete(restored)
+        for made in {payload["checkpoint_id"], restored.state.checkpoint_id} - {None}:  # checkpoints stay until removed
+            subprocess.run([sys.executable, "-m", "quinebox", "box", "snapshots", "rm", made], check=True, timeout=60)
 
 
 def test_on_gvisor_a_persisted_session_is_a_checkpoint_that_resume_restores(tmp_path):
