@@ -239,8 +239,8 @@ class QuineboxSandboxEnvironment(SandboxEnvironment):
 
         The command's `timeout` is quinebox's own (its whole process tree killed, the box left up) and final:
         TimeoutError. What `timeout_retry` retries is quinebox not getting the command started (the engine
-        wedged; nothing ran), up to twice. `user` is never root: that, or a user the image lacks, is
-        SandboxUserUnsupportedError. Output past Inspect's limit kills the command: OutputLimitExceededError.
+        wedged; nothing ran), up to twice. `user` is root only where the box has a user namespace of its own
+        (runc): root elsewhere, or a user the image lacks, is SandboxUserUnsupportedError. Output past Inspect's limit kills the command: OutputLimitExceededError.
         `concurrency` counts the command against Inspect's `max_subprocesses`, as it runs a process here.
         """
         data = input.encode() if isinstance(input, str) else input

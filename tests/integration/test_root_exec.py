@@ -93,8 +93,7 @@ def test_root_is_refused_in_one_line_where_the_box_has_no_user_namespace_of_its_
 
 @pytest.mark.parametrize("where", ["runc", "docker"])
 def test_exec_in_with_user_root_on_the_command_line(where):
-    backend = "docker" if where == "docker" else "oci"
-    made = qb("box", "create", "--backend", backend, "--ttl", "5m")
+    made = qb("box", "create", *(["--backend", "docker"] if where == "docker" else ["--backend", "oci", "--runtime", "runc"]), "--ttl", "5m")
     assert made.returncode == 0, made.stderr
     box = made.stdout.decode().strip()
     try:
