@@ -10,8 +10,9 @@ audit), its grants fixed when it is made, each command an exec of its own in it.
 deepagents-code (the `dcode` CLI) finds third-party sandboxes through the `deepagents_code.sandbox_providers`
 entry point and calls `get_or_create(sandbox_id=..., **params)` / `delete(sandbox_id=...)` on the class it names;
 `QuineboxProvider` is that class. It makes detached boxes (they outlive the CLI's process, as a cloud sandbox
-does), reattaches to a living one by id, and restores a snapshot's box (`--sandbox-snapshot-name`). The deepagents library itself reads no entry point: a program
-passes `backend=QuineboxSandbox(...)` to `create_deep_agent`. See docs/frameworks/deepagents.md.
+does), reattaches to a living one by id, and restores a snapshot's box (`--sandbox-snapshot-name`). The
+deepagents library itself reads no entry point: a program passes `backend=QuineboxSandbox(...)` to
+`create_deep_agent`. See docs/frameworks/deepagents.md.
 
 Errors are deepagents' data, chosen by the exception's type: a file's FileNotFoundError is `file_not_found`,
 PermissionError `permission_denied`, IsADirectoryError `is_directory`, a relative path, NotADirectoryError or
