@@ -146,7 +146,7 @@ class QuineboxExecutor(RemotePythonExecutor):
         wanted = sorted({name.removesuffix(".*") for name in additional_imports if name and name != "*"})
         if not wanted:
             return list(additional_imports)
-        probe = self.sandbox.exec([self.python, "-c", PROBE, *wanted], timeout=60)
+        probe = self.sandbox.exec([self.python, "-c", PROBE, *wanted], timeout=60, max_output=1 << 20)
         if probe.returncode != 0:
             raise QuineboxError(f"could not look for {', '.join(wanted)} in the box's {self.python}: {_last_line(probe.stderr)}")
         missing, has_pip = json.loads(probe.stdout)
@@ -162,7 +162,7 @@ class QuineboxExecutor(RemotePythonExecutor):
             if why is not None:
                 raise QuineboxError(why)
             argv = [self.python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--quiet", "--target", SITE_PATH, *self.pip_options, *missing]
-            installed = self.sandbox.exec(argv, timeout=600)
+            installed = self.sandbox.exec(argv, timeout=600, max_output=1 << 20)
             if installed.returncode != 0:
                 raise QuineboxError(f"`{shlex.join(argv)}` failed in the box ({installed.returncode}): {_last_line(installed.stderr)}")
             with self._lock:
