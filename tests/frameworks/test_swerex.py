@@ -220,3 +220,11 @@ def test_a_prepared_swerex_dir_is_used_as_it_is(deployment):
         assert run(made.runtime.execute(Command(command=["echo", "prepared"]))).stdout == "prepared\n"
     finally:
         run(made.stop())
+
+
+def test_a_swerex_dir_without_swerex_is_refused_in_one_line(tmp_path):
+    made = QuineboxDeployment(swerex_dir=str(tmp_path))
+    with pytest.raises(QuineboxError, match=r"^swerex-remote in box \w+ ended: ModuleNotFoundError: No module named '\w+'$"):
+        run(made.start())
+    with pytest.raises(DeploymentNotStartedError):
+        _ = made.sandbox
