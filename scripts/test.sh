@@ -153,6 +153,7 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]
             tests/integration/test_seccomp.py tests/integration/test_isolation.py tests/integration/test_oci_backend.py \
             tests/integration/test_host_image.py tests/integration/test_any_image.py tests/integration/test_registry.py \
             tests/integration/test_box_removal.py tests/integration/test_hostile_box.py tests/integration/test_agent.py \
+            tests/integration/test_writable_root.py tests/integration/test_root_exec.py \
             tests/integration/test_inspect.py tests/integration/test_mcp.py tests/unit/tree/test_pruning.py tests/unit/tree/test_retention.py \
             tests/unit/audit/test_audit_segments.py tests/unit/audit/test_audit_bound_writers.py tests/unit/test_private_modes.py tests/unit/test_state_trust.py \
             tests/unit/box/test_image_usage.py tests/e2e \
