@@ -234,7 +234,7 @@ async def _checkpoint_restores_the_live_box(tmp_path: Path) -> None:
     finally:
         await client.delete(restored)
         for made in {payload["checkpoint_id"], restored.state.checkpoint_id} - {None}:  # checkpoints stay until removed
-            subprocess.run([sys.executable, "-m", "quinebox", "box", "snapshots", "rm", made], check=True, timeout=60)
+            subprocess.run([sys.executable, "-m", "quinebox", "box", "snapshots", "rm", made], check=True, capture_output=True, timeout=60)
 
 
 def test_on_gvisor_a_persisted_session_is_a_checkpoint_that_resume_restores(tmp_path):
