@@ -265,9 +265,10 @@ class QuineboxEnvironment(BaseEnvironment):
         """`bash -c command` in the box, as Docker's provider runs it; a command past `timeout_sec` is killed (its
         whole process tree, the box stays) and raises, as Docker's does."""
         who = self._resolve_user(user)
+        named = str(who) if who is not None else (self._image_user or "root")
         options: dict[str, Any] = {
             "cwd": cwd or self.task_env_config.workdir, "env": self._merge_env(env),
-            "user": str(who) if who is not None else (self._image_user or "root"),
+            "user": "0" if named == "root" else named,  # root by its uid: a name costs a read of the box's /etc/passwd
         }
         callback = self._output_callback()
         if callback is None:
@@ -319,7 +320,7 @@ class QuineboxEnvironment(BaseEnvironment):
         archive is this machine's own and is unpacked inside the box, so the box's links can lead it nowhere but
         the box's own tree."""
         result = await self.sandbox.aexec(
-            ["sh", "-c", 'mkdir -p -- "$1" && exec tar -xf - -C "$1"', "sh", target_dir], input=data, user="root", timeout=TRANSFER_TIMEOUT,
+            ["sh", "-c", 'mkdir -p -- "$1" && exec tar -xf - -C "$1"', "sh", target_dir], input=data, user="0", timeout=TRANSFER_TIMEOUT,
         )
         if result.returncode != 0:
             raise RuntimeError(f"cannot copy files into {target_dir} of box {self.sandbox.id}: {result.stderr.decode(errors='replace').strip() or f'tar exited {result.returncode}'}")
