@@ -312,8 +312,12 @@ def tolerant_imports(code: str) -> str:
     """`code` with each one-line `import`/`from ... import` at its top level made `try: ... except ImportError: pass`:
     how the tools' code smolagents writes (its imports hoisted out of the methods that guard them) runs in a box
     that lacks an optional module."""
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return code  # the box says what is wrong with it
     lines = code.splitlines()
-    for node in reversed(ast.parse(code).body):
+    for node in reversed(body):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and node.col_offset == 0 and node.end_lineno == node.lineno:
             line = lines[node.lineno - 1]
             lines[node.lineno - 1 : node.lineno] = ["try:", f"    {line}", "except ImportError:", "    pass"]

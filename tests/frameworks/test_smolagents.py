@@ -54,13 +54,13 @@ def test_a_code_agent_keeps_its_variables_between_actions_in_the_box(executor):
     executor.sandbox.write_file("marker", token)  # in the box's working directory: nowhere on this host
     model = ScriptedModel(
         "import os\nmarker = open('marker').read()\nprint('read', len(marker), 'bytes in', os.getcwd())",
-        "shout = marker.upper()\nprint(shout[:4])",
+        "shout = marker.upper() + '@' + planet\nprint(shout[:4])",
         "final_answer({'shout': shout, 'cwd': os.getcwd(), 'uid': os.getuid()})",
     )
     agent = CodeAgent(tools=[], model=model, executor=executor)
-    answer = agent.run("Read the marker, shout it, answer.", max_steps=5)
+    answer = agent.run("Read the marker, shout it, answer.", max_steps=5, additional_args={"planet": "mars"})  # sent by send_variables
     box_uid = int(executor.sandbox.exec(["id", "-u"], timeout=30).stdout)
-    assert answer == {"shout": token.upper(), "cwd": executor.sandbox.workdir, "uid": box_uid}
+    assert answer == {"shout": token.upper() + "@mars", "cwd": executor.sandbox.workdir, "uid": box_uid}
     assert not Path(executor.sandbox.workdir, "marker").exists()
     assert model.actions == []  # three model calls: the third ended the run
     assert f"read 32 bytes in {executor.sandbox.workdir}" in model.shown[1]
