@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import IO
+from typing import IO, Any, Protocol
 
 from quinebox.box.live.execs import BoxExec, Target
 from quinebox.box.policy import GUEST_PYTHON
@@ -46,6 +46,31 @@ MAX_MEMBERS = 1_000_000
 NOT_A_FILE, TOO_LARGE, REFUSED = 7, 8, 10
 
 
+class Started(Protocol):
+    """An exec of files.py as started: a BoxExec, or an attached Sandbox's (its owner runs it: handed.py)."""
+
+    stdin: IO[bytes] | None
+    timed_out: bool
+
+    def kill(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+@dataclass(frozen=True)
+class Via:
+    """Where files.py runs when this process does not start execs in the box itself: the box (its working
+    directory is what a relative path is relative to) and `start`, `Sandbox.Popen`'s signature (an attached
+    Sandbox's: the box's owner starts them through the box's init, the fast way)."""
+
+    target: Target
+    start: Callable[..., Started]
+
+
+def _start(where: Target | Via, argv: list[str], **streams: Any) -> Started:
+    return where.start(argv, **streams) if isinstance(where, Via) else BoxExec(where, argv, **streams)
+
+
 @functools.cache
 def _files_code() -> str:
     return (resources.files("quinebox.guest") / "files.py").read_text()
@@ -66,7 +91,7 @@ FILE_ERRORS: dict[int, tuple[type[OSError], int]] = {
 
 
 def read_bytes(
-    where: Target, path: str, *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT, raise_it: str = RAISE_IT,
+    where: Target | Via, path: str, *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT, raise_it: str = RAISE_IT,
     user: str | None = None,
 ) -> bytes:
     """A file's bytes, read in the box as its user: Python's own errors for what is missing or refused (see read_into)."""
@@ -76,7 +101,7 @@ def read_bytes(
 
 
 def read_into(
-    where: Target, path: str, sink: Callable[[bytes], None], *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT,
+    where: Target | Via, path: str, sink: Callable[[bytes], None], *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT,
     raise_it: str = RAISE_IT, user: str | None = None,
 ) -> None:
     """A file's bytes into `sink` as they come, never more than `max_bytes` of them and never longer than `timeout`.
@@ -90,7 +115,7 @@ def read_into(
     full = _absolute(where, path)
     taken = Taken(sink, max_bytes)
     err = Taken(None, ERR_MAX)
-    proc = BoxExec(where, files_command("read", full, str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err, user=user)
+    proc = _start(where, files_command("read", full, str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err, user=user)
     taken.watch(proc)
     code = proc.wait(timeout)
     taken.close()
@@ -102,12 +127,12 @@ def read_into(
 
 
 def write_bytes(
-    where: Target, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT, user: str | None = None,
+    where: Target | Via, path: str, data: bytes, *, timeout: float = FILE_TIMEOUT, user: str | None = None,
 ) -> None:
     """`data` into a file in the box as its user (its parents made); Python's own errors for what is refused,
     shutil.SpecialFileError for a FIFO, a socket or a device there, TimeoutError past `timeout`."""
     err = Taken(None, ERR_MAX)
-    proc = BoxExec(where, files_command("write", _absolute(where, path)), stdin=bytes(data), stdout=DEVNULL, stderr=err, user=user)
+    proc = _start(where, files_command("write", _absolute(where, path)), stdin=bytes(data), stdout=DEVNULL, stderr=err, user=user)
     code = proc.wait(timeout)
     _raise(code, path, err, proc.timed_out, timeout, "writing")
 
@@ -120,7 +145,7 @@ class Taken:
         self.kept: list[bytes] = []
         self.count = 0
         self.over = self.closed = False
-        self._proc: BoxExec | None = None
+        self._proc: Started | None = None
         self._lock = threading.Lock()
 
     def __call__(self, chunk: bytes) -> None:
@@ -139,7 +164,7 @@ class Taken:
         if proc is not None:
             proc.kill()
 
-    def watch(self, proc: BoxExec) -> None:
+    def watch(self, proc: Started) -> None:
         """The exec to kill once the cap is passed (it may have been passed already)."""
         with self._lock:
             self._proc = proc
@@ -175,13 +200,14 @@ class Kept:
         return b"".join(self.parts)
 
 
-def _absolute(where: Target, path: str) -> str:
+def _absolute(where: Target | Via, path: str) -> str:
     """A relative path is the box's working directory's, as a command's would be."""
     if not path or "\0" in path:
         raise ValueError(f"bad path {path!r}: give a file's path in the box")
+    cwd = where.target.cwd if isinstance(where, Via) else where.cwd
     if path in (".", "./"):
-        return where.cwd
-    return path if path.startswith("/") else os.path.join(where.cwd, path)
+        return cwd
+    return path if path.startswith("/") else os.path.join(cwd, path)
 
 
 def _raise(code: int, path: str, err: Taken, timed_out: bool, timeout: float, doing: str) -> None:
@@ -211,32 +237,32 @@ class FileInfo:
     mtime: float
 
 
-def listdir(where: Target, path: str, *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT) -> list[FileInfo]:
+def listdir(where: Target | Via, path: str, *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT) -> list[FileInfo]:
     """The entries of a directory in the box, by name; FileTooLargeError when their listing passes `max_bytes`."""
     said = json.loads(_run(where, path, "list", max_bytes=max_bytes, timeout=timeout, raise_it="give listdir(..., max_bytes=N)"))
     return [FileInfo(**entry) for entry in said]
 
 
-def stat(where: Target, path: str, *, follow_symlinks: bool = False, timeout: float = FILE_TIMEOUT) -> FileInfo:
+def stat(where: Target | Via, path: str, *, follow_symlinks: bool = False, timeout: float = FILE_TIMEOUT) -> FileInfo:
     """What `path` is in the box (a link itself, unless `follow_symlinks`)."""
     return FileInfo(**json.loads(_run(where, path, "stat", "1" if follow_symlinks else "0", max_bytes=ERR_MAX, timeout=timeout)))
 
 
-def remove(where: Target, path: str, *, recursive: bool = False, timeout: float = FILE_TIMEOUT) -> None:
+def remove(where: Target | Via, path: str, *, recursive: bool = False, timeout: float = FILE_TIMEOUT) -> None:
     """A file or link in the box removed (a directory too, with all it holds, when `recursive`: never through a
     link); a directory without `recursive` is IsADirectoryError."""
     _run(where, path, "remove", "1" if recursive else "0", max_bytes=0, timeout=timeout)
 
 
-def mkdir(where: Target, path: str, *, parents: bool = True, exist_ok: bool = True, timeout: float = FILE_TIMEOUT) -> None:
+def mkdir(where: Target | Via, path: str, *, parents: bool = True, exist_ok: bool = True, timeout: float = FILE_TIMEOUT) -> None:
     _run(where, path, "mkdir", "1" if parents else "0", "1" if exist_ok else "0", max_bytes=0, timeout=timeout)
 
 
-def _run(where: Target, path: str, *args: str, max_bytes: int, timeout: float, raise_it: str = RAISE_IT) -> bytes:
+def _run(where: Target | Via, path: str, *args: str, max_bytes: int, timeout: float, raise_it: str = RAISE_IT) -> bytes:
     """files.py's `args[0]` on `path` in the box: what it wrote, at most `max_bytes`; its refusal as Python's own error."""
     out = Taken(None, max_bytes)
     err = Taken(None, ERR_MAX)
-    proc = BoxExec(where, files_command(args[0], _absolute(where, path), *args[1:]), stdin=DEVNULL, stdout=out, stderr=err)
+    proc = _start(where, files_command(args[0], _absolute(where, path), *args[1:]), stdin=DEVNULL, stdout=out, stderr=err)
     out.watch(proc)
     code = proc.wait(timeout)
     out.close()
@@ -250,7 +276,7 @@ def _run(where: Target, path: str, *args: str, max_bytes: int, timeout: float, r
 DOING = {"list": "listing", "stat": "looking at", "remove": "removing", "mkdir": "making"}
 
 
-def get_tar(where: Target, path: str, fileobj: IO[bytes], *, max_bytes: int = TAR_MAX, timeout: float = TAR_TIMEOUT) -> None:
+def get_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: int = TAR_MAX, timeout: float = TAR_TIMEOUT) -> None:
     """A tar of `path` in the box written to `fileobj` as it comes: a file as one member of its name, a directory's
     contents by their paths in it; links as links, FIFOs, sockets and devices left out. Past `max_bytes`
     FileTooLargeError (what came before it is on `fileobj`); the box's tar is its own work: unpack it as untrusted."""
@@ -265,7 +291,7 @@ def get_tar(where: Target, path: str, fileobj: IO[bytes], *, max_bytes: int = TA
 
     taken = Taken(take, max_bytes)
     err = Taken(None, ERR_MAX)
-    proc = BoxExec(where, files_command("gettar", _absolute(where, path), str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err)
+    proc = _start(where, files_command("gettar", _absolute(where, path), str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err)
     taken.watch(proc)
     code = proc.wait(timeout)
     taken.close()
@@ -276,7 +302,7 @@ def get_tar(where: Target, path: str, fileobj: IO[bytes], *, max_bytes: int = TA
     _raise(code, path, err, proc.timed_out, timeout, "archiving")
 
 
-def put_tar(where: Target, path: str, fileobj: IO[bytes], *, max_bytes: int = TAR_MAX, timeout: float = TAR_TIMEOUT) -> None:
+def put_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: int = TAR_MAX, timeout: float = TAR_TIMEOUT) -> None:
     """The tar read from `fileobj` unpacked into directory `path` in the box (made if missing), by the box's user: every
     header checked before a byte is written, nothing outside `path`, nothing written through a link, no device or
     FIFO, modes as Python's `data` filter gives them. A refused archive is QuineboxError naming the member, and
@@ -285,7 +311,7 @@ def put_tar(where: Target, path: str, fileobj: IO[bytes], *, max_bytes: int = TA
 
     err = Taken(None, ERR_MAX)
     code_of_untar = _source_of(untar.__file__)
-    proc = BoxExec(where, files_command("puttar", _absolute(where, path), str(max_bytes), code_of_untar), stdin=PIPE, stdout=DEVNULL, stderr=err)
+    proc = _start(where, files_command("puttar", _absolute(where, path), str(max_bytes), code_of_untar), stdin=PIPE, stdout=DEVNULL, stderr=err)
     feeder = threading.Thread(target=_feed, args=(fileobj, proc.stdin), daemon=True)
     feeder.start()
     code = proc.wait(timeout)
