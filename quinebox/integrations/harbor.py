@@ -37,7 +37,7 @@ from harbor.environments.definition import COMPOSE_FILE_NAME, DOCKERFILE_NAME, r
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.task.config import EnvironmentConfig, NetworkAllowlistEntryType, NetworkMode, NetworkPolicy, classify_network_allowlist_entry
 from harbor.models.trial.config import ResourceMode
-from harbor.models.trial.paths import TrialPaths
+from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
 from pydantic import Field
 
 from quinebox import DEVNULL, QuineboxError, Sandbox
@@ -129,10 +129,12 @@ class QuineboxEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
+        """Not `mounted`: the box's root is an unprivileged id outside, which Harbor's trial dirs would not let write
+        (Docker's root writes them as the host's), so /logs is copied out as other remote providers' is."""
         return EnvironmentCapabilities(
             disable_internet=True, network_allowlist=True, network_allowlist_hostnames=True, network_allowlist_wildcard_hostnames=True,
             network_allowlist_ipv4_addresses=True, network_allowlist_ipv6_addresses=True, network_allowlist_ipv4_cidrs=True,
-            network_allowlist_ipv6_cidrs=True, mounted=True, docker_compose=False,
+            network_allowlist_ipv6_cidrs=True, docker_compose=False,
         )
 
     @classmethod
@@ -186,7 +188,10 @@ class QuineboxEnvironment(BaseEnvironment):
         )
         self.logger.debug(f"box {self._sandbox.id} of {image} started")
         await self._upload_environment_dir_after_start()
-        await self.ensure_dirs(self._mount_targets(writable_only=True))
+        paths = EnvironmentPaths.for_os(self.os)
+        made = await self.ensure_dirs([paths.agent_dir, paths.verifier_dir, paths.artifacts_dir])
+        if made is not None and made.return_code != 0:
+            raise QuineboxError(f"cannot make Harbor's /logs directories in box {self.sandbox.id}: {made.stderr or made.stdout}")
 
     def _engine(self) -> Any:
         import docker

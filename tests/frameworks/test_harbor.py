@@ -36,9 +36,12 @@ EXPECTED = {"write-file": 1.0, "fix-script": 1.0, "root-layer": 1.0, "wrong-answ
 def harbor_run(jobs: Path, name: str) -> float:
     """One `harbor run` of the oracle over every task, 4 trials at once, as job `name`: its wall time."""
     env = {**os.environ, "HARBOR_TELEMETRY": "0", "NO_COLOR": "1"}
+    # No network: Harbor runs in a network namespace of its own with nothing in it (as root), so a registry or a
+    # model it tried to reach would fail the run; the engine and quinebox's state are reached over unix sockets.
+    offline = ["unshare", "--net", "--"] if os.geteuid() == 0 and shutil.which("unshare") else []
     began = time.monotonic()
     done = subprocess.run(
-        [str(HARBOR), "run", "--path", str(DATA), "--agent", "oracle", "--env", IMPORT_PATH, "--n-concurrent", "4",
+        [*offline, str(HARBOR), "run", "--path", str(DATA), "--agent", "oracle", "--env", IMPORT_PATH, "--n-concurrent", "4",
          "--jobs-dir", str(jobs), "--job-name", name, "--quiet", "--yes"],
         capture_output=True, text=True, timeout=600, env=env, cwd=jobs,
     )
@@ -151,6 +154,22 @@ def test_network_policy_resources_and_mounts_become_grants(tmp_path: Path) -> No
     assert closed.grants() == ["rootfs:rw"]
 
 
+def test_root_is_refused_in_one_line_where_the_box_has_no_user_namespace(tmp_path: Path) -> None:
+    """On the Docker engine a box's root would be the host's: Harbor's first root command (making /logs) is refused."""
+    environment = make_environment(tmp_path, DATA / "write-file" / "environment", network_policy=NetworkPolicy(network_mode=NetworkMode.NO_NETWORK), backend="docker")
+
+    async def trial() -> None:
+        try:
+            await environment.start(force_build=False)
+        finally:
+            await environment.stop(delete=True)
+
+    with pytest.raises(QuineboxError) as refused:
+        asyncio.run(trial())
+    said = str(refused.value)
+    assert "refused user" in said and "no user namespace" in said and "\n" not in said
+
+
 def test_stop_without_delete_keeps_the_box(tmp_path: Path) -> None:
     """`--no-delete`: the trial's box outlives its environment (and Harbor's process); it is found by id and removed."""
     environment = make_environment(tmp_path, DATA / "write-file" / "environment", network_policy=NetworkPolicy(network_mode=NetworkMode.NO_NETWORK))
@@ -194,6 +213,15 @@ def test_files_in_and_out_keep_bytes_and_modes(tmp_path: Path) -> None:
                 await environment.exec("sleep 30", timeout_sec=1)
             alive = await environment.exec("echo still")
             assert alive.stdout == "still\n"
+            heard: list[tuple[str, str]] = []
+
+            async def watch(text: str, stream: str) -> None:
+                heard.append((stream, text))
+
+            with environment.scoped_output_callback(watch):  # a trial's log callbacks: output as it comes
+                watched = await environment.exec("echo one; echo two >&2; exit 3")
+            assert (watched.return_code, watched.stdout, watched.stderr) == (3, "one\n", "two\n")
+            assert sorted(heard) == [("stderr", "two\n"), ("stdout", "one\n")]
         finally:
             await environment.stop(delete=True)
 
