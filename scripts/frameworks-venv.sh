@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The agent frameworks' venv, .venv-frameworks: quinebox with the extras of the six framework providers
-# (quinebox/integrations/), pytest and LangChain's sandbox conformance suite (langchain-tests), for
+# (quinebox/integrations/), pytest (and hypothesis, which tests/conftest.py sets up) and LangChain's sandbox conformance suite (langchain-tests), for
 # tests/frameworks/. Harbor needs Python >= 3.12 and .venv may be older (Debian 12's is 3.11), so this venv is of
 # the first 3.12+ found: on PATH, then under pyenv. None found is a failure, never a skip. Installed again only
 # when pyproject.toml changes.
@@ -28,7 +28,7 @@ fi
 if ! cmp -s pyproject.toml .venv-frameworks/pyproject.toml; then
     say "installing quinebox and the six frameworks into .venv-frameworks ($(.venv-frameworks/bin/python -V))"
     .venv-frameworks/bin/python -m pip install -q --disable-pip-version-check \
-        -e '.[harbor,openai-agents,minisweagent,deepagents,smolagents,swerex]' 'pytest>=8' 'langchain-tests>=1.1' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+        -e '.[harbor,openai-agents,minisweagent,deepagents,smolagents,swerex]' 'pytest>=8' 'hypothesis>=6' 'langchain-tests>=1.1' 2>&1 | grep -v '^WARNING: Location' >&2 || true
     .venv-frameworks/bin/python -c 'import harbor, agents.sandbox, minisweagent, deepagents, smolagents, swerex, pytest, quinebox' ||
         { say "the frameworks did not install into .venv-frameworks"; exit 1; }
     cp pyproject.toml .venv-frameworks/pyproject.toml
