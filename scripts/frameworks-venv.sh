@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The agent frameworks' venv, .venv-frameworks: quinebox with the extras of the six framework providers
-# (quinebox/integrations/), pytest (and hypothesis, which tests/conftest.py sets up) and LangChain's sandbox conformance suite (langchain-tests), for
-# tests/frameworks/. Harbor needs Python >= 3.12 and .venv may be older (Debian 12's is 3.11), so this venv is of
-# the first 3.12+ found: on PATH, then under pyenv. None found is a failure, never a skip. Installed again only
-# when pyproject.toml changes.
+# (quinebox/integrations/), pytest, hypothesis (tests/conftest.py sets it up) and LangChain's sandbox conformance
+# suite (langchain-tests), for tests/frameworks/. Harbor needs Python >= 3.12 and .venv may be older (Debian 12's
+# is 3.11), so this venv is of the first 3.12+ found: on PATH, then under pyenv. None found is a failure, never a
+# skip. Installed again only when pyproject.toml changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "frameworks-venv: $*" >&2; }
