@@ -25,7 +25,6 @@ import concurrent.futures
 import io
 import os
 import re
-import shlex
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -254,8 +253,8 @@ class QuineboxEnvironment(BaseEnvironment):
         self.logger.info(f"kept box {sandbox.id} of trial {self.session_id}: `{Sandbox.connection_command(sandbox.id)}` looks inside, `quinebox box rm {sandbox.id}` ends it")
 
     async def attach(self) -> None:
-        argv = shlex.split(Sandbox.connection_command(self.sandbox.id).replace(" -- sh", " -- bash"))
-        os.execvp(argv[0], argv)
+        """`harbor trial attach`'s shell: this process becomes `quinebox exec --in ID -it -- bash` (a shell of root's)."""
+        os.execvp("quinebox", ["quinebox", "exec", "--in", self.sandbox.id, "-it", "--user", "0", "--", "bash"])
 
     # -- commands -----------------------------------------------------------------------------
 
