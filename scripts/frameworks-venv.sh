@@ -3,7 +3,7 @@
 # (quinebox/integrations/), pytest, hypothesis (tests/conftest.py sets it up) and LangChain's sandbox conformance
 # suite (langchain-tests), for tests/frameworks/. Harbor needs Python >= 3.12 and .venv may be older (Debian 12's
 # is 3.11), so this venv is of the first 3.12+ found: on PATH, then under pyenv. None found is a failure, never a
-# skip. Installed again only when pyproject.toml changes.
+# skip. Installed again only when pyproject.toml or this script changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "frameworks-venv: $*" >&2; }
@@ -25,11 +25,12 @@ if ! .venv-frameworks/bin/python -c 'import sys; assert sys.version_info >= (3, 
     rm -rf .venv-frameworks
     "$python" -m venv .venv-frameworks
 fi
-if ! cmp -s pyproject.toml .venv-frameworks/pyproject.toml; then
+stamp=$(cat pyproject.toml scripts/frameworks-venv.sh | sha256sum)
+if [ "$(cat .venv-frameworks/installed 2>/dev/null)" != "$stamp" ]; then
     say "installing quinebox and the six frameworks into .venv-frameworks ($(.venv-frameworks/bin/python -V))"
     .venv-frameworks/bin/python -m pip install -q --disable-pip-version-check \
         -e '.[harbor,openai-agents,minisweagent,deepagents,smolagents,swerex]' 'pytest>=8' 'hypothesis>=6' 'langchain-tests>=1.1' 2>&1 | grep -v '^WARNING: Location' >&2 || true
     .venv-frameworks/bin/python -c 'import harbor, agents.sandbox, minisweagent, deepagents, smolagents, swerex, pytest, quinebox' ||
         { say "the frameworks did not install into .venv-frameworks"; exit 1; }
-    cp pyproject.toml .venv-frameworks/pyproject.toml
+    echo "$stamp" > .venv-frameworks/installed
 fi
