@@ -55,18 +55,21 @@ BOX_DIR = "/opt/quinebox-swerex"
 #: The longest pip may take to install SWE-ReX for a box's Python, the first time.
 INSTALL_TIMEOUT = 600.0
 #: The box's Python, as the install must match it: version, machine, glibc.
-PROBE = "import platform,sys;print(sys.version_info[0],sys.version_info[1],platform.machine(),*(platform.libc_ver()))"
+PROBE = "import platform,sys;print(platform.python_implementation(),sys.version_info[0],sys.version_info[1],platform.machine(),*platform.libc_ver())"
 #: swerex-remote's own app (swerex.server), its token read from stdin (never on a command line another user's `ps`
 #: shows), on a socket bound here to the box's loopback only: its port is the first line said.
 SERVER = """import socket,sys
 sys.path.insert(0,sys.argv[1])
 token=sys.stdin.readline().strip()
+if not token:sys.exit("no token on stdin: swerex-remote would serve anyone")
 import uvicorn,swerex.server as server
 server.AUTH_TOKEN=token
 s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind(("127.0.0.1",0));s.listen(128)
 print(s.getsockname()[1],flush=True)
 uvicorn.Server(uvicorn.Config(server.app,log_level="warning",access_log=False)).run(sockets=[s])
 """
+
+
 class QuineboxDeploymentConfig(BaseModel):
     """What a `QuineboxDeployment` runs in: the box's options are `quinebox.Sandbox`'s (docs/python.md)."""
 
@@ -100,6 +103,7 @@ class QuineboxDeploymentConfig(BaseModel):
 
 
 def cache_root() -> Path:
+    """Where installs of SWE-ReX for boxes' Pythons are kept, this user's own (XDG's cache dir)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "quinebox" / "swerex"
 
 
@@ -205,7 +209,8 @@ class QuineboxDeployment(AbstractDeployment):
             said = b"".join(self._said).decode(errors="replace").strip().splitlines()
             return f"swerex-remote in box {self._sandbox.id} ended" + (f": {said[-1]}" if said else "")
         if self._relay is None or not self._relay.alive():
-            return f"the relay to box {self._sandbox.id} ended"
+            said = b"".join(self._relay.said if self._relay else ()).decode(errors="replace").strip().splitlines()
+            return f"the relay to box {self._sandbox.id} ended" + (f": {said[-1]}" if said else "")
         return None
 
     async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
@@ -244,13 +249,13 @@ class QuineboxDeployment(AbstractDeployment):
         else:
             probe = await sb.aexec([config.python, "-I", "-c", PROBE], timeout=config.startup_timeout)
             fields = probe.stdout.decode(errors="replace").split()
-            if probe.returncode != 0 or len(fields) != 5 or fields[3] != "glibc":
+            if probe.returncode != 0 or len(fields) != 6 or fields[0] != "CPython" or fields[4] != "glibc":
                 raise QuineboxError(
                     f"the box's {config.python} cannot run swerex-remote: it needs a CPython on glibc "
                     f"(it said {(probe.stdout or probe.stderr).decode(errors='replace').strip()[:200]!r}); give an image that has one, or swerex_dir="
                 )
             self._hooks.on_custom_step("Installing SWE-ReX for the box's Python")
-            lib = f"{BOX_DIR}/{await asyncio.to_thread(ensure_install, root, int(fields[0]), int(fields[1]), fields[2], fields[4])}"
+            lib = f"{BOX_DIR}/{await asyncio.to_thread(ensure_install, root, int(fields[1]), int(fields[2]), fields[3], fields[5])}"
         token = secrets.token_urlsafe(32)
         self._hooks.on_custom_step("Starting runtime")
         self._server = sb.Popen([config.python, "-I", "-c", SERVER, lib], stdin=f"{token}\n".encode(), stdout=PIPE, stderr=self._said.append)

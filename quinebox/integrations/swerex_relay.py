@@ -18,6 +18,7 @@ import contextlib
 import os
 import struct
 import threading
+from collections import deque
 
 from quinebox import PIPE, QuineboxError, Sandbox
 
@@ -144,7 +145,8 @@ class Relay:
     cannot live in the loop that started the deployment."""
 
     def __init__(self, sandbox: Sandbox, python: str, box_port: int, *, timeout: float):
-        self.exec = sandbox.Popen([python, "-I", "-S", "-c", RELAY, str(box_port)], stdin=PIPE, stdout=PIPE, stderr=PIPE)
+        self.said: deque[bytes] = deque(maxlen=16)  # the relay's stderr, its last chunks: why it ended, if it did
+        self.exec = sandbox.Popen([python, "-I", "-S", "-c", RELAY, str(box_port)], stdin=PIPE, stdout=PIPE, stderr=self.said.append)
         self.port = 0
         self.failed: BaseException | None = None
         self._conns: dict[int, _Connection] = {}
@@ -230,7 +232,7 @@ class Relay:
         for name in ("_in", "_out"):
             if getattr(self, name, None) is not None:
                 getattr(self, name).close()
-        self._loop.stop()
+        self._loop.call_soon(self._loop.stop)  # after the transports' own ends, which close their fds
 
     # -- from any thread -----------------------------------------------------------------------------
 
@@ -245,4 +247,5 @@ class Relay:
             self._thread.join(10)
         if not self._thread.is_alive():
             self._loop.close()
-        self.exec.kill()
+        if self.exec.poll() is None:
+            self.exec.kill()

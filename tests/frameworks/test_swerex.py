@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import aiohttp
 import pytest
 from swerex.exceptions import DeploymentNotStartedError
 from swerex.runtime.abstract import BashAction, Command, CreateBashSessionRequest, ReadFileRequest, UploadRequest, WriteFileRequest
@@ -130,6 +131,15 @@ def test_a_connection_without_the_token_is_refused(deployment):
     assert deployment.sandbox.exec(["test", "-e", "/world/reached"]).returncode == 0
 
 
+def test_swerex_remote_given_no_token_serves_no_one(deployment):
+    from quinebox.integrations.swerex import BOX_DIR, SERVER, cache_root
+
+    installed = next(path.name for path in cache_root().iterdir() if path.name.startswith("swe-rex-"))
+    done = deployment.sandbox.exec(["python3", "-I", "-c", SERVER, f"{BOX_DIR}/{installed}"], input=b"\n", timeout=30)
+    assert (done.returncode, done.stdout) == (1, b"")
+    assert done.stderr == b"no token on stdin: swerex-remote would serve anyone\n"
+
+
 def test_another_user_is_closed_before_a_byte_reaches_the_box(deployment):
     port, token = deployment.runtime._config.port, deployment.runtime._config.auth_token
     # Even holding the token: the kernel's table says whose the connecting socket is, and it is not ours.
@@ -196,6 +206,20 @@ def test_after_stop_nothing_is_left():
     with pytest.raises(DeploymentNotStartedError):
         run(made.is_alive())
     run(made.stop())  # a second stop does nothing
+
+
+def test_is_alive_says_which_part_ended():
+    made = QuineboxDeployment()
+    run(made.start())
+    try:
+        with pytest.raises(aiohttp.ClientError):  # the request's connection dies with the server it killed
+            run(made.runtime.execute(Command(command="kill -9 $PPID", shell=True)))
+        deadline = time.monotonic() + 20
+        while not (answer := run(made.is_alive())).message.startswith("swerex-remote"):  # until the exec's end is seen
+            assert not answer.is_alive and time.monotonic() < deadline, answer
+        assert (answer.is_alive, answer.message) == (False, f"swerex-remote in box {made.sandbox.id} ended")
+    finally:
+        run(made.stop())
 
 
 def test_an_image_without_python_is_refused_in_one_line_and_leaves_no_box(test_images):
