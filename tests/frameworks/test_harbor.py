@@ -14,9 +14,11 @@ import logging
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable
 from datetime import datetime
 from pathlib import Path
 
@@ -114,6 +116,12 @@ def test_figures_at_four_concurrent_trials(jobs: dict[str, tuple[Path, float]], 
         assert all(added > 0 for *_, added in rows)
 
 
+async def timed(call: Awaitable[object]) -> float:
+    began = time.monotonic()
+    await call
+    return time.monotonic() - began
+
+
 def make_environment(tmp_path: Path, environment_dir: Path, **options) -> QuineboxEnvironment:
     """The provider as Harbor's trial makes it (environment dir, task config, trial paths, options)."""
     paths = TrialPaths(tmp_path / "trial")
@@ -192,7 +200,7 @@ def test_stop_without_delete_keeps_the_box(tmp_path: Path) -> None:
         Sandbox.connect(box)
 
 
-def test_files_in_and_out_keep_bytes_and_modes(tmp_path: Path) -> None:
+def test_files_in_and_out_keep_bytes_and_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     local = tmp_path / "local"
     (local / "sub").mkdir(parents=True)
     (local / "run.sh").write_text("#!/bin/sh\necho ran\n")
@@ -222,10 +230,16 @@ def test_files_in_and_out_keep_bytes_and_modes(tmp_path: Path) -> None:
                 watched = await environment.exec("echo one; echo two >&2; exit 3")
             assert (watched.return_code, watched.stdout, watched.stderr) == (3, "one\n", "two\n")
             assert sorted(heard) == [("stderr", "two\n"), ("stdout", "one\n")]
+            through = [await timed(environment.exec("true")) for _ in range(10)]
+            direct = [await timed(environment.sandbox.aexec(["bash", "-c", "true"], user="0")) for _ in range(10)]
+            latency.extend([statistics.median(through), statistics.median(direct)])
         finally:
             await environment.stop(delete=True)
 
+    latency: list[float] = []
     asyncio.run(trial())
+    with capsys.disabled():
+        print(f"\nexec latency, median of 10: Harbor's exec through the provider {latency[0] * 1000:.1f} ms, sb.aexec of the same command {latency[1] * 1000:.1f} ms")
     assert (tmp_path / "back" / "sub" / "data.bin").read_bytes() == bytes(range(256)) * 64
     assert (tmp_path / "one.bin").read_bytes() == bytes(range(256)) * 64
     assert (tmp_path / "back" / "run.sh").stat().st_mode & 0o777 == 0o755
