@@ -149,7 +149,7 @@ def test_no_module_holds_more_than_one_idea(module):
 
 #: The sandbox providers other people's frameworks load: thin adapters that stand on quinebox's public API alone
 #: (what `quinebox` exports), so what they need is grown there once, for every caller, and kept.
-ADAPTERS = tuple(f"quinebox.integrations.{name}" for name in ("inspect_sandbox", "inspect_config", "harbor", "openai_agents", "minisweagent", "deepagents", "smolagents", "swerex"))
+ADAPTERS = tuple(f"quinebox.integrations.{name}" for name in ("inspect_sandbox", "inspect_config", "harbor", "openai_agents", "openai_agents_pty", "minisweagent", "deepagents", "smolagents", "swerex", "swerex_relay"))
 
 
 @pytest.mark.parametrize("module", ADAPTERS)
