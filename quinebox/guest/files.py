@@ -223,13 +223,39 @@ def puttar(path, cap, code):
                     left -= len(chunk)
             if left == 0:
                 raise TooLarge(f"{cap + 1} bytes or more, more than {cap}")
-            untar.unpack(f"/proc/self/fd/{fd}/{spool}", f"/proc/self/fd/{fd}", max_members=MAX_MEMBERS, max_bytes=1 << 62)
+            archive = f"/proc/self/fd/{fd}/{spool}"
+            no_link_in_the_way(archive, fd)
+            untar.unpack(archive, f"/proc/self/fd/{fd}", max_members=MAX_MEMBERS, max_bytes=1 << 62)
         except (untar.Refused, untar.Unreadable) as exc:
             raise Refused(str(exc)) from None
         finally:
             os.unlink(spool, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def no_link_in_the_way(archive, root):
+    """No member goes through a link the box already has beneath the destination (`root`, an fd). untar.py opens
+    each directory with O_NOFOLLOW, which holds on Linux; gVisor's openat follows a link when O_DIRECTORY is
+    given too, so each member's directories are looked at (lstat) first. Malformed names are untar.py's to refuse."""
+    seen = set()
+    try:
+        with tarfile.open(archive) as tar:
+            names = tar.getnames()
+    except (tarfile.TarError, EOFError, OSError):
+        return  # untar.py says why it cannot read it
+    for name in names:
+        parts = [part for part in name.split("/") if part not in ("", ".")]
+        for end in range(1, len(parts)):
+            above = "/".join(parts[:end])
+            if above in seen or ".." in parts or name.startswith("/"):
+                continue
+            seen.add(above)
+            try:
+                if stat.S_ISLNK(os.lstat(above, dir_fd=root).st_mode):
+                    raise Refused(f"{name!r} goes through {above!r}, which is a symlink in the destination")
+            except (FileNotFoundError, NotADirectoryError):
+                break
 
 
 def flag(word):
