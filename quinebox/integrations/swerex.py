@@ -85,6 +85,10 @@ class QuineboxDeploymentConfig(BaseModel):
     name: str | None = None
     python: str = "python3"
     """The box's Python that runs swerex-remote and the relay."""
+    user: str | None = None
+    """Who swerex-remote, and so every session and command, runs as in the box (default: the box's user). SWE-agent
+    expects root (its tools go to /root): `user="root"` is root inside a box with a user namespace of its own, no
+    one outside, and refused in one line where the box has none."""
     swerex_dir: str | None = None
     """A host directory with SWE-ReX installed for the box's Python (`pip install --target DIR …`); default: one
     made once by the host's pip per SWE-ReX version and box Python, under ~/.cache/quinebox/swerex."""
@@ -258,7 +262,7 @@ class QuineboxDeployment(AbstractDeployment):
             lib = f"{BOX_DIR}/{await asyncio.to_thread(ensure_install, root, int(fields[1]), int(fields[2]), fields[3], fields[5])}"
         token = secrets.token_urlsafe(32)
         self._hooks.on_custom_step("Starting runtime")
-        self._server = sb.Popen([config.python, "-I", "-c", SERVER, lib], stdin=f"{token}\n".encode(), stdout=PIPE, stderr=self._said.append)
+        self._server = sb.Popen([config.python, "-I", "-c", SERVER, lib], stdin=f"{token}\n".encode(), stdout=PIPE, stderr=self._said.append, user=config.user)
         try:
             line = await asyncio.wait_for(asyncio.to_thread(self._server.stdout.readline), config.startup_timeout)
         except TimeoutError:

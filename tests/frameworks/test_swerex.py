@@ -222,6 +222,36 @@ def test_is_alive_says_which_part_ended():
         run(made.stop())
 
 
+def test_swe_agent_s_way_root_in_a_task_image_nobody_outside(tmp_path):
+    """SWE-agent runs as root: `cd /`, its tools uploaded to /root/tools and run. Root in the box, never on the host."""
+    made = QuineboxDeployment(grants=["rootfs:rw"], user="root")
+    run(made.start())
+    try:
+        runtime = made.runtime
+        run(runtime.create_session(CreateBashSessionRequest(startup_timeout=10)))
+        said = run(runtime.run_in_session(BashAction(command="cd / && id -u && mkdir -p /root/tools && head -1 /proc/self/uid_map")))
+        root, mapped = said.output.split("\n", 1)
+        assert root == "0" and mapped.split()[:1] == ["0"] and mapped.split()[1] != "0"  # uid 0 inside is another uid outside
+        (tmp_path / "bundle" / "bin").mkdir(parents=True)
+        (tmp_path / "bundle" / "bin" / "hello").write_text("#!/bin/sh\necho \"tool says $1\"\n")
+        (tmp_path / "bundle" / "bin" / "hello").chmod(0o755)
+        run(runtime.upload(UploadRequest(source_path=str(tmp_path / "bundle"), target_path="/root/tools/bundle")))
+        # SWE-ReX's upload is a zip, which keeps no modes: SWE-agent makes its tools executable after, so here too.
+        said = run(runtime.run_in_session(BashAction(command="chmod +x /root/tools/bundle/bin/* && export PATH=/root/tools/bundle/bin:$PATH && hello hi")))
+        assert (said.output, said.exit_code) == ("tool says hi\n", 0)
+    finally:
+        run(made.stop())
+
+
+def test_root_is_refused_in_one_line_where_the_box_has_no_user_namespace():
+    made = QuineboxDeployment(backend="docker", user="root")
+    with pytest.raises(QuineboxError) as refused:
+        run(made.start())
+    assert "\n" not in str(refused.value) and "root" in str(refused.value)
+    with pytest.raises(DeploymentNotStartedError):
+        _ = made.sandbox
+
+
 def test_an_image_without_python_is_refused_in_one_line_and_leaves_no_box(test_images):
     made = QuineboxDeployment(image="quinebox-test/nopython:1")
     before = boxes()
