@@ -16,10 +16,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from quinebox.box.live import freezing, sandboxes
 from quinebox.errors import EXIT_QUINEBOX, QuineboxError
+
+#: How long a spawned holder's launcher may take to import quinebox and fork the holder.
+LAUNCH_TIMEOUT = 60.0
 
 
 class Held(Protocol):
@@ -80,17 +84,25 @@ def spawn(code: str, payload: bytes) -> int:
     """A holder started as a fresh interpreter running `code` (which reads `payload` on its stdin and calls
     `launched`), safe from a process with threads; the fd its report comes on (`told`, with no pid to wait for)."""
     read_end, write_end = os.pipe()
+    here = str(Path(__file__).resolve().parents[3])  # where this very quinebox was found, however it was
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     try:
         launcher = subprocess.Popen(
             [sys.executable, "-c", code, str(write_end)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, pass_fds=(write_end,),
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, env=env,
         )
     except OSError as exc:
         os.close(read_end)
         raise QuineboxError(f"cannot start the box's holder ({sys.executable}): {exc.strerror or exc}") from None
     finally:
         os.close(write_end)
-    launcher.communicate(payload, timeout=30)
+    try:
+        launcher.communicate(payload, timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
+        os.close(read_end)
+        raise QuineboxError(f"the box's holder did not start within {LAUNCH_TIMEOUT:g} s ({sys.executable} importing quinebox)") from None
     return read_end
 
 
