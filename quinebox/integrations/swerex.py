@@ -75,6 +75,8 @@ class QuineboxDeploymentConfig(BaseModel):
 
     image: str | None = None
     """The box's image (default: quinebox's agent image); it needs a CPython >= 3.10 on glibc as `python`."""
+    pull: Literal["never", "always", "missing"] = "missing"
+    """When to pull the image, as SWE-ReX's DockerDeploymentConfig says it."""
     grants: list[str] = []
     """quinebox grants (docs/grants.md): `ro:`/`rw:` paths, `net:` egress, `mem:`, `cpus:`, `rootfs:rw`, …"""
     workdir: str | None = None
@@ -245,7 +247,7 @@ class QuineboxDeployment(AbstractDeployment):
         where = f"ro:{root}={BOX_DIR}"
         self._hooks.on_custom_step("Starting box")
         self._sandbox = sb = await Sandbox.acreate(
-            image=config.image, grants=[*config.grants, where], workdir=config.workdir, backend=config.backend,
+            image=config.image, pull=config.pull, grants=[*config.grants, where], workdir=config.workdir, backend=config.backend,
             runtime=config.runtime, ttl=config.ttl, name=config.name,
         )
         if config.swerex_dir:
