@@ -168,7 +168,8 @@ class Sandbox(SandboxFiles, SandboxTime):
     def detached(cls, *, idle: float | str | None = DETACHED_IDLE, **options: Any) -> Sandbox:
         """A box that outlives this process, made as `Sandbox(**options)` makes one but owned by a holder process of
         its own (as `quinebox box create`'s): it lasts until `destroy()` (or `quinebox box rm`), its `ttl`, or `idle`
-        with no exec running in it (None: never). Returned attached (`connect`); any process of this user may attach."""
+        with no exec running in it (None: never); with `snapshot=ID` (and `ttl`, `name`), a copy of a snapshot's box, as
+        `quinebox box restore` makes. Returned attached (`connect`); any process of this user may attach."""
         if "docker" in options:
             raise QuineboxError("a detached box's holder makes it with an engine client of its own: drop docker=")
         options.update({k: list(v) for k, v in options.items() if k in ("grants", "ask", "deny") or k == "world_from" and isinstance(v, (list, tuple))})
