@@ -44,7 +44,7 @@ def harbor_run(jobs: Path, name: str) -> float:
     began = time.monotonic()
     done = subprocess.run(
         [*offline, str(HARBOR), "run", "--path", str(DATA), "--agent", "oracle", "--env", IMPORT_PATH, "--n-concurrent", "4",
-         "--jobs-dir", str(jobs), "--job-name", name, "--quiet", "--yes"],
+         "--jobs-dir", str(jobs), "--job-name", name, "--quiet", "--yes", "--ek", "ttl=10m"],  # a box a failure left goes
         capture_output=True, text=True, timeout=600, env=env, cwd=jobs,
     )
     wall = time.monotonic() - began
@@ -127,6 +127,7 @@ def make_environment(tmp_path: Path, environment_dir: Path, **options) -> Quineb
     paths = TrialPaths(tmp_path / "trial")
     paths.mkdir()
     config = EnvironmentConfig.model_validate(options.pop("task_env", {}))
+    options.setdefault("ttl", "10m")  # a box a failed test left goes
     return QuineboxEnvironment(
         environment_dir=environment_dir, environment_name=environment_dir.parent.name, session_id=f"{tmp_path.name}__env",
         trial_paths=paths, task_env_config=config, logger=logging.getLogger("test"), **options,
