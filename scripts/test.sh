@@ -65,7 +65,8 @@ if [ "$status" = 0 ] && [ $# = 0 ]; then
     # boxes' run each backend themselves; the web view reads only the state dir, the same from either backend).
     echo "test: the box and e2e tests again, on the Docker backend" >&2
     QUINEBOX_BACKEND=docker .venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_isolation.py \
-        tests/integration/test_seccomp.py tests/integration/test_any_image.py tests/integration/test_exec_api.py tests/e2e \
+        tests/integration/test_seccomp.py tests/integration/test_any_image.py tests/integration/test_exec_api.py \
+        tests/integration/test_sandbox_files.py tests/integration/test_sandbox_attach.py tests/e2e \
         --ignore=tests/e2e/test_cluster.py --ignore=tests/e2e/test_pool.py --ignore=tests/e2e/test_sandboxes.py \
         --ignore=tests/e2e/test_view.py
     status=$?
@@ -117,7 +118,7 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ -x /usr/bin/python3 ]; then
         .venv-debian/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_untar.py tests/unit/worlds tests/unit/box/test_rootfs.py \
             tests/integration/test_rootfs_engine.py tests/integration/test_sandbox.py tests/integration/test_exec_api.py \
             tests/integration/test_registry.py tests/integration/test_file_streams.py tests/integration/test_host_image.py \
-            tests/unit/box/test_policy_host.py tests/e2e/test_world_boxes.py tests/unit/tree/test_pruning.py tests/unit/tree/test_retention.py \
+            tests/integration/test_sandbox_files.py tests/integration/test_sandbox_attach.py tests/unit/box/test_policy_host.py tests/e2e/test_world_boxes.py tests/unit/tree/test_pruning.py tests/unit/tree/test_retention.py \
             tests/unit/audit/test_audit_segments.py tests/unit/box/test_image_usage.py -k "$skip"
         status=$?
         if [ "$status" = 0 ]; then
@@ -153,7 +154,8 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]
             tests/integration/test_seccomp.py tests/integration/test_isolation.py tests/integration/test_oci_backend.py \
             tests/integration/test_host_image.py tests/integration/test_any_image.py tests/integration/test_registry.py \
             tests/integration/test_box_removal.py tests/integration/test_hostile_box.py tests/integration/test_agent.py \
-            tests/integration/test_writable_root.py tests/integration/test_root_exec.py \
+            tests/integration/test_writable_root.py tests/integration/test_root_exec.py tests/integration/test_sandbox_files.py \
+            tests/integration/test_sandbox_attach.py \
             tests/integration/test_inspect.py tests/integration/test_mcp.py tests/unit/tree/test_pruning.py tests/unit/tree/test_retention.py \
             tests/unit/audit/test_audit_segments.py tests/unit/audit/test_audit_bound_writers.py tests/unit/test_private_modes.py tests/unit/test_state_trust.py \
             tests/unit/box/test_image_usage.py tests/e2e \
