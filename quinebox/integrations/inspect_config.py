@@ -149,7 +149,10 @@ def build_image(env: QuineboxEnvironmentConfig) -> None:
     """Build `env`'s Dockerfile with the Docker engine, tagged as its boxes ask for it (the layer cache reused)."""
     import quinebox
 
-    quinebox.build_image(env.dockerfile or "", env.build_context(), tag=env.built_tag())
+    try:
+        quinebox.build_image(env.dockerfile or "", env.build_context(), tag=env.built_tag())
+    except quinebox.EngineError as exc:
+        raise quinebox.EngineError(f"{exc}; give the config an `image:` instead (a user with no engine runs any image: docs/backends.md#rootless)") from exc
 
 
 

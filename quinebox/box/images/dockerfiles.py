@@ -15,7 +15,8 @@ from pathlib import Path
 import docker.errors
 
 from quinebox.box.backends.docker import DockerBackend
-from quinebox.errors import ImageError, QuineboxError
+from quinebox.box.backends.reach import unreachable
+from quinebox.errors import EngineError, ImageError, QuineboxError
 
 #: How long one build may take: a task's image may install packages.
 BUILD_TIMEOUT = 1800.0
@@ -41,7 +42,8 @@ def content_tag(dockerfile: Path, context: Path) -> str:
 def build(dockerfile: str | os.PathLike[str], context: str | os.PathLike[str] | None = None, *, tag: str | None = None, timeout: float = BUILD_TIMEOUT) -> str:
     """Build `dockerfile` (its context: `context`, default its directory) and return the image's tag: `tag`, or one of
     its content (`content_tag`), found without a build when the engine has it already. ImageError when the build
-    fails (its last lines of output kept), QuineboxError when there is no such file, EngineError when no engine answers."""
+    fails (its last lines of output kept), QuineboxError when there is no such file, EngineError (one line, saying why)
+    when no engine answers: the caller adds what its user gives instead."""
     file = Path(dockerfile).resolve()
     where = Path(context).resolve() if context is not None else file.parent
     if not file.is_file():
@@ -49,7 +51,12 @@ def build(dockerfile: str | os.PathLike[str], context: str | os.PathLike[str] | 
     if not where.is_dir():
         raise QuineboxError(f"cannot build {dockerfile}: its context {context} is not a directory")
     name = tag or content_tag(file, where)
-    backend = DockerBackend.connect(timeout=timeout)
+    try:
+        backend = DockerBackend.connect(timeout=timeout)
+    except EngineError as exc:
+        why = unreachable()
+        said = why.reason if why else f"cannot be reached ({exc})"
+        raise EngineError(f"cannot build {dockerfile}: a Dockerfile is built by the Docker engine, and it {said}") from exc
     try:
         if tag is None and backend.image_id(name) is not None:
             return name
