@@ -1,9 +1,10 @@
 """A Sandbox's files: read, written, listed, removed, and copied in and out as tars and directories; its world's revisions.
 
 The part of `quinebox.Sandbox` (sandbox.py) that reaches paths in its box, each an exec of the guest's files.py
-there as the box's user, bounded (box/live/box_files.py): a byte cap, a deadline, nothing the box planted (a FIFO,
-a socket, a device, a link out) hanging the host or being followed. A directory coming out of the box is the
-box's work, unpacked here as untrusted (untar.py). In an attached box each counts as the box in use.
+there as the box's user (or the `user=` each takes, as exec does), bounded (box/live/box_files.py): a byte cap,
+a deadline, nothing the box planted (a FIFO, a socket, a device, a link out) hanging the host or being followed.
+A directory coming out of the box is the box's work, unpacked here as untrusted (untar.py). In an attached box
+each counts as the box in use.
 
     sb.mkdir("/world/src"); sb.put_dir("src", "/world/src")
     [f.name for f in sb.listdir("/world/src")]        # FileInfo(name, path, type, size, mode, mtime) each
@@ -95,61 +96,61 @@ class SandboxFiles:
         if self._box is not None and self._box.world is not None:
             self.world.commit("exec", command=shlex.join(argv))
 
-    def _files(self, call: Callable[..., Any], path: str, *args: Any, **options: Any) -> Any:
-        """`call(target, path, ...)`, the box running and not paused; in an attached box, counted as in use (a
-        holder's idle limit waits for it)."""
+    def _files(self, call: Callable[..., Any], path: str, *args: Any, user: str | None = None, **options: Any) -> Any:
+        """`call(target, path, ...)` as `user` (default the box's; "root" where the box's root is no one outside, as for
+        exec), the box running and not paused; in an attached box, counted as in use (a holder's idle limit waits)."""
         self._ready()
         if self._box is not None:  # the owner: through the box's init, the fast way
-            return call(self._exec_target(), path, *args, **options)
-        with sandboxes.Running(self.id):  # its owner starts them, as it does its own execs
-            return call(box_files.Via(self.target, self.Popen), path, *args, **options)
+            return call(self._exec_target(), path, *args, user=sandboxes.user_of(self.target, user), **options)
+        with sandboxes.Running(self.id):  # its owner starts them, as it does its own execs (and says who `user` is)
+            return call(box_files.Via(self.target, self.Popen), path, *args, user=user, **options)
 
-    def read_file(self, path: str, *, max_bytes: int = box_files.READ_MAX, timeout: float = box_files.FILE_TIMEOUT) -> bytes:
+    def read_file(self, path: str, *, max_bytes: int = box_files.READ_MAX, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> bytes:
         """A file's bytes, as the box's user may read it: FileNotFoundError, IsADirectoryError, PermissionError.
 
         The box may have made `path` anything, so the read is bounded: a FIFO, a socket or a device is
         shutil.SpecialFileError, a file of more than `max_bytes` (default 256 MiB) FileTooLargeError, a read
         longer than `timeout` seconds TimeoutError — each at once or by its bound, and the box stays up."""
-        return self._files(box_files.read_bytes, path, max_bytes=max_bytes, timeout=timeout)
+        return self._files(box_files.read_bytes, path, max_bytes=max_bytes, timeout=timeout, user=user)
 
-    def write_file(self, path: str, data: bytes | str, *, timeout: float = box_files.FILE_TIMEOUT) -> None:
+    def write_file(self, path: str, data: bytes | str, *, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> None:
         """`data` (str as UTF-8) into a file of the box, its missing parent directories made, replaced whole;
         shutil.SpecialFileError if the box made `path` a FIFO, a socket or a device."""
-        self._files(box_files.write_bytes, path, data.encode() if isinstance(data, str) else data, timeout=timeout)
+        self._files(box_files.write_bytes, path, data.encode() if isinstance(data, str) else data, timeout=timeout, user=user)
         self._revise(["write_file", path])
 
-    def listdir(self, path: str = ".", *, max_bytes: int = box_files.READ_MAX, timeout: float = box_files.FILE_TIMEOUT) -> list[FileInfo]:
+    def listdir(self, path: str = ".", *, max_bytes: int = box_files.READ_MAX, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> list[FileInfo]:
         """What a directory of the box holds, by name (links as links); FileTooLargeError past `max_bytes` of listing."""
-        return self._files(box_files.listdir, path, max_bytes=max_bytes, timeout=timeout)
+        return self._files(box_files.listdir, path, max_bytes=max_bytes, timeout=timeout, user=user)
 
-    def stat(self, path: str, *, follow_symlinks: bool = False, timeout: float = box_files.FILE_TIMEOUT) -> FileInfo:
+    def stat(self, path: str, *, follow_symlinks: bool = False, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> FileInfo:
         """What `path` is in the box: a link itself, unless `follow_symlinks`."""
-        return self._files(box_files.stat, path, follow_symlinks=follow_symlinks, timeout=timeout)
+        return self._files(box_files.stat, path, follow_symlinks=follow_symlinks, timeout=timeout, user=user)
 
-    def remove(self, path: str, *, recursive: bool = False, timeout: float = box_files.FILE_TIMEOUT) -> None:
+    def remove(self, path: str, *, recursive: bool = False, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> None:
         """Remove a file or link of the box; a directory with everything in it when `recursive` (never through a
         link), else IsADirectoryError. (The box itself ends with `destroy()`.)"""
-        self._files(box_files.remove, path, recursive=recursive, timeout=timeout)
+        self._files(box_files.remove, path, recursive=recursive, timeout=timeout, user=user)
         self._revise(["remove", path])
 
-    def mkdir(self, path: str, *, parents: bool = True, exist_ok: bool = True, timeout: float = box_files.FILE_TIMEOUT) -> None:
+    def mkdir(self, path: str, *, parents: bool = True, exist_ok: bool = True, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> None:
         """Make a directory in the box (with its missing parents); FileExistsError unless `exist_ok`."""
-        self._files(box_files.mkdir, path, parents=parents, exist_ok=exist_ok, timeout=timeout)
+        self._files(box_files.mkdir, path, parents=parents, exist_ok=exist_ok, timeout=timeout, user=user)
 
-    def put_tar(self, path: str, fileobj: IO[bytes], *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT) -> None:
+    def put_tar(self, path: str, fileobj: IO[bytes], *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT, user: str | None = None) -> None:
         """Unpack the tar read from `fileobj` into directory `path` of the box (made if missing), as the box's user:
         no member outside `path`, nothing through a link, no device or FIFO, modes as tarfile's `data` filter gives;
         a refused archive is QuineboxError naming the member, and nothing of it is written."""
-        self._files(box_files.put_tar, path, fileobj, max_bytes=max_bytes, timeout=timeout)
+        self._files(box_files.put_tar, path, fileobj, max_bytes=max_bytes, timeout=timeout, user=user)
         self._revise(["put_tar", path])
 
-    def get_tar(self, path: str, fileobj: IO[bytes], *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT) -> None:
+    def get_tar(self, path: str, fileobj: IO[bytes], *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT, user: str | None = None) -> None:
         """A tar of `path` onto `fileobj`: a file as one member of its name, a directory's contents by their paths in
         it; links as links, FIFOs, sockets and devices left out. FileTooLargeError past `max_bytes` (default 1 GiB).
         It is the box's work: unpack it as untrusted (`get_dir` does)."""
-        self._files(box_files.get_tar, path, fileobj, max_bytes=max_bytes, timeout=timeout)
+        self._files(box_files.get_tar, path, fileobj, max_bytes=max_bytes, timeout=timeout, user=user)
 
-    def put_dir(self, local_dir: str | os.PathLike[str], path: str, *, timeout: float = box_files.TAR_TIMEOUT) -> None:
+    def put_dir(self, local_dir: str | os.PathLike[str], path: str, *, timeout: float = box_files.TAR_TIMEOUT, user: str | None = None) -> None:
         """A directory of this machine's copied into directory `path` of the box (its contents; links as links, an
         absolute or outward one refused; FIFOs, sockets and devices left out)."""
         if not os.path.isdir(local_dir):
@@ -160,18 +161,18 @@ class SandboxFiles:
         thread.start()
         try:
             with os.fdopen(read_end, "rb") as stream:
-                self.put_tar(path, stream, timeout=timeout)
+                self.put_tar(path, stream, timeout=timeout, user=user)
         finally:
             thread.join(timeout)
         if failed:
             raise failed[0]
 
-    def get_dir(self, path: str, local_dir: str | os.PathLike[str], *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT) -> None:
+    def get_dir(self, path: str, local_dir: str | os.PathLike[str], *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT, user: str | None = None) -> None:
         """What `path` of the box holds, into `local_dir` here (made if missing), unpacked as untrusted (untar.py:
         nothing through a link, nothing outside `local_dir`, no device or FIFO; a refused archive is QuineboxError)."""
         os.makedirs(local_dir, exist_ok=True)
         with tempfile.NamedTemporaryFile(prefix="quinebox-get-", suffix=".tar") as spool:
-            self.get_tar(path, spool, max_bytes=max_bytes, timeout=timeout)
+            self.get_tar(path, spool, max_bytes=max_bytes, timeout=timeout, user=user)
             spool.flush()
             try:
                 untar.unpack(spool.name, local_dir, max_members=box_files.MAX_MEMBERS, max_bytes=max_bytes)

@@ -39,12 +39,10 @@ from harbor.models.trial.config import ResourceMode
 from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
 from pydantic import Field
 
-from quinebox import DEVNULL, QuineboxError, Sandbox
+from quinebox import DEVNULL, QuineboxError, Sandbox, build_image
 
 #: What each box's name starts with: what `quinebox box ls` shows of a Harbor trial's box.
 NAME_PREFIX = "harbor-"
-#: The repository a task's built image is tagged in; its tag is the content hash of the task's environment/.
-IMAGE_REPOSITORY = "quinebox-harbor"
 #: Each stream of an exec is kept up to this many bytes (Harbor holds them in memory); past it the command is killed.
 OUTPUT_MAX = 64 << 20
 #: The most a download (one file, or a directory's tar) may hold.
@@ -88,12 +86,6 @@ def mount_grant(mount: dict[str, Any]) -> str:
         raise ValueError(f"cannot mount {mount.get('source')!r} at {mount.get('target')!r}: the quinebox environment mounts host paths (type bind) only, not {mount.get('type')!r}")
     kind = "ro" if mount.get("read_only") else "rw"
     return f"{kind}:{os.path.abspath(mount['source'])}={mount['target']}"
-
-
-def image_tag(environment_name: str, content_hash: str) -> str:
-    """The engine tag of a task's built image: the same environment/ bytes, the same tag, so a build is reused."""
-    name = re.sub(r"[^a-z0-9._-]+", "-", environment_name.lower()).strip("-._") or "task"
-    return f"{IMAGE_REPOSITORY}/{name[:100]}:{content_hash[:64]}"
 
 
 def box_name(session_id: str) -> str:
@@ -175,11 +167,12 @@ class QuineboxEnvironment(BaseEnvironment):
         dockerfile = self.environment_dir / DOCKERFILE_NAME
         if self.task_env_config.docker_image and not (force_build and dockerfile.exists()):
             image = self.task_env_config.docker_image
-        else:
-            image = image_tag(self.environment_name, self.environment_id)
-            lock = self._build_locks.setdefault(image, asyncio.Lock())
+        else:  # the engine builds it once, tagged by its content: the task's next trial finds it built
+            lock = self._build_locks.setdefault(str(self.environment_dir), asyncio.Lock())
             async with lock:
-                await asyncio.to_thread(self._build, image, force_build)
+                image = await asyncio.to_thread(
+                    build_image, dockerfile, self.environment_dir, rebuild=force_build, timeout=float(self.task_env_config.build_timeout_sec),
+                )
         self._image_user = await asyncio.to_thread(self._user_of, image)
         self._sandbox = await Sandbox.adetached(
             image=image, grants=self.grants(), name=box_name(self.session_id),
@@ -196,32 +189,6 @@ class QuineboxEnvironment(BaseEnvironment):
         import docker
 
         return docker.from_env(timeout=int(self.task_env_config.build_timeout_sec))
-
-    def _build(self, tag: str, force: bool) -> None:
-        """Build the task's Dockerfile with the engine unless `tag` (its content hash) is built already; bounded by
-        the task's build_timeout_sec (each read of the engine's answer), never pulling a base it has."""
-        import docker
-
-        try:
-            client = self._engine()
-        except docker.errors.DockerException as exc:
-            raise QuineboxError(f"cannot build {self.environment_dir / DOCKERFILE_NAME}: the Docker engine is not reachable ({exc}); give the task a docker_image instead") from None
-        try:
-            if not force:
-                try:
-                    client.images.get(tag)
-                    return
-                except docker.errors.ImageNotFound:
-                    pass
-            try:
-                client.images.build(path=str(self.environment_dir), dockerfile=DOCKERFILE_NAME, tag=tag, rm=True, timeout=int(self.task_env_config.build_timeout_sec))
-            except docker.errors.BuildError as exc:
-                said = "".join(str(entry.get("stream") or entry.get("error") or "") for entry in exc.build_log).strip()
-                raise QuineboxError(f"cannot build {self.environment_dir / DOCKERFILE_NAME}: {exc.msg}\n{said[-2000:]}") from None
-            except docker.errors.APIError as exc:
-                raise QuineboxError(f"cannot build {self.environment_dir / DOCKERFILE_NAME}: {exc.explanation or exc}") from None
-        finally:
-            client.close()
 
     def _user_of(self, image: str) -> str:
         """The image's USER, whom a command that names none runs as (as `docker exec` does); "" where the engine
@@ -319,15 +286,10 @@ class QuineboxEnvironment(BaseEnvironment):
         await self._untar(await asyncio.to_thread(tar_of, Path(source_dir), None), target_dir)
 
     async def _untar(self, data: bytes, target_dir: str) -> None:
-        """A tar unpacked into `target_dir` by the box's root, owned by root, as Docker's provider copies files in:
-        Harbor puts /solution and /tests at the top of the tree and into directories the image's root made. The
-        archive is this machine's own and is unpacked inside the box, so the box's links can lead it nowhere but
-        the box's own tree."""
-        result = await self.sandbox.aexec(
-            ["sh", "-c", 'mkdir -p -- "$1" && exec tar -xf - -C "$1"', "sh", target_dir], input=data, user="0", timeout=TRANSFER_TIMEOUT,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"cannot copy files into {target_dir} of box {self.sandbox.id}: {result.stderr.decode(errors='replace').strip() or f'tar exited {result.returncode}'}")
+        """A tar unpacked into `target_dir` (made if missing) by the box's root, owned by root, as Docker's provider
+        copies files in: Harbor puts /solution and /tests at the top of the tree and into directories the image's
+        root made. Unpacked in the box, bounded and refusing any member that would leave `target_dir` (put_tar)."""
+        await self.sandbox.aput_tar(target_dir, io.BytesIO(data), user="0", timeout=TRANSFER_TIMEOUT)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         data = await self.sandbox.aread_file(source_path, max_bytes=DOWNLOAD_MAX)

@@ -78,6 +78,40 @@ def test_root_may_change_what_the_images_root_owns_in_a_writable_root_and_the_im
         assert box.exec(["sh", "-c", "ls /etc/x /logs"]).returncode != 0  # nothing of the last box's
 
 
+@pytest.mark.root_only  # as above: the image's root-owned tree
+@pytest.mark.parametrize("attached", [False, True])
+def test_files_go_in_and_out_as_root_where_root_is_honored(attached):
+    """What Harbor does with /solution and /tests: a tree unpacked at the top of the box's root by its root, owned by
+    root; the box's own user may not make it there. Through the box's owner (attached) as well as in-process."""
+    import io
+    import tarfile
+
+    def tree() -> io.BytesIO:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo("solve.sh")
+            info.size, info.mode = 10, 0o755
+            tar.addfile(info, io.BytesIO(b"echo done\n"))
+        buf.seek(0)
+        return buf
+
+    made = quinebox.Sandbox.detached(backend="oci", runtime="runc", grants=["rootfs:rw"], ttl="5m") if attached else None
+    with quinebox.Sandbox.connect(made.id) if made else quinebox.Sandbox(backend="oci", runtime="runc", grants=["rootfs:rw"]) as box:
+        try:
+            with pytest.raises(PermissionError):
+                box.put_tar("/solution", tree())
+            box.put_tar("/solution", tree(), user="root")
+            assert box.read_file("/solution/solve.sh") == b"echo done\n"
+            info = box.stat("/solution/solve.sh", user="0")
+            assert (info.type, info.mode & 0o777) == ("file", 0o755), info
+            assert box.exec(["stat", "-c", "%u %g", "/solution", "/solution/solve.sh"]).stdout == b"0 0\n0 0\n"
+            box.remove("/solution", recursive=True, user="root")
+            assert box.exec(["test", "-e", "/solution"]).returncode == 1
+        finally:
+            if made:
+                made.destroy()
+
+
 @pytest.mark.parametrize("where", ["docker", "runsc"])
 def test_root_is_refused_in_one_line_where_the_box_has_no_user_namespace_of_its_own(where):
     backend, runtime = ("docker", None) if where == "docker" else ("oci", "runsc")

@@ -39,9 +39,12 @@ def content_tag(dockerfile: Path, context: Path) -> str:
     return f"{REPOSITORY}:{digest.hexdigest()[:20]}"
 
 
-def build(dockerfile: str | os.PathLike[str], context: str | os.PathLike[str] | None = None, *, tag: str | None = None, timeout: float = BUILD_TIMEOUT) -> str:
+def build(
+    dockerfile: str | os.PathLike[str], context: str | os.PathLike[str] | None = None, *, tag: str | None = None, rebuild: bool = False,
+    timeout: float = BUILD_TIMEOUT,
+) -> str:
     """Build `dockerfile` (its context: `context`, default its directory) and return the image's tag: `tag`, or one of
-    its content (`content_tag`), found without a build when the engine has it already. ImageError when the build
+    its content (`content_tag`), found without a build when the engine has it already (unless `rebuild`). ImageError when the build
     fails (its last lines of output kept), QuineboxError when there is no such file, EngineError (one line, saying why)
     when no engine answers: the caller adds what its user gives instead."""
     file = Path(dockerfile).resolve()
@@ -55,10 +58,10 @@ def build(dockerfile: str | os.PathLike[str], context: str | os.PathLike[str] | 
         backend = DockerBackend.connect(timeout=timeout)
     except EngineError as exc:
         why = unreachable()
-        said = why.reason if why else f"cannot be reached ({exc})"
-        raise EngineError(f"cannot build {dockerfile}: a Dockerfile is built by the Docker engine, and it {said}") from exc
+        reason = why.reason if why else f"cannot be reached ({exc})"
+        raise EngineError(f"cannot build {dockerfile}: a Dockerfile is built by the Docker engine, and it {reason}") from exc
     try:
-        if tag is None and backend.image_id(name) is not None:
+        if tag is None and not rebuild and backend.image_id(name) is not None:
             return name
         relative = os.path.relpath(file, where)
         said: list[str] = []

@@ -237,32 +237,32 @@ class FileInfo:
     mtime: float
 
 
-def listdir(where: Target | Via, path: str, *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT) -> list[FileInfo]:
+def listdir(where: Target | Via, path: str, *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT, user: str | None = None) -> list[FileInfo]:
     """The entries of a directory in the box, by name; FileTooLargeError when their listing passes `max_bytes`."""
-    said = json.loads(_run(where, path, "list", max_bytes=max_bytes, timeout=timeout, raise_it="give listdir(..., max_bytes=N)"))
+    said = json.loads(_run(where, path, "list", max_bytes=max_bytes, timeout=timeout, raise_it="give listdir(..., max_bytes=N)", user=user))
     return [FileInfo(**entry) for entry in said]
 
 
-def stat(where: Target | Via, path: str, *, follow_symlinks: bool = False, timeout: float = FILE_TIMEOUT) -> FileInfo:
+def stat(where: Target | Via, path: str, *, follow_symlinks: bool = False, timeout: float = FILE_TIMEOUT, user: str | None = None) -> FileInfo:
     """What `path` is in the box (a link itself, unless `follow_symlinks`)."""
-    return FileInfo(**json.loads(_run(where, path, "stat", "1" if follow_symlinks else "0", max_bytes=ERR_MAX, timeout=timeout)))
+    return FileInfo(**json.loads(_run(where, path, "stat", "1" if follow_symlinks else "0", max_bytes=ERR_MAX, timeout=timeout, user=user)))
 
 
-def remove(where: Target | Via, path: str, *, recursive: bool = False, timeout: float = FILE_TIMEOUT) -> None:
+def remove(where: Target | Via, path: str, *, recursive: bool = False, timeout: float = FILE_TIMEOUT, user: str | None = None) -> None:
     """A file or link in the box removed (a directory too, with all it holds, when `recursive`: never through a
     link); a directory without `recursive` is IsADirectoryError."""
-    _run(where, path, "remove", "1" if recursive else "0", max_bytes=0, timeout=timeout)
+    _run(where, path, "remove", "1" if recursive else "0", max_bytes=0, timeout=timeout, user=user)
 
 
-def mkdir(where: Target | Via, path: str, *, parents: bool = True, exist_ok: bool = True, timeout: float = FILE_TIMEOUT) -> None:
-    _run(where, path, "mkdir", "1" if parents else "0", "1" if exist_ok else "0", max_bytes=0, timeout=timeout)
+def mkdir(where: Target | Via, path: str, *, parents: bool = True, exist_ok: bool = True, timeout: float = FILE_TIMEOUT, user: str | None = None) -> None:
+    _run(where, path, "mkdir", "1" if parents else "0", "1" if exist_ok else "0", max_bytes=0, timeout=timeout, user=user)
 
 
-def _run(where: Target | Via, path: str, *args: str, max_bytes: int, timeout: float, raise_it: str = RAISE_IT) -> bytes:
+def _run(where: Target | Via, path: str, *args: str, max_bytes: int, timeout: float, raise_it: str = RAISE_IT, user: str | None = None) -> bytes:
     """files.py's `args[0]` on `path` in the box: what it wrote, at most `max_bytes`; its refusal as Python's own error."""
     out = Taken(None, max_bytes)
     err = Taken(None, ERR_MAX)
-    proc = _start(where, files_command(args[0], _absolute(where, path), *args[1:]), stdin=DEVNULL, stdout=out, stderr=err)
+    proc = _start(where, files_command(args[0], _absolute(where, path), *args[1:]), stdin=DEVNULL, stdout=out, stderr=err, user=user)
     out.watch(proc)
     code = proc.wait(timeout)
     out.close()
@@ -276,7 +276,7 @@ def _run(where: Target | Via, path: str, *args: str, max_bytes: int, timeout: fl
 DOING = {"list": "listing", "stat": "looking at", "remove": "removing", "mkdir": "making"}
 
 
-def get_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: int = TAR_MAX, timeout: float = TAR_TIMEOUT) -> None:
+def get_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: int = TAR_MAX, timeout: float = TAR_TIMEOUT, user: str | None = None) -> None:
     """A tar of `path` in the box written to `fileobj` as it comes: a file as one member of its name, a directory's
     contents by their paths in it; links as links, FIFOs, sockets and devices left out. Past `max_bytes`
     FileTooLargeError (what came before it is on `fileobj`); the box's tar is its own work: unpack it as untrusted."""
@@ -291,7 +291,7 @@ def get_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: in
 
     taken = Taken(take, max_bytes)
     err = Taken(None, ERR_MAX)
-    proc = _start(where, files_command("gettar", _absolute(where, path), str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err)
+    proc = _start(where, files_command("gettar", _absolute(where, path), str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err, user=user)
     taken.watch(proc)
     code = proc.wait(timeout)
     taken.close()
@@ -302,7 +302,7 @@ def get_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: in
     _raise(code, path, err, proc.timed_out, timeout, "archiving")
 
 
-def put_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: int = TAR_MAX, timeout: float = TAR_TIMEOUT) -> None:
+def put_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: int = TAR_MAX, timeout: float = TAR_TIMEOUT, user: str | None = None) -> None:
     """The tar read from `fileobj` unpacked into directory `path` in the box (made if missing), by the box's user: every
     header checked before a byte is written, nothing outside `path`, nothing written through a link, no device or
     FIFO, modes as Python's `data` filter gives them. A refused archive is QuineboxError naming the member, and
@@ -311,7 +311,7 @@ def put_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: in
 
     err = Taken(None, ERR_MAX)
     code_of_untar = _source_of(untar.__file__)
-    proc = _start(where, files_command("puttar", _absolute(where, path), str(max_bytes), code_of_untar), stdin=PIPE, stdout=DEVNULL, stderr=err)
+    proc = _start(where, files_command("puttar", _absolute(where, path), str(max_bytes), code_of_untar), stdin=PIPE, stdout=DEVNULL, stderr=err, user=user)
     feeder = threading.Thread(target=_feed, args=(fileobj, proc.stdin), daemon=True)
     feeder.start()
     code = proc.wait(timeout)
