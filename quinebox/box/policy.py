@@ -17,6 +17,7 @@ from typing import Any
 
 from quinebox.box.net.secrets import BUNDLE_VARIABLES, TLS_DIR, placeholder
 from quinebox.box.spec import BoxSpec, ImageInfo
+from quinebox.errors import GrantError
 from quinebox.grants import Grants, format_size
 
 DEFAULT_MEM = 1 << 30
@@ -235,10 +236,15 @@ def world_mount(spec: BoxSpec) -> BoxMount:
     return BoxMount("overlay", "/world", "overlay", writable=True, options=overlay)
 
 
+#: Why the engine gives no box `rootfs:rw`: its container layer is the host's disk with no bound (overlay2 takes a
+#: size only over xfs mounted with pquota, which `docker info` does not say), and a backend is never silently weaker.
+ENGINE_ROOT_LAYER = "refused rootfs:rw on the Docker engine: it cannot bound a writable root (its layer would fill the host's disk); use --backend oci"
+
+
 def root_layer(grants: Grants) -> int | None:
     """The bytes a box's root may take of writes, in a layer of its own over the image's tree that goes with the box
-    (`rootfs:rw`): as many as its /tmp may hold (`tmp:`), each a tmpfs's (an OCI runtime's boxes) or the engine's
-    container layer. None: the root is read-only, the default."""
+    (`rootfs:rw`): as many as its /tmp may hold (`tmp:`), in a tmpfs (an OCI runtime's boxes; the engine refuses the
+    grant: ENGINE_ROOT_LAYER). None: the root is read-only, the default."""
     return (grants.tmp or DEFAULT_TMP) if grants.rootfs_rw else None
 
 
@@ -313,12 +319,14 @@ def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: 
     environment, working directory and default command, which only say what to run.
     """
     grants = spec.grants
+    if grants.rootfs_rw:
+        raise GrantError(ENGINE_ROOT_LAYER)
     mem = grants.mem or DEFAULT_MEM
     own = box_mounts(spec, runtime)
     host: dict[str, Any] = {
         "auto_remove": True,
         "network_mode": "bridge" if bridged(grants) else "none",
-        "read_only": root_layer(grants) is None,  # rootfs:rw: the container's own layer, removed with it
+        "read_only": True,
         "cap_drop": ["ALL"],
         "security_opt": [
             "no-new-privileges:true",

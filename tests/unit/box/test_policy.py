@@ -20,6 +20,7 @@ from quinebox.box.policy import (
     workdir_for,
 )
 from quinebox.box.spec import BoxSpec, ImageInfo, seccomp_base
+from quinebox.errors import EXIT_QUINEBOX, GrantError
 from quinebox.grants import Grants
 from quinebox.worlds.spec import WorldSpec
 
@@ -111,6 +112,16 @@ def test_environment_holds_only_what_quinebox_sets():
 )
 def test_grants_map_to_host_config(grant, key, value):
     assert config(grant).host[key] == value
+
+
+@pytest.mark.parametrize("grants", [("rootfs:rw",), ("rootfs:rw", "tmp:8m"), ("rootfs:rw", "mem:64m")])
+def test_the_engine_refuses_a_writable_root_it_cannot_bound_in_one_line(grants):
+    """overlay2's container layer is the host's disk: no `tmp:` or memory limit bounds it, so no config is made."""
+    with pytest.raises(GrantError) as refused:
+        config(*grants)
+    said = str(refused.value)
+    assert said.startswith("refused rootfs:rw on the Docker engine") and "--backend oci" in said and "\n" not in said
+    assert refused.value.exit_code == EXIT_QUINEBOX == 125
 
 
 def test_tmp_grant_sizes_both_tmpfs():

@@ -24,6 +24,7 @@ from quinebox.box.policy import (
 from quinebox.box.policy_oci import GVISOR_TASKS_BASE, GVISOR_TASKS_PER_PID, gvisor_seccomp, oci_config, oci_seccomp
 from quinebox.box.net.secrets import TLS_DIR
 from quinebox.box.spec import BoxSpec, ImageInfo, seccomp_base
+from quinebox.errors import GrantError
 from quinebox.worlds.spec import WorldSpec
 from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, USER_IMAGE, spec  # the same images, runtime and specs as the engine's table
 
@@ -165,9 +166,11 @@ def test_rootfs_rw_makes_the_root_writable_its_layer_as_large_as_tmp_and_nothing
     assert cfg["annotations"].get(ROOT_LAYER) == (None if layer is None else str(layer))
     strip = lambda c: {**c, "root": None, "annotations": {k: v for k, v in c["annotations"].items() if k != ROOT_LAYER}}  # noqa: E731
     assert strip(cfg) == strip(plain)
-    engine, engine_plain = docker(spec(*grants)), docker(spec(*(g for g in grants if g != "rootfs:rw")))
-    assert engine.host["read_only"] is (layer is None)
-    assert {**engine.host, "read_only": None} == {**engine_plain.host, "read_only": None} and engine.create == engine_plain.create
+    if layer is None:
+        assert docker(spec(*grants)).host["read_only"] is True
+    else:  # the engine's layer is its disk's, unbounded: refused (test_policy.py)
+        with pytest.raises(GrantError, match="^refused rootfs:rw on the Docker engine"):
+            docker(spec(*grants))
 
 
 def test_granted_paths_are_recursive_binds_read_only_all_the_way_down_unless_rw():
@@ -271,7 +274,6 @@ BOXES = {
     "env grants": (spec("env:A=1", "env:B=", "env:LANG=de_DE.UTF-8"), USER_IMAGE),
     "syscall grants": (spec("syscall:clone3", "syscall:ptrace"), AGENT_IMAGE),
     "tags and a parent": (spec(tags=(("run", "r1"), ("attempt", "2")), parent="p0"), AGENT_IMAGE),
-    "a writable root": (spec("rootfs:rw", "tmp:64m"), USER_IMAGE),
 }
 
 
@@ -325,7 +327,7 @@ AGREEMENT = {
     "hostname": lambda d, o, box: d.create["hostname"] == o["hostname"],
     "labels": lambda d, o, box: d.create["labels"] == {k: v for k, v in o["annotations"].items() if k != ROOT_LAYER},
     "argv": lambda d, o, box: o["process"]["args"] == ([*GUEST_PREFIX, *d.create["command"]] if box.agent else d.create["command"]),
-    "read-only root, unless rootfs:rw": lambda d, o, box: d.host["read_only"] is o["root"]["readonly"] is (not box.grants.rootfs_rw),
+    "read-only root": lambda d, o, box: d.host["read_only"] is o["root"]["readonly"] is True,
     "no new privileges": lambda d, o, box: "no-new-privileges:true" in d.host["security_opt"] and o["process"]["noNewPrivileges"] is True,
     "no capabilities": lambda d, o, box: d.host["cap_drop"] == ["ALL"] and "cap_add" not in d.host and not any(o["process"]["capabilities"].values()),
     "network none, ipc private": lambda d, o, box: (d.host["network_mode"], d.host["ipc_mode"]) == ("none", "private")
