@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 HOLD = (*GUEST_PYTHON, "-c", "import signal\nsignal.pause()")
 #: How long a box's init may take to say, once started, that it runs execs (gVisor's Python takes longest).
 INIT_TIMEOUT = 10.0
+#: How long `destroy` waits for an attached box to go (its owner removes it; on a loaded machine that takes seconds).
+GONE_WITHIN = 30.0
 #: What `exec` keeps of each of stdout and stderr unless its caller says otherwise; the rest is dropped.
 MAX_OUTPUT = 64 << 20
 #: How long a detached box lasts with no exec running in it, unless `idle=` says otherwise (as `box create`'s).
@@ -325,7 +327,8 @@ class Sandbox(SandboxFiles, SandboxTime):
             if freezing.pause_of(self.id) is not None and self._box.poll() is None:  # a frozen process dies only once thawed
                 freezing.thaw(self.target.box)
             self._box.kill()
-            self._box.wait()
+            if not sys.is_finalizing():  # at the interpreter's exit (a __del__, atexit) the threads a wait needs are gone:
+                self._box.wait()  # the box goes with this process all the same (its lifeline), and the keeper removes it
         finally:
             sandboxes.remove_record(self.id)
 
@@ -338,8 +341,11 @@ class Sandbox(SandboxFiles, SandboxTime):
         self._closed = True
         if self._gone():
             return
-        listing.kill_subtree(self.id)
-        if not sandboxes.wait_gone(self.id, 10):  # one that stays keeps its record: `box ls` still shows it
+        try:  # its owner removes it the one way every box is removed (a holder then exits): no listing to go wrong
+            self._ask("destroy")
+        except QuineboxError:  # no owner answers (gone, or of an older quinebox): killed as `quinebox box rm` does
+            listing.kill_subtree(self.id)
+        if not sandboxes.wait_gone(self.id, GONE_WITHIN):  # one that stays keeps its record: `box ls` still shows it
             raise QuineboxError(f"box {self.id} did not go in time: `quinebox gc` removes it once its runtime answers")
         sandboxes.remove_record(self.id)
 

@@ -153,6 +153,9 @@ class SandboxTime:
         if op == "checkpoint":
             made = self.checkpoint(_transient=bool(request.get("transient")))
             return {"box": self.id, "snapshot": made.id, "bytes": made.size}
+        if op == "destroy":  # answered first: the box goes once the answer is out, and a holder with it
+            threading.Thread(target=self.close, name=f"destroy:{self.id}", daemon=True).start()
+            return {"box": self.id}
         raise QuineboxError(f"unknown request {op!r} for box {self.id}")
 
     # -- async twins (of these, and of the Sandbox's own life) ---------------------------------------------------------------------------

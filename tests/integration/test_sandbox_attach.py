@@ -96,3 +96,39 @@ def test_async_twins_detach_connect_and_destroy(running):
 def test_connect_refuses_what_is_not_there():
     with pytest.raises(QuineboxError, match="no long-lived box"):
         quinebox.Sandbox.connect("no-such-box-anywhere")
+
+
+def test_destroy_ends_a_detached_box_and_its_holder_process(running):
+    """Its owner (the holder) removes the box the one way every box is removed, then exits: nothing is left running."""
+    sb = quinebox.Sandbox.detached(ttl="3m")
+    holder = sb._record.owner  # "host:pid:start" of the process that holds the box
+    pid = int(holder.split(":")[1])
+    sb.destroy()
+    assert not running(sb.id)
+    assert not soon(lambda: _alive(pid), within=10), f"the holder {pid} still runs"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_sandbox_closed_while_the_interpreter_exits_does_not_hang_it(running):
+    """A framework that closes its box in a __del__ (run while Python shuts down, its threads gone) exits at once,
+    and the box goes with the process."""
+    probe = (
+        "import quinebox\n"
+        "class Env:\n"
+        "    def __del__(self):\n"
+        "        self.sb.close()\n"
+        "env = Env()\n"
+        "env.sb = quinebox.Sandbox(ttl='3m')\n"
+        "print(env.sb.id, flush=True)\n"
+    )
+    done = subprocess.run([PY, "-c", probe], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    session = done.stdout.decode().strip()
+    assert not soon(lambda: running(session), within=20), f"box {session} still runs"
