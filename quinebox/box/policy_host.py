@@ -37,6 +37,11 @@ ETC_SECRETS = (
     "/etc/sudoers", "/etc/sudoers.d", "/etc/ssl/private",
 )
 SSH_DIR = "/etc/ssh"
+#: Why no box of `--image host` holds `rootfs:rw`: its root's lower layer would be the host's own `/`. Rootless, the
+#: root is a plain directory of the bundle's on the state dir's disk (no overlay), unbounded; made by root, the
+#: host's files would be the box's root's through an idmapped view, its secrets among them (ETC_SECRETS is a
+#: denylist). Refused by rule, before anything is made.
+HOST_ROOT_LAYER = "refused rootfs:rw with --image host: the host's own root is never a box's to write; write in a granted rw: path or /tmp, or use an image"
 #: An empty directory of root's: nothing to read, and nothing the box's user (never root) can write.
 HIDDEN_OPTIONS = ("nosuid", "nodev", "noexec", "size=64k", "nr_inodes=64", "mode=0755")
 KINDS = ("dir", "file", "link")

@@ -38,7 +38,9 @@ from quinebox.box.policy import (
     seccomp_profile,
     workdir_for,
 )
-from quinebox.box.spec import BoxSpec, ImageInfo
+from quinebox.box.policy_host import HOST_ROOT_LAYER
+from quinebox.box.spec import HOST_IMAGE, BoxSpec, ImageInfo
+from quinebox.errors import GrantError
 
 OCI_VERSION = "1.0.2"
 #: Every box's own namespaces, and a user namespace besides: a root-made box's maps a span of host ids no account
@@ -186,8 +188,11 @@ def oci_config(
     user namespace already refuses a box every device node but those it is shown (mknod is refused in it).
     `userns`: for a box root makes, (first, count): the host ids its user namespace maps its ids 0… onto, the
     box's user (`spec.uid`) among them, none of them an account's (backends/idmap.py). A box granted `rootfs:rw`
-    has its root writable, the bytes of its own layer in the ROOT_LAYER annotation (backends/boxroot.py).
+    has its root writable, the bytes of its own layer in the ROOT_LAYER annotation (backends/boxroot.py); never
+    over the host's own root (HOST_ROOT_LAYER).
     """
+    if spec.grants.rootfs_rw and spec.image == HOST_IMAGE:
+        raise GrantError(HOST_ROOT_LAYER)
     if rootless is not None:  # the box's user is its namespace's uid 0: its world, /world's owner, are that uid's
         spec = replace(spec, uid=0, gid=0)
     grants = spec.grants

@@ -13,10 +13,11 @@ import subprocess
 
 import pytest
 from commands import QUINEBOX, ROOTLESS
-from live_boxes import live_boxes, soon
+from live_boxes import soon
 
 import quinebox
 from quinebox.box.backends.boxroot import SHM, bundle_of
+from quinebox.box.policy_host import HOST_ROOT_LAYER
 
 #: Where the box runs, as the rootless pass's deselection reads a case's parameter (tests/conftest.py).
 WHERE = ["runc", "runsc", "docker"]
@@ -103,6 +104,18 @@ def test_the_engine_refuses_the_grant_in_one_line_and_starts_nothing(engine):
     assert [c for c in engine.api.containers(all=True) if marker in c["Command"]] == []
     with pytest.raises(quinebox.QuineboxError, match="use --backend oci$"):
         quinebox.Sandbox(backend="docker", grants=["rootfs:rw"])
+
+
+@pytest.mark.parametrize("runtime", BOUNDED)
+def test_the_hosts_own_root_is_never_a_writable_one(runtime):
+    """`--image host`: rootless, the root would be a directory of the bundle's on the state dir's disk, unbounded;
+    made by root, an idmapped view of the host's `/` (its secrets the box root's). Refused by rule, nothing made."""
+    before = sorted(glob.glob(f"{os.environ['QUINEBOX_STATE_DIR']}/run/*.oci")), sorted(glob.glob(f"{SHM}/quinebox-{os.getuid()}-*"))
+    done = subprocess.run([QUINEBOX, "exec", "--backend", "oci", "--runtime", runtime, "--image", "host", "-g", "rootfs:rw", "-g", "tmp:8m", "--",
+                           "sh", "-c", "dd if=/dev/zero of=/var/tmp/big bs=1M count=16"], capture_output=True, timeout=120)
+    assert (done.returncode, done.stdout) == (125, b""), done
+    assert done.stderr == f"quinebox: {HOST_ROOT_LAYER}\n".encode(), done.stderr
+    assert (sorted(glob.glob(f"{os.environ['QUINEBOX_STATE_DIR']}/run/*.oci")), sorted(glob.glob(f"{SHM}/quinebox-{os.getuid()}-*"))) == before
 
 
 def test_without_the_grant_the_root_is_read_only(where):

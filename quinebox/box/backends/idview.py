@@ -8,6 +8,9 @@ box would cost the image's size each time; an idmapped mount (Linux ≥ 5.12, as
 --userns=auto use them) shows the same tree with each owner shifted into the box's range, and overlayfs takes it
 as a lower layer (≥ 5.19): nothing on disk changes owner, the cache is never written, and the view is a detached
 mount held by an fd, gone when the fd closes once the overlay holds it.
+
+Such a view makes every file the host's root owns in it the box's root's, so it is made of nothing but an unpacked
+image tree of quinebox's own cache (`image_tree`), never of the host's `/` or any other directory: it fails closed.
 """
 
 from __future__ import annotations
@@ -15,10 +18,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import subprocess
 import time
+from pathlib import Path
 
 from quinebox.box.backends import idmap
+from quinebox.errors import EngineError
+from quinebox.state import state_dir
 
 #: The new mount API: x86-64's and arm64's numbers alike.
 SYS_OPEN_TREE, SYS_MOUNT_SETATTR = 428, 442
@@ -26,6 +33,20 @@ OPEN_TREE_CLONE, AT_RECURSIVE, AT_EMPTY_PATH, O_CLOEXEC = 0x1, 0x8000, 0x1000, 0
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_IDMAP = 0x1, 0x100000
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+#: An unpacked image's tree in the cache, below the state dir's images/ (images/rootfs.py: <id's hex>/rootfs).
+_IMAGE_TREE = re.compile(r"[0-9a-f]{64}/rootfs")
+
+
+def image_tree(image_root: str) -> str:
+    """`image_root`, resolved, when it is an unpacked image tree of this state dir's cache; EngineError otherwise."""
+    resolved = os.path.realpath(image_root)
+    cache = os.path.realpath(state_dir() / "images")
+    relative = os.path.relpath(resolved, cache)
+    if not _IMAGE_TREE.fullmatch(relative) or not Path(resolved).is_dir():
+        raise EngineError(f"refused an idmapped view of {image_root}: only an unpacked image tree of quinebox's cache ({cache}) becomes a box root's own")
+    return resolved
 
 
 class _MountAttr(ctypes.Structure):
@@ -59,8 +80,8 @@ def _namespace_of(ids: idmap.IdRange) -> int:
 def idmapped(image_root: str, ids: idmap.IdRange) -> int:
     """A detached, read-only view of the image's tree in which its owner 0… are the box's ids 0… (the host's
     first…), as an fd: the lower layer of a writable root, whose files the box's root then owns as the image's
-    root does. Nothing on disk changes; the view goes when its last fd closes."""
-    fd = _libc.syscall(SYS_OPEN_TREE, -100, image_root.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | O_CLOEXEC)
+    root does. Nothing on disk changes; the view goes when its last fd closes. Of an image tree only (`image_tree`)."""
+    fd = _libc.syscall(SYS_OPEN_TREE, -100, image_tree(image_root).encode(), OPEN_TREE_CLONE | AT_RECURSIVE | O_CLOEXEC)
     if fd < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), image_root)

@@ -5,20 +5,7 @@ import json
 import pytest
 
 from quinebox.audit.asks import Asks
-from quinebox.box.policy import (
-    DEFAULT_MEM,
-    DEFAULT_PIDS,
-    GUEST_PREFIX,
-    HOST_SOCKET,
-    LABEL_OWNER,
-    LABEL_PARENT,
-    LABEL_SESSION,
-    LABEL_USER,
-    RUNTIME,
-    container_config,
-    seccomp_profile,
-    workdir_for,
-)
+from quinebox.box.policy import DEFAULT_MEM, DEFAULT_PIDS, GUEST_PREFIX, HOST_SOCKET, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER, RUNTIME, container_config, seccomp_profile, workdir_for
 from quinebox.box.spec import BoxSpec, ImageInfo, seccomp_base
 from quinebox.errors import EXIT_QUINEBOX, GrantError
 from quinebox.grants import Grants

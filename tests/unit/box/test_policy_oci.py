@@ -4,29 +4,17 @@ import json
 from dataclasses import replace
 
 import pytest
+from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, USER_IMAGE, spec  # the same images, runtime and specs as the engine's table
 
 from quinebox.audit.asks import Asks
-from quinebox.box.policy import (
-    AGENT_COMMAND,
-    DEFAULT_MEM,
-    DEFAULT_PIDS,
-    DEFAULT_TMP,
-    EGRESS_SOCKET,
-    GUEST_PREFIX,
-    HOST_SOCKET,
-    LABEL_SESSION,
-    ROOT_LAYER,
-    RUNTIME,
-    container_config,
-    oci_command,
-    oci_refusal,
-)
-from quinebox.box.policy_oci import GVISOR_TASKS_BASE, GVISOR_TASKS_PER_PID, gvisor_seccomp, oci_config, oci_seccomp
 from quinebox.box.net.secrets import TLS_DIR
-from quinebox.box.spec import BoxSpec, ImageInfo, seccomp_base
+from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP, EGRESS_SOCKET, GUEST_PREFIX, HOST_SOCKET, LABEL_SESSION, ROOT_LAYER, RUNTIME, container_config, oci_command, oci_refusal
+from quinebox.box.policy_host import HOST_ROOT_LAYER
+from quinebox.box.policy_oci import GVISOR_TASKS_BASE, GVISOR_TASKS_PER_PID, Rootless, gvisor_seccomp, oci_config, oci_seccomp
+from quinebox.box.spec import HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
 from quinebox.errors import GrantError
+from quinebox.grants import Grants
 from quinebox.worlds.spec import WorldSpec
-from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, USER_IMAGE, spec  # the same images, runtime and specs as the engine's table
 
 ROOTFS = "/state/images/sha256-agent/rootfs"
 DIR_WORLD = WorldSpec(kind="dir", layer="/state/sessions/s1/world/tree")
@@ -171,6 +159,24 @@ def test_rootfs_rw_makes_the_root_writable_its_layer_as_large_as_tmp_and_nothing
     else:  # the engine's layer is its disk's, unbounded: refused (test_policy.py)
         with pytest.raises(GrantError, match="^refused rootfs:rw on the Docker engine"):
             docker(spec(*grants))
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {},  # runc made by root: the host's files would be the box root's (an idmapped view of `/`)
+        {"gvisor": True},
+        {"rootless": Rootless(1002, 1002, "/sys/fs/cgroup/user")},  # the root a directory on the state dir's disk
+        {"userns": (1 << 30, 65536)},
+    ],
+)
+def test_rootfs_rw_over_the_hosts_own_root_is_refused_by_rule(how):
+    box = replace(spec("rootfs:rw", "tmp:8m"), image=HOST_IMAGE)
+    with pytest.raises(GrantError) as refused:
+        oci_config(box, image=ImageInfo(name=HOST_IMAGE, id=HOST_IMAGE), runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH, rootfs="/", **how)
+    assert str(refused.value) == HOST_ROOT_LAYER and "\n" not in HOST_ROOT_LAYER and refused.value.exit_code == 125
+    assert oci_config(replace(box, grants=Grants.parse(["tmp:8m"], cwd="/")), image=ImageInfo(name=HOST_IMAGE, id=HOST_IMAGE), runtime=RUNTIME_DIR,
+                      seccomp=seccomp_base(), arch=ARCH, rootfs="/", **how)["root"]["readonly"] is True
 
 
 def test_granted_paths_are_recursive_binds_read_only_all_the_way_down_unless_rw():
