@@ -94,7 +94,10 @@ class Asks:
         spawn = None if left.spawn is None and ask.spawn is None else (left.spawn or 0) + (ask.spawn or 0)
         depth = max(left.depth or 0, ask.depth or (1 if ask.spawn else 0)) or None
         # Ask rules hold no env or secret (`_parse` refuses them): those stay exactly the parent's.
-        return replace(left, mounts=tuple(mounts), net=left.net | ask.net, syscalls=left.syscalls | ask.syscalls, spawn=spawn, depth=depth, **limits)
+        return replace(
+            left, mounts=tuple(mounts), net=left.net | ask.net, syscalls=left.syscalls | ask.syscalls, rootfs_rw=left.rootfs_rw or ask.rootfs_rw,
+            spawn=spawn, depth=depth, **limits,
+        )
 
     def _touched(self, asked: Grants) -> str:
         """The ask rule a child's grants fall under even if its parent holds them (ask over allow), or ""."""
@@ -105,7 +108,9 @@ class Asks:
             for rule in self.ask.mounts:
                 if within(mount.source, rule.dest) and (mount.writable or not rule.writable):
                     return _mount_spec(rule)
-        return ""
+        for name in sorted(asked.syscalls & self.ask.syscalls):
+            return f"syscall:{name}"
+        return "rootfs:rw" if asked.rootfs_rw and self.ask.rootfs_rw else ""
 
     def _denied(self, asked: Grants) -> str:
         for net in sorted(asked.net):
@@ -116,7 +121,9 @@ class Asks:
                 overlap = within(mount.source, rule.dest) or within(rule.dest, mount.source)
                 if overlap and (mount.writable or not rule.writable):
                     return f"refused {_mount_spec(mount)}: denied by {_mount_spec(rule)}"
-        return ""
+        for name in sorted(asked.syscalls & self.deny.syscalls):
+            return f"refused syscall:{name}: denied by syscall:{name}"
+        return "refused rootfs:rw: denied by rootfs:rw" if asked.rootfs_rw and self.deny.rootfs_rw else ""
 
 
 def _mount_spec(mount: Mount) -> str:

@@ -47,6 +47,9 @@ def test_egress_outcomes(ask, deny, held, name, address, port, outcome, said):
 
 
 LEFT = Grants(spawn=2, depth=2, mem=1 << 30, pids=256, tmp=256 << 20).merge(Grants.parse(["ro:/srv/project=/src", "net:example.com"]))
+#: LEFT, its root writable; LEFT, holding one more system call.
+WRITABLE = LEFT.merge(Grants(rootfs_rw=True))
+TRACING = LEFT.merge(Grants(syscalls=frozenset({"ptrace"})))
 
 
 @pytest.mark.parametrize(
@@ -73,6 +76,21 @@ LEFT = Grants(spawn=2, depth=2, mem=1 << 30, pids=256, tmp=256 << 20).merge(Gran
         (["rw:/srv/project"], ["rw:/srv/project/secrets"], LEFT, ["rw:/srv/project"], DENY, "denied by rw:/srv/project/secrets"),
         ((), ["rw:/srv/project"], LEFT, ["ro:/src"], HOLD, ""),  # a read-write deny leaves reading alone
         ((), ["ro:/srv/project"], LEFT, ["ro:/srv/project"], DENY, "denied by ro:/srv/project"),
+        # a writable root, as every other grant: held, asked, denied (deny wins even over what the parent holds)
+        ((), (), WRITABLE, ["rootfs:rw"], HOLD, ""),
+        ((), (), LEFT, ["rootfs:rw"], REFUSE, "own root is read-only"),
+        (["rootfs:rw"], (), LEFT, ["rootfs:rw"], ASK, "own root is read-only"),
+        (["rootfs:rw"], (), WRITABLE, ["rootfs:rw"], ASK, "touches the ask rule rootfs:rw"),
+        (["rootfs:rw"], (), WRITABLE, ["ro:/src"], HOLD, ""),
+        ((), ["rootfs:rw"], WRITABLE, ["rootfs:rw"], DENY, "refused rootfs:rw: denied by rootfs:rw"),
+        (["rootfs:rw"], ["rootfs:rw"], LEFT, ["rootfs:rw"], DENY, "refused rootfs:rw: denied by rootfs:rw"),
+        ((), ["rootfs:rw"], WRITABLE, ["ro:/src"], HOLD, ""),
+        # a system call, the same
+        ((), (), TRACING, ["syscall:ptrace"], HOLD, ""),
+        (["syscall:ptrace"], (), LEFT, ["syscall:ptrace"], ASK, "may not make that call either"),
+        (["syscall:ptrace"], (), TRACING, ["syscall:ptrace"], ASK, "touches the ask rule syscall:ptrace"),
+        ((), ["syscall:ptrace"], TRACING, ["syscall:ptrace"], DENY, "refused syscall:ptrace: denied by syscall:ptrace"),
+        ((), ["syscall:personality"], TRACING, ["syscall:ptrace"], HOLD, ""),
     ],
 )
 def test_child_outcomes(tmp_path, ask, deny, left, child, outcome, said):
@@ -89,6 +107,11 @@ def test_an_approved_child_gets_no_more_than_the_ask_allows():
     assert outcome == ASK
     assert grants.format()[:1] == ["rw:/srv/project"]
     assert grants.spawn == 1 and grants.depth == 1  # the parent's depth 2, less one
+
+
+def test_an_approved_writable_root_is_what_the_child_gets():
+    outcome, grants, _ = Asks.parse(["rootfs:rw"], (), cwd="/").child(LEFT, Grants.parse(["rootfs:rw"], cwd="/"))
+    assert outcome == ASK and grants is not None and grants.rootfs_rw
 
 
 @pytest.mark.parametrize(
