@@ -78,6 +78,21 @@ def test_root_may_change_what_the_images_root_owns_in_a_writable_root_and_the_im
         assert box.exec(["sh", "-c", "ls /etc/x /logs"]).returncode != 0  # nothing of the last box's
 
 
+@pytest.mark.root_only  # a rootless box's mount points are its runtime's, made in its own namespace as its root
+def test_the_boxs_root_owns_the_mount_points_made_for_grants_and_writes_beside_them(tmp_path):
+    """Harbor mounts /logs/verifier and its agent makes /logs/agent as root: the directories quinebox makes on the
+    way to a grant's mount point in a writable root are the box's root's, not the host's root's (nobody in the box)."""
+    (tmp_path / "verifier").mkdir()
+    (tmp_path / "note").write_text("n\n")
+    grants = ["rootfs:rw", f"ro:{tmp_path / 'verifier'}=/logs/verifier", f"ro:{tmp_path / 'note'}=/srv/data/note"]
+    with quinebox.Sandbox(backend="oci", runtime="runc", grants=grants) as box:
+        made = box.exec(["sh", "-c", "stat -c '%u %g %a' /logs /srv/data && mkdir /logs/agent && touch /srv/data/other && cat /srv/data/note"], user="root")
+        assert (made.returncode, made.stdout) == (0, b"0 0 755\n0 0 755\nn\n"), made
+        # The image's own directories keep their owners, and the box's own user still may not write there.
+        user = box.exec(["sh", "-c", "stat -c %u /srv; mkdir /logs/user"])
+        assert (user.stdout, user.returncode) == (b"0\n", 1) and b"Permission denied" in user.stderr, user
+
+
 @pytest.mark.root_only  # as above: the image's root-owned tree
 @pytest.mark.parametrize("attached", [False, True])
 def test_files_go_in_and_out_as_root_where_root_is_honored(attached):

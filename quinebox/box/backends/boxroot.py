@@ -160,7 +160,7 @@ def layered(image_root: str, bundle: Path, *, ids: idmap.IdRange | None = None, 
         finally:
             _unmount(layer)  # the overlay holds its upper layer: the tmpfs needs no place of its own in the host's tree
         if ids is not None:
-            mount_points(str(root), mounts)
+            mount_points(str(root), mounts, owner=None if writable is None else ids.first)
     except OSError as exc:
         detach(bundle)
         raise EngineError(f"cannot give the box a root of its own over image tree {image_root}: mounting {exc.filename} failed ({exc.strerror})") from None
@@ -200,11 +200,14 @@ def _in(ids: idmap.IdRange, host_id: int) -> int:
     return ids.host(host_id) if host_id < ids.span else ids.first
 
 
-def mount_points(root: str, mounts: Sequence[dict[str, Any]]) -> None:
+def mount_points(root: str, mounts: Sequence[dict[str, Any]], *, owner: int | None = None) -> None:
     """Make each mount's destination in the box's `root` (a directory, or an empty file for a bind of one), as the
     runtime would, walking from a directory fd with O_NOFOLLOW at every step: a link in the image is never followed
     out of the root (a destination behind one is left to the runtime, which resolves it inside the root). One that
-    lands inside another mount (/dev/pts in /dev's tmpfs) is the runtime's to make there, where its root may."""
+    lands inside another mount (/dev/pts in /dev's tmpfs) is the runtime's to make there, where its root may.
+    `owner`: in a writable root, the host id of the box's root (its slot's first), which then owns what is made here,
+    so it may write beside a grant (/logs/agent next to a granted /logs/verifier) as the runtime's own would let it;
+    otherwise the host's root, unmapped in the box, would own them."""
     targets = [m["destination"] for m in mounts]
     for mount in mounts:
         dest = os.path.normpath(mount["destination"])
@@ -212,19 +215,23 @@ def mount_points(root: str, mounts: Sequence[dict[str, Any]]) -> None:
             continue
         source = mount.get("source")
         is_file = mount.get("type") == "bind" and isinstance(source, str) and os.path.exists(source) and not os.path.isdir(source)
-        _make_point(root, dest.strip("/").split("/"), is_file)
+        _make_point(root, dest.strip("/").split("/"), is_file, owner)
 
 
-def _make_point(root: str, parts: list[str], is_file: bool) -> None:
+def _make_point(root: str, parts: list[str], is_file: bool, owner: int | None) -> None:
     fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for depth, name in enumerate(parts):
             last = depth == len(parts) - 1
             try:
                 if last and is_file:
-                    os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd))
+                    os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd))
+                    if owner is not None:
+                        os.chown(name, owner, owner, dir_fd=fd, follow_symlinks=False)
                     return
                 os.mkdir(name, 0o755, dir_fd=fd)
+                if owner is not None:
+                    os.chown(name, owner, owner, dir_fd=fd, follow_symlinks=False)
             except FileExistsError:
                 pass
             except OSError:
