@@ -143,7 +143,7 @@ class Grants:
 
 
 def _positive_int(kind: str, text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
+    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
         raise GrantError(f"bad grant '{kind}:{text}': {kind} takes a whole number above zero (e.g. {kind}:64)")
     return int(text)
 

@@ -160,7 +160,7 @@ def _split_port(spec: str, value: str) -> tuple[str, tuple[int, ...] | None]:
         return where, ()
     if port == "*":
         return where, None
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise GrantError(f"bad grant {spec!r}: {port!r} is not a port (1-65535, or * for any)")
     return where, (int(port),)
 

@@ -157,3 +157,18 @@ def test_exec_in_with_user_root_on_the_command_line(where):
         until = time.monotonic() + 30
         while qb("box", "ls").stdout.find(box.encode()) >= 0 and time.monotonic() < until:
             time.sleep(0.1)
+
+
+@pytest.mark.parametrize("user", ["⁰", "1000:²"])
+def test_a_user_in_other_digits_is_a_bad_user_and_the_boxs_owner_goes_on(user):
+    """'⁰' is a digit to str.isdigit and not to int(): it once killed the owner's exec handler (review 49, finding 8)."""
+    made = qb("box", "create", "--backend", "oci", "--runtime", "runc", "--ttl", "5m")
+    assert made.returncode == 0, made.stderr
+    box = made.stdout.decode().strip()
+    try:
+        done = qb("exec", "--in", box, "--user", user, "--", "id", "-u")
+        assert done.returncode == 125 and done.stdout == b"", done
+        assert done.stderr.count(b"\n") == 1 and done.stderr.startswith(f"quinebox: bad user {user!r}".encode()), done.stderr
+        assert qb("exec", "--in", box, "--", "true").returncode == 0
+    finally:
+        qb("box", "rm", box)

@@ -106,6 +106,9 @@ def test_parse_grant(spec, expected):
         ("time:forever", "bad duration"),
         ("pids:0", "whole number above zero"),
         ("pids:1.5", "whole number above zero"),
+        ("pids:²", "whole number above zero"),  # a digit to str.isdigit, not to int()
+        ("spawn:١", "whole number above zero"),  # an Arabic-Indic one: ASCII digits only
+        ("net:example.com:²", "is not a port"),
         ("spawn:-1", "whole number above zero"),
         ("tokens:lots", "whole number above zero"),
         ("env:1BAD", "not an environment variable name"),

@@ -136,6 +136,11 @@ def _reopen(record: Record, engine: DockerBackend | None) -> Box:
     return RuntimeBox(oci_runtime(record.backend), record.container, labels)
 
 
+def _number(text: str) -> bool:
+    """A uid or gid as a user gives one: ASCII digits only (str.isdigit takes '²', which int() then refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def exec_user(user: str | None, default: str, passwd: bytes | None, *, no_root: str | None = "it has no user namespace of its own") -> str:
     """`uid`, `uid:gid` or a name from the image's /etc/passwd, as `uid:gid`. Root (uid or gid 0) only where
     `no_root` is None: in a box with a user namespace of its own, whose 0 is no one outside (a root-made runc box's
@@ -143,12 +148,12 @@ def exec_user(user: str | None, default: str, passwd: bytes | None, *, no_root: 
     if user is None or user == "":
         return default
     name, _, group = user.partition(":")
-    if not name.isdigit():
+    if not _number(name):
         entry = next((line.split(b":") for line in (passwd or b"").splitlines() if line.split(b":")[0] == name.encode()), None)
         if entry is None or len(entry) < 4 or not entry[2].isdigit():
             raise GrantError(f"bad user {user!r}: no such user in the box's /etc/passwd; give a uid, as in user='1000'")
         name, group = entry[2].decode(), group or entry[3].decode()
-    if not group.isdigit():
+    if not _number(group):
         group = name if not group else ""
     if not group:
         raise GrantError(f"bad user {user!r}: give the group as a number, as in user='1000:1000'")
@@ -164,7 +169,7 @@ def user_of(where: Target, user: str | None) -> str | None:
     and owns the files the box's root makes, a set-uid one in a rw: grant included)."""
     if not user:
         return None
-    passwd = None if user.partition(":")[0].isdigit() else read_bytes(where, "/etc/passwd")
+    passwd = None if _number(user.partition(":")[0]) else read_bytes(where, "/etc/passwd")
     ranges = where.box.id_ranges() if isinstance(where.box, RuntimeBox) else None
     if ranges is not None:
         no_root = None

@@ -36,6 +36,12 @@ def test_a_user_is_a_uid_and_gid(user, default, expected):
         ("nobody-here", "no such user in the box's /etc/passwd"),
         ("odd", "no such user in the box's /etc/passwd"),  # its uid is not a number
         ("1000:staff", "give the group as a number"),
+        # digits to str.isdigit, which int() refuses or reads: a name, and no such user (review 49, finding 8)
+        ("⁰", "no such user in the box's /etc/passwd"),
+        ("²:1000", "no such user in the box's /etc/passwd"),
+        ("١٠٠٠", "no such user in the box's /etc/passwd"),
+        ("1000:²", "give the group as a number"),
+        ("agent:⁰", "give the group as a number"),
     ],
 )
 def test_a_bad_user_is_one_line(user, said):
