@@ -16,7 +16,7 @@ from commands import QUINEBOX, ROOTLESS
 from live_boxes import soon
 
 import quinebox
-from quinebox.box.backends.boxroot import SHM, bundle_of
+from quinebox.box.backends.boxroot import BUNDLE_RECORD, SHM, _shared_memory_layer, bundle_of
 from quinebox.box.policy_host import HOST_ROOT_LAYER
 
 #: Where the box runs, as the rootless pass's deselection reads a case's parameter (tests/conftest.py).
@@ -148,3 +148,27 @@ def test_a_snapshot_of_a_writable_root_is_refused_before_anything_stops(runtime)
         with pytest.raises(quinebox.QuineboxError, match=r"holds rootfs:rw: what it wrote to its root is in a layer of its own on the host, which a snapshot cannot carry$"):
             box.checkpoint()
         assert box.exec(["cat", "/var/tmp/x"]).stdout == b"x\n"  # the box goes on as it was
+
+
+def test_gc_sweeps_a_rootless_layer_whose_bundle_went_without_it(tmp_path):
+    """A rootless box's layer lives in /dev/shm, found by its bundle's link: one whose bundle went with its state dir
+    (CI's rootless pass removes its own) held what its box wrote in RAM for good. Each records its bundle; `gc`
+    removes those whose bundle is gone, and leaves one whose bundle is there or that records none."""
+    gone, kept = tmp_path / "gone.oci", tmp_path / "kept.oci"
+    gone.mkdir()
+    kept.mkdir()
+    orphan, held = _shared_memory_layer(gone), _shared_memory_layer(kept)
+    unrecorded = _shared_memory_layer(tmp_path)  # as one made before records were (or being made this instant)
+    try:
+        assert str(orphan).startswith(f"{SHM}/quinebox-{os.getuid()}-gone.oci-") and (orphan / BUNDLE_RECORD).read_text() == str(gone)
+        (orphan / "upper").mkdir()
+        (orphan / "upper" / "big").write_bytes(b"x" * 4096)
+        (unrecorded / BUNDLE_RECORD).unlink()
+        (gone / "layer").unlink()
+        gone.rmdir()  # the state dir removed, the layer left behind
+        done = subprocess.run([QUINEBOX, "gc"], capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert not orphan.exists() and held.is_dir() and unrecorded.is_dir()
+    finally:
+        for layer in (orphan, held, unrecorded):
+            subprocess.run(["rm", "-rf", str(layer)], timeout=30)

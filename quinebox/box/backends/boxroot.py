@@ -81,6 +81,9 @@ MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
 
 #: A tmpfs every user may make a directory in, for a rootless box's layers (_shared_memory_layer).
 SHM = "/dev/shm"
+#: In a rootless box's layer directory there, the absolute path of its bundle: `gc` sweeps a layer whose bundle is
+#: gone (its state dir removed with the box still in it, say), which no bundle's LAYER link leads to any more.
+BUNDLE_RECORD = "bundle"
 #: What an overlay's options cannot hold in a path given by name (in_namespace), where no /proc/self/fd can help.
 _UNSAYABLE = ",:\\"
 
@@ -277,12 +280,35 @@ def _shared_memory_layer(bundle: Path) -> Path:
     Never the file system of the image's tree: overlayfs refuses an upper layer inside its lower one, which
     the host's own `/` (`--image host`) would otherwise be."""
     try:
-        layer = Path(tempfile.mkdtemp(prefix=f"quinebox-{os.getuid()}-{bundle.name}-", dir=SHM))
+        layer = Path(tempfile.mkdtemp(prefix=f"{_layer_prefix()}{bundle.name}-", dir=SHM))
     except OSError:
         (bundle / LAYER).mkdir(mode=0o700)
         return bundle / LAYER
     (bundle / LAYER).symlink_to(layer)
+    (layer / BUNDLE_RECORD).write_text(os.path.abspath(bundle))
     return layer
+
+
+def _layer_prefix() -> str:
+    return f"quinebox-{os.getuid()}-"
+
+
+def sweep_layers() -> list[str]:
+    """Remove this user's rootless layers in /dev/shm whose recorded bundle is gone (`gc`); their paths. A layer with
+    no record (one being made this instant, or made before records were) is left, as is one not this user's."""
+    swept = []
+    for entry in Path(SHM).glob(f"{_layer_prefix()}*"):
+        try:
+            info = entry.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                continue
+            bundle = (entry / BUNDLE_RECORD).read_text()
+        except OSError:
+            continue
+        if os.path.isabs(bundle) and not os.path.lexists(bundle):
+            shutil.rmtree(entry, **_UNREADABLE)
+            swept.append(str(entry))
+    return swept
 
 
 def detach(bundle: Path) -> None:
@@ -354,11 +380,10 @@ def remove_bundle(bundle: Path) -> None:
     A rootless box's overlay leaves its work directory unreadable (mode 0, as overlayfs makes it): opened up."""
     detach(bundle)
     _release_ids(bundle)
-    handler: dict[str, Any] = {"onexc" if sys.version_info >= (3, 12) else "onerror": _open_up}
     layer = bundle / LAYER
     if layer.is_symlink():  # a rootless box's layers, in /dev/shm (_shared_memory_layer)
-        shutil.rmtree(os.readlink(layer), **handler)
-    shutil.rmtree(bundle, **handler)
+        shutil.rmtree(os.readlink(layer), **_UNREADABLE)
+    shutil.rmtree(bundle, **_UNREADABLE)
 
 
 def _release_ids(bundle: Path) -> None:
@@ -379,3 +404,7 @@ def _open_up(function: Any, path: str, exc: Any) -> None:
         shutil.rmtree(path, ignore_errors=True)
     except OSError:
         pass
+
+
+#: rmtree's handler of what it cannot read or empty (_open_up), by the name this Python gives it.
+_UNREADABLE: dict[str, Any] = {"onexc" if sys.version_info >= (3, 12) else "onerror": _open_up}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from quinebox.box.backends import idmap
 from quinebox.box.backends.boxes import Box
-from quinebox.box.backends.boxroot import bundle_of, bundles, remove_bundle
+from quinebox.box.backends.boxroot import bundle_of, bundles, remove_bundle, sweep_layers
 from quinebox.box.backends.reaper import keeper_runs
 from quinebox.box.backends.rootless import delegated_name, local_rootless
 from quinebox.box.owners.listing import every_box, info, reachable_engine
@@ -65,6 +65,7 @@ def collect_garbage(backend: DockerBackend | None = None, *, evicted: Said | Non
     known = {box.session for box in boxes}  # what is still listed keeps its cgroup and bundle
     sweep_cgroups(known)
     _sweep_bundles(known)
+    sweep_layers()  # rootless layers in /dev/shm whose bundle went without them
     idmap.sweep()  # the machine's slots of host ids whose boxes are gone, whoever's state dir made them
     present = {box.id for box in boxes}
     for record in run_dir().glob("claimed/*.json"):
