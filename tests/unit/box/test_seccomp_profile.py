@@ -48,3 +48,22 @@ def test_socket_only_for_unix_inet_inet6_netlink():
     families = sorted(r["args"][0]["value"] for r in rules_for("socket"))
     assert families == [1, 2, 10, 16]  # AF_ALG (38), AF_VSOCK (40), AF_PACKET (17) fall to EPERM
     assert all(r["args"][0]["op"] == "SCMP_CMP_EQ" for r in rules_for("socket"))
+
+
+#: Each call that takes a mode, and the index of its mode argument (x86-64's and arm64's alike).
+MODES = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "creat": 1, "mkdir": 1, "mkdirat": 2, "mknod": 1, "mknodat": 2, "open": 2, "openat": 3}
+
+
+@pytest.mark.parametrize("name, index", sorted(MODES.items()))
+def test_no_call_gives_a_set_uid_or_set_gid_bit(name, index):
+    """Allowed only with S_ISUID and S_ISGID clear in its mode (open/openat also when it creates nothing); else EPERM."""
+    rules = rules_for(name)
+    assert all(r["action"] == "SCMP_ACT_ALLOW" and len(r["args"]) == 1 for r in rules), rules
+    assert {"index": index, "value": 0o6000, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"} in [r["args"][0] for r in rules]
+    creating = [r["args"][0] for r in rules if r["args"][0]["index"] != index]
+    assert creating == ([{"index": index - 1, "value": 0o100 | 0o20000000, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}] if name in ("open", "openat") else [])
+
+
+def test_openat2_answers_enosys_its_mode_out_of_seccomps_reach():
+    [rule] = rules_for("openat2")
+    assert (rule["action"], rule["errnoRet"]) == ("SCMP_ACT_ERRNO", 38)
