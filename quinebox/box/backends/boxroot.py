@@ -81,8 +81,7 @@ MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
 
 #: A tmpfs every user may make a directory in, for a rootless box's layers (_shared_memory_layer).
 SHM = "/dev/shm"
-#: In a rootless box's layer directory there, the absolute path of its bundle: `gc` sweeps a layer whose bundle is
-#: gone (its state dir removed with the box still in it, say), which no bundle's LAYER link leads to any more.
+#: In a rootless box's layer directory there, its bundle's absolute path: `gc` sweeps a layer whose bundle went.
 BUNDLE_RECORD = "bundle"
 #: What an overlay's options cannot hold in a path given by name (in_namespace), where no /proc/self/fd can help.
 _UNSAYABLE = ",:\\"
@@ -208,9 +207,8 @@ def mount_points(root: str, mounts: Sequence[dict[str, Any]], *, owner: int | No
     runtime would, walking from a directory fd with O_NOFOLLOW at every step: a link in the image is never followed
     out of the root (a destination behind one is left to the runtime, which resolves it inside the root). One that
     lands inside another mount (/dev/pts in /dev's tmpfs) is the runtime's to make there, where its root may.
-    `owner`: in a writable root, the host id of the box's root (its slot's first), which then owns what is made here,
-    so it may write beside a grant (/logs/agent next to a granted /logs/verifier) as the runtime's own would let it;
-    otherwise the host's root, unmapped in the box, would own them."""
+    `owner`: in a writable root, the box's root's host id (its slot's first), which owns what is made here (not the
+    host's root, unmapped in the box), so it may write beside a grant (/logs/agent beside a granted /logs/verifier)."""
     targets = [m["destination"] for m in mounts]
     for mount in mounts:
         dest = os.path.normpath(mount["destination"])
@@ -280,7 +278,7 @@ def _shared_memory_layer(bundle: Path) -> Path:
     Never the file system of the image's tree: overlayfs refuses an upper layer inside its lower one, which
     the host's own `/` (`--image host`) would otherwise be."""
     try:
-        layer = Path(tempfile.mkdtemp(prefix=f"{_layer_prefix()}{bundle.name}-", dir=SHM))
+        layer = Path(tempfile.mkdtemp(prefix=f"quinebox-{os.getuid()}-{bundle.name}-", dir=SHM))
     except OSError:
         (bundle / LAYER).mkdir(mode=0o700)
         return bundle / LAYER
@@ -289,15 +287,10 @@ def _shared_memory_layer(bundle: Path) -> Path:
     return layer
 
 
-def _layer_prefix() -> str:
-    return f"quinebox-{os.getuid()}-"
-
-
-def sweep_layers() -> list[str]:
-    """Remove this user's rootless layers in /dev/shm whose recorded bundle is gone (`gc`); their paths. A layer with
-    no record (one being made this instant, or made before records were) is left, as is one not this user's."""
-    swept = []
-    for entry in Path(SHM).glob(f"{_layer_prefix()}*"):
+def sweep_layers() -> None:
+    """Remove this user's rootless layers in /dev/shm whose recorded bundle is gone (`gc`). A layer with no record
+    (one being made this instant, or made before records were) is left, as is one not this user's."""
+    for entry in Path(SHM).glob(f"quinebox-{os.getuid()}-*"):
         try:
             info = entry.lstat()
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
@@ -307,8 +300,6 @@ def sweep_layers() -> list[str]:
             continue
         if os.path.isabs(bundle) and not os.path.lexists(bundle):
             shutil.rmtree(entry, **_UNREADABLE)
-            swept.append(str(entry))
-    return swept
 
 
 def detach(bundle: Path) -> None:
@@ -406,5 +397,4 @@ def _open_up(function: Any, path: str, exc: Any) -> None:
         pass
 
 
-#: rmtree's handler of what it cannot read or empty (_open_up), by the name this Python gives it.
 _UNREADABLE: dict[str, Any] = {"onexc" if sys.version_info >= (3, 12) else "onerror": _open_up}
