@@ -19,6 +19,7 @@ from quinebox.box.net.secrets import BUNDLE_VARIABLES, TLS_DIR, placeholder
 from quinebox.box.spec import BoxSpec, ImageInfo
 from quinebox.errors import GrantError
 from quinebox.grants import Grants, format_size
+from quinebox.worlds.spec import WorldSpec
 
 DEFAULT_MEM = 1 << 30
 DEFAULT_PIDS = 256
@@ -151,12 +152,26 @@ def image_arch(arch: str) -> str:
     return next((machine for machine, scmp in _ARCHITECTURES.values() if scmp == arch), arch)
 
 
-def seccomp_profile(base: dict[str, Any], grants: Grants, arch: str) -> dict[str, Any]:
+def writes_host_paths(grants: Grants, world: WorldSpec | None = None) -> bool:
+    """Whether what the box writes can land where the host's users run it: a `rw:` grant, or a world that is the
+    caller's own directory (`--world DIR`). Its own layers, tmpfs and world under the state dir are no one else's."""
+    return any(mount.writable for mount in grants.mounts) or (world is not None and world.kind == "bind")
+
+
+def seccomp_profile(base: dict[str, Any], grants: Grants, arch: str, *, setid: bool = False) -> dict[str, Any]:
     """The base profile for the native architecture only, relaxed by `syscall:` grants. A new profile and new rules;
-    what a rule holds (its names, its arguments) is shared with `base`, which neither side changes."""
+    what a rule holds (its names, its arguments) is shared with `base`, which neither side changes.
+
+    The base's `setid` rules allow a mode only without set-uid and set-gid bits (systemd's RestrictSUIDSGID): a file
+    a box gives them on a host path would let a host user who runs it become the box's user. A box that writes no
+    host path (`setid`: see writes_host_paths) may set them, as a package manager installing sudo or ssh-keysign
+    into a writable root does: those rules allow the call whatever its mode."""
     profile = {key: value for key, value in base.items() if key != "comment"}
     profile["architectures"] = [arch]
-    rules = [{key: value for key, value in rule.items() if key != "comment"} for rule in base["syscalls"]]
+    rules = [
+        {key: value for key, value in rule.items() if key not in ("comment", "setid") and not (setid and rule.get("setid") and key == "args")}
+        for rule in base["syscalls"]
+    ]
     if grants.syscalls:
         rules = [{**rule, "names": names} for rule in rules if (names := [n for n in rule["names"] if n not in grants.syscalls])]
         rules.append({"names": sorted(grants.syscalls), "action": "SCMP_ACT_ALLOW"})
@@ -330,7 +345,7 @@ def container_config(spec: BoxSpec, *, image: ImageInfo, runtime: str, seccomp: 
         "cap_drop": ["ALL"],
         "security_opt": [
             "no-new-privileges:true",
-            "seccomp=" + json.dumps(seccomp_profile(seccomp, grants, arch), separators=(",", ":")),
+            "seccomp=" + json.dumps(seccomp_profile(seccomp, grants, arch, setid=not writes_host_paths(grants, spec.world)), separators=(",", ":")),
         ],
         "init": True,
         "ipc_mode": "private",

@@ -37,6 +37,7 @@ from quinebox.box.policy import (
     root_layer,
     seccomp_profile,
     workdir_for,
+    writes_host_paths,
 )
 from quinebox.box.policy_host import HOST_ROOT_LAYER
 from quinebox.box.spec import HOST_IMAGE, BoxSpec, ImageInfo
@@ -205,7 +206,7 @@ def oci_config(
     }
     # gVisor counts every task of a uid, threads included, as a pids cgroup does: the box's processes are one uid's.
     rlimits = [*RLIMITS, *((("nproc", pids, pids),) if gvisor else ())]
-    profile = oci_seccomp(seccomp_profile(seccomp, grants, arch), arch)
+    profile = oci_seccomp(seccomp_profile(seccomp, grants, arch, setid=not writes_host_paths(grants, spec.world)), arch)
     if grants.cpus is not None:
         resources["cpu"] = {"period": CPU_PERIOD, "quota": nano_cpus(grants.cpus) * CPU_PERIOD // 1_000_000_000}
     system = [{"destination": dest, "type": kind, "source": source, "options": list(options)} for dest, kind, source, options in SYSTEM_MOUNTS]

@@ -160,7 +160,23 @@ SETID = {
 }
 
 
-def test_no_set_uid_or_set_gid_bit_is_given_by_any_call(engine):
-    result = quinebox.exec(["python3", "-c", SETID_PROBE])
+def test_a_box_that_writes_a_host_path_gives_no_set_uid_or_set_gid_bit_by_any_call(engine, tmp_path):
+    """A set-id file on a `rw:` grant would let a host user who runs it become the box's user (policy.seccomp_profile)."""
+    tmp_path.chmod(0o777)  # the box's user writes it
+    result = quinebox.exec(["python3", "-c", SETID_PROBE], grants=[f"rw:{tmp_path}"])
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == SETID
+
+
+def test_a_box_that_writes_no_host_path_may_give_set_id_bits(engine):
+    """Its files are no one else's (its tmpfs, its layers, its world under the state dir): a package manager may install
+    sudo or ssh-keysign into a writable root. The same calls, allowed whatever their mode."""
+    result = quinebox.exec(["python3", "-c", SETID_PROBE])
+    assert result.returncode == 0, result.stderr
+    said = json.loads(result.stdout)
+    allowed = dict.fromkeys([name for name in SETID if name not in ("modes", "openat2")], "ok")
+    if GVISOR:  # gVisor's /tmp has no O_TMPFILE, whatever the mode
+        allowed["O_TMPFILE 4755"] = "Operation not supported"
+    assert {name: answer for name, answer in said.items() if name not in ("modes", "openat2")} == allowed, said
+    assert said["openat2"] == SETID["openat2"]  # its mode is still out of seccomp's reach
+    assert said["modes"]["h"] == said["modes"]["c"] == "0o104755", said["modes"]  # made set-uid (mkdir and mknod drop it themselves)

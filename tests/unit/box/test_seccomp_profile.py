@@ -67,3 +67,27 @@ def test_no_call_gives_a_set_uid_or_set_gid_bit(name, index):
 def test_openat2_answers_enosys_its_mode_out_of_seccomps_reach():
     [rule] = rules_for("openat2")
     assert (rule["action"], rule["errnoRet"]) == ("SCMP_ACT_ERRNO", 38)
+
+
+#: (grants, world kind, whether the box writes a host path): a rw: grant, or a world that is the caller's own directory.
+HOST_WRITES = [
+    ([], None, False), ([], "dir", False), ([], "overlay", False), (["ro:/srv"], None, False), (["rootfs:rw"], "dir", False),
+    (["rw:/srv"], None, True), (["ro:/srv", "rw:/data"], "dir", True), ([], "bind", True), (["rootfs:rw", "rw:/srv"], None, True),
+]
+
+
+@pytest.mark.parametrize("grants, world, writes", HOST_WRITES)
+def test_set_id_bits_are_refused_exactly_where_the_box_writes_a_host_path(grants, world, writes):
+    from quinebox.box.policy import seccomp_profile, writes_host_paths
+    from quinebox.grants import Grants, parse_grant
+    from quinebox.worlds.spec import WorldSpec
+
+    held = Grants()
+    for spec in grants:
+        held = held.merge(parse_grant(spec))
+    assert writes_host_paths(held, WorldSpec(kind=world, layer="/x") if world else None) is writes
+    profile = seccomp_profile(seccomp_base(), held, "SCMP_ARCH_X86_64", setid=not writes)
+    chmods = [r for r in profile["syscalls"] if "chmod" in r["names"]]
+    assert chmods == ([{"names": ["chmod"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 1, "value": 0o6000, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]}]
+                      if writes else [{"names": ["chmod"], "action": "SCMP_ACT_ALLOW"}])
+    assert all("setid" not in rule and "comment" not in rule for rule in profile["syscalls"])  # ours, never the runtime's
