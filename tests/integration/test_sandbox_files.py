@@ -219,3 +219,32 @@ def test_exec_output_past_its_cap_is_dropped_and_the_command_goes_on(sb):
     assert result.args == result.argv == ("sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo done >&2")
     whole = sb.exec(["sh", "-c", "head -c 300000 /dev/zero"])
     assert len(whole.stdout) == 300000 and not whole.truncated
+
+
+class Breaks(io.RawIOBase):
+    """A caller's stream that gives `data`'s first `upto` bytes, then fails as a dropped connection does."""
+
+    def __init__(self, data: bytes, upto: int):
+        self.data, self.upto, self.pos = data, upto, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self.pos >= self.upto:
+            raise ConnectionResetError(104, "peer reset")
+        chunk = self.data[self.pos : min(self.pos + 512, self.upto)]
+        self.pos += len(chunk)
+        return chunk
+
+
+def test_put_tar_raises_the_callers_stream_error_and_unpacks_nothing(sb, here):
+    """A stream that breaks after a whole member (a tar cut at a header's boundary reads as complete) is the
+    caller's error, raised; the exec is killed before it sees an end, so not even the first member is written."""
+    whole = tar_of(("f0", b"0" * 1000, None), ("f1", b"1" * 1000, None), ("f2", b"2" * 1000, None)).getvalue()
+    sb.mkdir(f"{here}/up")
+    with pytest.raises(ConnectionResetError):
+        sb.put_tar(f"{here}/up", Breaks(whole, 1536))  # the header and two blocks of f0
+    assert sb.listdir(f"{here}/up") == []
+    sb.put_tar(f"{here}/up", io.BytesIO(whole))
+    assert [i.name for i in sb.listdir(f"{here}/up")] == ["f0", "f1", "f2"]

@@ -312,10 +312,14 @@ def put_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: in
     err = Taken(None, ERR_MAX)
     code_of_untar = _source_of(untar.__file__)
     proc = _start(where, files_command("puttar", _absolute(where, path), str(max_bytes), code_of_untar), stdin=PIPE, stdout=DEVNULL, stderr=err, user=user)
-    feeder = threading.Thread(target=_feed, args=(fileobj, proc.stdin), daemon=True)
+    failed: list[BaseException] = []
+    feeder = threading.Thread(target=_feed, args=(fileobj, proc, failed), daemon=True)
     feeder.start()
     code = proc.wait(timeout)
-    feeder.join(10)
+    feeder.join()  # the exec is over, so its writes fail at once: never left reading the caller's stream after this returns
+    _close(proc.stdin)
+    if failed:  # the caller's stream broke part-way: the exec was killed before it saw an end, so nothing half-read is unpacked
+        raise failed[0]
     if code == TOO_LARGE:
         raise FileTooLargeError(path, None, max_bytes, "give max_bytes=N")
     if code == REFUSED:
@@ -329,18 +333,33 @@ def _source_of(file: str) -> str:
         return f.read()
 
 
-def _feed(source: IO[bytes], sink: IO[bytes] | None) -> None:
-    """The caller's archive into the exec's stdin, until it ends or the exec stops reading."""
+def _feed(source: IO[bytes], proc: Started, failed: list[BaseException]) -> None:
+    """The caller's archive into the exec's stdin, until it ends or the exec stops reading. When the caller's stream
+    fails, its error is kept for the caller and the exec killed before its stdin is closed: an end of input there
+    would let a tar cut at a member's boundary unpack as if whole."""
+    sink = proc.stdin
     assert sink is not None
-    try:
-        while chunk := source.read(1 << 16):
+    while True:
+        try:
+            chunk = source.read(1 << 16)
+        except BaseException as exc:  # noqa: BLE001 raised again in put_tar's thread
+            failed.append(exc)
+            proc.kill()  # stdin stays open until the exec is gone (put_tar closes it)
+            return
+        if not chunk:
+            break
+        try:
             view = memoryview(chunk)
             while view:
                 view = view[sink.write(view) or 0 :]
-    except (BrokenPipeError, ValueError):
-        pass  # the exec ended (refused, or past its cap or deadline): what it said is what counts
-    finally:
-        try:
-            sink.close()
-        except OSError:
-            pass
+        except (OSError, ValueError):
+            break  # the exec ended (refused, or past its cap or deadline): what it said is what counts
+    _close(sink)
+
+
+def _close(stream: IO[bytes] | None) -> None:
+    try:
+        if stream is not None:
+            stream.close()
+    except OSError:
+        pass
