@@ -122,6 +122,17 @@ def test_a_background_process_outlives_its_exec_as_under_docker_exec(sb):
     assert sb.exec(["sh", "-c", 'kill -0 "$(cat /tmp/server.pid)" && echo alive']).stdout == b"alive\n"
 
 
+def test_a_timeout_covers_the_outputs_too_so_what_holds_them_past_it_is_killed(sb):
+    """The command ends at once but leaves `sleep` holding its stdout: the exec still ends by its timeout (as
+    subprocess.run's covers reading to the end), says so, keeps what came, and leaves no sleep running."""
+    began = time.monotonic()
+    result = sb.exec(["sh", "-c", "sleep 25 & echo started"], timeout=2)
+    assert (result.returncode, result.timed_out, result.stdout) == (124, True, b"started\n"), result
+    assert time.monotonic() - began < 8
+    comms = "for p in /proc/[0-9]*; do [ \"$(cut -d' ' -f3 $p/stat)\" != Z ] && cat $p/comm; done"
+    assert b"sleep" not in soon(lambda: [c for c in sb.exec(["sh", "-c", comms]).stdout.split() if c == b"sleep"], within=5)
+
+
 def test_popen_streams_both_ways(sb):
     proc = sb.Popen(["sh", "-c", "while read line; do echo got:$line; done"], stdin=quinebox.PIPE, stdout=quinebox.PIPE)
     proc.stdin.write(b"one\n")

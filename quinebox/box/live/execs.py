@@ -167,6 +167,7 @@ class BoxExec:
         (`timeout` here kills the exec's tree when it runs out, as quinebox.exec's does, rather than raise)."""
         if self.returncode is not None:
             return self.returncode
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             if not self._way.ended(timeout):
                 self.timed_out = True
@@ -177,13 +178,19 @@ class BoxExec:
             raise
         with self._lock:
             if self.returncode is None:
-                self.returncode = self._finish()
+                self.returncode = self._finish(deadline)
         return self.returncode
 
-    def _finish(self) -> int:
+    def _finish(self, deadline: float | None = None) -> int:
         code = self._way.status()
         self._stdio.box_gone()  # its copy of stderr, for the host's diagnostics: the drain ends once it is closed too
-        self._stdio.finish(10)
+        left = KILLED_GRACE if deadline is None or self.timed_out else max(0.0, deadline - time.monotonic())
+        if not self._stdio.finish(left) and deadline is not None and not self.timed_out:
+            # The command ended, but what it started still holds its outputs past the deadline (`sleep 60 &`): the
+            # timeout is the whole exec's, as subprocess.run's covers reading to the end, so its tree is killed.
+            self.timed_out = True
+            self.kill()
+            self._stdio.finish(KILLED_GRACE)
         cgroup, guard = self._way.cgroup, self._way.watchdog
         if cgroup is not None:
             if self.timed_out or self._killed:

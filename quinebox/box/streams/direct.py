@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -116,11 +117,14 @@ class DirectStdio:
         if fd is not None:
             os.close(fd)
 
-    def finish(self, timeout: float) -> None:
-        """Wait for the copiers: the outputs are drained once the box is gone."""
+    def finish(self, timeout: float) -> bool:
+        """Wait for the copiers, all of them within `timeout` seconds: the outputs are drained once every process that
+        holds them is gone (a command's own background process may hold them after it ends). Whether they were."""
+        deadline = time.monotonic() + timeout
         for thread, _ in self._threads:
             if thread.ident is not None:
-                thread.join(timeout)
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread, _ in self._threads)
 
     def close(self) -> None:
         """A box that never started: nothing will read or write our ends."""
