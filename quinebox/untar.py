@@ -13,10 +13,14 @@ beneath a symlink or a file the archive made; a symlink whose target is absolute
 resolves outside the destination (following the archive's own links, as the
 kernel would, once every member is known — a later link cannot turn an earlier
 one outward); a hard link to anything but a file or link the archive already
-holds; device files and FIFOs; more members or bytes than the caller's caps.
+holds; device files and FIFOs; more members or bytes than the caller's caps; a
+name or link target longer than a path can be (PATH_MAX) or deeper than
+MAX_DEPTH, so that each member costs what its name is long, and no more.
 What lands is what the `data` filter would give: no owners (the caller's), no
 set-uid, set-gid or sticky bit, no write for group or others, files readable
-and writable by their owner, directories 0755, mtimes kept.
+and writable by their owner, directories 0755, mtimes kept. A directory that
+was there before (the destination, or one in it) keeps its own mode and mtime:
+the archive chooses only for what it makes.
 
 An archive read from a file has every header checked before anything is written,
 so a refused one leaves the destination as it was. A stream is checked as it is
@@ -63,14 +67,15 @@ def unpack(source: str | os.PathLike[str] | IO[bytes], into: str | os.PathLike[s
                 tar = tarfile.open(source, "r:*")
             with tar:
                 with _reading():
-                    members = [plan.add(member) for member in tar]
+                    for member in tar:
+                        plan.add(member)
                 plan.finish()
-                for member, parts in members:
-                    writer.put(tar, member, parts)
+                for member in tar.getmembers():
+                    writer.put(tar, member, _Plan._parts(member.name))
         else:
             with _reading(), tarfile.open(fileobj=source, mode="r|*") as tar:
                 for member in tar:
-                    writer.put(tar, member, plan.add(member)[1])
+                    writer.put(tar, member, plan.add(member))
             plan.finish()
         writer.finish()
     finally:
@@ -90,19 +95,47 @@ class _reading:
             raise Unreadable(exc.strerror or str(exc)) from None
 
 
+#: Bytes a name may have: PATH_MAX (4096, linux/limits.h) counts the NUL, so no path call takes a longer one.
+MAX_NAME = 4095
+#: Components a name may have: no real tree is this deep (PATH_MAX allows ~2048 one-letter ones), and the
+#: writer opens a member's directories one by one, so depth is the cost of each member.
+MAX_DEPTH = 256
+
+
+class _Node:
+    """One path the archive makes: a directory ("d", with what it holds), a symlink ("l", with its target) or
+    anything else ("f"). A tree, not a dict of whole paths, so that a member costs what its name is long: each
+    of its components is looked up once, beneath the one before, and no prefix is ever rebuilt."""
+
+    __slots__ = ("kind", "name", "up", "below", "target")
+
+    def __init__(self, kind: str, name: str, up: _Node | None, target: str = ""):
+        self.kind, self.name, self.up, self.target = kind, name, up, target
+        self.below: dict[str, _Node] | None = {} if kind == "d" else None
+
+    def path(self) -> str:
+        """Its name from the destination, for messages only."""
+        names = []
+        node: _Node | None = self
+        while node is not None and node.up is not None:
+            names.append(node.name)
+            node = node.up
+        return "/".join(reversed(names))
+
+
 class _Plan:
     """What the archive makes, from its headers alone: each member checked against what came before it."""
 
     def __init__(self, max_members: int, max_bytes: int):
         self.max_members, self.max_bytes = max_members, max_bytes
         self.members = self.bytes = 0
-        #: Each path the archive makes: "d" a directory, "l" a symlink, "f" anything else.
-        self.made: dict[str, str] = {}
-        #: Each symlink's target.
-        self.links: dict[str, str] = {}
+        self.root = _Node("d", "", None)
+        #: Each symlink made (one a later member replaced is skipped when they are checked).
+        self.links: list[_Node] = []
         self.steps = 0
 
-    def add(self, member: tarfile.TarInfo) -> tuple[tarfile.TarInfo, list[str]]:
+    def add(self, member: tarfile.TarInfo) -> list[str]:
+        """Check `member` against what came before it and record it; its name's components."""
         self.members += 1
         self.bytes += max(member.size, 0)
         if self.members > self.max_members:
@@ -116,40 +149,58 @@ class _Plan:
         if not parts:
             if not member.isdir():
                 raise Refused(f"{name!r} names the destination itself, and is not a directory")
-            return member, parts
-        for end in range(1, len(parts)):
-            above = "/".join(parts[:end])
-            if self.made.get(above, "d") != "d":
+            return parts
+        parent = self.root
+        for depth, part in enumerate(parts[:-1], 1):
+            assert parent.below is not None
+            node = parent.below.get(part)
+            if node is None:  # a directory the writer makes on the way
+                node = parent.below[part] = _Node("d", part, parent)
+            elif node.kind != "d":
+                above = "/".join(parts[:depth])
                 raise Refused(f"{name!r} goes through {above!r}, which is a symlink or a file in the archive")
-        path = "/".join(parts)
-        was = self.made.get(path)
-        if (was == "d") != member.isdir() and was is not None:
+            parent = node
+        assert parent.below is not None
+        base = parts[-1]
+        was = parent.below.get(base)
+        if was is not None and (was.kind == "d") != member.isdir():
             raise Refused(f"{name!r} is in the archive both as a directory and as something else")
-        self.links.pop(path, None)
         if member.isdir():
-            self.made[path] = "d"
+            if was is None:
+                parent.below[base] = _Node("d", base, parent)
         elif member.issym():
-            self.links[path], self.made[path] = self._link_target(member), "l"
+            parent.below[base] = node = _Node("l", base, parent, self._link_target(member))
+            self.links.append(node)
         elif member.islnk():
-            source = "/".join(self._link_parts(member))
-            kind = self.made.get(source)
-            if kind is None or kind == "d":
-                what = "a directory" if kind else "nothing the archive holds before it"
+            source = self._find(self._link_parts(member))
+            if source is None or source.kind == "d":
+                what = "a directory" if source else "nothing the archive holds before it"
                 raise Refused(f"hard link {name!r} names {member.linkname!r}, which is {what}")
-            self.made[path] = kind
-            if kind == "l":  # a second name of a symlink: its target is read from the new place
-                self.links[path] = self.links[source]
+            parent.below[base] = node = _Node(source.kind, base, parent, source.target)
+            if node.kind == "l":  # a second name of a symlink: its target is read from the new place
+                self.links.append(node)
         else:
-            self.made[path] = "f"
-        return member, parts
+            parent.below[base] = _Node("f", base, parent)
+        return parts
 
     def finish(self) -> None:
         """Every symlink the archive made, resolved as the kernel would once all are in place, stays inside."""
-        for path, target in self.links.items():
-            if not self._inside(path.split("/")[:-1], target):
-                raise Refused(f"{path!r} would link to {target!r}, which is outside the destination")
+        for link in self.links:
+            assert link.up is not None and link.up.below is not None
+            if link.up.below.get(link.name) is not link:
+                continue  # a later member of its name took its place
+            here: list[_Node | None] = []
+            node: _Node | None = link.up
+            while node is not None:
+                here.append(node)
+                node = node.up
+            here.reverse()
+            if not self._inside(here, link.target):
+                raise Refused(f"{link.path()!r} would link to {link.target!r}, which is outside the destination")
 
-    def _inside(self, here: list[str], target: str) -> bool:
+    def _inside(self, here: list[_Node | None], target: str) -> bool:
+        """Whether `target`, read in the directory `here` (the nodes from the destination down, None for one the
+        archive does not make), resolves inside: each step costs one component's lookup."""
         pending = list(reversed(target.split("/")))
         hops = 0
         while pending:
@@ -160,25 +211,37 @@ class _Plan:
             if part in ("", "."):
                 continue
             if part == "..":
-                if not here:
+                if len(here) == 1:
                     return False
                 here.pop()
                 continue
-            here.append(part)
-            link = self.links.get("/".join(here))
-            if link is not None:
+            top = here[-1]
+            node = top.below.get(part) if top is not None and top.below is not None else None
+            if node is not None and node.kind == "l":
                 hops += 1
                 if hops > _MAX_HOPS:
                     return True  # ELOOP: it resolves nowhere, so nowhere outside
-                here.pop()
-                pending.extend(reversed(link.split("/")))
+                pending.extend(reversed(node.target.split("/")))
+                continue
+            here.append(node)
         return True
+
+    def _find(self, parts: list[str]) -> _Node | None:
+        node: _Node | None = self.root
+        for part in parts:
+            if node is None or node.below is None:
+                return None
+            node = node.below.get(part)
+        return node
 
     @staticmethod
     def _parts(name: str) -> list[str]:
         if name.startswith("/"):
             raise Refused(f"{name} is an absolute name")
+        _bounded(name, name, "its name")
         parts = [part for part in name.split("/") if part not in ("", ".")]
+        if len(parts) > MAX_DEPTH:
+            raise Refused(f"{_short(name)} is {len(parts)} directories deep, more than {MAX_DEPTH} (no real tree is)")
         if ".." in parts:
             raise Refused(f"{name!r} would be extracted outside the destination (it names '..')")
         return parts
@@ -188,8 +251,9 @@ class _Plan:
         target = member.linkname
         if target.startswith("/"):
             raise Refused(f"{member.name!r} is a link to an absolute path ({target})")
-        if not target or "\0" in target or len(target) >= 4096:
+        if not target or "\0" in target:
             raise Refused(f"{member.name!r} is a symlink with no usable target")
+        _bounded(member.name, target, "its link target")
         return target
 
     @staticmethod
@@ -197,10 +261,24 @@ class _Plan:
         target = member.linkname
         if target.startswith("/"):
             raise Refused(f"{member.name!r} is a link to an absolute path ({target})")
+        _bounded(member.name, target, "its link target")
         parts = [part for part in target.split("/") if part not in ("", ".")]
         if ".." in parts or not parts:
             raise Refused(f"{member.name!r} would link to {target!r}, which is outside the destination")
         return parts
+
+
+def _bounded(name: str, text: str, what: str) -> None:
+    """`text` (the member's name or its link's target) is no longer than a path the kernel takes: checked
+    before the name is split or looked at, so that a name of megabytes costs no more than reading it."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME:
+        raise Refused(f"{_short(name)} is refused: {what} has {size} bytes, more than a path can have ({MAX_NAME}, PATH_MAX)")
+
+
+def _short(name: str) -> str:
+    """A name for a message: a long one cut, so that one line says what is wrong."""
+    return repr(name) if len(name) <= 80 else f"{name[:60]!r}... ({len(name)} characters)"
 
 
 class _Writer:
@@ -212,8 +290,7 @@ class _Writer:
         self.mtimes: dict[str, float] = {}
 
     def put(self, tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str]) -> None:
-        if not parts:
-            self.mtimes[""] = member.mtime
+        if not parts:  # the destination itself, there before: its mode and mtime stay the caller's
             return
         try:
             parent = self._open_dir(parts[:-1], member.name)
@@ -240,9 +317,10 @@ class _Writer:
         if member.isdir():
             try:
                 os.mkdir(base, 0o755, dir_fd=parent)
-            except FileExistsError:
+            except FileExistsError:  # one already there (the caller's, or an earlier member's) is left as it is
                 if not stat.S_ISDIR(os.lstat(base, dir_fd=parent).st_mode):
                     raise
+                return
             os.chmod(base, 0o755, dir_fd=parent, follow_symlinks=False)
             self.mtimes["/".join(parts)] = member.mtime
             return

@@ -5,15 +5,16 @@ import gzip
 import io
 import os
 import stat
-import sys
 import tarfile
+import time
 
 import pytest
 
 from quinebox import untar
 
 CAPS = {"max_members": 1000, "max_bytes": 1 << 20}
-DEEP = ["deep", *["d" * 200] * 30, "leaf"]
+#: A name just within PATH_MAX (4095 bytes); with the destination's own path before it, past it.
+DEEP = ["deep", *["d" * 200] * 20, "leaf"]
 
 
 def member(name, data=b"", **fields):
@@ -42,7 +43,7 @@ def hard(name, target):
 
 
 def tree(root):
-    """Everything under `root` but DEEP (past PATH_MAX): (kind, mode, content or link target) by relative path."""
+    """Everything under `root` but DEEP (past PATH_MAX from /): (kind, mode, content or link target) by relative path."""
     found = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d != DEEP[0]]
@@ -147,7 +148,7 @@ def test_a_safe_archive_lands_byte_exact_with_the_data_filters_modes(tmp_path):
         sym("loop", "loop"),
         hard("data/again", "data/notes"),
         hard("second", "link"),
-        member("/".join(DEEP), b"deep"),  # past PATH_MAX: reached by fds, never by a string
+        member("/".join(DEEP), b"deep"),  # past PATH_MAX with the destination: reached by fds, never by a string
     )
     expected = {
         "bin": ("dir", 0o755, None),
@@ -170,7 +171,9 @@ def test_a_safe_archive_lands_byte_exact_with_the_data_filters_modes(tmp_path):
     for how in ("file", "stream"):
         root = tmp_path / how
         assert os.stat(root / "data" / "again").st_ino == os.stat(root / "data" / "notes").st_ino
-        assert os.lstat(root / "bin").st_mtime == os.lstat(root).st_mtime == 1_700_000_000
+        assert os.lstat(root / "bin").st_mtime == 1_700_000_000
+        assert os.lstat(root).st_mtime != 1_700_000_000, "the destination was there before: the archive's './' leaves it"
+        assert stat.S_IMODE(os.lstat(root).st_mode) != 0o700
         assert os.stat(root / "bin" / "tool").st_uid == os.getuid()
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
         for part in DEEP[:-1]:
@@ -205,3 +208,76 @@ def test_a_damaged_archive_is_unreadable_not_a_traceback(tmp_path, archive):
         untar.unpack(str(path), str(into), **CAPS)
     assert list(into.iterdir()) == []
 
+
+
+@pytest.mark.parametrize("how", ["file", "stream"])
+def test_a_name_of_megabytes_is_refused_at_once_and_nothing_is_made(tmp_path, how):
+    """Review 49 H1: one member named "a/"*64000 + "f" (a 130 KB pax name a box can hand get_dir) took the
+    host 25 s of CPU in the path check alone, then made 64 000 nested directories. Refused from its length."""
+    path = tmp_path / "quadratic.tar"
+    path.write_bytes(tar_of(member("a/" * 64_000 + "f")))
+    into = tmp_path / "into"
+    into.mkdir()
+    started = time.process_time()
+    with pytest.raises(untar.Refused) as refused:
+        if how == "file":
+            untar.unpack(str(path), str(into), **CAPS)
+        else:
+            with open(path, "rb") as stream:
+                untar.unpack(stream, str(into), **CAPS)
+    assert time.process_time() - started < 1.0
+    assert "its name has 128001 bytes, more than a path can have (4095, PATH_MAX)" in str(refused.value)
+    assert len(str(refused.value)) < 200
+    assert list(into.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "members, message",
+    [
+        ([member("a/" * 300 + "f", b"x")], "is 301 directories deep, more than 256"),
+        ([sym("s", "x/" * 2048)], "is refused: its link target has 4096 bytes"),
+        ([member("f", b"x"), hard("h", "./" * 2048 + "f")], "is refused: its link target has 4097 bytes"),
+    ],
+)
+def test_a_name_deeper_or_longer_than_a_path_is_refused(tmp_path, members, message):
+    (by_file, left), (by_stream, _) = unpack_both_ways(tmp_path, tar_of(*members))
+    assert by_file is not None and message in by_file, by_file
+    assert by_stream == by_file and left == {}
+
+
+def test_the_deepest_name_allowed_lands(tmp_path):
+    (tmp_path / "a.tar").write_bytes(tar_of(member("a/" * 255 + "f", b"x")))
+    untar.unpack(str(tmp_path / "a.tar"), str(tmp_path), **CAPS)
+    assert (tmp_path / ("a/" * 255 + "f")).read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("how", ["file", "stream"])
+def test_directories_there_before_keep_their_mode_and_mtime(tmp_path, how):
+    """Review 49 L3: get_dir into a local dir whose 0700 subdirectory the box's archive also names opened it
+    to 0755. Only what the archive makes gets its modes; the destination and what it held stay as they were."""
+    into = tmp_path / "into"
+    (into / "priv").mkdir(parents=True)
+    os.chmod(into, 0o700)
+    os.chmod(into / "priv", 0o700)
+    os.utime(into / "priv", (1_600_000_000, 1_600_000_000))
+    path = tmp_path / "a.tar"
+    path.write_bytes(
+        tar_of(
+            member("./", type=tarfile.DIRTYPE, mode=0o755),
+            member("priv/", type=tarfile.DIRTYPE, mode=0o755),
+            member("new/", type=tarfile.DIRTYPE, mode=0o700),
+            member("priv/x", b"x"),
+            member("new/y", b"y"),
+        )
+    )
+    if how == "file":
+        untar.unpack(str(path), str(into), **CAPS)
+    else:
+        with open(path, "rb") as stream:
+            untar.unpack(stream, str(into), **CAPS)
+    assert stat.S_IMODE(os.lstat(into).st_mode) == 0o700
+    assert stat.S_IMODE(os.lstat(into / "priv").st_mode) == 0o700
+    assert os.lstat(into / "priv").st_mtime != 1_700_000_000
+    assert stat.S_IMODE(os.lstat(into / "new").st_mode) == 0o755  # made by the archive: the data filter's mode
+    assert os.lstat(into / "new").st_mtime == 1_700_000_000
+    assert (into / "priv" / "x").read_bytes() == b"x"
