@@ -275,11 +275,18 @@ COMMANDS = {
 }
 
 
+def path_of(arg):
+    """PATH as the host gave it: itself, or "hex:" and its bytes (a name no UTF-8 text spells, which an exec's argv
+    cannot carry there), as the str os functions turn back into those bytes (surrogateescape)."""
+    return os.fsdecode(bytes.fromhex(arg[4:])) if arg.startswith("hex:") else arg
+
+
 def main(argv):
     command = COMMANDS.get(argv[1]) if len(argv) >= 3 else None
     if command is None or len(argv) - 3 not in command[0]:
         sys.stderr.write("usage: files.py read|write|list|stat|remove|mkdir|gettar|puttar PATH [ARGS...]\n")
         return OTHER
+    argv = [*argv[:2], path_of(argv[2]), *argv[3:]]
     try:
         command[1](*argv[2:])
     except NotAFile as exc:

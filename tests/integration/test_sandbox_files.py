@@ -16,6 +16,7 @@ import pytest
 
 import quinebox
 from quinebox import FileInfo, FileTooLargeError, QuineboxError
+from quinebox.box.live import box_files
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +249,62 @@ def test_put_tar_raises_the_callers_stream_error_and_unpacks_nothing(sb, here):
     assert sb.listdir(f"{here}/up") == []
     sb.put_tar(f"{here}/up", io.BytesIO(whole))
     assert [i.name for i in sb.listdir(f"{here}/up")] == ["f0", "f1", "f2"]
+
+
+def answering(sb, said: bytes) -> box_files.Via:
+    """The box as box_files reaches it, but each exec prints `said` in files.py's stead: what a box process that
+    writes into files.py's stdout (rootless runc, gVisor) makes the host read."""
+    octal = "".join(f"\\{byte:03o}" for byte in said)
+    return box_files.Via(sb.target, lambda argv, **streams: sb.Popen(["printf", octal], **streams))
+
+
+@pytest.mark.parametrize(
+    "said, words",
+    [
+        (b"[]x", "not JSON"),
+        (b"\xff", "not JSON"),
+        (b'{"a": 1}', "not a list"),
+        (b"[1]", "not an object"),
+        (b'[{"name": "n", "path": "/n", "type": "file", "size": 1, "mode": 420}]', "not an object"),
+        (b'[{"name": "n", "path": "/n", "type": "file", "size": 1, "mode": 420, "mtime": 1.0, "more": 1}]', "not an object"),
+        (b'[{"name": "n", "path": "/n", "type": "file", "size": "x", "mode": 420, "mtime": 1.0}]', "size is 'x'"),
+        (b'[{"name": "n", "path": "/n", "type": "file", "size": true, "mode": 420, "mtime": 1.0}]', "size is True"),
+        (b'[{"name": 1, "path": "/n", "type": "file", "size": 1, "mode": 420, "mtime": 1.0}]', "name is 1"),
+        (b'[{"name": "n", "path": "/n", "type": "fifo", "size": 1, "mode": 420, "mtime": 1.0}]', "type is 'fifo'"),
+        (b'[{"name": "n", "path": "/n", "type": "file", "size": 1, "mode": 420, "mtime": "now"}]', "mtime is 'now'"),
+    ],
+    ids=["junk-after", "not-utf8", "object", "not-objects", "key-missing", "key-more", "size-str", "size-bool", "name-int", "type-unknown", "mtime-str"],
+)
+def test_a_malformed_listing_is_quineboxerror_naming_what_was_wrong(sb, said, words):
+    with pytest.raises(QuineboxError, match=words):
+        box_files.listdir(answering(sb, said), "/world")
+    entry = said[1:-1] if said.startswith(b"[{") else said
+    with pytest.raises(QuineboxError, match=words.replace("not a list", "not an object")):
+        box_files.stat(answering(sb, entry), "/world")
+    good = b'{"name": "n", "path": "/n", "type": "file", "size": 1, "mode": 420, "mtime": 1}'
+    assert box_files.listdir(answering(sb, b"[" + good + b"]"), "/world") == [FileInfo("n", "/n", "file", 1, 0o644, 1)]
+
+
+def test_a_name_of_bytes_no_text_spells_goes_back_into_every_call(sb, here):
+    """listdir gives b'a\\xff' as 'a\\udcff' (surrogateescape); that str reaches the very file again."""
+    assert sb.exec(["sh", "-c", f"printf hi > \"{here}/$(printf 'a\\377')\""]).returncode == 0
+    (entry,) = sb.listdir(here)
+    assert entry.name == os.fsdecode(b"a\xff") == "a\udcff"
+    assert sb.read_file(entry.path) == b"hi"
+    assert sb.stat(entry.path).size == 2
+    sb.write_file(entry.path, b"again")
+    assert sb.read_file(f"{here}/a\udcff") == b"again"
+    sb.remove(entry.path)
+    assert sb.listdir(here) == []
+
+
+def test_stat_of_a_long_path_under_path_max(sb, here):
+    """16 components of 120 é (3.9 KB; each é escaped in JSON as 6 bytes, 12 KB): stat answers, as the kernel does."""
+    deep = here + "".join("/" + "\u00e9" * 120 for _ in range(16))
+    sb.mkdir(deep)
+    info = sb.stat(deep)
+    assert (info.path, info.type, info.name) == (deep, "dir", "\u00e9" * 120)
+    endless = box_files.Via(sb.target, lambda argv, **streams: sb.Popen(["head", "-c", "70000", "/dev/zero"], **streams))
+    with pytest.raises(QuineboxError, match="more than 65536 bytes for stat") as raised:
+        box_files.stat(endless, deep)
+    assert not isinstance(raised.value, FileTooLargeError)  # whose hint is read_file's max_bytes, which stat has not

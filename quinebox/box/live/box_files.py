@@ -201,13 +201,18 @@ class Kept:
 
 
 def _absolute(where: Target | Via, path: str) -> str:
-    """A relative path is the box's working directory's, as a command's would be."""
+    """A relative path is the box's working directory's, as a command's would be; as files.py's PATH argument: itself,
+    or "hex:" and its bytes when it is no UTF-8 text (a name listdir gave with bytes no text has: surrogateescape),
+    which no exec's way carries (the init's line, runc's JSON) but files.py turns back into those very bytes."""
     if not path or "\0" in path:
         raise ValueError(f"bad path {path!r}: give a file's path in the box")
     cwd = where.target.cwd if isinstance(where, Via) else where.cwd
-    if path in (".", "./"):
-        return cwd
-    return path if path.startswith("/") else os.path.join(cwd, path)
+    full = cwd if path in (".", "./") else path if path.startswith("/") else os.path.join(cwd, path)
+    try:
+        full.encode()
+    except UnicodeEncodeError:
+        return "hex:" + os.fsencode(full).hex()
+    return full
 
 
 def _raise(code: int, path: str, err: Taken, timed_out: bool, timeout: float, doing: str) -> None:
@@ -239,13 +244,48 @@ class FileInfo:
 
 def listdir(where: Target | Via, path: str, *, max_bytes: int = READ_MAX, timeout: float = FILE_TIMEOUT, user: str | None = None) -> list[FileInfo]:
     """The entries of a directory in the box, by name; FileTooLargeError when their listing passes `max_bytes`."""
-    said = json.loads(_run(where, path, "list", max_bytes=max_bytes, timeout=timeout, raise_it="give listdir(..., max_bytes=N)", user=user))
-    return [FileInfo(**entry) for entry in said]
+    said = _said(path, _run(where, path, "list", max_bytes=max_bytes, timeout=timeout, raise_it="give listdir(..., max_bytes=N)", user=user))
+    if not isinstance(said, list):
+        raise QuineboxError(f"the box gave a malformed listing of {path}: not a list of entries")
+    return [_file_info(path, entry) for entry in said]
+
+
+#: What stat's answer holds at most: a path up to PATH_MAX twice (path and name), each character escaped 6 bytes long, and room.
+STAT_MAX = 64 << 10
 
 
 def stat(where: Target | Via, path: str, *, follow_symlinks: bool = False, timeout: float = FILE_TIMEOUT, user: str | None = None) -> FileInfo:
     """What `path` is in the box (a link itself, unless `follow_symlinks`)."""
-    return FileInfo(**json.loads(_run(where, path, "stat", "1" if follow_symlinks else "0", max_bytes=ERR_MAX, timeout=timeout, user=user)))
+    try:
+        said = _run(where, path, "stat", "1" if follow_symlinks else "0", max_bytes=STAT_MAX, timeout=timeout, user=user)
+    except FileTooLargeError:  # no real path's answer is this long: files.py's output is not its own
+        raise QuineboxError(f"the box gave more than {STAT_MAX} bytes for stat of {path}: not what quinebox's files.py says") from None
+    return _file_info(path, _said(path, said))
+
+
+#: FileInfo's fields and the types each may have (JSON's numbers: an mtime may come as an int).
+FIELDS: dict[str, tuple[type, ...]] = {"name": (str,), "path": (str,), "type": (str,), "size": (int,), "mode": (int,), "mtime": (float, int)}
+TYPES = ("file", "dir", "symlink", "other")
+
+
+def _said(path: str, out: bytes) -> Any:
+    """files.py's JSON: anything else (a box process may write into its stdout on rootless runc or gVisor) is refused."""
+    try:
+        return json.loads(out)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both
+        raise QuineboxError(f"the box gave a malformed answer for {path}: not JSON ({exc})") from None
+
+
+def _file_info(path: str, entry: Any) -> FileInfo:
+    """One entry, checked: exactly FileInfo's fields, each of its type (never a bool for a number), a known `type`."""
+    if not isinstance(entry, dict) or set(entry) != set(FIELDS):
+        raise QuineboxError(f"the box gave a malformed entry for {path}: not an object of {', '.join(FIELDS)}")
+    bad = next((key for key, types in FIELDS.items() if isinstance(entry[key], bool) or not isinstance(entry[key], types)), None)
+    if bad is None and entry["type"] not in TYPES:
+        bad = "type"
+    if bad is not None:
+        raise QuineboxError(f"the box gave a malformed entry for {path}: its {bad} is {entry[bad]!r:.80}")
+    return FileInfo(**entry)
 
 
 def remove(where: Target | Via, path: str, *, recursive: bool = False, timeout: float = FILE_TIMEOUT, user: str | None = None) -> None:
