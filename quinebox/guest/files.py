@@ -14,7 +14,7 @@ the box keeps growing never ends). The host holds its own cap and deadline too: 
 quick and clear. list and stat say what a path is without opening it (a link is a link: lstat). gettar writes a
 tar of a file, or of a directory's contents, to stdout: links as links, never followed, FIFOs, sockets and devices
 left out, each file opened without blocking or following a link, at most CAP bytes. puttar takes a tar on stdin
-(at most CAP bytes), spools it beside its destination, and unpacks it with quinebox's untar.py (its source is
+(at most CAP bytes), spools it beside its destination (a file whose name is gone at once: read again only through its fd), and unpacks it with quinebox's untar.py (its source is
 UNTAR, the host's own): every header checked before a byte is written, nothing written through a link, no member
 outside DIR, no device or FIFO; the box's Python (3.11.2) has no `data` filter of tarfile's.
 
@@ -214,22 +214,23 @@ def puttar(path, cap, code):
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the directory itself, as its links lead
     try:
         spool = f".quinebox-tar-{os.getpid()}-{os.urandom(4).hex()}"
-        out = os.fdopen(os.open(spool, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd), "wb")
+        held = os.open(spool, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+        os.unlink(spool, dir_fd=fd)  # at once, and read again through `held` only: no name of it for a box process to swap or make a FIFO
         try:
-            with out:
+            with os.fdopen(held, "wb", closefd=False) as out:
                 left = cap + 1
                 while left > 0 and (chunk := sys.stdin.buffer.read(min(CHUNK, left))):
                     out.write(chunk)
                     left -= len(chunk)
             if left == 0:
                 raise TooLarge(f"{cap + 1} bytes or more, more than {cap}")
-            archive = f"/proc/self/fd/{fd}/{spool}"
+            archive = f"/proc/self/fd/{held}"  # this very file, opened anew from the start (it has no name)
             no_link_in_the_way(archive, fd)
             untar.unpack(archive, f"/proc/self/fd/{fd}", max_members=MAX_MEMBERS, max_bytes=1 << 62)
         except (untar.Refused, untar.Unreadable) as exc:
             raise Refused(str(exc)) from None
         finally:
-            os.unlink(spool, dir_fd=fd)
+            os.close(held)
     finally:
         os.close(fd)
 

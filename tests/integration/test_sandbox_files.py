@@ -308,3 +308,44 @@ def test_stat_of_a_long_path_under_path_max(sb, here):
     with pytest.raises(QuineboxError, match="more than 65536 bytes for stat") as raised:
         box_files.stat(endless, deep)
     assert not isinstance(raised.value, FileTooLargeError)  # whose hint is read_file's max_bytes, which stat has not
+
+
+class Held(io.RawIOBase):
+    """A caller's stream that gives `data`'s first block, calls `between()` once, then gives the rest."""
+
+    def __init__(self, data: bytes, between):
+        self.data, self.between, self.pos = data, between, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self.pos == 512:
+            self.between()
+        chunk = self.data[self.pos : self.pos + 512]
+        self.pos += len(chunk)
+        return chunk
+
+
+def test_put_tar_spool_has_no_name_a_box_process_could_swap(sb, here):
+    """A box process that renames its own tar over put_tar's spool, while the caller's stream is still coming, is
+    never unpacked: the spool's name is gone at once, and it is read again through its fd only."""
+    sb.mkdir(f"{here}/dest")
+    sb.put_tar(f"{here}/evil", tar_of(("planted", b"the box's", None)))
+    assert sb.exec(["tar", "-cf", f"{here}/evil.tar", "-C", f"{here}/evil", "planted"]).returncode == 0
+    watcher = sb.Popen(["sh", "-c", f'while :; do for f in {here}/dest/.quinebox-tar-*; do [ -f "$f" ] && mv {here}/evil.tar "$f" && touch {here}/swapped && exit 0; done; done'])
+
+    def between() -> None:  # once files.py holds its spool (as one of its fds shows), and if the spool has a name, the watcher swaps it
+        while sb.exec(["sh", "-c", "ls -l /proc/[0-9]*/fd/ 2>/dev/null | grep -q quinebox-tar-"]).returncode != 0:
+            time.sleep(0.05)
+        named = sb.exec(["sh", "-c", f"ls -A {here}/dest"]).stdout
+        while named and sb.exec(["test", "-e", f"{here}/swapped"]).returncode != 0:
+            time.sleep(0.05)
+
+    try:
+        sb.put_tar(f"{here}/dest", Held(tar_of(("mine", b"the caller's", None)).getvalue(), between))
+    finally:
+        watcher.kill()
+        watcher.wait(10)
+    assert [i.name for i in sb.listdir(f"{here}/dest")] == ["mine"]
+    assert sb.read_file(f"{here}/dest/mine") == b"the caller's"
