@@ -36,6 +36,7 @@ import os
 import stat
 import tarfile
 import zlib
+from collections.abc import Iterator
 from typing import IO
 
 #: What a damaged, truncated or mislabelled archive raises while it is read.
@@ -58,28 +59,43 @@ class Unreadable(Exception):
 
 def unpack(source: str | os.PathLike[str] | IO[bytes], into: str | os.PathLike[str], *, max_members: int, max_bytes: int) -> None:
     """Unpack the tar at `source` (a path, or a binary stream; compressed or not) into the directory `into`. Refused and Unreadable say why; nothing is written outside `into`."""
-    plan = _Plan(max_members, max_bytes)
     root = os.open(into, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         writer = _Writer(root)
         if isinstance(source, (str, os.PathLike)):
             with _reading():
-                tar = tarfile.open(source, "r:*")
-            with tar:
-                with _reading():
-                    for member in tar:
+                archive = open(source, "rb")  # closed by the with below; read twice
+            with archive:
+                plan = _Plan(max_members, max_bytes)
+                with _reading(), tarfile.open(fileobj=archive, mode="r:*") as tar:
+                    for member in _each(tar):
                         plan.add(member)
                 plan.finish()
-                for member in tar.getmembers():
-                    writer.put(tar, member, _Plan._parts(member.name))
+                del plan  # the writing pass checks each member again, against a plan of its own
+                archive.seek(0)
+                _write(archive, "r:*", writer, _Plan(max_members, max_bytes))
         else:
-            with _reading(), tarfile.open(fileobj=source, mode="r|*") as tar:
-                for member in tar:
-                    writer.put(tar, member, plan.add(member))
-            plan.finish()
+            _write(source, "r|*", writer, _Plan(max_members, max_bytes))
         writer.finish()
     finally:
         os.close(root)
+
+
+def _write(source: IO[bytes], mode: str, writer: _Writer, plan: _Plan) -> None:
+    """Each member checked (what its header alone says) and written, in the archive's order."""
+    with _reading(), tarfile.open(fileobj=source, mode=mode) as tar:
+        for member in _each(tar):
+            writer.put(tar, member, plan.add(member))
+    plan.finish()
+
+
+def _each(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The archive's members, each forgotten by tarfile once read: it keeps every header (~440 bytes each) for
+    random access nobody here needs, so a file's memory is the plan's (~150 bytes a member), not the sum of its
+    headers. The headers are read twice (checked, then written) instead of kept."""
+    while (member := tar.next()) is not None:
+        tar.members.clear()
+        yield member
 
 
 class _reading:
@@ -105,22 +121,14 @@ MAX_DEPTH = 256
 class _Node:
     """One path the archive makes: a directory ("d", with what it holds), a symlink ("l", with its target) or
     anything else ("f"). A tree, not a dict of whole paths, so that a member costs what its name is long: each
-    of its components is looked up once, beneath the one before, and no prefix is ever rebuilt."""
+    of its components is looked up once, beneath the one before, and no prefix is ever rebuilt. It holds no
+    link upward: without cycles, a plan is freed the moment it is dropped."""
 
-    __slots__ = ("kind", "name", "up", "below", "target")
+    __slots__ = ("kind", "below", "target")
 
-    def __init__(self, kind: str, name: str, up: _Node | None, target: str = ""):
-        self.kind, self.name, self.up, self.target = kind, name, up, target
+    def __init__(self, kind: str, target: str = ""):
+        self.kind, self.target = kind, target
         self.below: dict[str, _Node] | None = {} if kind == "d" else None
-
-    def path(self) -> str:
-        """Its name from the destination, for messages only."""
-        names = []
-        node: _Node | None = self
-        while node is not None and node.up is not None:
-            names.append(node.name)
-            node = node.up
-        return "/".join(reversed(names))
 
 
 class _Plan:
@@ -129,9 +137,9 @@ class _Plan:
     def __init__(self, max_members: int, max_bytes: int):
         self.max_members, self.max_bytes = max_members, max_bytes
         self.members = self.bytes = 0
-        self.root = _Node("d", "", None)
-        #: Each symlink made (one a later member replaced is skipped when they are checked).
-        self.links: list[_Node] = []
+        self.root = _Node("d")
+        #: Each symlink made, with its name's components (one a later member replaced is skipped in `finish`).
+        self.links: list[tuple[list[str], _Node]] = []
         self.steps = 0
 
     def add(self, member: tarfile.TarInfo) -> list[str]:
@@ -155,7 +163,7 @@ class _Plan:
             assert parent.below is not None
             node = parent.below.get(part)
             if node is None:  # a directory the writer makes on the way
-                node = parent.below[part] = _Node("d", part, parent)
+                node = parent.below[part] = _Node("d")
             elif node.kind != "d":
                 above = "/".join(parts[:depth])
                 raise Refused(f"{name!r} goes through {above!r}, which is a symlink or a file in the archive")
@@ -167,36 +175,35 @@ class _Plan:
             raise Refused(f"{name!r} is in the archive both as a directory and as something else")
         if member.isdir():
             if was is None:
-                parent.below[base] = _Node("d", base, parent)
+                parent.below[base] = _Node("d")
         elif member.issym():
-            parent.below[base] = node = _Node("l", base, parent, self._link_target(member))
-            self.links.append(node)
+            parent.below[base] = node = _Node("l", self._link_target(member))
+            self.links.append((parts, node))
         elif member.islnk():
             source = self._find(self._link_parts(member))
             if source is None or source.kind == "d":
                 what = "a directory" if source else "nothing the archive holds before it"
                 raise Refused(f"hard link {name!r} names {member.linkname!r}, which is {what}")
-            parent.below[base] = node = _Node(source.kind, base, parent, source.target)
+            parent.below[base] = node = _Node(source.kind, source.target)
             if node.kind == "l":  # a second name of a symlink: its target is read from the new place
-                self.links.append(node)
+                self.links.append((parts, node))
         else:
-            parent.below[base] = _Node("f", base, parent)
+            parent.below[base] = _Node("f")
         return parts
 
     def finish(self) -> None:
         """Every symlink the archive made, resolved as the kernel would once all are in place, stays inside."""
-        for link in self.links:
-            assert link.up is not None and link.up.below is not None
-            if link.up.below.get(link.name) is not link:
+        for parts, link in self.links:
+            here: list[_Node | None] = [self.root]
+            for part in parts[:-1]:  # directories all, as `add` made sure
+                below = here[-1].below if here[-1] is not None else None
+                here.append(below.get(part) if below is not None else None)
+            below = here[-1].below if here[-1] is not None else None
+            if below is None or below.get(parts[-1]) is not link:
                 continue  # a later member of its name took its place
-            here: list[_Node | None] = []
-            node: _Node | None = link.up
-            while node is not None:
-                here.append(node)
-                node = node.up
-            here.reverse()
             if not self._inside(here, link.target):
-                raise Refused(f"{link.path()!r} would link to {link.target!r}, which is outside the destination")
+                path = "/".join(parts)
+                raise Refused(f"{path!r} would link to {link.target!r}, which is outside the destination")
 
     def _inside(self, here: list[_Node | None], target: str) -> bool:
         """Whether `target`, read in the directory `here` (the nodes from the destination down, None for one the

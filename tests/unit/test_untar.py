@@ -7,6 +7,7 @@ import os
 import stat
 import tarfile
 import time
+import tracemalloc
 
 import pytest
 
@@ -281,3 +282,25 @@ def test_directories_there_before_keep_their_mode_and_mtime(tmp_path, how):
     assert stat.S_IMODE(os.lstat(into / "new").st_mode) == 0o755  # made by the archive: the data filter's mode
     assert os.lstat(into / "new").st_mtime == 1_700_000_000
     assert (into / "priv" / "x").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("how", ["file", "stream"])
+def test_memory_is_the_plans_not_every_header_kept(tmp_path, how):
+    """Review 49 L4: every header read was kept (tarfile's list, and the plan's) until the archive ended, ~0.8 KB
+    a member. Now only the plan's tree is kept, which for one name seen 10 000 times is one entry."""
+    path = tmp_path / "a.tar"
+    path.write_bytes(tar_of(*[member("d/", type=tarfile.DIRTYPE)] * 10_000))
+    into = tmp_path / "into"
+    into.mkdir()
+    tracemalloc.start()
+    try:
+        if how == "file":
+            untar.unpack(str(path), str(into), max_members=100_000, max_bytes=1)
+        else:
+            with open(path, "rb") as stream:
+                untar.unpack(stream, str(into), max_members=100_000, max_bytes=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes at the peak for 10 000 members"
+    assert [p.name for p in into.iterdir()] == ["d"]
