@@ -23,7 +23,8 @@ was there before (the destination, or one in it) keeps its own mode and mtime:
 the archive chooses only for what it makes.
 
 An archive read from a file has every header checked before anything is written,
-so a refused one leaves the destination as it was. A stream is checked as it is
+so a refused one leaves the destination as it was (its headers are read twice,
+checked then written, rather than kept: memory is the plan's, ~150 bytes a member). A stream is checked as it is
 written; when it is refused, the caller discards what it was unpacked into.
 """
 
@@ -73,17 +74,19 @@ def unpack(source: str | os.PathLike[str] | IO[bytes], into: str | os.PathLike[s
                 plan.finish()
                 del plan  # the writing pass checks each member again, against a plan of its own
                 archive.seek(0)
-                _write(archive, "r:*", writer, _Plan(max_members, max_bytes))
+                _write(archive, writer, _Plan(max_members, max_bytes), streamed=False)
         else:
-            _write(source, "r|*", writer, _Plan(max_members, max_bytes))
+            _write(source, writer, _Plan(max_members, max_bytes), streamed=True)
         writer.finish()
     finally:
         os.close(root)
 
 
-def _write(source: IO[bytes], mode: str, writer: _Writer, plan: _Plan) -> None:
+def _write(source: IO[bytes], writer: _Writer, plan: _Plan, *, streamed: bool) -> None:
     """Each member checked (what its header alone says) and written, in the archive's order."""
-    with _reading(), tarfile.open(fileobj=source, mode=mode) as tar:
+    with _reading():
+        tar = tarfile.open(fileobj=source, mode="r|*") if streamed else tarfile.open(fileobj=source, mode="r:*")
+    with _reading(), tar:
         for member in _each(tar):
             writer.put(tar, member, plan.add(member))
     plan.finish()
@@ -94,7 +97,7 @@ def _each(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     random access nobody here needs, so a file's memory is the plan's (~150 bytes a member), not the sum of its
     headers. The headers are read twice (checked, then written) instead of kept."""
     while (member := tar.next()) is not None:
-        tar.members.clear()
+        tar.members.clear()  # type: ignore[attr-defined]  # tarfile's own list (since 2.x), not in typeshed
         yield member
 
 
