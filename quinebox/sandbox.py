@@ -301,7 +301,7 @@ class Sandbox(SandboxFiles, SandboxTime):
         began = time.monotonic()
         data = input.encode() if isinstance(input, str) else input
         out, err = box_files.Kept(max_output), box_files.Kept(max_output)
-        proc = self.Popen(argv, stdin=data if data is not None else DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env, user=user)
+        proc = self._started(self.Popen(argv, stdin=data if data is not None else DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env, user=user))  # a cancelled aexec kills it (sandbox_time.py)
         code = proc.wait(timeout)
         self._revise(argv)
         return ExecResult(

@@ -14,6 +14,7 @@ so a Sandbox also answers them for the user's other processes (controls.py: `qui
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import os
 import threading
@@ -33,6 +34,37 @@ from quinebox.errors import QuineboxError
 
 #: The most copies one fork makes.
 MAX_FORK = 64
+#: The threads the async twins run on: quinebox's own, made as they are needed, not the event loop's default executor
+#: (min(32, cpus + 4) threads, which as many long `aexec`s fill, stalling every other call of the loop and its getaddrinfo).
+THREADS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="quinebox-async")
+
+
+class _Call:
+    """The execs one async twin's call started in its thread: killed when the task awaiting it is cancelled (a
+    cancelled `aexec`, as asyncio.wait_for's, ends its command rather than leave it running on)."""
+
+    def __init__(self) -> None:
+        self.started: list[Any] = []
+        self.cancelled = False
+        self.lock = threading.Lock()
+
+    def add(self, proc: Any) -> None:
+        with self.lock:
+            if not self.cancelled:
+                self.started.append(proc)
+                return
+        proc.kill()  # started after the cancel: ended at once
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            started = list(self.started)
+        for proc in started:
+            proc.kill()
+
+
+#: The call an async twin's thread runs for, as its context carries it (None in a call not made by a twin).
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("quinebox_async_call", default=None)
 
 
 class SandboxTime:
@@ -160,8 +192,23 @@ class SandboxTime:
 
     # -- async twins (of these, and of the Sandbox's own life) ---------------------------------------------------------------------------
 
+    def _started(self, proc: Any) -> Any:
+        """`proc`, an exec just started, known to the async twin whose call started it (see _Call)."""
+        call = _CALL.get()
+        if call is not None:
+            call.add(proc)
+        return proc
+
     async def _in_thread(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(call, *args, **kwargs))
+        """`call(*args, **kwargs)` on quinebox's threads; cancelled, the execs it started are killed."""
+        mine = _Call()
+        context = contextvars.copy_context()
+        context.run(_CALL.set, mine)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(THREADS, context.run, functools.partial(call, *args, **kwargs))
+        except asyncio.CancelledError:
+            mine.cancel()
+            raise
 
     async def aclose(self) -> None:
         await self._in_thread(self.close)
@@ -172,15 +219,15 @@ class SandboxTime:
     @classmethod
     async def acreate(cls, **options: Any) -> Self:
         """`Sandbox(**options)` without blocking the event loop while the box starts."""
-        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(cls, **options))
+        return await asyncio.get_running_loop().run_in_executor(THREADS, functools.partial(cls, **options))
 
     @classmethod
     async def aconnect(cls, ref: str) -> Self:
-        return await asyncio.get_running_loop().run_in_executor(None, cls.connect, ref)
+        return await asyncio.get_running_loop().run_in_executor(THREADS, cls.connect, ref)
 
     @classmethod
     async def adetached(cls, **options: Any) -> Self:
-        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(cls.detached, **options))
+        return await asyncio.get_running_loop().run_in_executor(THREADS, functools.partial(cls.detached, **options))
 
     async def apause(self) -> None:
         await self._in_thread(self.pause)
@@ -197,7 +244,7 @@ class SandboxTime:
     @classmethod
     async def arestore(cls, snapshot: str | Snapshot, **options: Any) -> Self:
         """`Sandbox.restore(snapshot, **options)` without blocking the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(cls.restore, snapshot, **options))
+        return await asyncio.get_running_loop().run_in_executor(THREADS, functools.partial(cls.restore, snapshot, **options))
 
 
 def _drain(fd: int, sink: Any) -> None:

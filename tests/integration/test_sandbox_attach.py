@@ -3,8 +3,10 @@
 whose `destroy()` ends the box."""
 
 import asyncio
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 from live_boxes import live_boxes, soon
@@ -132,3 +134,43 @@ def test_a_sandbox_closed_while_the_interpreter_exits_does_not_hang_it(running):
     assert done.returncode == 0, done.stderr
     session = done.stdout.decode().strip()
     assert not soon(lambda: running(session), within=20), f"box {session} still runs"
+
+
+def _running_in(sb, words: str) -> bool:
+    """Whether a process of the box runs a command line holding `words`."""
+    probe = f"for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -v grep | grep -c '{words}'"
+    return sb.exec(["sh", "-c", probe]).stdout.strip() not in (b"", b"0")
+
+
+def test_async_twins_have_threads_of_their_own_past_asyncios_default_executor():
+    """As many blocking aexecs as asyncio's default executor has threads (min(32, cpus + 4)) do not stall a file op of
+    the same loop: it runs at once, and its file ends their wait."""
+    waiters = min(32, (os.cpu_count() or 1) + 4) + 1
+
+    async def main(sb):
+        wait = ["sh", "-c", "for i in $(seq 200); do [ -e /world/go ] && exit 0; sleep 0.05; done; exit 1"]
+        running = [asyncio.create_task(sb.aexec(wait, timeout=30)) for _ in range(waiters)]
+        while not _running_in(sb, "seq 200") and not all(task.done() for task in running):
+            await asyncio.sleep(0.05)
+        began = time.monotonic()
+        await sb.awrite_file("/world/go", b"")
+        took = time.monotonic() - began
+        return took, [result.returncode for result in await asyncio.gather(*running)]
+
+    with quinebox.Sandbox(grants=["pids:256"]) as sb:
+        took, codes = asyncio.run(main(sb))
+    assert codes == [0] * waiters
+    assert took < 5, f"awrite_file waited {took:.1f} s behind {waiters} aexecs"
+
+
+@pytest.mark.parametrize("attached", [False, True], ids=["owned", "attached"])
+def test_a_cancelled_aexec_kills_its_command(attached):
+    with quinebox.Sandbox() as owner:
+        sb = quinebox.Sandbox.connect(owner.id) if attached else owner
+
+        async def main():
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(sb.aexec(["sleep", "31"]), 1)
+            return soon(lambda: _running_in(owner, "sleep 31"), within=10)  # looked at before the loop ends
+
+        assert not asyncio.run(main()), "the cancelled command runs on"
