@@ -150,9 +150,12 @@ class SandboxFiles:
         It is the box's work: unpack it as untrusted (`get_dir` does)."""
         self._files(box_files.get_tar, path, fileobj, max_bytes=max_bytes, timeout=timeout, user=user)
 
-    def put_dir(self, local_dir: str | os.PathLike[str], path: str, *, timeout: float = box_files.TAR_TIMEOUT, user: str | None = None) -> None:
+    def put_dir(
+        self, local_dir: str | os.PathLike[str], path: str, *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT, user: str | None = None,
+    ) -> None:
         """A directory of this machine's copied into directory `path` of the box (its contents; links as links, an
-        absolute or outward one refused; FIFOs, sockets and devices left out)."""
+        absolute or outward one refused; FIFOs, sockets and devices left out); FileTooLargeError past `max_bytes` of
+        tar (default 1 GiB)."""
         if not os.path.isdir(local_dir):
             raise NotADirectoryError(20, "Not a directory", str(local_dir))
         read_end, write_end = os.pipe()
@@ -161,7 +164,7 @@ class SandboxFiles:
         thread.start()
         try:
             with os.fdopen(read_end, "rb") as stream:
-                self.put_tar(path, stream, timeout=timeout, user=user)
+                self.put_tar(path, stream, max_bytes=max_bytes, timeout=timeout, user=user)
         finally:
             thread.join(timeout)
         if failed:

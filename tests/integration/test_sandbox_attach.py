@@ -4,6 +4,7 @@ whose `destroy()` ends the box."""
 
 import asyncio
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from live_boxes import live_boxes, soon
 
 import quinebox
 from quinebox import QuineboxError
+from quinebox.box.live import holders
 
 PY = sys.executable
 
@@ -174,3 +176,39 @@ def test_a_cancelled_aexec_kills_its_command(attached):
             return soon(lambda: _running_in(owner, "sleep 31"), within=10)  # looked at before the loop ends
 
         assert not asyncio.run(main()), "the cancelled command runs on"
+
+
+def test_poll_of_an_attached_exec_whose_socket_is_past_fd_1023():
+    """A process with many sandboxes has fds past select()'s 1024: poll() of an attached exec answers there too."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open {hard} files only")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    fillers: list[int] = []
+    try:
+        with quinebox.Sandbox() as owner:
+            sb = quinebox.Sandbox.connect(owner.id)
+            while (fd := os.open(os.devnull, os.O_RDONLY)) < 1030:
+                fillers.append(fd)
+            os.close(fd)
+            proc = sb.Popen(["sh", "-c", "read x"], stdin=subprocess.PIPE)
+            assert proc._conn.fileno() > 1023
+            assert proc.poll() is None
+            proc.stdin.close()
+            assert soon(lambda: proc.poll() is None, within=10) is False
+            assert proc.returncode == 1  # read at end of input
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_holder_that_says_nothing_is_an_error_by_its_deadline():
+    read_end, write_end = os.pipe()  # a holder that keeps its report open and never says a word
+    try:
+        began = time.monotonic()
+        with pytest.raises(QuineboxError, match="did not say within 0.3 s"):
+            holders.told(read_end, timeout=0.3)
+        assert time.monotonic() - began < 2
+    finally:
+        os.close(write_end)

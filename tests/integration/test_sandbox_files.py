@@ -349,3 +349,11 @@ def test_put_tar_spool_has_no_name_a_box_process_could_swap(sb, here):
         watcher.wait(10)
     assert [i.name for i in sb.listdir(f"{here}/dest")] == ["mine"]
     assert sb.read_file(f"{here}/dest/mine") == b"the caller's"
+
+
+def test_put_dir_takes_the_cap_its_refusal_names(sb, here, tmp_path):
+    (tmp_path / "big").write_bytes(b"z" * 50_000)
+    with pytest.raises(FileTooLargeError, match="max_bytes=N"):
+        sb.put_dir(tmp_path, f"{here}/capped", max_bytes=20_000)
+    sb.put_dir(tmp_path, f"{here}/whole", max_bytes=100_000)
+    assert sb.read_file(f"{here}/whole/big") == b"z" * 50_000

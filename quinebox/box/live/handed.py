@@ -65,8 +65,11 @@ class HandedExec:
             pass
 
     def poll(self) -> int | None:
-        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
-            return self.wait()
+        if self.returncode is None:
+            ready = select.poll()  # not select.select: a process with many sandboxes has fds past 1023
+            ready.register(self._conn, select.POLLIN)
+            if ready.poll(0):
+                return self.wait()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

@@ -10,7 +10,9 @@ exits at once: no holder is left a zombie of its caller's.
 
 from __future__ import annotations
 
+import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -24,6 +26,8 @@ from quinebox.errors import EXIT_QUINEBOX, QuineboxError
 
 #: How long a spawned holder's launcher may take to import quinebox and fork the holder.
 LAUNCH_TIMEOUT = 60.0
+#: How long a holder may take to make its box (an image's pull included) and say its id.
+TOLD_TIMEOUT = 900.0
 
 
 class Held(Protocol):
@@ -117,10 +121,28 @@ def launched(make: Callable[[], Held], idle: float | None, report: int) -> None:
     os.close(report)
 
 
-def told(read_end: int, pid: int | None = None) -> str:
-    """The id the holder reports; its one line of failure as QuineboxError (its exit status as the error's)."""
-    with os.fdopen(read_end, "rb") as report:
-        said = report.read().decode(errors="replace")
+def told(read_end: int, pid: int | None = None, timeout: float = TOLD_TIMEOUT) -> str:
+    """The id the holder reports; its one line of failure as QuineboxError (its exit status as the error's). A holder
+    that says nothing within `timeout` is QuineboxError too: killed when its pid is known; else its report's end is
+    closed, so a holder that makes its box later cannot say so, fails, and its box goes with it."""
+    deadline = time.monotonic() + timeout
+    ready = select.poll()  # not select.select: a process with many sandboxes has fds past 1023
+    ready.register(read_end, select.POLLIN)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not ready.poll(math.ceil(left * 1000)):
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                raise QuineboxError(f"the box's holder did not say within {timeout:g} s whether it made the box (`quinebox box ls` shows the boxes there are)")
+            if not (chunk := os.read(read_end, 65536)):
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+    said = b"".join(chunks).decode(errors="replace")
     if said.startswith("id "):
         return said[3:].strip()
     if pid is not None:
