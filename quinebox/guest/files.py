@@ -284,7 +284,8 @@ def path_of(arg):
 
 def main(argv):
     command = COMMANDS.get(argv[1]) if len(argv) >= 3 else None
-    if command is None or len(argv) - 3 not in command[0]:
+    cap = argv[3] if len(argv) > 3 and argv[1] in ("read", "gettar", "puttar") else "0"
+    if command is None or len(argv) - 3 not in command[0] or not (cap.isascii() and cap.isdigit()):
         sys.stderr.write("usage: files.py read|write|list|stat|remove|mkdir|gettar|puttar PATH [ARGS...]\n")
         return OTHER
     argv = [*argv[:2], path_of(argv[2]), *argv[3:]]
