@@ -128,9 +128,9 @@ def test_a_timeout_covers_the_outputs_too_so_what_holds_them_past_it_is_killed(s
     began = time.monotonic()
     result = sb.exec(["sh", "-c", "sleep 25 & echo started"], timeout=2)
     assert (result.returncode, result.timed_out, result.stdout) == (124, True, b"started\n"), result
-    assert time.monotonic() - began < 8
+    assert time.monotonic() - began < 15  # 2 s, and the kill: never the 25 s of the sleep
     comms = "for p in /proc/[0-9]*; do [ \"$(cut -d' ' -f3 $p/stat)\" != Z ] && cat $p/comm; done"
-    assert b"sleep" not in soon(lambda: [c for c in sb.exec(["sh", "-c", comms]).stdout.split() if c == b"sleep"], within=5)
+    assert b"sleep" not in soon(lambda: [c for c in sb.exec(["sh", "-c", comms]).stdout.split() if c == b"sleep"], within=10)
 
 
 def test_popen_streams_both_ways(sb):
