@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from quinebox.api import ExecResult
 from quinebox.audit import log
-from quinebox.box.live import box_files, checkpoints, freezing, holders, owner_exec, sandboxes, snapshots
+from quinebox.box.live import capped, checkpoints, freezing, holders, owner_exec, sandboxes, snapshots
 from quinebox.box.live.controls import Controls
 from quinebox.box.live.execs import BoxExec, Target
 from quinebox.box.live.handed import HandedExec
@@ -300,7 +300,7 @@ class Sandbox(SandboxFiles, SandboxTime):
         the result says `truncated`."""
         began = time.monotonic()
         data = input.encode() if isinstance(input, str) else input
-        out, err = box_files.Kept(max_output), box_files.Kept(max_output)
+        out, err = capped.Kept(max_output), capped.Kept(max_output)
         proc = self._started(self.Popen(argv, stdin=data if data is not None else DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env, user=user))  # a cancelled aexec kills it (sandbox_time.py)
         code = proc.wait(timeout)
         self._revise(argv)

@@ -1,7 +1,8 @@
 """Boxes that last: long-lived sandboxes, the commands run in them, and entering them.
 
 Holds the long-lived boxes' records (sandboxes.py), their files read, written,
-listed and copied as tars from inside them (box_files.py), the holder process
+listed and copied as tars from inside them (box_files.py; what an exec sends
+them, bounded by the host: capped.py), the holder process
 that owns one made to outlive its maker (holders.py), a command run beside a
 box's main process (execs.py, each in its own cgroup: exec_cgroups.py, started
 in each backend's way: exec_ways.py; one in a box another process owns is

@@ -23,10 +23,8 @@ from quinebox.box.backends.choice import on_engine
 from quinebox.box.backends.dockerbox import DockerBox
 from quinebox.box.backends.ocibox import oci_runtime
 from quinebox.box.backends.runtimebox import RuntimeBox
-from quinebox.box.live.box_files import (
-    Taken as Taken,  # re-exported: tests/unit/box/test_taken.py looks for it here
-    read_bytes,
-)
+from quinebox.box.live.box_files import read_bytes
+from quinebox.box.live.capped import Taken as Taken  # re-exported: tests/unit/box/test_taken.py looks for it here
 from quinebox.box.live.execs import Target, target_of
 from quinebox.box.owners.listing import BoxInfo, live_boxes
 from quinebox.box.policy import LABEL_SESSION
