@@ -302,7 +302,7 @@ class Sandbox(SandboxFiles, SandboxTime):
         data = input.encode() if isinstance(input, str) else input
         out, err = capped.Kept(max_output), capped.Kept(max_output)
         proc = self._started(self.Popen(argv, stdin=data if data is not None else DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env, user=user))  # a cancelled aexec kills it (sandbox_time.py)
-        code = proc.wait(timeout)
+        code = proc.wait_drained(timeout)
         self._revise(argv)
         return ExecResult(
             argv=proc.args, returncode=code, stdout=out.bytes(), stderr=err.bytes(), timed_out=proc.timed_out,

@@ -163,11 +163,20 @@ class BoxExec:
         return out, err
 
     def wait(self, timeout: float | None = None) -> int:
-        """Wait for the command to end (and its outputs to be drained); its exit status, 124 after a timeout
-        (`timeout` here kills the exec's tree when it runs out, as quinebox.exec's does, rather than raise)."""
+        """Wait for the command to end (and its outputs to be drained, for a few seconds more at most); its exit
+        status, 124 after a timeout (`timeout` here kills the exec's tree when it runs out, as quinebox.exec's does,
+        rather than raise). A process it left holding its outputs is left be, as subprocess's wait leaves it."""
+        return self._wait(timeout, drained=False)
+
+    def wait_drained(self, timeout: float | None = None) -> int:
+        """`wait`, with `timeout` covering the outputs read to their end too, as subprocess.run's does: a command that
+        leaves a process holding them (`sleep 60 & echo started`) is 124 by the deadline, its tree killed."""
+        return self._wait(timeout, drained=True)
+
+    def _wait(self, timeout: float | None, *, drained: bool) -> int:
         if self.returncode is not None:
             return self.returncode
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None or not drained else time.monotonic() + timeout
         try:
             if not self._way.ended(timeout):
                 self.timed_out = True

@@ -104,6 +104,11 @@ class HandedExec:
             self.returncode = EXIT_TIMEOUT if self.timed_out else int(answer.get("code", EXIT_QUINEBOX))
             return self.returncode
 
+    def wait_drained(self, timeout: float | None = None) -> int:
+        """`wait`: the owner runs the command and answers when it ends; a process it left holding the outputs is the
+        owner's exec's to bound (its wait's grace), not this caller's deadline."""
+        return self.wait(timeout)
+
     communicate = BoxExec.communicate
 
     def __enter__(self) -> HandedExec:
