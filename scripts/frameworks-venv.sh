@@ -2,20 +2,18 @@
 # The agent frameworks' venv, .venv-frameworks: quinebox with the extras of the six framework providers
 # (quinebox/integrations/), pytest, hypothesis (tests/conftest.py sets it up) and LangChain's sandbox conformance
 # suite (langchain-tests), for tests/frameworks/. Harbor needs Python >= 3.12 and .venv may be older (Debian 12's
-# is 3.11), so this venv is of the first 3.12+ found: on PATH, then under pyenv. None found is a failure, never a
-# skip. Installed again only when pyproject.toml or this script changes.
+# is 3.11), so this venv is of the first 3.12 found (the one tested), else a 3.13: on PATH, then under pyenv. None
+# found is a failure, never a skip. Installed again only when pyproject.toml or this script changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "frameworks-venv: $*" >&2; }
 
+# Each candidate is run, not only found: a pyenv shim is on PATH for every version pyenv has, global or not.
+works() { "$1" -c 'import sys, venv; assert sys.version_info >= (3, 12)' >/dev/null 2>&1; }
 find_python() {
-    local candidate
-    for candidate in python3.13 python3.12; do
-        command -v "$candidate" >/dev/null && { command -v "$candidate"; return; }
-    done
-    local root="${PYENV_ROOT:-$HOME/.pyenv}"
-    for candidate in "$root"/versions/3.13*/bin/python3 "$root"/versions/3.12*/bin/python3; do
-        [ -x "$candidate" ] && { echo "$candidate"; return; }
+    local candidate root="${PYENV_ROOT:-$HOME/.pyenv}"
+    for candidate in "$(command -v python3.12)" "$root"/versions/3.12*/bin/python3 "$(command -v python3.13)" "$root"/versions/3.13*/bin/python3; do
+        [ -n "$candidate" ] && [ -x "$candidate" ] && works "$candidate" && { echo "$candidate"; return; }
     done
     return 1
 }
