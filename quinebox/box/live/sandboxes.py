@@ -11,6 +11,7 @@ Their files, read and written from inside them, are box_files.py's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -71,15 +72,13 @@ def write_record(record: Record) -> None:
 
 
 def remove_record(session: str) -> None:
+    """Everything of a box's record gone; two removers at once (an attached box's `destroy` and its owner) are fine."""
     for suffix in (".json", ".used", ".paused", ".ctl"):  # freezing.py's marker, controls.py's socket
-        try:
-            (records_dir() / f"{session}{suffix}").unlink()
-        except FileNotFoundError:
-            pass
+        (records_dir() / f"{session}{suffix}").unlink(missing_ok=True)
     execs = records_dir() / f"{session}.execs"
     for marker in execs.glob("*") if execs.is_dir() else ():
         marker.unlink(missing_ok=True)
-    if execs.is_dir():
+    with contextlib.suppress(FileNotFoundError):
         execs.rmdir()
 
 
