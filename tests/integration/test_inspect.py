@@ -133,6 +133,7 @@ def test_a_cancelled_exec_kills_its_command(sandbox_envs, backend):
     assert leftovers(env, "cancel-marker") == 0
 
 
+@pytest.mark.root_only  # the Docker engine: the rootless pass's user has none
 def test_root_is_unsupported_not_a_failed_command_where_the_box_has_no_user_namespace(sandbox_envs):
     env = sandbox_envs("docker")
     for user in ("root", "0", "0:0"):

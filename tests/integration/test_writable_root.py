@@ -93,6 +93,7 @@ def test_the_write_lands_in_the_boxs_own_layer_and_goes_with_it(runtime):
         assert box.exec(["sh", "-c", "ls /var/tmp/x /opt/made"]).returncode != 0
 
 
+@pytest.mark.root_only  # the Docker engine: the rootless pass's user has none
 def test_the_engine_refuses_the_grant_in_one_line_and_starts_nothing(engine):
     """overlay2 over the host's disk takes no size: a writable root there would be unbounded, so it is refused."""
     marker = f"refused-{os.getpid()}"
