@@ -15,13 +15,13 @@ import os
 import subprocess
 import textwrap
 import threading
-import zipfile
 from pathlib import Path
 
 import pytest
 from certificates import issue_certificates
 from commands import qb, scripts
 from openai_server import exit_, sh
+from package_index import write_index
 
 import quinebox
 from quinebox.agent.store import read_tape
@@ -67,19 +67,7 @@ CLIENTS_IMAGE = "quinebox-test/clients:1"
 
 def published(srv: Path) -> Path:
     """What the static server serves: a package index holding one wheel, and a git repository (dumb HTTP)."""
-    wheel = srv / "packages" / "tinypkg-1.0-py3-none-any.whl"
-    wheel.parent.mkdir(parents=True)
-    files = {
-        "tinypkg/__init__.py": 'VALUE = "installed from the index"\n',
-        "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
-        "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: quinebox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    files["tinypkg-1.0.dist-info/RECORD"] = "".join(f"{name},,\n" for name in [*files, "tinypkg-1.0.dist-info/RECORD"])
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for name, text in files.items():
-            archive.writestr(name, text)
-    (srv / "simple" / "tinypkg").mkdir(parents=True)
-    (srv / "simple" / "tinypkg" / "index.html").write_text(f'<a href="../../packages/{wheel.name}">{wheel.name}</a>\n')
+    write_index(srv)
     work = srv.parent / "work"
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
     subprocess.run([*git, "init", "-q", str(work)], check=True)

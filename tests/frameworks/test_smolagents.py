@@ -13,10 +13,10 @@ import statistics
 import threading
 import time
 import uuid
-import zipfile
 from pathlib import Path
 
 import pytest
+from package_index import write_index
 from smolagents import CodeAgent
 from smolagents.models import ChatMessage, MessageRole, Model
 from smolagents.utils import AgentError
@@ -184,17 +184,5 @@ def _pip_image(engine) -> None:
 
 def _index(root: Path) -> Path:
     """A package index of one wheel, `tinypkg`, in PEP 503's simple layout."""
-    wheel = root / "packages" / "tinypkg-1.0-py3-none-any.whl"
-    wheel.parent.mkdir(parents=True)
-    files = {
-        "tinypkg/__init__.py": 'VALUE = "installed from the index"\n',
-        "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
-        "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: quinebox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    files["tinypkg-1.0.dist-info/RECORD"] = "".join(f"{name},,\n" for name in [*files, "tinypkg-1.0.dist-info/RECORD"])
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for name, text in files.items():
-            archive.writestr(name, text)
-    (root / "simple" / "tinypkg").mkdir(parents=True)
-    (root / "simple" / "tinypkg" / "index.html").write_text(f'<a href="../../packages/{wheel.name}">{wheel.name}</a>\n')
+    write_index(root)
     return root

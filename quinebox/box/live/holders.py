@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from quinebox.box.live import freezing, sandboxes
 from quinebox.errors import EXIT_QUINEBOX, QuineboxError
@@ -75,11 +75,7 @@ def fork(make: Callable[[], Held], idle: float | None) -> tuple[int, int]:
     if pid == 0:  # pragma: no cover - the holder's life is checked from the outside (tests/e2e/test_sandboxes.py)
         os.close(read_end)
         os.setsid()
-        code = EXIT_QUINEBOX
-        try:
-            code = hold(make, idle, write_end)
-        finally:
-            os._exit(code)
+        _hold_and_exit(make, idle, write_end)
     os.close(write_end)
     return pid, read_end
 
@@ -113,12 +109,18 @@ def spawn(code: str, payload: bytes) -> int:
 def launched(make: Callable[[], Held], idle: float | None, report: int) -> None:
     """In a spawned launcher: fork the holder and return at once (the launcher then exits, and is reaped by its caller)."""
     if os.fork() == 0:  # pragma: no cover - as in `fork`
-        code = EXIT_QUINEBOX
-        try:
-            code = hold(make, idle, report)
-        finally:
-            os._exit(code)
+        _hold_and_exit(make, idle, report)
     os.close(report)
+
+
+def _hold_and_exit(make: Callable[[], Held], idle: float | None, report: int) -> NoReturn:
+    """The forked holder's whole life: hold the box, then leave the process at once, whatever happened (never back
+    into the forking caller's code)."""
+    code = EXIT_QUINEBOX
+    try:
+        code = hold(make, idle, report)
+    finally:
+        os._exit(code)
 
 
 def told(read_end: int, pid: int | None = None, timeout: float = TOLD_TIMEOUT) -> str:
