@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "run", "resume", "Box", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL", "build_image"]
+__all__ = ["__version__", "exec", "run", "resume", "Box", "BoxOptions", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL", "build_image"]
 
 
 def __getattr__(name: str):
@@ -19,6 +19,10 @@ def __getattr__(name: str):
         from quinebox import api
 
         return getattr(api, name)
+    if name == "BoxOptions":
+        from quinebox.box.options import BoxOptions
+
+        return BoxOptions
     if name == "Sandbox":
         from quinebox.sandbox import Sandbox
 

@@ -1,7 +1,7 @@
 """What to run: a box's argv, grants, image and place in the tree.
 
-A `BoxSpec` is fully resolved (paths checked, environment filled) so that
-`policy.container_config` can stay a pure function of it.
+A `BoxSpec` is a caller's `BoxOptions` (options.py) rendered and fully resolved (paths checked, environment
+filled) so that `policy.container_config` can stay a pure function of it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any, TypedDict
 
 from quinebox import __version__
 from quinebox.audit.asks import Asks
+from quinebox.box.options import BoxOptions
 from quinebox.errors import GrantError
 from quinebox.grants import Grants, parse_duration, resolve
 from quinebox.processes import owner_id
@@ -183,47 +184,36 @@ def protected_paths(environ: Mapping[str, str], state_dir: Path) -> list[str]:
 
 def build_spec(
     argv: Sequence[str],
+    options: BoxOptions | None = None,
     *,
-    grants: Iterable[str] = (),
-    policy: str | None = None,
-    timeout: float | str | None = None,
-    image: str | None = None,
-    workdir: str | None = None,
     parent: str | None = None,
     environ: Mapping[str, str] | None = None,
     cwd: str | None = None,
     agent: bool = False,
-    world: str | None = None,
-    world_from: str | Sequence[str] | None = None,
-    world_tar: str | None = None,
-    world_at: tuple[str, int] | None = None,
     tty: bool = False,
-    pull: str = "missing",
-    ask: Iterable[str] = (),
-    deny: Iterable[str] = (),
-    ask_timeout: float | str | None = None,
-    tags: Mapping[str, str] | None = None,
-    backend: str | None = None,
-    runtime: str | None = None,
+    **given: Any,
 ) -> BoxSpec:
-    """Parse and check everything about a box before anything is started.
+    """Parse and check everything about a box before anything is started: its `options` (or the options `given` by
+    name) rendered with its command and its place (`parent`, `agent`, `tty`) into a BoxSpec.
 
     With no argv, the box runs its image's entrypoint and command (checked once the image is found).
     """
+    o = BoxOptions.of(options, **given)
+    image, pull, tags, workdir = o.image, o.pull, o.tags, o.workdir
     if not argv and not image:
         raise GrantError("nothing to run: give a command, as in `quinebox exec -- CMD [ARGS...]`")
-    if tags and not set(tags) <= set(TAGS):
-        raise GrantError(f"bad box labels {sorted(set(tags) - set(TAGS))}: a caller may set only {', '.join(TAGS)}")
+    if tags and not {name for name, _ in tags} <= set(TAGS):
+        raise GrantError(f"bad box labels {sorted({name for name, _ in tags} - set(TAGS))}: a caller may set only {', '.join(TAGS)}")
     if pull not in PULL_POLICIES:
         raise GrantError(f"bad --pull {pull!r}: use one of {', '.join(PULL_POLICIES)}")
     environ = os.environ if environ is None else environ
     cwd = cwd or os.getcwd()
-    policy_lists = load_policy(policy) if policy else {}
-    backend, runtime = required_backend(policy_lists, backend, runtime)
-    parsed = Grants.parse([*policy_lists.get("grants", []), *grants], cwd=cwd)
-    asks = Asks.parse([*policy_lists.get("ask", []), *ask], [*policy_lists.get("deny", []), *deny], ask_timeout, cwd=cwd)
-    if timeout is not None:
-        parsed = parsed.merge(Grants(time=parse_duration(str(timeout))))
+    policy_lists = load_policy(o.policy) if o.policy else {}
+    backend, runtime = required_backend(policy_lists, o.backend, o.runtime)
+    parsed = Grants.parse([*policy_lists.get("grants", []), *o.grants], cwd=cwd)
+    asks = Asks.parse([*policy_lists.get("ask", []), *o.ask], [*policy_lists.get("deny", []), *o.deny], o.ask_timeout, cwd=cwd)
+    if o.timeout is not None:
+        parsed = parsed.merge(Grants(time=parse_duration(str(o.timeout))))
     if workdir is not None and not workdir.startswith("/"):
         raise GrantError(f"bad workdir {workdir!r}: it must be an absolute path inside the box")
     protected = protected_paths(environ, state_dir())
@@ -234,7 +224,7 @@ def build_spec(
         uid = gid = AGENT_UID
     session = new_session_id()
     world_spec = root_world(
-        session, world=world, world_from=world_from, world_tar=world_tar, world_at=world_at, cwd=cwd, protected=protected
+        session, world=o.world, world_from=o.world_from, world_tar=o.world_tar, world_at=o.world_at, cwd=cwd, protected=protected
     )
     return BoxSpec(
         argv=tuple(argv),
@@ -255,7 +245,7 @@ def build_spec(
         pull=pull,
         caller=os.getuid(),
         asks=asks,
-        tags=tuple(sorted((tags or {}).items())),
+        tags=tags,
         backend=backend,
         runtime=runtime,
     )

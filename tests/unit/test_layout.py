@@ -30,7 +30,7 @@ ROOMS = [
     # box/, its rooms from the bottom up; its flat modules in three tiers (see quinebox/box/__init__.py)
     ("box.streams", ("quinebox.box.streams",)),
     ("box.net", ("quinebox.box.net",)),
-    ("box rules", ("quinebox.box.spec", "quinebox.box.policy", "quinebox.box.policy_oci", "quinebox.box.policy_host", "quinebox.box.shape")),
+    ("box rules", ("quinebox.box.options", "quinebox.box.spec", "quinebox.box.policy", "quinebox.box.policy_oci", "quinebox.box.policy_host", "quinebox.box.shape")),
     ("box.backends", ("quinebox.box.backends",)),
     ("box.images", ("quinebox.box.images",)),
     ("box.configure", ("quinebox.box.configure",)),
