@@ -36,7 +36,7 @@ from quinebox.audit.approvals import pending
 from quinebox.audit.log import record
 from quinebox.box.owners.gc import prune_images
 from quinebox.box.owners.listing import every_box, reachable_engine
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 from quinebox.private import private_dir, private_file
 from quinebox.processes import user_name
 from quinebox.state import run_dir, session_dir, state_dir, tree_bytes
@@ -54,6 +54,7 @@ class RulesError(QuineboxError):
     """Prune rules that name nothing, or name it wrongly: usage (exit 2), and nothing is pruned."""
 
     exit_code = 2
+    default_kind = ErrorKind.BAD_INPUT
 
 
 @dataclass(frozen=True)

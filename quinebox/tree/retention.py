@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 from quinebox.state import state_root
 
 if TYPE_CHECKING:  # the rest is imported where used: every command's end imports this module for `due`
@@ -44,6 +44,7 @@ class RetentionError(QuineboxError):
     """A `retention:` that config.yaml cannot mean: one line, and nothing is pruned."""
 
     exit_code = 2
+    default_kind = ErrorKind.BAD_INPUT
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 from quinebox.private import SEALED_MODE, private_dir, private_file
 from quinebox.state import session_dir, state_dir
 from quinebox.worlds import beneath
@@ -67,6 +67,7 @@ class ConflictError(WorldError):
     """A child's changes meet the parent's own since the fork; the caller decides (`--force`)."""
 
     exit_code = 1
+    default_kind = ErrorKind.CONFLICT
 
 
 def mode_bits(st: os.stat_result) -> int:
