@@ -1,8 +1,9 @@
 """Where model answers come from: an OpenAI-compatible endpoint, a script, or a recorded tape.
 
-Every provider answers `complete(messages, tools)` with a `Completion` in the
-chat-completions shape, or raises a `ProviderError` that says which exit code
-ends the agent. Providers run on the host only.
+Every provider answers `complete(messages, tools)` with a `Completion` in the chat-completions shape, or raises
+a `ProviderError` that says which exit code ends the agent (base.py). The providers: any OpenAI-compatible
+endpoint (openai.py), a scripted model's turns from a YAML file (script.py), and a recorded tape's answers in
+order (replay.py); `provider_for` picks one by the model's name. Providers run on the host only.
 """
 
 from __future__ import annotations
