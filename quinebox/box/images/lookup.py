@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from quinebox.box.policy import native_machine
 from quinebox.box.spec import ImageInfo
-from quinebox.errors import ImageError
+from quinebox.errors import ErrorKind, ImageError
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
@@ -30,7 +30,7 @@ def resolve_image(backend: DockerBackend, name: str, *, pull: str = "missing", p
     if data is None:
         if pull == "never" or not pullable:
             hint = "build it with `quinebox image build`" if not pullable else f"--pull never forbids pulling it: `docker pull {name}` first, or use --pull missing"
-            raise ImageError(f"image {name} is not here: {hint}")
+            raise ImageError(f"image {name} is not here: {hint}", kind=ErrorKind.NOT_FOUND, image=name)
         say = progress or say_progress
         if sys.stderr.isatty():
             say(f"pulling {name}")
