@@ -1,8 +1,8 @@
 """Sandboxes behind other people's agents: each framework's own sandbox interface, over the public API alone.
 
 Holds the Inspect AI provider (inspect_sandbox.py, its task config inspect_config.py), the MCP server
-(mcp_server.py and its tools: mcp_tools.py, mcp_boxes.py, mcp_missions.py, mcp_worlds.py, mcp_snapshots.py,
-mcp_checks.py), the pytest plugin (pytest_plugin.py), and the providers of the agent frameworks (docs/frameworks/):
+(mcp_server.py: one class and every tool; what it checks and caps, mcp_checks.py; the file helper it runs in
+a box, mcp_helper.py), the pytest plugin (pytest_plugin.py), and the providers of the agent frameworks (docs/frameworks/):
 Harbor's environment (harbor.py), the OpenAI Agents SDK's sandbox client (openai_agents.py, its PTY sessions
 openai_agents_pty.py), mini-swe-agent's environment (minisweagent.py), deepagents' sandbox and deepagents-code's
 provider (deepagents.py), smolagents' remote Python executor (smolagents.py, its in-box side

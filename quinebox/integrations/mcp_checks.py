@@ -3,12 +3,13 @@
 Nothing a client sends is trusted: each value is checked here before a tool uses it (a refusal is a `Refused`,
 the one line that client reads), output is kept to a cap (`Capped`), and the grants asked for a box or a
 mission are attenuated within the server's ceiling (grants.attenuate, as for a box's child), a request for
-more being refused and recorded in the audit log as `child_refused`. Apart so that every tool module checks
-alike, and none of this needs the `mcp` package.
+more being refused and recorded in the audit log as `child_refused`. Apart from the server (mcp_server.py) so that
+every tool checks alike, and none of this needs the `mcp` package.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from dataclasses import replace
@@ -21,6 +22,8 @@ from quinebox.grants import Grants, attenuate, parse_duration, within
 
 WORLD = "/world"
 MAX_BOXES = 8
+#: The most copies one fork_sandbox makes.
+MAX_COPIES = 8
 DEFAULT_TTL, MAX_TTL = 3600.0, 86400.0
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 120.0, 3600.0
 DEFAULT_OUTPUT, MAX_OUTPUT = 64 << 10, 1 << 20
@@ -169,3 +172,16 @@ def lifetime(ceiling: Grants, value: Any, what: str, default: float, most: float
         log.note("child_refused", None, by="mcp", request={what: value}, why=why)
         raise Refused(why)
     return seconds
+
+
+class CappedFile(io.BytesIO):
+    """A BytesIO that refuses to grow past `cap` (an export returned inline)."""
+
+    def __init__(self, cap: int):
+        super().__init__()
+        self.cap = cap
+
+    def write(self, data: Any) -> int:
+        if self.tell() + len(data) > self.cap:
+            raise Refused(f"the archive is more than {self.cap} bytes: give max_bytes (at most {MAX_EXPORT}) or a path to write it to")
+        return super().write(data)

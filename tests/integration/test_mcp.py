@@ -232,6 +232,7 @@ def test_hostile_arguments_are_tool_errors_and_the_server_goes_on(engine, server
         for args, words in [
             ({"image": "../../x"}, "bad image"), ({"name": "bad name!"}, "bad name"), ({"ttl": 10**9}, "ttl"),
             ({"grants": "rw:/"}, "grants"), ({"grants": ["x"] * 300}, "too long"), ({"unknown": True}, "unknown"),
+            ({"image": "quinebox-test-no-such-image:1"}, "is not on this machine, and this server pulls no image a client names"),
         ]:
             await refused(c, "create_sandbox", args, words)
         await refused(c, "world_diff", {"box": box, "rev": 999}, "no revision 999")
