@@ -12,6 +12,7 @@
     mcp.py      mcp: the MCP server (quinebox[mcp])
     view.py     view: the web view of sessions, trees, transcripts, worlds, runs and the audit log (quinebox[view])
     server.py   the command server: a warm process forking one worker per command (its thin client is ../client.py)
+    freshness.py  whether a command server still runs the code and config a fresh `quinebox` would
 
 The CLI may import every layer below it; nothing below imports it. Each module registers its commands on the
 app when imported; `register` imports only the one that a command line names, because typer builds every
@@ -69,5 +70,5 @@ def main() -> None:
     ensure_std_fds()
     from quinebox.cli.app import run_app
 
-    register(sys.argv[1:2])
+    register([word for word in sys.argv[1:] if word != "--traceback"][:1])
     run_app()

@@ -39,7 +39,49 @@ def say(message: str) -> None:
     print(f"quinebox: {message}", file=sys.stderr, flush=True)
 
 
+#: `--traceback` was given: quinebox's failures print their whole chain before their one line.
+_traceback = False
+
+
+def tracebacks() -> bool:
+    """Whether a failure prints its chain: `--traceback`, or QUINEBOX_TRACEBACK set (to anything but 0)."""
+    import os
+
+    return _traceback or os.environ.get("QUINEBOX_TRACEBACK", "") not in ("", "0")
+
+
+def chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and what it came from, the first cause first: each `__cause__`, or the `__context__` that `raise ... from
+    None` hides from Python's own traceback (quinebox's one-line errors are raised so), but which is what happened."""
+    links: list[BaseException] = []
+    at: BaseException | None = exc
+    while at is not None and all(at is not seen for seen in links):
+        links.append(at)
+        at = at.__cause__ or at.__context__
+    return links[::-1]
+
+
+def print_chain(exc: BaseException) -> None:
+    """The whole chain of `exc` on stderr, each link's traceback, as Python prints one, and its kind and fields."""
+    import traceback
+
+    links = chain(exc)
+    for i, link in enumerate(links):
+        if i:
+            follows = link.__cause__ is links[i - 1]
+            print("\nThe above exception was the direct cause of the following exception:\n" if follows else
+                  "\nDuring handling of the above exception, another exception occurred:\n", file=sys.stderr)
+        print("".join(traceback.format_exception(link, chain=False)), end="", file=sys.stderr)
+        if isinstance(link, QuineboxError):
+            fields = "".join(f", {name}={value!r}" for name, value in link.fields.items())
+            print(f"(kind={link.kind.value}{fields})", file=sys.stderr)
+    sys.stderr.flush()
+
+
 def fail(exc: QuineboxError) -> typer.Exit:
+    """quinebox's failure as one line and its exit code; with --traceback, its whole chain before the line."""
+    if tracebacks():
+        print_chain(exc)
     say(str(exc))
     return typer.Exit(exc.exit_code)
 
@@ -77,12 +119,14 @@ def run_app() -> None:
     try:
         command()()
     except QuineboxError as exc:  # a command that did not say it itself
-        say(str(exc))
-        raise SystemExit(exc.exit_code) from None
+        raise SystemExit(fail(exc).exit_code) from None
     except OSError as exc:  # a full or read-only filesystem under us: one line, as for quinebox's own errors
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             raise
         from quinebox.state import state_dir
+
+        if tracebacks():
+            print_chain(exc)
 
         where = f" {exc.filename}" if exc.filename else ""
         say(f"cannot write{where}: {exc.strerror}; free some space (the state dir is {state_dir()}) and run again")
@@ -100,8 +144,10 @@ def version_callback(value: bool) -> None:
 @app.callback()
 def main_options(
     version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True, help="Print the version."),
+    traceback: bool = typer.Option(False, "--traceback", help="On a failure, print its whole chain of causes before its one line (also QUINEBOX_TRACEBACK=1)."),
 ) -> None:
-    pass
+    global _traceback
+    _traceback = traceback
 
 
 WORLD_HELP = "Bind this host directory as the box's /world, read-write."

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from quinebox.cli.app import BACKEND_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, reported, say, use_backend
+from quinebox.cli.app import BACKEND_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, fail, reported, say, use_backend
 
 if TYPE_CHECKING:
     from quinebox.box.live.sandboxes import Record
@@ -84,8 +84,7 @@ def told(pid: int, read_end: int) -> int:
     try:
         print(holders.told(read_end, pid), flush=True)
     except QuineboxError as exc:
-        say(str(exc))
-        return exc.exit_code
+        return fail(exc).exit_code
     return 0
 
 
@@ -121,15 +120,15 @@ def _duration(seconds: float | None) -> str:
 def box_rm_command(refs: list[str] = typer.Argument(..., metavar="ID|NAME...")) -> None:
     from quinebox.box.live import sandboxes
     from quinebox.box.owners import listing
+    from quinebox.errors import QuineboxError
 
     code = 0
     for ref in refs:
         with reported():
             try:
                 record, _ = sandboxes.find(ref)
-            except Exception as exc:  # noqa: BLE001 one missing box (or one the engine fails on) does not keep the others
-                say(str(exc))
-                code = 125
+            except QuineboxError as exc:  # one missing box (or one the engine fails on) is said and does not keep the others; a bug is itself
+                code = fail(exc).exit_code
                 continue
             listing.kill_subtree(record.session)
             gone = sandboxes.wait_gone(record.session, 10)

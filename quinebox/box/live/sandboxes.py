@@ -29,7 +29,7 @@ from quinebox.box.live.capped import Taken as Taken  # re-exported: tests/unit/b
 from quinebox.box.live.execs import Target, target_of
 from quinebox.box.owners.listing import BoxInfo, live_boxes
 from quinebox.box.policy import LABEL_SESSION
-from quinebox.errors import GrantError, QuineboxError
+from quinebox.errors import ErrorKind, GrantError, QuineboxError
 from quinebox.processes import owner_alive, owner_id
 from quinebox.state import run_dir
 
@@ -109,10 +109,10 @@ def find(ref: str, backend: DockerBackend | None = None) -> tuple[Record, BoxInf
     matches = [pair for pair in running if pair[0].name == ref] or [pair for pair in running if pair[0].session.startswith(ref)]
     if len(matches) != 1 or not ref:
         said = "no long-lived box" if not matches else "more than one long-lived box"
-        raise QuineboxError(f"{said} is named {ref!r} or has an id starting so: `quinebox box ls` lists them")
+        raise QuineboxError(f"{said} is named {ref!r} or has an id starting so: `quinebox box ls` lists them", kind=ErrorKind.NOT_FOUND if not matches else ErrorKind.BAD_INPUT, ref=ref)
     record, box = matches[0]
     if box.user and box.user != str(os.getuid()):
-        raise QuineboxError(f"box {record.session} was made by another user (uid {box.user}): only its owner may reach it")
+        raise QuineboxError(f"box {record.session} was made by another user (uid {box.user}): only its owner may reach it", kind=ErrorKind.REFUSED, box=record.session)
     return record, box
 
 
