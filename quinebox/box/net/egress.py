@@ -116,12 +116,15 @@ class Egress:
             except Refused as exc:
                 self._refused(conn, exc, socks)
                 return
+            except QuineboxError as exc:  # quinebox could not decide (an approval not put or not recorded is none): refused, said and recorded
+                self._refused(conn, Refused(f"egress refused: {exc}"), socks, error=exc)
+                return
             if opened is not None:
                 self._relay(conn, reader, *opened)
+        except QuineboxError as exc:  # before ValueError: a GrantError is one, and is quinebox's to say, never the box's nonsense
+            self._say(str(exc))
         except (OSError, ValueError, EOFError):
             pass  # the box went away, or spoke nonsense: nothing to answer
-        except QuineboxError as exc:  # an approval that could not be recorded is no approval: the connection is dropped
-            self._say(str(exc))
         finally:
             with self._lock:
                 self._open -= not full
@@ -312,9 +315,12 @@ class Egress:
 
     # -- answering and relaying ---------------------------------------------------------------------
 
-    def _refused(self, conn: socket.socket | None, exc: Refused, socks: bool) -> None:
+    def _refused(self, conn: socket.socket | None, exc: Refused, socks: bool, error: QuineboxError | None = None) -> None:
+        """A refusal said, audited, on the box's tape and answered; `error`: quinebox's own failure it came from (its kind recorded)."""
         message = str(exc)
         facts: dict[str, Any] = {"allowed": False, "why": message}
+        if error is not None:
+            facts["error"] = error.kind.value
         if exc.destination:
             facts["destination"] = exc.destination
         if exc.exfiltration:
