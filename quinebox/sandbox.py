@@ -3,7 +3,7 @@
 What other people's agents need (an Inspect AI eval, an MCP client, a test suite): the same hardened box as
 `quinebox.exec`'s — grants, policy, egress, secrets, approvals, audit — made once, its grants fixed then, and
 any number of execs in it, each with the five channels of its own. The friendly layer over box.process (the
-box, whose main process only waits), box.execs (one command in it) and box.sandboxes (its record and files).
+box, whose main process only waits), box/live/execs.py (one command in it) and box/live/sandboxes.py (its record).
 
     with quinebox.Sandbox(grants=["mem:512m"]) as sb:
         sb.write_file("/world/x.py", "print(6 * 7)")
@@ -13,26 +13,54 @@ A Sandbox owns its box (it ends with `close()` or this process), or is attached 
 `Sandbox.connect(ID)` (a box of `quinebox box create`'s, or another process's Sandbox), `Sandbox.detached(...)` (a
 box made with a holder process of its own, box/live/holders.py). An attached Sandbox's execs are handed to the box's
 owner (box/live/handed.py), its pause and checkpoint asked of it; its `close()` only lets go, `destroy()` ends
-the box. Files beyond read and write (list, stat, remove, mkdir, tars and directories in and out) are
-box/live/box_files.py's, each bounded as a read is.
+the box.
+
+Its files: each path reached by an exec of the guest's files.py in the box as the box's user (or the `user=` each
+takes), bounded (box/live/box_files.py): a byte cap, a deadline, nothing the box planted (a FIFO, a socket, a
+device, a link out) hanging the host or being followed. A directory coming out of the box is the box's work,
+unpacked here as untrusted (untar.py). In an attached box each counts as the box in use.
+
+    sb.mkdir("/world/src"); sb.put_dir("src", "/world/src")
+    [f.name for f in sb.listdir("/world/src")]        # FileInfo(name, path, type, size, mode, mtime) each
+    sb.get_dir("/world/out", "out", max_bytes=100 << 20)
+
+Its time, over box/live/freezing.py (pause, the markers every process reads), checkpoints.py (a snapshot taken
+on gVisor, a copy's spec) and snapshots.py (where snapshots lie, sealed). The box's owner does each of them —
+only it runs the box's clocks and waits for its init — so a Sandbox also answers them for the user's other
+processes (controls.py: `quinebox box pause ID` and the rest).
+
+    sb.pause(); sb.resume()                      # every process stopped, then on; the TTL and idle clocks stand still
+    snap = sb.checkpoint()                       # memory, processes, open files, tmpfs and /world, at one instant
+    copy = quinebox.Sandbox.restore(snap)        # a new live box from it (a new id), and the original goes on
+    copies = sb.fork(4)                          # four copies, each from the same instant, each with its own world
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
+import io
 import json
+import os
 import shlex
 import sys
+import tarfile
+import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from quinebox import untar
 from quinebox.api import ExecResult
 from quinebox.audit import log
-from quinebox.box.live import capped, checkpoints, freezing, holders, owner_exec, sandboxes, snapshots
+from quinebox.box.live import box_files, capped, checkpoints, controls, freezing, holders, owner_exec, sandboxes, snapshots
+from quinebox.box.live.box_files import FileInfo
+from quinebox.box.live.checkpoints import Live
 from quinebox.box.live.controls import Controls
 from quinebox.box.live.execs import BoxExec, Target
 from quinebox.box.live.handed import HandedExec
@@ -46,8 +74,6 @@ from quinebox.box.streams.direct import DEVNULL, Stream
 from quinebox.errors import QuineboxError
 from quinebox.grants import parse_duration
 from quinebox.processes import owner_alive, owner_id
-from quinebox.sandbox_files import SandboxFiles
-from quinebox.sandbox_time import SandboxTime
 from quinebox.tree.supervisor import Node
 
 if TYPE_CHECKING:
@@ -67,14 +93,19 @@ DETACHED_IDLE = "1h"
 HOLDER_CODE = "import sys\nfrom quinebox.sandbox import hold_spawned\nhold_spawned(int(sys.argv[1]))"
 #: The exit status an attached Sandbox gives a box that ended (its owner knows how; it was removed, or timed out).
 EXIT_GONE = 137
+#: The most copies one fork makes.
+MAX_FORK = 64
+#: The threads the async twins run on: quinebox's own, made as they are needed, not the event loop's default executor
+#: (min(32, cpus + 4) threads, which as many long `aexec`s fill, stalling every other call of the loop and its getaddrinfo).
+THREADS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="quinebox-async")
 
 
-class Sandbox(SandboxFiles, SandboxTime):
+class Sandbox:
     """A hardened box that lasts until `close()` (or the end of a `with` block, its `ttl`, or this process).
 
     Options are `quinebox.exec`'s, fixed when the box is made; `backend` ("oci", "docker") and `runtime`
     ("runc", "runsc") choose where it runs, as --backend and --runtime do. `name` is what `quinebox box ls`
-    shows and `quinebox exec --in NAME` takes. Files: sandbox_files.py; pausing, snapshots and forks: sandbox_time.py.
+    shows and `quinebox exec --in NAME` takes.
     """
 
     def __init__(
@@ -114,7 +145,10 @@ class Sandbox(SandboxFiles, SandboxTime):
         self._line_asked = False
         self._asking_line = threading.Lock()
         self._controls: Controls | None = None
-        self._box: BoxProcess | None = (box := BoxProcess(spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec), lasting=True))
+        box = BoxProcess(
+            spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec), lasting=True,
+        )
+        self._box: BoxProcess | None = box
         choice = box.choice
         docker = getattr(box, "_backend", None) if choice.engine else None
         try:
@@ -301,11 +335,13 @@ class Sandbox(SandboxFiles, SandboxTime):
         began = time.monotonic()
         data = input.encode() if isinstance(input, str) else input
         out, err = capped.Kept(max_output), capped.Kept(max_output)
-        proc = self._started(self.Popen(argv, stdin=data if data is not None else DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env, user=user))  # a cancelled aexec kills it (sandbox_time.py)
+        stdin = data if data is not None else DEVNULL
+        proc = self.Popen(argv, stdin=stdin, stdout=out, stderr=err, cwd=cwd, env=env, user=user)
+        self._started(proc)  # a cancelled aexec kills it (_Call)
         code = proc.wait_drained(timeout)
         self._revise(argv)
         return ExecResult(
-            argv=proc.args, returncode=code, stdout=out.bytes(), stderr=err.bytes(), timed_out=proc.timed_out,
+            args=proc.args, returncode=code, stdout=out.bytes(), stderr=err.bytes(), timed_out=proc.timed_out,
             oom_killed=False, session=self.id, duration_s=time.monotonic() - began, truncated=out.truncated or err.truncated,
         )
 
@@ -368,7 +404,216 @@ class Sandbox(SandboxFiles, SandboxTime):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- async twins (the rest: sandbox_time.py, sandbox_files.py) -----------------------------------------------------
+    # -- files ----------------------------------------------------------------------------------
+
+    @property
+    def world(self) -> SandboxWorld:
+        return SandboxWorld(self)
+
+    def _revise(self, argv: Sequence[str]) -> None:
+        """A revision of the world if the exec changed it: what `sb.world.log()` and `quinebox world log` show."""
+        if self._box is not None and self._box.world is not None:
+            self.world.commit("exec", command=shlex.join(argv))
+
+    def _files(self, call: Callable[..., Any], path: str, *args: Any, user: str | None = None, **options: Any) -> Any:
+        """`call(target, path, ...)` as `user` (default the box's; "root" where the box's root is no one outside, as for
+        exec), the box running and not paused; in an attached box, counted as in use (a holder's idle limit waits)."""
+        self._ready()
+        if self._box is not None:  # the owner: through the box's init, the fast way
+            return call(self._exec_target(), path, *args, user=sandboxes.user_of(self.target, user), **options)
+        with sandboxes.Running(self.id):  # its owner starts them, as it does its own execs (and says who `user` is)
+            return call(box_files.Via(self.target, self.Popen), path, *args, user=user, **options)
+
+    def read_file(self, path: str, *, max_bytes: int = box_files.READ_MAX, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> bytes:
+        """A file's bytes, as the box's user may read it: FileNotFoundError, IsADirectoryError, PermissionError.
+
+        The box may have made `path` anything, so the read is bounded: a FIFO, a socket or a device is
+        shutil.SpecialFileError, a file of more than `max_bytes` (default 256 MiB) FileTooLargeError, a read
+        longer than `timeout` seconds TimeoutError — each at once or by its bound, and the box stays up."""
+        return self._files(box_files.read_bytes, path, max_bytes=max_bytes, timeout=timeout, user=user)
+
+    def write_file(self, path: str, data: bytes | str, *, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> None:
+        """`data` (str as UTF-8) into a file of the box, its missing parent directories made, replaced whole;
+        shutil.SpecialFileError if the box made `path` a FIFO, a socket or a device."""
+        self._files(box_files.write_bytes, path, data.encode() if isinstance(data, str) else data, timeout=timeout, user=user)
+        self._revise(["write_file", path])
+
+    def listdir(self, path: str = ".", *, max_bytes: int = box_files.READ_MAX, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> list[FileInfo]:
+        """What a directory of the box holds, by name (links as links); FileTooLargeError past `max_bytes` of listing."""
+        return self._files(box_files.listdir, path, max_bytes=max_bytes, timeout=timeout, user=user)
+
+    def stat(self, path: str, *, follow_symlinks: bool = False, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> FileInfo:
+        """What `path` is in the box: a link itself, unless `follow_symlinks`."""
+        return self._files(box_files.stat, path, follow_symlinks=follow_symlinks, timeout=timeout, user=user)
+
+    def remove(self, path: str, *, recursive: bool = False, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> None:
+        """Remove a file or link of the box; a directory with everything in it when `recursive` (never through a
+        link), else IsADirectoryError. (The box itself ends with `destroy()`.)"""
+        self._files(box_files.remove, path, recursive=recursive, timeout=timeout, user=user)
+        self._revise(["remove", path])
+
+    def mkdir(self, path: str, *, parents: bool = True, exist_ok: bool = True, timeout: float = box_files.FILE_TIMEOUT, user: str | None = None) -> None:
+        """Make a directory in the box (with its missing parents); FileExistsError unless `exist_ok`."""
+        self._files(box_files.mkdir, path, parents=parents, exist_ok=exist_ok, timeout=timeout, user=user)
+
+    def put_tar(self, path: str, fileobj: IO[bytes], *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT, user: str | None = None) -> None:
+        """Unpack the tar read from `fileobj` into directory `path` of the box (made if missing), as the box's user:
+        no member outside `path`, nothing through a link, no device or FIFO, modes as tarfile's `data` filter gives;
+        a refused archive is QuineboxError naming the member, and nothing of it is written."""
+        self._files(box_files.put_tar, path, fileobj, max_bytes=max_bytes, timeout=timeout, user=user)
+        self._revise(["put_tar", path])
+
+    def get_tar(self, path: str, fileobj: IO[bytes], *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT, user: str | None = None) -> None:
+        """A tar of `path` onto `fileobj`: a file as one member of its name, a directory's contents by their paths in
+        it; links as links, FIFOs, sockets and devices left out. FileTooLargeError past `max_bytes` (default 1 GiB).
+        It is the box's work: unpack it as untrusted (`get_dir` does)."""
+        self._files(box_files.get_tar, path, fileobj, max_bytes=max_bytes, timeout=timeout, user=user)
+
+    def put_dir(
+        self, local_dir: str | os.PathLike[str], path: str, *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT, user: str | None = None,
+    ) -> None:
+        """A directory of this machine's copied into directory `path` of the box (its contents; links as links, an
+        absolute or outward one refused; FIFOs, sockets and devices left out); FileTooLargeError past `max_bytes` of
+        tar (default 1 GiB)."""
+        if not os.path.isdir(local_dir):
+            raise NotADirectoryError(20, "Not a directory", str(local_dir))
+        read_end, write_end = os.pipe()
+        failed: list[BaseException] = []
+        thread = threading.Thread(target=_tar_of, args=(os.fspath(local_dir), write_end, failed), daemon=True)
+        thread.start()
+        try:
+            with os.fdopen(read_end, "rb") as stream:
+                self.put_tar(path, stream, max_bytes=max_bytes, timeout=timeout, user=user)
+        finally:
+            thread.join(timeout)
+        if failed:
+            raise failed[0]
+
+    def get_dir(self, path: str, local_dir: str | os.PathLike[str], *, max_bytes: int = box_files.TAR_MAX, timeout: float = box_files.TAR_TIMEOUT, user: str | None = None) -> None:
+        """What `path` of the box holds, into `local_dir` here (made if missing), unpacked as untrusted (untar.py:
+        nothing through a link, nothing outside `local_dir`, no device or FIFO; a refused archive is QuineboxError)."""
+        os.makedirs(local_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix="quinebox-get-", suffix=".tar") as spool:
+            self.get_tar(path, spool, max_bytes=max_bytes, timeout=timeout, user=user)
+            spool.flush()
+            try:
+                untar.unpack(spool.name, local_dir, max_members=box_files.MAX_MEMBERS, max_bytes=max_bytes)
+            except (untar.Refused, untar.Unreadable) as exc:
+                raise QuineboxError(f"refused what box {self.id} gave for {path}: {exc}") from None
+
+    # -- time: pause, resume, checkpoint, fork ------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        """Whether the box is paused (by this process or any other of its user's)."""
+        return freezing.pause_of(self.id) is not None
+
+    def pause(self) -> None:
+        """Stop every process of the box where it is; its TTL and idle clocks stand still until `resume`. Execs into
+        it are refused meanwhile, in one line. An attached Sandbox asks the box's owner, as `quinebox box pause` does."""
+        if self._box is None:
+            self._ask("pause")
+            return
+        self._alive()
+        freezing.pause(self.target.box, self.id)
+        self._box.hold_deadline()
+        log.note("box_paused", self.id)
+
+    def resume(self) -> None:
+        """Let every process of the box go on, and its clocks with them."""
+        if self._box is None:
+            self._ask("resume")
+            return
+        self._alive()
+        paused = freezing.resume(self.target.box, self.id)
+        freezing.idle_clock_stood(self.id, self._record.created, paused)
+        self._box.release_deadline()
+        log.note("box_resumed", self.id, paused_s=round(paused, 3))
+
+    def checkpoint(self, *, _transient: bool = False) -> Snapshot:
+        """A snapshot of the box at one instant — memory, processes, open files, every tmpfs, /world — sealed as
+        this user's (`quinebox box snapshots` lists them); the box goes on. On gVisor (runtime="runsc") only;
+        what it cannot carry is refused in one line (QuineboxError), and the box goes on as it was. An attached
+        Sandbox asks the box's owner, as `quinebox box checkpoint` does."""
+        if self._box is None:
+            return snapshots.find(self._ask("checkpoint", transient=_transient)["snapshot"])
+        self._alive()
+        return checkpoints.take(self._live(), transient=_transient)
+
+    def fork(self, n: int) -> list[Sandbox]:
+        """`n` live copies of the box, each from the same instant, each with a world of its own; the box goes on.
+        Each copy is owned by this process (an attached Sandbox's copies too) and has its own id."""
+        if not 1 <= n <= MAX_FORK:
+            raise QuineboxError(f"bad fork count {n}: make 1 to {MAX_FORK} copies at once")
+        snapshot = self.checkpoint(_transient=True)
+        try:
+            with ThreadPoolExecutor(max_workers=n) as pool:
+                made = [pool.submit(self.restore, snapshot, _checked=True) for _ in range(n)]
+            failed = [future.exception() for future in made if future.exception() is not None]
+            if failed:
+                for future in made:
+                    if future.exception() is None:
+                        future.result().close()
+                raise failed[0]  # type: ignore[misc]  # an exception, as filtered above
+            return [future.result() for future in made]
+        finally:
+            snapshots.remove(snapshot)
+
+    def _live(self) -> Live:
+        box = self._owned
+        return Live(self.id, box.spec, self.target.box, box.broker, box.image_id or "", self._busy, self._successor_stdio)
+
+    def _busy(self) -> bool:
+        return sandboxes.busy(self.id) or any(proc.returncode is None and proc.poll() is None for proc in list(self._execs))
+
+    def _successor_stdio(self) -> tuple[int, int, int]:
+        """What the box's successor after a checkpoint has as its stdin, stdout and stderr (a long-lived box's main
+        process has /dev/null for both of the first): its stderr comes to `diagnostics()`, as its first's did."""
+        read_end, write_end = os.pipe()
+        threading.Thread(target=_drain, args=(read_end, self._diagnostics.append), daemon=True).start()
+        return os.open(os.devnull, os.O_RDONLY), os.open(os.devnull, os.O_WRONLY), write_end
+
+    def _ask(self, op: str, **args: Any) -> dict[str, Any]:
+        """The box's owner's answer (controls.py), as `quinebox box pause` and the rest ask it."""
+        self._alive()
+        return controls.ask(self.id, {"op": op, **args})
+
+    def _control(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A request about the box from another process of this user's (controls.py)."""
+        op = request.get("op")
+        if op == "pause":
+            self.pause()
+            return {"box": self.id}
+        if op == "resume":
+            self.resume()
+            return {"box": self.id}
+        if op == "checkpoint":
+            made = self.checkpoint(_transient=bool(request.get("transient")))
+            return {"box": self.id, "snapshot": made.id, "bytes": made.size}
+        if op == "destroy":  # answered first: the box goes once the answer is out, and a holder with it
+            threading.Thread(target=self.close, name=f"destroy:{self.id}", daemon=True).start()
+            return {"box": self.id}
+        raise QuineboxError(f"unknown request {op!r} for box {self.id}")
+
+    # -- async twins ------------------------------------------------------------------------------
+
+    def _started(self, proc: Any) -> Any:
+        """`proc`, an exec just started, known to the async twin whose call started it (see _Call)."""
+        call = _CALL.get()
+        if call is not None:
+            call.add(proc)
+        return proc
+
+    async def _in_thread(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """`call(*args, **kwargs)` on quinebox's threads; cancelled, the execs it started are killed."""
+        mine = _Call()
+        context = contextvars.copy_context()
+        context.run(_CALL.set, mine)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(THREADS, context.run, functools.partial(call, *args, **kwargs))
+        except asyncio.CancelledError:
+            mine.cancel()
+            raise
 
     async def aexec(self, argv: Sequence[str], **options: Any) -> ExecResult:
         return await self._in_thread(self.exec, argv, **options)
@@ -379,6 +624,99 @@ class Sandbox(SandboxFiles, SandboxTime):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def aclose(self) -> None:
+        await self._in_thread(self.close)
+
+    async def adestroy(self) -> None:
+        await self._in_thread(self.destroy)
+
+    @classmethod
+    async def acreate(cls, **options: Any) -> Sandbox:
+        """`Sandbox(**options)` without blocking the event loop while the box starts."""
+        return await asyncio.get_running_loop().run_in_executor(THREADS, functools.partial(cls, **options))
+
+    @classmethod
+    async def aconnect(cls, ref: str) -> Sandbox:
+        return await asyncio.get_running_loop().run_in_executor(THREADS, cls.connect, ref)
+
+    @classmethod
+    async def adetached(cls, **options: Any) -> Sandbox:
+        return await asyncio.get_running_loop().run_in_executor(THREADS, functools.partial(cls.detached, **options))
+
+    async def apause(self) -> None:
+        await self._in_thread(self.pause)
+
+    async def aresume(self) -> None:
+        await self._in_thread(self.resume)
+
+    async def acheckpoint(self) -> Snapshot:
+        return await self._in_thread(self.checkpoint)
+
+    async def afork(self, n: int) -> list[Sandbox]:
+        return await self._in_thread(self.fork, n)
+
+    @classmethod
+    async def arestore(cls, snapshot: str | Snapshot, **options: Any) -> Sandbox:
+        """`Sandbox.restore(snapshot, **options)` without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(THREADS, functools.partial(cls.restore, snapshot, **options))
+
+    async def aread_file(self, path: str, **options: Any) -> bytes:
+        return await self._in_thread(self.read_file, path, **options)
+
+    async def awrite_file(self, path: str, data: bytes | str, **options: Any) -> None:
+        await self._in_thread(self.write_file, path, data, **options)
+
+    async def alistdir(self, path: str = ".", **options: Any) -> list[FileInfo]:
+        return await self._in_thread(self.listdir, path, **options)
+
+    async def astat(self, path: str, **options: Any) -> FileInfo:
+        return await self._in_thread(self.stat, path, **options)
+
+    async def aremove(self, path: str, **options: Any) -> None:
+        await self._in_thread(self.remove, path, **options)
+
+    async def amkdir(self, path: str, **options: Any) -> None:
+        await self._in_thread(self.mkdir, path, **options)
+
+    async def aput_tar(self, path: str, fileobj: IO[bytes], **options: Any) -> None:
+        await self._in_thread(self.put_tar, path, fileobj, **options)
+
+    async def aget_tar(self, path: str, fileobj: IO[bytes], **options: Any) -> None:
+        await self._in_thread(self.get_tar, path, fileobj, **options)
+
+    async def aput_dir(self, local_dir: str | os.PathLike[str], path: str, **options: Any) -> None:
+        await self._in_thread(self.put_dir, local_dir, path, **options)
+
+    async def aget_dir(self, path: str, local_dir: str | os.PathLike[str], **options: Any) -> None:
+        await self._in_thread(self.get_dir, path, local_dir, **options)
+
+
+class _Call:
+    """The execs one async twin's call started in its thread: killed when the task awaiting it is cancelled (a
+    cancelled `aexec`, as asyncio.wait_for's, ends its command rather than leave it running on)."""
+
+    def __init__(self) -> None:
+        self.started: list[Any] = []
+        self.cancelled = False
+        self.lock = threading.Lock()
+
+    def add(self, proc: Any) -> None:
+        with self.lock:
+            if not self.cancelled:
+                self.started.append(proc)
+                return
+        proc.kill()  # started after the cancel: ended at once
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            started = list(self.started)
+        for proc in started:
+            proc.kill()
+
+
+#: The call an async twin's thread runs for, as its context carries it (None in a call not made by a twin).
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("quinebox_async_call", default=None)
 
 def _environ(env: Mapping[str, str] | None) -> list[str]:
     bad = [k for k in (env or {}) if not k or "=" in k or "\0" in k]
@@ -398,3 +736,73 @@ def hold_spawned(report: int) -> None:
     """A spawned holder's launcher (HOLDER_CODE): its box's options on stdin, its report on fd `report`."""
     said = json.loads(sys.stdin.buffer.read())
     holders.launched(functools.partial(held, said["options"], said["idle"]), said["idle"], report)
+
+
+class SandboxWorld:
+    """A long-lived box's /world and its revisions: one after each exec that changed it, as an agent's after each sh call."""
+
+    def __init__(self, sandbox: Sandbox):
+        self._sandbox = sandbox
+        self.session = sandbox.id
+
+    def commit(self, note: str = "commit", *, command: str | None = None) -> dict[str, Any] | None:
+        """A revision now if the world changed since the newest (its record), else None; `command`: what changed it,
+        as `quinebox world log` shows (a caller that runs execs its own way, through Popen, says which)."""
+        if self._sandbox._box is None:
+            raise QuineboxError(f"box {self.session}'s world is revised by its owner: this Sandbox is attached to it")
+        world = self._sandbox._box.world
+        if world is None:
+            raise QuineboxError(f"box {self.session} has no world of its own to revise (it was made with --world DIR)")
+        with self._sandbox._revising:
+            return world.revise(note, command=command)
+
+    def log(self) -> list[dict[str, Any]]:
+        from quinebox.worlds.revisions import RevisionLog
+
+        return RevisionLog(self.session).records()
+
+    def diff(self, rev: int | None = None, against: int | None = None) -> str:
+        """What `quinebox world diff ID [REV] [--against REV]` prints."""
+        from quinebox.worlds import history
+
+        out = io.StringIO()
+        history.print_diff(self.session, rev, against, out=out)
+        return out.getvalue()
+
+    def export(self, out: IO[bytes], rev: int | None = None) -> list[str]:
+        """A revision (default: the newest) as a tar archive on `out`; the paths whose bytes were not kept."""
+        from quinebox.worlds import history
+
+        return history.export(self.session, rev, out)
+
+
+def _drain(fd: int, sink: Any) -> None:
+    try:
+        while chunk := os.read(fd, 65536):
+            sink(chunk)
+    finally:
+        os.close(fd)
+
+
+def snapshot_facts(snapshot: Snapshot) -> dict[str, Any]:
+    """A snapshot as `box snapshots --json` and the MCP tools show it."""
+    return {
+        "snapshot": snapshot.id, "box": snapshot.box, "created": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(snapshot.created)),
+        "bytes": snapshot.size, "image": snapshot.recipe.image, "grants": list(snapshot.recipe.grants), "runtime": snapshot.recipe.runtime,
+        "transient": snapshot.transient,
+    }
+
+
+def _tar_of(local_dir: str, fd: int, failed: list[BaseException]) -> None:
+    """`local_dir`'s contents as a tar stream on `fd` (links as links; FIFOs, sockets and devices left out)."""
+    def kept(item: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return item if item.isreg() or item.isdir() or item.issym() or item.islnk() else None
+
+    try:
+        with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for name in sorted(os.listdir(local_dir)):
+                tar.add(os.path.join(local_dir, name), arcname=name, filter=kept)
+    except BrokenPipeError:
+        pass  # the box stopped reading: what it said is what counts
+    except BaseException as exc:  # noqa: BLE001 raised again in the caller's thread
+        failed.append(exc)

@@ -93,7 +93,7 @@ def box_fork_command(
 @snapshots_app.callback(invoke_without_command=True)
 def box_snapshots_command(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="One JSON object a line.")) -> None:
     from quinebox.box.live import snapshots
-    from quinebox.sandbox_time import snapshot_facts
+    from quinebox.sandbox import snapshot_facts
 
     if ctx.invoked_subcommand is not None:
         return

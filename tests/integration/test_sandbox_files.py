@@ -217,7 +217,7 @@ def test_exec_output_past_its_cap_is_dropped_and_the_command_goes_on(sb):
     result = sb.exec(["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo done >&2"], max_output=1000)
     assert result.returncode == 0 and result.truncated
     assert result.stdout == b"a" * 1000 and result.stderr == b"done\n"
-    assert result.args == result.argv == ("sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo done >&2")
+    assert result.args == ("sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo done >&2")
     whole = sb.exec(["sh", "-c", "head -c 300000 /dev/zero"])
     assert len(whole.stdout) == 300000 and not whole.truncated
 
