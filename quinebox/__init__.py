@@ -2,23 +2,32 @@
 
 The Python API mirrors `subprocess`: `quinebox.exec` runs a command in a box
 and returns a completed result, `quinebox.Popen` streams, `quinebox.run`
-runs an agent on a mission, and `quinebox.resume` goes on with one whose
-process was lost.
+runs an agent on a mission, `quinebox.resume_session` goes on with one whose
+process was lost, and `quinebox.Runner` runs many from one set of defaults.
+Every one of them takes a box's options as one `quinebox.BoxOptions`, or by name.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "run", "resume", "Box", "BoxOptions", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL", "build_image"]
+__all__ = ["__version__", "exec", "run", "resume_session", "Runner", "BoxOptions", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL", "build_image"]
 
 
 def __getattr__(name: str):
     # Imported lazily so `import quinebox` (and the CLI's start-up) stays cheap.
-    if name in ("exec", "run", "resume", "Box", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"):
+    if name in ("exec", "run", "resume_session", "Runner", "Popen", "ExecResult", "RunResult", "PIPE", "DEVNULL"):
         from quinebox import api
 
         return getattr(api, name)
+    if name in ("Box", "resume"):  # deprecated names, for one release: a DeprecationWarning that gives the new one
+        import warnings
+
+        from quinebox import api
+
+        new, why = api.DEPRECATED[name]
+        warnings.warn(why, DeprecationWarning, stacklevel=2)
+        return getattr(api, new)
     if name == "BoxOptions":
         from quinebox.box.options import BoxOptions
 

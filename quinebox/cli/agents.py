@@ -6,26 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from quinebox.cli.app import (
-    ASK_HELP,
-    ASK_TIMEOUT_HELP,
-    BACKEND_HELP,
-    DENY_HELP,
-    OTEL_HELP,
-    OTEL_INSTALL,
-    PULL_HELP,
-    RUNTIME_HELP,
-    WORLD_FROM_HELP,
-    WORLD_HELP,
-    WORLD_TAR_HELP,
-    app,
-    otel_installed,
-    reported,
-    say,
-    supervise,
-    tracing,
-    use_backend,
-)
+from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, BACKEND_HELP, DENY_HELP, OTEL_HELP, OTEL_INSTALL, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, otel_installed, reported, say, supervise, tracing
 
 if TYPE_CHECKING:
     from quinebox.tree.agent import Agent
@@ -56,16 +37,17 @@ def run(
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
     from quinebox.agent.diagnostics import make_view
+    from quinebox.cli.box import box_options  # here, not at the top: a module's import registers its commands (cli/__init__.py)
     from quinebox.tree.supervisor import start_agent
 
     trace = tracing(otel)
-    use_backend(backend, runtime)
+    options = box_options(
+        grants=grant, timeout=timeout, image=image, pull=pull, workdir=workdir, policy=policy, world=world, world_from=world_from,
+        world_tar=world_tar, ask=ask, deny=deny, ask_timeout=ask_timeout, backend=backend, runtime=runtime,
+    )
+
     def start() -> Agent:
-        return start_agent(
-            mission, model=model, grants=grant, timeout=timeout, max_turns=max_turns, max_tokens=max_tokens,
-            image=image, pull=pull, workdir=workdir, policy=policy, view=make_view(quiet=quiet),
-            world=world, world_from=world_from or None, world_tar=world_tar, ask=ask, deny=deny, ask_timeout=ask_timeout,
-        )
+        return start_agent(mission, options, model=model, max_turns=max_turns, max_tokens=max_tokens, view=make_view(quiet=quiet))
 
     raise typer.Exit(supervise(start, json_summary=json_summary, trace=trace))
 
@@ -86,6 +68,7 @@ def fork(
     from quinebox.agent.diagnostics import make_view
     from quinebox.agent.tapes import find
     from quinebox.agent.timeline import moment
+    from quinebox.cli.box import box_options
     from quinebox.tree.supervisor import start_agent
     from quinebox.worlds.revisions import RevisionLog, unkept_entries
 
@@ -100,11 +83,15 @@ def fork(
     if mission:
         history.append({"role": "user", "content": f"New instructions from here on:\n\n{mission}"})
 
+    options = box_options(
+        grants=grant or then.meta.get("grants") or [], timeout=timeout, image=then.meta.get("image"), workdir=then.meta.get("workdir"),
+        world_at=(row.id, then.revision),
+    )
+
     def start() -> Agent:
         return start_agent(
-            mission or row.mission, model=model, grants=grant or then.meta.get("grants") or [], timeout=timeout, max_turns=max_turns,
-            image=then.meta.get("image"), workdir=then.meta.get("workdir"), view=make_view(quiet=quiet),
-            world_at=(row.id, then.revision), history=history, forked_from={"session": row.id, "turn": at, "revision": then.revision},
+            mission or row.mission, options, model=model, max_turns=max_turns, view=make_view(quiet=quiet),
+            history=history, forked_from={"session": row.id, "turn": at, "revision": then.revision},
         )
 
     raise typer.Exit(supervise(start, json_summary=json_summary, trace=trace))
@@ -124,13 +111,14 @@ def resume(
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
     from quinebox.agent.diagnostics import make_view
+    from quinebox.cli.box import box_options
     from quinebox.tree.resume import resume_agent
 
     trace = tracing(otel)
-    use_backend(backend, runtime)
+    where = box_options(backend=backend, runtime=runtime)  # checked as every command's are; the session's own box is remade
 
     def start() -> Agent:
-        return resume_agent(session, view=make_view(quiet=quiet), say=lambda line: say(f"resume: {line}"))
+        return resume_agent(session, view=make_view(quiet=quiet), say=lambda line: say(f"resume: {line}"), backend=where.backend, runtime=where.runtime)
 
     raise typer.Exit(supervise(start, json_summary=json_summary, trace=trace))
 

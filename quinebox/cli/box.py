@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -26,8 +26,10 @@ from quinebox.cli.app import (
     reported,
     say,
     supervise,
-    use_backend,
 )
+
+if TYPE_CHECKING:
+    from quinebox.box.options import BoxOptions
 
 
 @app.command(
@@ -74,20 +76,31 @@ def exec_command(
     if user is not None:
         say("--user goes with --in: a fresh box runs as its own unprivileged user")
         raise typer.Exit(2)
-    use_backend(backend, runtime)
     grants = list(grant)
     grants += [f"mem:{memory}"] if memory else []
     grants += [f"cpus:{cpus}"] if cpus else []
     grants += [f"pids:{pids}"] if pids else []
     grants += [f"env:{e}" for e in env]
-    worlds = {"world": world, "world_from": world_from or None, "world_tar": world_tar}
-    need_terminal(tty)
-    raise typer.Exit(
-        run_box(
-            cmd or [], grants=grants, timeout=timeout, image=image, pull=pull, tty=tty, workdir=workdir, policy=policy, json_summary=json_summary,
-            ask=ask, deny=deny, ask_timeout=ask_timeout, verbose=verbose, **worlds,
-        )
+    options = box_options(
+        grants=grants, timeout=timeout, image=image, pull=pull, workdir=workdir, policy=policy, world=world, world_from=world_from,
+        world_tar=world_tar, ask=ask, deny=deny, ask_timeout=ask_timeout, backend=backend, runtime=runtime,
     )
+    need_terminal(tty)
+    raise typer.Exit(run_box(cmd or [], options, json_summary=json_summary, tty=tty, verbose=verbose))
+
+
+def box_options(**flags: Any) -> BoxOptions:
+    """A command's box, from its flags: the one BoxOptions the layers below take (--backend and --runtime included:
+    they reach the box through it, never through this process's environment). A --backend that names no backend
+    is a usage error (exit 2), said before anything starts."""
+    from quinebox.box.options import BoxOptions
+    from quinebox.box.spec import BACKENDS
+
+    backend = flags.get("backend")
+    if backend is not None and backend not in BACKENDS:
+        say(f"bad --backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        raise typer.Exit(2)
+    return BoxOptions(**flags)
 
 
 def exec_in(ref: str, cmd: list[str], *, tty: bool, cwd: str | None, env: list[str], user: str | None, timeout: str | None) -> int:
@@ -142,10 +155,10 @@ def exec_in(ref: str, cmd: list[str], *, tty: bool, cwd: str | None, env: list[s
     return 128 + received[0] if received else code
 
 
-def run_box(cmd: list[str], *, json_summary: bool, tty: bool = False, verbose: bool = False, **options: Any) -> int:
+def run_box(cmd: list[str], options: BoxOptions, *, json_summary: bool, tty: bool = False, verbose: bool = False) -> int:
     from quinebox.api import Popen
 
-    return supervise(lambda: Popen(cmd, tty=tty, **options), json_summary=json_summary, tty=tty, verbose=verbose)
+    return supervise(lambda: Popen(cmd, options, tty=tty), json_summary=json_summary, tty=tty, verbose=verbose)
 
 
 def shell_argv(tty: bool) -> list[str]:
@@ -169,7 +182,8 @@ def shell(
     tty = sys.stdin.isatty()
     here = os.getcwd()
     grants = [f"{'ro' if read_only else 'rw'}:{here}", *grant, *(f"env:{e}" for e in env)]
-    raise typer.Exit(run_box(shell_argv(tty), grants=grants, timeout=timeout, image=image, pull=pull, tty=tty, policy=policy, json_summary=False))
+    options = box_options(grants=grants, timeout=timeout, image=image, pull=pull, policy=policy)
+    raise typer.Exit(run_box(shell_argv(tty), options, tty=tty, json_summary=False))
 
 
 @app.command(

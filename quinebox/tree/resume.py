@@ -56,10 +56,12 @@ Say = Callable[[str], None]
 
 
 def resume_agent(
-    session: str, *, stdin: Stream | bytes = None, stdout: Stream = None, stderr: Stream = None, view: View | None = None, say: Say | None = None
+    session: str, *, stdin: Stream | bytes = None, stdout: Stream = None, stderr: Stream = None, view: View | None = None, say: Say | None = None,
+    backend: str | None = None, runtime: str | None = None,
 ) -> Agent:
     """The interrupted `session` (an id or a unique prefix) going on; `stdin` gives its material again, whole.
-    QuineboxError (nothing started) for one that may not be resumed; `say` hears what the resume could not keep."""
+    QuineboxError (nothing started) for one that may not be resumed; `say` hears what the resume could not keep.
+    `backend`, `runtime`: where it runs, unless it was started on one asked for by name (that one again)."""
     from quinebox.tree.agent import Agent
 
     index = Index()
@@ -73,7 +75,7 @@ def resume_agent(
             if meta is None:
                 raise QuineboxError(f"session {row.id}'s tape does not say how it was started: it cannot be resumed")
             point = resumption(tape)
-            spec = _spec(row, meta, point)
+            spec = _spec(row, meta, point, backend, runtime)
             stdin = passed_over(stdin, point.material or 0, row.id)
             if point.material is None and say is not None:
                 say(f"session {row.id}'s tape does not say how much of its material it had read: it reads the stdin given from the start")
@@ -194,13 +196,13 @@ def _interrupted(index: Index, row: SessionRow) -> None:
     index.finish(row.id, exit_code=EXIT_KILLED, termination=INTERRUPTED, tokens=tokens, turns=turns)
 
 
-def _spec(row: SessionRow, meta: Meta, point: Resumption) -> BoxSpec:
+def _spec(row: SessionRow, meta: Meta, point: Resumption, backend: str | None = None, runtime: str | None = None) -> BoxSpec:
     """The session's box as it was started, under its own id and with its own world, its time less what it ran;
     QuineboxError when what it was granted no longer holds, or it has no world left."""
     ask_timeout = None if meta.ask_timeout is None else "0" if meta.ask_timeout == 0 else meta.ask_timeout
     spec = build_spec(
         [*AGENT_COMMAND, row.mission], grants=meta.grants, image=meta.image, workdir=meta.workdir, agent=True,
-        ask=meta.ask, deny=meta.deny, ask_timeout=ask_timeout, backend=meta.backend, runtime=meta.runtime,
+        ask=meta.ask, deny=meta.deny, ask_timeout=ask_timeout, backend=meta.backend or backend, runtime=meta.runtime or runtime,
     )
     if spec.grants.time is not None:
         spec = replace(spec, grants=replace(spec.grants, time=max(0.001, spec.grants.time - point.ran_for)))

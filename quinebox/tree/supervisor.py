@@ -16,7 +16,6 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from quinebox.audit.approvals import Approver, Decision
 from quinebox.audit.asks import ASK, DENY, REFUSE, Asks
 from quinebox.audit.request import Request
 from quinebox.box.net.broker import Channel
+from quinebox.box.options import BoxOptions
 from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP
 from quinebox.box.process import PIPE, BoxProcess, Stream
 from quinebox.box.spec import HOST_IMAGE, BoxSpec, build_spec, new_session_id, protected_paths, run_files
@@ -316,40 +316,25 @@ class ChildRelay:
 
 def start_agent(
     mission: str,
+    options: BoxOptions | None = None,
     *,
     model: str | None = None,
-    grants: Iterable[str] = (),
-    policy: str | None = None,
-    timeout: float | str | None = None,
-    image: str | None = None,
-    workdir: str | None = None,
     max_turns: int | None = None,
     max_tokens: int | None = None,
     max_cycles: int | None = None,
-    world: str | None = None,
-    world_from: str | Sequence[str] | None = None,
-    world_tar: str | None = None,
-    world_at: tuple[str, int] | None = None,
-    pull: str = "missing",
-    ask: Iterable[str] = (),
-    deny: Iterable[str] = (),
-    ask_timeout: float | str | None = None,
     history: list[dict[str, Any]] | None = None,
     forked_from: dict[str, Any] | None = None,
     stdin: Stream | bytes = None,
     stdout: Stream = None,
     stderr: Stream = None,
     view: View | None = None,
-    tags: dict[str, str] | None = None,
+    **given: Any,
 ) -> Agent:
-    """A root agent from the caller's options: its box checked, the root of a tree of its own."""
+    """A root agent from the caller's options (its box's `options` and/or those `given` by name, as BoxOptions
+    has them): its box checked, the root of a tree of its own."""
     if not mission.strip():
         raise QuineboxError("the mission is empty: say what the agent should do, as in `quinebox run \"summarize this\"`")
-    spec = build_spec(
-        [*AGENT_COMMAND, mission], grants=grants, policy=policy, timeout=timeout, image=image, workdir=workdir, agent=True,
-        world=world, world_from=world_from, world_tar=world_tar, world_at=world_at, pull=pull, ask=ask, deny=deny, ask_timeout=ask_timeout,
-        tags=tags,
-    )
+    spec = build_spec([*AGENT_COMMAND, mission], options, agent=True, **given)
     from quinebox.tree.agent import Agent
 
     model = resolve_model(model)

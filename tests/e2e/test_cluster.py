@@ -381,7 +381,7 @@ def test_the_python_api_runs_and_maps_on_the_cluster(cluster, tmp_path):
 
     import quinebox
 
-    box = quinebox.Box(model=COUNT, cluster=cluster.address)
+    box = quinebox.Runner(model=COUNT, cluster=cluster.address)
     one = box.run("Count the lines", input=b"a\nb\n")
     assert (one.returncode, one.stdout, one.termination, one.turns) == (0, b"The material has 2 lines.\n", "exit_success", 3)
 

@@ -178,7 +178,7 @@ def test_the_python_api_and_the_cli_give_the_same_results(engine, tmp_path):
     cli = subprocess.run([QUINEBOX, "run", "-q", "-m", COUNT, "Count the lines"], input=material, capture_output=True, timeout=60)
     assert (api.returncode, api.stdout, api.stderr) == (cli.returncode, cli.stdout, cli.stderr) == (0, b"The material has 4 lines.\n", b"")
 
-    box = quinebox.Box(model=COUNT, grants=["mem:256m"])
+    box = quinebox.Runner(model=COUNT, grants=["mem:256m"])
 
     async def gather():
         return [pair async for pair in box.map("Count the lines", [b"a\n" * n for n in range(1, 7)], parallel=3)]

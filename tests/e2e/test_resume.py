@@ -174,7 +174,7 @@ def test_the_token_budget_goes_on_as_spent_and_the_python_api_gives_the_agents_e
     session, proc = run_until_in_flight(tmp_path, gate, mission, "--max-tokens", str(usage[0] + usage[1] + 1))
     kill_host(session, proc)
     (gate / "hold").unlink()
-    result = quinebox.resume(session, input=MATERIAL)
+    result = quinebox.resume_session(session, input=MATERIAL)
     assert (result.returncode, result.termination) == (1, "token_budget"), result.stderr
     assert result.stdout == b"second: l2\nl3\n" and result.turns == 3 and result.tokens > usage[0] + usage[1]
     assert (lines(gate / "inflight"), lines(gate / "after")) == (2, 1)

@@ -3,8 +3,10 @@
 import base64
 import json
 import os
+import subprocess
 import textwrap
 
+import pytest
 from openai_server import error, exit_, sh, text, tool
 
 import quinebox
@@ -51,6 +53,15 @@ def test_unauthorized_is_one_clear_line(engine, fake_openai):
     result = quinebox.run("finish")
     assert (result.returncode, result.termination) == (125, "provider_rejected")
     assert result.stderr.count(b"\n") == 1 and b"OPENAI_API_KEY" in result.stderr
+
+
+def test_check_raises_called_process_error_with_the_agents_outputs(engine, fake_openai):
+    fake_openai.steps = [error(401, "bad key")]
+    with pytest.raises(subprocess.CalledProcessError) as raised:
+        quinebox.run("finish", check=True)
+    failed = raised.value
+    assert (failed.returncode, failed.cmd[-1], failed.output) == (125, "finish", b"")
+    assert failed.stderr.count(b"\n") == 1 and b"OPENAI_API_KEY" in failed.stderr
 
 
 def test_malformed_tool_arguments_go_back_to_the_model(engine, fake_openai):

@@ -1,6 +1,7 @@
 """quinebox.exec and quinebox.Popen against the real engine: bytes, codes, streams, cleanup."""
 
 import os
+import subprocess
 import threading
 import time
 
@@ -141,6 +142,48 @@ def test_a_quiet_spell_longer_than_the_request_timeout_loses_no_output(engine):
 
     impatient = DockerBackend.connect(timeout=1)
     out = []
-    proc = quinebox.Popen(["sh", "-c", "sleep 2.5; echo late"], stdin=quinebox.DEVNULL, stdout=out.append, backend=impatient)
+    proc = quinebox.Popen(["sh", "-c", "sleep 2.5; echo late"], stdin=quinebox.DEVNULL, stdout=out.append, docker=impatient)
     assert proc.wait() == 0
     assert b"".join(out) == b"late\n"
+
+
+def test_check_raises_called_process_error_as_subprocess_run_does(engine):
+    argv = ["sh", "-c", "printf out; printf err >&2; exit 3"]
+    with pytest.raises(subprocess.CalledProcessError) as raised:
+        quinebox.exec(argv, check=True)
+    failed = raised.value
+    assert (failed.returncode, failed.cmd, failed.output, failed.stdout, failed.stderr) == (3, tuple(argv), b"out", b"out", b"err")
+    assert quinebox.exec(["sh", "-c", "echo fine"], check=True).stdout == b"fine\n"
+
+
+@pytest.mark.parametrize("backend", ["oci", "docker"])
+def test_popen_and_exec_choose_their_backend_by_option_over_the_users_default_and_set_no_environment(engine, backend, monkeypatch):
+    monkeypatch.setenv("QUINEBOX_BACKEND", "docker" if backend == "oci" else "oci")  # the user's default: the option wins
+    before = dict(os.environ)
+    for proc in (quinebox.Popen(["true"], backend=backend, stdin=quinebox.DEVNULL), quinebox.Popen(["true"], quinebox.BoxOptions(backend=backend), stdin=quinebox.DEVNULL)):
+        assert proc.wait() == 0
+        assert proc.choice.backend == backend, proc.choice.why
+    assert quinebox.exec(["sh", "-c", "echo $QUINEBOX_BACKEND"], backend=backend, check=True).stdout == b"\n"
+    assert dict(os.environ) == before
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["exec", "--backend", "docker", "--runtime", "runc", "--pull", "never", "--image", "quinebox-test/absent:1", "--", "true"],
+        ["run", "--backend", "docker", "--runtime", "runc", "--pull", "never", "--image", "quinebox-test/absent:1", "-m", "script:/nonexistent.yaml", "m"],
+        ["resume", "--backend", "docker", "--runtime", "runc", "no-such-session"],
+    ],
+)
+def test_the_cli_hands_its_backend_down_in_the_options_never_through_its_own_environment(argv, monkeypatch):
+    from typer.testing import CliRunner
+
+    from quinebox.cli import register
+    from quinebox.cli.app import app
+
+    monkeypatch.delenv("QUINEBOX_BACKEND", raising=False)
+    monkeypatch.delenv("QUINEBOX_RUNTIME", raising=False)
+    register(argv[:1])
+    done = CliRunner().invoke(app, argv)
+    assert done.exit_code != 0  # nothing to start: an absent image, no such session
+    assert ("QUINEBOX_BACKEND" in os.environ, "QUINEBOX_RUNTIME" in os.environ) == (False, False)
