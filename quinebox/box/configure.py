@@ -19,7 +19,7 @@ from quinebox.box.images.lookup import resolve_image
 from quinebox.box.policy import RUNTIME, BoxMount, ContainerConfig, container_config, native_arch
 from quinebox.box.policy_oci import Rootless, oci_config
 from quinebox.box.spec import DEFAULT_IMAGE, HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
-from quinebox.errors import EngineError, GrantError, ImageError
+from quinebox.errors import EngineError, ErrorKind, GrantError, ImageError
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
@@ -158,6 +158,8 @@ def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
         backend = DockerBackend.shared()
         image = resolve_image(backend, name, pull=pull, pullable=name != DEFAULT_IMAGE)
     except EngineError as exc:  # no engine to ask (none here, or not this user's): what root shared, or its registry
+        if exc.kind not in (ErrorKind.UNREACHABLE, ErrorKind.TIMEOUT):
+            raise  # an engine that answered and refused (or a bug reported as the engine) is itself, not "no engine"
         public = shared.lookup(name) if pull != "always" else None  # shared.py: copied into this user's cache as if pulled
         if public is not None:
             info, tree = public
@@ -165,9 +167,11 @@ def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
             rootfs.remember(info, "shared")
             return info, usage.mark(str(made))
         if name == DEFAULT_IMAGE:
-            raise EngineError(f"image {name} is not here, and {str(exc)[0].lower()}{str(exc)[1:].rstrip('.')}: or have root share it (`sudo quinebox image share`)") from None
+            raise EngineError(f"image {name} is not here, and the engine cannot be asked ({str(exc).rstrip('.')}): or have root share it (`sudo quinebox image share`)",
+                              kind=ErrorKind.NOT_FOUND, image=name) from exc
         if pull == "never":
-            raise ImageError(f"image {name} is not here: --pull never forbids pulling it, and the engine cannot be asked ({str(exc).rstrip('.')})") from None
+            raise ImageError(f"image {name} is not here: --pull never forbids pulling it, and the engine cannot be asked ({str(exc).rstrip('.')})",
+                             kind=ErrorKind.NOT_FOUND, image=name) from exc
         from quinebox.box.images import registry
 
         image = registry.pull(name, str(exc).rstrip("."))
