@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from quinebox.errors import GrantError
+from quinebox.errors import ErrorKind, GrantError
 from quinebox.netrules import NetRule, covers, is_host_name, parse_rule, unreachable
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -31,11 +31,11 @@ def parse_size(text: str) -> int:
     """`128m`, `2g`, `512k`, `1048576` → bytes (binary units, as Docker reads them)."""
     match = _SIZE_RE.match(text.strip())
     if not match:
-        raise GrantError(f"bad size {text!r}: use a number with an optional unit k, m, g or t (e.g. 128m, 2g)")
+        raise GrantError(f"bad size {text!r}: use a number with an optional unit k, m, g or t (e.g. 128m, 2g)", value=text)
     number, unit = match.groups()
     value = int(float(number) * _SIZE_UNITS[unit.lower()])
     if value <= 0:
-        raise GrantError(f"bad size {text!r}: it must be more than zero")
+        raise GrantError(f"bad size {text!r}: it must be more than zero", value=text)
     return value
 
 
@@ -50,11 +50,11 @@ def parse_duration(text: str) -> float:
     """`30`, `30s`, `5m`, `1h`, `7d`, `250ms` → seconds."""
     match = _DURATION_RE.match(text.strip())
     if not match:
-        raise GrantError(f"bad duration {text!r}: use seconds or a unit ms, s, m, h or d (e.g. 30, 30s, 5m, 7d)")
+        raise GrantError(f"bad duration {text!r}: use seconds or a unit ms, s, m, h or d (e.g. 30, 30s, 5m, 7d)", value=text)
     number, unit = match.groups()
     value = float(number) * _DURATION_UNITS[unit]
     if value <= 0:
-        raise GrantError(f"bad duration {text!r}: it must be more than zero")
+        raise GrantError(f"bad duration {text!r}: it must be more than zero", value=text)
     return value
 
 
@@ -111,7 +111,7 @@ class Grants:
         mounts = list(self.mounts)
         for mount in other.mounts:
             if any(m.dest == mount.dest for m in mounts):
-                raise GrantError(f"two grants mount at {mount.dest}: give each mount its own destination (PATH=DEST)")
+                raise GrantError(f"two grants mount at {mount.dest}: give each mount its own destination (PATH=DEST)", dest=mount.dest)
             mounts.append(mount)
         env = dict(self.env)
         env.update(dict(other.env))
@@ -144,20 +144,20 @@ class Grants:
 
 def _positive_int(kind: str, text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) <= 0:
-        raise GrantError(f"bad grant '{kind}:{text}': {kind} takes a whole number above zero (e.g. {kind}:64)")
+        raise GrantError(f"bad grant '{kind}:{text}': {kind} takes a whole number above zero (e.g. {kind}:64)", grant=f"{kind}:{text}")
     return int(text)
 
 
 def _mount(kind: str, value: str, cwd: str | None) -> Mount:
     path, _, dest = value.partition("=")
     if not path:
-        raise GrantError(f"bad grant '{kind}:{value}': give a path, as {kind}:PATH or {kind}:PATH=DEST")
+        raise GrantError(f"bad grant '{kind}:{value}': give a path, as {kind}:PATH or {kind}:PATH=DEST", grant=f"{kind}:{value}")
     source = os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(path)))
     if dest:
         if not dest.startswith("/"):
-            raise GrantError(f"bad grant '{kind}:{value}': the destination {dest!r} must be an absolute path inside the box")
+            raise GrantError(f"bad grant '{kind}:{value}': the destination {dest!r} must be an absolute path inside the box", grant=f"{kind}:{value}")
         if ".." in PurePosixPath(dest).parts:
-            raise GrantError(f"bad grant '{kind}:{value}': the destination may not contain '..'")
+            raise GrantError(f"bad grant '{kind}:{value}': the destination may not contain '..'", grant=f"{kind}:{value}")
         dest = os.path.normpath(dest)
     else:
         dest = source
@@ -171,13 +171,13 @@ def parse_grant(spec: str, *, cwd: str | None = None, keeping_out: bool = False)
     kind = kind.strip()
     if kind == "net":
         if sep and not value:
-            raise GrantError(f"bad grant {spec!r}: give a destination after 'net:' (net:example.com, net:10.0.0.0/8, net:bridge), or 'net' for any public one")
+            raise GrantError(f"bad grant {spec!r}: give a destination after 'net:' (net:example.com, net:10.0.0.0/8, net:bridge), or 'net' for any public one", grant=spec)
         rule = parse_rule(spec, value if sep else None)
         if not keeping_out and unreachable(rule):
-            raise GrantError(f"refused grant {spec!r}: {unreachable(rule)}")
+            raise GrantError(f"refused grant {spec!r}: {unreachable(rule)}", kind=ErrorKind.REFUSED, grant=spec)
         return Grants(net=frozenset({rule}))
     if not sep or not value:
-        raise GrantError(f"bad grant {spec!r}: expected KIND:VALUE with KIND one of {_KINDS}")
+        raise GrantError(f"bad grant {spec!r}: expected KIND:VALUE with KIND one of {_KINDS}", grant=spec)
     if kind in ("ro", "rw"):
         return Grants(mounts=(_mount(kind, value, cwd),))
     if kind == "cpus":
@@ -186,42 +186,42 @@ def parse_grant(spec: str, *, cwd: str | None = None, keeping_out: bool = False)
         except ValueError:
             cpus = 0.0
         if not cpus > 0:
-            raise GrantError(f"bad grant {spec!r}: cpus takes a number above zero (e.g. cpus:1.5)")
+            raise GrantError(f"bad grant {spec!r}: cpus takes a number above zero (e.g. cpus:1.5)", grant=spec)
         return Grants(cpus=cpus)
     if kind in ("mem", "tmp", "world"):
         try:
             size: dict[str, Any] = {kind: parse_size(value)}  # the one field `kind` names
             return Grants(**size)
         except GrantError as exc:
-            raise GrantError(f"bad grant {spec!r}: {exc}") from None
+            raise GrantError(f"bad grant {spec!r}: {exc}", grant=spec) from None
     if kind == "time":
         try:
             return Grants(time=parse_duration(value))
         except GrantError as exc:
-            raise GrantError(f"bad grant {spec!r}: {exc}") from None
+            raise GrantError(f"bad grant {spec!r}: {exc}", grant=spec) from None
     if kind in ("pids", "spawn", "depth", "tokens"):
         count: dict[str, Any] = {kind: _positive_int(kind, value)}  # the one field `kind` names
         return Grants(**count)
     if kind == "env":
         name, eq, env_value = value.partition("=")
         if not _ENV_NAME_RE.match(name):
-            raise GrantError(f"bad grant {spec!r}: {name!r} is not an environment variable name")
+            raise GrantError(f"bad grant {spec!r}: {name!r} is not an environment variable name", grant=spec)
         return Grants(env=((name, env_value if eq else None),))
     if kind == "secret":
         name, at, hosts = value.partition("@")
         listed = [h.lower().rstrip(".") for h in hosts.split(",")]
         if not _ENV_NAME_RE.match(name) or not at or not all(is_host_name(h) for h in listed):
-            raise GrantError(f"bad grant {spec!r}: expected secret:NAME@HOST[,HOST...], NAME an environment variable of quinebox's, each HOST a name")
+            raise GrantError(f"bad grant {spec!r}: expected secret:NAME@HOST[,HOST...], NAME an environment variable of quinebox's, each HOST a name", grant=spec)
         return Grants(secrets=((name, tuple(sorted(set(listed)))),))
     if kind == "syscall":
         if not _SYSCALL_RE.match(value):
-            raise GrantError(f"bad grant {spec!r}: {value!r} is not a system call name")
+            raise GrantError(f"bad grant {spec!r}: {value!r} is not a system call name", grant=spec)
         return Grants(syscalls=frozenset({value}))
     if kind == "rootfs":
         if value != "rw":
-            raise GrantError(f"bad grant {spec!r}: the root is read-only unless granted rootfs:rw (a writable layer of the box's own)")
+            raise GrantError(f"bad grant {spec!r}: the root is read-only unless granted rootfs:rw (a writable layer of the box's own)", grant=spec)
         return Grants(rootfs_rw=True)
-    raise GrantError(f"unknown grant {spec!r}: KIND must be one of {_KINDS}")
+    raise GrantError(f"unknown grant {spec!r}: KIND must be one of {_KINDS}", grant=spec)
 
 
 def within(path: str, root: str) -> bool:
@@ -242,27 +242,27 @@ def check_mount(mount: Mount, *, protected: Iterable[str]) -> Mount:
     label = f"{'rw' if mount.writable else 'ro'}:{mount.source}"
     for root in _NEVER_WITHIN:
         if within(mount.source, root):
-            raise GrantError(f"cannot grant {label}: {mount.source} is inside {root}, which is never granted")
+            raise GrantError(f"cannot grant {label}: {mount.source} is inside {root}, which is never granted", kind=ErrorKind.REFUSED, grant=label, path=root)
     if not os.path.lexists(mount.source):
-        raise GrantError(f"cannot grant {label}: {mount.source} does not exist")
+        raise GrantError(f"cannot grant {label}: {mount.source} does not exist", kind=ErrorKind.NOT_FOUND, grant=label, path=mount.source)
     try:
         real = os.path.realpath(mount.source)
     except OSError as exc:
-        raise GrantError(f"cannot grant {label}: cannot resolve it ({exc.strerror})") from None
+        raise GrantError(f"cannot grant {label}: cannot resolve it ({exc.strerror})", kind=ErrorKind.FAILED, grant=label, path=mount.source) from None
     if not os.path.exists(real):
-        raise GrantError(f"cannot grant {label}: it is a symlink to {real}, which does not exist")
+        raise GrantError(f"cannot grant {label}: it is a symlink to {real}, which does not exist", kind=ErrorKind.NOT_FOUND, grant=label, path=real)
     shown = mount.source if real == mount.source else f"{mount.source} (→ {real})"
     if real == "/":
-        raise GrantError(f"cannot grant {label}: {shown} is the host's root; grant the directories the box needs")
+        raise GrantError(f"cannot grant {label}: {shown} is the host's root; grant the directories the box needs", kind=ErrorKind.REFUSED, grant=label, path="/")
     for root in _NEVER_WITHIN:
         if within(real, os.path.realpath(root)):
-            raise GrantError(f"cannot grant {label}: {shown} is inside {root}, which is never granted")
+            raise GrantError(f"cannot grant {label}: {shown} is inside {root}, which is never granted", kind=ErrorKind.REFUSED, grant=label, path=root)
     for path in protected:
         guarded = os.path.realpath(path)
         if within(real, guarded) or within(guarded, real):
-            raise GrantError(f"cannot grant {label}: {shown} would expose {path}, which is never granted")
+            raise GrantError(f"cannot grant {label}: {shown} would expose {path}, which is never granted", kind=ErrorKind.REFUSED, grant=label, path=path)
     if mount.dest == "/" or any(within(mount.dest, root) for root in _BOX_RESERVED):
-        raise GrantError(f"cannot grant {label}: the destination {mount.dest} is reserved inside the box")
+        raise GrantError(f"cannot grant {label}: the destination {mount.dest} is reserved inside the box", kind=ErrorKind.REFUSED, grant=label, path=mount.dest)
     return replace(mount, source=real)
 
 
@@ -311,17 +311,18 @@ def resolve(grants: Grants, *, environ: Mapping[str, str], protected: Iterable[s
     for name, value in grants.env:
         if value is None:
             if name not in environ:
-                raise GrantError(f"cannot grant env:{name}: {name} is not set here; give a value with env:{name}=VALUE")
+                raise GrantError(f"cannot grant env:{name}: {name} is not set here; give a value with env:{name}=VALUE", kind=ErrorKind.NOT_FOUND, grant=f"env:{name}", name=name)
             value = environ[name]
         env.append((name, value))
     for name, _ in grants.secrets:
         if name not in environ:
-            raise GrantError(f"cannot grant secret:{name}: {name} is not set in quinebox's environment; set it where quinebox runs")
+            raise GrantError(f"cannot grant secret:{name}: {name} is not set in quinebox's environment; set it where quinebox runs", kind=ErrorKind.NOT_FOUND, grant=f"secret:{name}", name=name)
     return replace(grants, mounts=mounts, env=tuple(env))
 
 
-def _refuse(what: str, why: str) -> GrantError:
-    return GrantError(f"refused {what}: {why}")
+def _refuse(what: str, why: str, kind: ErrorKind = ErrorKind.REFUSED) -> GrantError:
+    """A child's grant `what` refused: wider than its parent's (REFUSED), or past a budget it has used up (LIMIT)."""
+    return GrantError(f"refused {what}: {why}", kind=kind, grant=what)
 
 
 def attenuate(parent: Grants, child: Grants) -> Grants:
@@ -337,7 +338,7 @@ def attenuate(parent: Grants, child: Grants) -> Grants:
     if parent.spawn is None or not parent.depth:
         raise _refuse("a child box", "this box may not start boxes (its parent granted no spawn:N and depth:N)")
     if parent.spawn < 1:
-        raise _refuse("a child box", "this box has started all the boxes its spawn budget allowed")
+        raise _refuse("a child box", "this box has started all the boxes its spawn budget allowed", ErrorKind.LIMIT)
     mounts = []
     for mount in child.mounts:
         label = f"{'rw' if mount.writable else 'ro'}:{mount.source}"
@@ -380,12 +381,12 @@ def attenuate(parent: Grants, child: Grants) -> Grants:
         raise _refuse("rootfs:rw", "this box's own root is read-only")
     spawn = child.spawn or 0
     if spawn + 1 > parent.spawn:
-        raise _refuse(f"spawn:{spawn}", f"this box may start {parent.spawn} more box(es), and the child counts as one")
+        raise _refuse(f"spawn:{spawn}", f"this box may start {parent.spawn} more box(es), and the child counts as one", ErrorKind.LIMIT)
     depth = child.depth if child.depth is not None else parent.depth - 1
     if depth > parent.depth - 1:
         raise _refuse(f"depth:{depth}", f"children of this box may be at most {parent.depth - 1} level(s) deep")
     if child.tokens is not None and parent.tokens is not None and child.tokens > parent.tokens:
-        raise _refuse(f"tokens:{child.tokens}", f"this box has {parent.tokens} tokens left")
+        raise _refuse(f"tokens:{child.tokens}", f"this box has {parent.tokens} tokens left", ErrorKind.LIMIT)
     tokens = child.tokens if child.tokens is not None else parent.tokens
     return replace(
         child,

@@ -97,21 +97,21 @@ def parse_rule(spec: str, value: str | None) -> NetRule:
     where, ports = _split_port(spec, value)
     if where.lower().rstrip(".") == HOST_LOOPBACK:
         if not ports:
-            raise GrantError(f"bad grant {spec!r}: name the one port of the host's loopback the box may reach, as net:{HOST_LOOPBACK}:8080")
+            raise GrantError(f"bad grant {spec!r}: name the one port of the host's loopback the box may reach, as net:{HOST_LOOPBACK}:8080", grant=spec)
         return NetRule("loopback", HOST_LOOPBACK, ports)
     if where.startswith("[") and where.endswith("]") or "/" in where or _is_ipv4(where):
         text = where[1:-1] if where.startswith("[") else where
         try:
             network = ipaddress.ip_network(text, strict=True)
         except ValueError as exc:
-            raise GrantError(f"bad grant {spec!r}: {exc} (give a network as 10.0.0.0/8, an address as 10.1.2.3 or [fd00::1])") from None
+            raise GrantError(f"bad grant {spec!r}: {exc} (give a network as 10.0.0.0/8, an address as 10.1.2.3 or [fd00::1])", grant=spec) from None
         return NetRule("cidr", str(network), None if ports == () else ports)
     name = where.lower().rstrip(".")
     kind = "host"
     if name.startswith("*."):
         kind, name = "suffix", name[2:]
     if len(name) > 253 or not _NAME_RE.match(name) or (kind == "suffix" and "." not in name):
-        raise GrantError(f"bad grant {spec!r}: {where!r} is not a host name (net:example.com, net:*.example.com, net:10.0.0.0/8, net:bridge)")
+        raise GrantError(f"bad grant {spec!r}: {where!r} is not a host name (net:example.com, net:*.example.com, net:10.0.0.0/8, net:bridge)", grant=spec)
     return NetRule(kind, name, WEB_PORTS if ports == () else ports)
 
 
@@ -148,7 +148,7 @@ def _split_port(spec: str, value: str) -> tuple[str, tuple[int, ...] | None]:
         where, _, rest = value.partition("]")
         where += "]"
         if rest and not rest.startswith(":"):
-            raise GrantError(f"bad grant {spec!r}: expected [IPv6]:PORT")
+            raise GrantError(f"bad grant {spec!r}: expected [IPv6]:PORT", grant=spec)
         port = rest[1:] if rest else ""
     elif "/" in value:
         where, _, prefix_port = value.partition("/")
@@ -161,7 +161,7 @@ def _split_port(spec: str, value: str) -> tuple[str, tuple[int, ...] | None]:
     if port == "*":
         return where, None
     if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise GrantError(f"bad grant {spec!r}: {port!r} is not a port (1-65535, or * for any)")
+        raise GrantError(f"bad grant {spec!r}: {port!r} is not a port (1-65535, or * for any)", grant=spec)
     return where, (int(port),)
 
 

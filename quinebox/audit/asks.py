@@ -135,9 +135,9 @@ def _parse(kind: str, specs: Iterable[str], cwd: str) -> Grants:
     try:
         rules = Grants.parse(specs, cwd=cwd, keeping_out=kind == "deny")
     except GrantError as exc:
-        raise GrantError(f"bad --{kind} rule: {exc}") from None
+        raise GrantError(f"bad --{kind} rule: {exc}", kind=exc.kind, option=f"--{kind}", **exc.fields) from None
     if any(m.dest != m.source for m in rules.mounts):
-        raise GrantError(f"bad --{kind} rule: a mount rule names a host path only (rw:PATH), not PATH=DEST")
+        raise GrantError(f"bad --{kind} rule: a mount rule names a host path only (rw:PATH), not PATH=DEST", option=f"--{kind}")
     if rules.env or rules.secrets:
-        raise GrantError(f"bad --{kind} rule: env and secret grants are given with -g, not {kind}ed")
+        raise GrantError(f"bad --{kind} rule: env and secret grants are given with -g, not {kind}ed", option=f"--{kind}")
     return rules

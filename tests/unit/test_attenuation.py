@@ -2,9 +2,11 @@
 
 import pytest
 
-from quinebox.errors import GrantError
+from quinebox.errors import ErrorKind, GrantError
 from quinebox.grants import Grants, Mount, attenuate
 from quinebox.netrules import NetRule
+
+REFUSED, LIMIT = ErrorKind.REFUSED, ErrorKind.LIMIT
 
 M = 1 << 20
 PARENT = Grants(
@@ -69,45 +71,55 @@ def test_what_a_child_gets(specs, field, expected):
 
 
 @pytest.mark.parametrize(
-    "specs, words",
+    "specs, kind, grant",
     [
-        (["ro:/etc"], "not within anything this box was granted"),
-        (["ro:/world"], "not within anything this box was granted"),
-        (["ro:/srcx"], "not within anything this box was granted"),
-        (["ro:/"], "not within anything this box was granted"),
-        (["rw:/docs"], "/docs is read-only here; rw may narrow to ro, never the reverse"),
-        (["rw:/src/vendor/x"], "/src/vendor is read-only here"),
-        (["mem:1g"], "mem:1g: more than this box's mem:512m"),
-        (["cpus:4"], "more than this box's cpus:2"),
-        (["pids:101"], "more than this box's pids:100"),
-        (["tmp:1g"], "more than this box's tmp:256m"),
-        (["world:2g"], "more than this box's world:1g"),
-        (["time:2m"], "more than this box's time:1m"),
-        (["env:HOME"], "this box holds no HOME"),
-        (["syscall:unshare"], "may not make that call either"),
-        (["spawn:5"], "may start 5 more box(es), and the child counts as one"),
-        (["depth:2"], "at most 1 level(s) deep"),
-        (["tokens:1001"], "this box has 1000 tokens left"),
+        (["ro:/etc"], REFUSED, "ro:/etc"),  # not within anything this box was granted
+        (["ro:/world"], REFUSED, "ro:/world"),
+        (["ro:/srcx"], REFUSED, "ro:/srcx"),
+        (["ro:/"], REFUSED, "ro:/"),
+        (["rw:/docs"], REFUSED, "rw:/docs"),  # read-only here: rw may narrow to ro, never the reverse
+        (["rw:/src/vendor/x"], REFUSED, "rw:/src/vendor/x"),
+        (["mem:1g"], REFUSED, "mem:1g"),  # more than this box's
+        (["cpus:4"], REFUSED, "cpus:4"),
+        (["pids:101"], REFUSED, "pids:101"),
+        (["tmp:1g"], REFUSED, "tmp:1g"),
+        (["world:2g"], REFUSED, "world:2g"),
+        (["time:2m"], REFUSED, "time:2m"),
+        (["env:HOME"], REFUSED, "env:HOME"),
+        (["syscall:unshare"], REFUSED, "syscall:unshare"),
+        (["spawn:5"], LIMIT, "spawn:5"),  # its spawn budget: the child counts as one
+        (["depth:2"], REFUSED, "depth:2"),
+        (["tokens:1001"], LIMIT, "tokens:1001"),  # more tokens than it has left
     ],
 )
-def test_escalations_are_refused_with_one_line(specs, words):
+def test_escalations_are_refused_with_one_line(specs, kind, grant):
     with pytest.raises(GrantError) as info:
         attenuate(PARENT, child(*specs))
-    assert words in str(info.value) and "\n" not in str(info.value)
+    assert (info.value.kind, dict(info.value.fields)) == (kind, {"grant": grant})
+    assert str(info.value).startswith(f"refused {grant}: ") and "\n" not in str(info.value)
+
+
+def test_an_escalation_says_what_the_parent_holds():
+    """The wording is the point here: the line says what the box has, so its agent can ask for no more."""
+    with pytest.raises(GrantError, match=r"^refused mem:1g: more than this box's mem:512m$"):
+        attenuate(PARENT, child("mem:1g"))
+    with pytest.raises(GrantError, match=r"^refused rw:/docs: /docs is read-only here; rw may narrow to ro, never the reverse$"):
+        attenuate(PARENT, child("rw:/docs"))
 
 
 @pytest.mark.parametrize(
-    "parent, words",
+    "parent, kind",
     [
-        (Grants(spawn=None, depth=2), "may not start boxes"),
-        (Grants(spawn=3, depth=None), "may not start boxes"),
-        (Grants(spawn=0, depth=0), "may not start boxes"),
-        (Grants(spawn=0, depth=2), "started all the boxes its spawn budget allowed"),
+        (Grants(spawn=None, depth=2), REFUSED),  # may not start boxes
+        (Grants(spawn=3, depth=None), REFUSED),
+        (Grants(spawn=0, depth=0), REFUSED),
+        (Grants(spawn=0, depth=2), LIMIT),  # started all the boxes its spawn budget allowed
     ],
 )
-def test_no_children_without_spawn_and_depth(parent, words):
-    with pytest.raises(GrantError, match=words):
+def test_no_children_without_spawn_and_depth(parent, kind):
+    with pytest.raises(GrantError) as info:
         attenuate(parent, Grants())
+    assert (info.value.kind, dict(info.value.fields)) == (kind, {"grant": "a child box"})
 
 
 def test_net_only_if_the_parent_has_it():
@@ -131,5 +143,6 @@ def test_unlimited_parent_limits_pass_any_request_and_stay_unlimited_when_unaske
 def test_a_child_gets_a_secret_only_for_hosts_its_parent_holds_it_for(asked, words):
     parent = Grants(spawn=1, depth=1, secrets=(("T", ("a.example.com",)),))
     assert attenuate(parent, child("secret:T@a.example.com")).secrets == (("T", ("a.example.com",)),)
-    with pytest.raises(GrantError, match=words):
+    with pytest.raises(GrantError, match=words) as info:
         attenuate(parent, child(asked))
+    assert (info.value.kind, dict(info.value.fields)) == (REFUSED, {"grant": asked})
