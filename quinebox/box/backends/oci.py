@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quinebox.box.backends.boxes import Capabilities
 from quinebox.errors import EngineError
 from quinebox.state import state_dir
 
@@ -96,6 +97,18 @@ class Runtime:
     @property
     def gvisor(self) -> bool:
         return self.name == "runsc"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What its boxes can do: gVisor's processes live in its own kernel (no host pids or cgroups, no user
+        namespace, no host file as stdio) and it alone checkpoints here; runc's and crun's are the host's."""
+        if self.gvisor:
+            return Capabilities(pause=True, checkpoint=True, own_user_namespace=False, host_processes=False, stdio_files=False)
+        return Capabilities(pause=True, checkpoint=False, own_user_namespace=True, host_processes=True, stdio_files=True)
+
+    @property
+    def label(self) -> str:
+        return "gVisor (runsc)" if self.gvisor else self.name
 
     def argv(self, *args: str) -> list[str]:
         return [self.binary, "--root", str(self.root), *self.flags, *args]

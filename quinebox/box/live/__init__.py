@@ -4,9 +4,9 @@ Holds the long-lived boxes' records (sandboxes.py), their files read, written,
 listed and copied as tars from inside them (box_files.py; what an exec sends
 them, bounded by the host: capped.py), the holder process
 that owns one made to outlive its maker (holders.py), a command run beside a
-box's main process (execs.py, each in its own cgroup: exec_cgroups.py, started
-in each backend's way: exec_ways.py; one in a box another process owns is
-handed to its owner: handed.py), entering a box among them.
+box's main process (execs.py, started by the box's init or by its backend's
+own exec: exec_ways.py; one in a box another process owns is handed to its
+owner: handed.py), entering a box among them.
 
 May import: owners, backends, the box's rules, streams and below.
 """

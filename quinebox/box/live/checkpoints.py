@@ -33,10 +33,7 @@ from pathlib import Path
 
 from quinebox.audit import log
 from quinebox.box.backends.boxes import Box
-from quinebox.box.backends.criu import criu_fails
-from quinebox.box.backends.dockerbox import DockerBox
-from quinebox.box.backends.ocibox import RESTORE_IMAGE, held
-from quinebox.box.backends.runtimebox import RuntimeBox
+from quinebox.box.backends.ocibox import RESTORE_IMAGE
 from quinebox.box.configure import unpacked_image
 from quinebox.box.live import freezing, snapshot_rules, snapshots
 from quinebox.box.live.snapshots import Recipe, Snapshot
@@ -77,17 +74,11 @@ class Live:
 
 
 def facts(live: Live) -> snapshot_rules.Facts:
-    """What decides whether the box can be snapshotted at all, asking the engine or CRIU only where it matters."""
+    """What decides whether the box can be snapshotted at all: its backend's capability (and, lacking it, the
+    backend's reason, asking the engine or CRIU only then), and the box's grants."""
     box, world = live.box, live.spec.world
-    where = "docker" if isinstance(box, DockerBox) else box.backend
-    experimental = False
-    if isinstance(box, DockerBox):
-        try:
-            experimental = box.engine.experimental()
-        except EngineError:
-            pass
-    criu = criu_fails() if where not in ("docker", snapshot_rules.SNAPSHOT_RUNTIME) else None
-    return snapshot_rules.Facts(live.session, where, None if world is None else world.kind, bool(live.spec.grants.secrets), criu, experimental, live.spec.grants.rootfs_rw)
+    cannot = None if box.capabilities.checkpoint else box.why_not("checkpoint")
+    return snapshot_rules.Facts(live.session, box.label, None if world is None else world.kind, bool(live.spec.grants.secrets), cannot, live.spec.grants.rootfs_rw)
 
 
 def take(live: Live, *, transient: bool = False) -> Snapshot:
@@ -96,9 +87,7 @@ def take(live: Live, *, transient: bool = False) -> Snapshot:
     refused = snapshot_rules.refusal(facts(live))
     if refused is not None:
         raise QuineboxError(refused)
-    assert isinstance(box, RuntimeBox)
-    oci = held(box.id)
-    if oci is None or live.broker is None:
+    if not box.held() or live.broker is None:
         raise QuineboxError(f"box {session} is not held by this process: its owner takes its snapshots (`quinebox box checkpoint` asks it)")
     running = f"a command is running in box {session}: a snapshot cannot carry an exec's streams; take it once the command has ended"
     if live.busy():
@@ -111,7 +100,7 @@ def take(live: Live, *, transient: bool = False) -> Snapshot:
     if before is not None and before.why == freezing.CHECKPOINT:
         raise QuineboxError(f"a snapshot of box {session} is being taken already")
     if before is not None:
-        freezing.thaw(box)
+        box.thaw()
     freezing.mark(session, freezing.CHECKPOINT)  # from now on no exec starts (one already past its check may)
     snapshot, making = snapshots.start()
     try:
@@ -119,10 +108,10 @@ def take(live: Live, *, transient: bool = False) -> Snapshot:
             raise QuineboxError(running)
         _let_go(live)
         try:
-            box.runtime.pause(box.id)
-            links, execs = host_links(box), execs_running(box)
+            box.freeze()
+            links, execs = box.host_links(), box.execs_running()
             if links or execs:
-                box.runtime.resume(box.id)
+                box.thaw()
                 raise QuineboxError(snapshot_rules.links_refusal(session, links) if links else running)
         except BaseException:
             redial(box, live.broker)
@@ -130,7 +119,7 @@ def take(live: Live, *, transient: bool = False) -> Snapshot:
         (making / IMAGE).mkdir()
         stdio = live.stdio()
         try:
-            oci.succeed(str(making / IMAGE), stdio, lambda: copy_world(layer, making / WORLD, session) if layer is not None else None)
+            box.checkpoint(str(making / IMAGE), stdio, lambda: copy_world(layer, making / WORLD, session) if layer is not None else None)
         except EngineError as exc:  # the checkpoint or the successor's restore failed: the sandbox that was is gone
             raise EngineError(f"box {session} could not go on after its checkpoint, and has ended: {exc}") from None
         finally:
@@ -148,9 +137,9 @@ def take(live: Live, *, transient: bool = False) -> Snapshot:
         snapshots.discard(making)
         raise
     finally:
-        if before is not None and held(box.id) is not None:  # paused before: paused after, since then
+        if before is not None and box.held():  # paused before: paused after, since then
             freezing.mark(session, freezing.PAUSED, since=before.since)
-            freezing.freeze(box)
+            box.freeze()
         else:
             freezing.unmark(session)
     log.note("snapshot_taken", session, snapshot=made.id, bytes=made.size, transient=transient)
@@ -201,51 +190,22 @@ def _let_go(live: Live) -> None:
 
 def _settled(live: Live) -> bool:
     """Whether no exec runs in the box within SETTLE_WITHIN (one that passed its check just before the marker)."""
-    assert isinstance(live.box, RuntimeBox)
     until = time.monotonic() + SETTLE_WITHIN
-    while live.busy() or execs_running(live.box):
+    while live.busy() or live.box.execs_running():
         if time.monotonic() > until:
             return False
         time.sleep(0.01)
     return True
 
 
-def execs_running(box: RuntimeBox) -> int:
-    """How many of the runtime's `exec` processes for this box run on the host, whoever started them: each holds
-    its exec's streams in the box until it ends."""
-    root, cid = os.fsencode(box.runtime.root), os.fsencode(box.id)
-    count = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        count += b"exec" in args and root in args and cid in args
-    return count
-
-
 def redial(box: Box, broker: Broker | None) -> None:
     """Tell the box's init to dial its lifeline again, and wait until it has (EngineError when it does not)."""
-    assert isinstance(box, RuntimeBox)
-    box.runtime.signal_init(box.id, REDIAL)
+    box.signal_init(REDIAL)
     until = time.monotonic() + REDIAL_WITHIN
     while broker is not None and broker.connections() == 0:
         if time.monotonic() > until:
             raise EngineError(f"box {box.session} did not dial its host socket again within {REDIAL_WITHIN:g} s")
         time.sleep(0.002)
-
-
-def host_links(box: RuntimeBox) -> int:
-    """How many connections from inside the box to the host are open: under runsc every one is made by the box's
-    gofer (--host-uds=open), as a stream socket in the gofer's own network namespace, which holds no other."""
-    count = 0
-    for gofer in box.runtime.helper_pids(box.id):
-        try:
-            rows = Path(f"/proc/{gofer}/net/unix").read_text().splitlines()[1:]
-        except OSError:
-            raise EngineError(f"cannot look at box {box.session}'s gofer (pid {gofer}): it is gone") from None
-        count += sum(1 for row in rows if len(row.split()) > 4 and row.split()[4] == "0001")
-    return count
 
 
 def special_files(layer: Path) -> list[str]:

@@ -1,15 +1,7 @@
 """Pausing a long-lived box: every process of it stopped where it is, then let go on; its clocks stop with it.
 
-Each backend's own way, and each leaves the box killable while paused:
-
-- runc: the cgroup freezer, written directly (v1's freezer.state, as on this machine's hybrid hierarchy; the
-  unified hierarchy's cgroup.freeze where there is no v1 freezer), ~1 ms where `runc pause` is a Go start-up.
-  The box's execs' cgroups lie below its own, so they stop with it, and runc reads its paused state from the same
-  file. A frozen process of v1 does not die of SIGKILL until it is thawed, so whoever kills a paused box resumes
-  it first (the Sandbox does; runc's own kill and delete thaw what they signal).
-- gVisor: `runsc pause`, its kernel stopping its tasks. The host's freezer would stop the sentry itself, which
-  would then answer nothing — not a checkpoint, not the runtime's kill — until thawed.
-- the engine: its pause (its kill and removal work on a paused box).
+Each backend's own way (Box.freeze and Box.thaw, in its room), and each leaves the box killable while paused:
+runc's cgroup freezer written directly (backends/freezer.py), gVisor's `runsc pause`, the engine's pause.
 
 A paused box has a marker in its record's directory (run/sandboxes/<session>.paused: when, and why) for as long
 as it is paused, which every process reads: an exec into it is refused in one line (`refuse_if_paused`, called
@@ -26,17 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quinebox.box.backends.boxes import Box
-from quinebox.box.backends.dockerbox import DockerBox
-from quinebox.box.backends.runtimebox import RuntimeBox
 from quinebox.box.live.sandboxes import records_dir, used
-from quinebox.errors import EngineError, QuineboxError
+from quinebox.errors import QuineboxError
 
 #: What a pause is for: a person's (or a program's) pause, or the instant a checkpoint is taken at.
 PAUSED, CHECKPOINT = "paused", "checkpoint"
-#: How long the freezer may take to stop every process of a box (it waits for each to leave the kernel).
-FREEZE_WITHIN = 5.0
-#: Where the cgroup hierarchies are: the v1 freezer's, and the unified one's (v2's, or a hybrid's beside v1).
-CGROUPS = Path("/sys/fs/cgroup")
 
 
 @dataclass(frozen=True)
@@ -122,60 +108,13 @@ def idle_clock_stood(session: str, since: float, paused: float) -> None:
 
 
 def freeze(box: Box) -> None:
-    if isinstance(box, DockerBox):
-        box.engine.pause(box.id)
-    elif isinstance(box, RuntimeBox) and box.runtime.gvisor:
-        box.runtime.pause(box.id)
-    elif isinstance(box, RuntimeBox):
-        _set_freezer(box, frozen=True)
-    else:
-        raise QuineboxError(f"cannot pause a box on {box.backend}")
+    """Every process of the box stopped, in its backend's way (Box.freeze); a backend that cannot: one line."""
+    if not box.capabilities.pause:
+        raise QuineboxError(f"cannot pause box {box.session}: {box.why_not('pause')}")
+    box.freeze()
 
 
 def thaw(box: Box) -> None:
-    if isinstance(box, DockerBox):
-        box.engine.unpause(box.id)
-    elif isinstance(box, RuntimeBox) and box.runtime.gvisor:
-        box.runtime.resume(box.id)
-    elif isinstance(box, RuntimeBox):
-        _set_freezer(box, frozen=False)
-    else:
-        raise QuineboxError(f"cannot resume a box on {box.backend}")
-
-
-def freezer_files(cgroup: str, root: Path = CGROUPS) -> tuple[Path, str, Path, str]:
-    """(the file to write, what to write, the file that says when it is done, what it then says) for freezing
-    `cgroup`; thawing writes and waits for the other words (`_WORDS`). v1's freezer where the host has one."""
-    v1 = root / "freezer" / cgroup.strip("/") / "freezer.state"
-    if v1.parent.is_dir():
-        return v1, "FROZEN", v1, "FROZEN"
-    for unified in (root / "unified", root):
-        group = unified / cgroup.strip("/")
-        if (group / "cgroup.freeze").exists():
-            return group / "cgroup.freeze", "1", group / "cgroup.events", "frozen 1"
-    raise EngineError(f"no cgroup freezer for {cgroup} here (neither v1's freezer nor cgroup.freeze): the box cannot be paused")
-
-
-#: Each freezer's words for frozen, and for thawed.
-_WORDS = {"FROZEN": "THAWED", "1": "0", "frozen 1": "frozen 0"}
-
-
-def _set_freezer(box: RuntimeBox, *, frozen: bool) -> None:
-    try:
-        cgroup = json.loads((box.bundle / "config.json").read_text())["linux"]["cgroupsPath"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise EngineError(f"box {box.session} is going away: its bundle is gone") from None
-    control, word, done, said = freezer_files(cgroup)
-    if not frozen:
-        word, said = _WORDS[word], _WORDS[said]
-    until = time.monotonic() + FREEZE_WITHIN
-    try:
-        control.write_text(word)
-        while said not in done.read_text().splitlines():
-            if time.monotonic() > until:
-                if frozen:
-                    control.write_text(_WORDS[word])
-                raise EngineError(f"box {box.session} did not {'stop' if frozen else 'go on'} within {FREEZE_WITHIN:g} s: a process of it is stuck in the kernel")
-            time.sleep(0.0005)
-    except OSError as exc:
-        raise EngineError(f"cannot {'pause' if frozen else 'resume'} box {box.session}: its cgroup freezer refused ({exc.strerror})") from None
+    if not box.capabilities.pause:
+        raise QuineboxError(f"cannot resume box {box.session}: {box.why_not('pause')}")
+    box.thaw()

@@ -167,13 +167,8 @@ def user_of(where: Target, user: str | None) -> str | None:
     if not user:
         return None
     passwd = None if _number(user.partition(":")[0]) else read_bytes(where, "/etc/passwd")
-    ranges = where.box.id_ranges() if isinstance(where.box, RuntimeBox) else None
-    if ranges is not None:
-        no_root = None
-    elif isinstance(where.box, RuntimeBox) and where.box.runtime.gvisor:
-        no_root = "gVisor's box has no user namespace, and its gofer makes root's files as the host's root"
-    else:
-        no_root = f"a box on {'the Docker engine' if where.backend == 'docker' else where.backend} has no user namespace of its own"
+    ranges = where.box.id_ranges()
+    no_root = None if ranges is not None else where.box.why_not("own_user_namespace")
     resolved = exec_user(user, where.user, passwd, no_root=no_root)
     refused = unmapped(user, resolved, ranges)
     if refused:

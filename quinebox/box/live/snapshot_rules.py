@@ -36,14 +36,13 @@ class Facts:
     """What decides whether a box can be snapshotted at all, whatever it holds at the instant."""
 
     session: str
-    #: "docker" for the engine, else the OCI runtime's name (runc, crun, runsc).
+    #: The box's backend as a person reads it (Box.label: "the Docker engine", "runc", "gVisor (runsc)").
     where: str
     #: The world's kind: "dir" (its own), "bind" (--world DIR), "overlay" (another's, copy-on-write), None (a tmpfs).
     world: str | None
     secrets: bool = False
-    #: On runc: why CRIU fails here (criu.criu_fails), None when it works. On the engine: its experimental mode.
-    criu: str | None = None
-    experimental: bool = False
+    #: Why its backend cannot checkpoint it, as the backend says it (Box.why_not); None: it can (gVisor).
+    cannot: str | None = None
     #: A root of its own the box may write (`rootfs:rw`): its layer is the host's tmpfs, which gVisor's image leaves out.
     writable_root: bool = False
 
@@ -51,15 +50,8 @@ class Facts:
 def refusal(facts: Facts) -> str | None:
     """Why the box cannot be snapshotted, in one line; None when it can (what it holds is looked at then)."""
     box = f"box {facts.session}"
-    if facts.where == "docker":
-        if not facts.experimental:
-            return (f"{box} runs on the Docker engine, whose checkpoints need its experimental mode (off here: `dockerd "
-                    f"--experimental`) and CRIU; make the box with --runtime {SNAPSHOT_RUNTIME} (gVisor) to snapshot it")
-        return (f"{box} runs on the Docker engine, whose experimental checkpoints quinebox does not take (they go through "
-                f"CRIU, and a box's host socket with them); make the box with --runtime {SNAPSHOT_RUNTIME} (gVisor) to snapshot it")
-    if facts.where != SNAPSHOT_RUNTIME:
-        why = f"CRIU does not work here ({facts.criu})" if facts.criu else "quinebox takes snapshots on gVisor only"
-        return f"{box} runs on {facts.where}, whose checkpoints go through CRIU, and {why}; make the box with --runtime {SNAPSHOT_RUNTIME} (gVisor) to snapshot it"
+    if facts.cannot is not None:
+        return f"{box} runs on {facts.where}, {facts.cannot}; make the box with --runtime {SNAPSHOT_RUNTIME} (gVisor) to snapshot it"
     if facts.writable_root:
         return f"{box} holds rootfs:rw: what it wrote to its root is in a layer of its own on the host, which a snapshot cannot carry"
     if facts.secrets:

@@ -85,7 +85,7 @@ class OciLaunch:
             self._console = ConsoleRelay(stdin, stdout, stop_fd)
             self.stdin, self.stdout = self._console.stdin, self._console.stdout  # type: ignore[assignment]  # the console's own writer and reader serve as the box's
             stdin = stdout = DEVNULL
-        self._direct = direct = DirectStdio(stdin, stdout, stderr, copy_files=self.runtime.gvisor)
+        self._direct = direct = DirectStdio(stdin, stdout, stderr, copy_files=not self.runtime.capabilities.stdio_files)
         if not spec.tty:
             self.stdin, self.stdout = direct.stdin, direct.stdout  # type: ignore[assignment]  # raw pipe files, written and read as the relay's would be
         self.stderr, self.say = direct.stderr, direct.say

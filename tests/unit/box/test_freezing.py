@@ -2,6 +2,7 @@
 
 import pytest
 
+from quinebox.box.backends import freezer
 from quinebox.box.live import freezing
 from quinebox.errors import EngineError, QuineboxError
 
@@ -20,13 +21,13 @@ def test_the_freezer_of_each_hierarchy(tmp_path, made, control, word, done, said
         (tmp_path / group).mkdir(parents=True)
         if not group.startswith("freezer"):
             (tmp_path / group / "cgroup.freeze").write_text("0")
-    assert freezing.freezer_files("/quinebox-b1", tmp_path) == (tmp_path / control, word, tmp_path / done, said)
-    assert freezing._WORDS[word] != word and freezing._WORDS[said] != said
+    assert freezer.freezer_files("/quinebox-b1", tmp_path) == (tmp_path / control, word, tmp_path / done, said)
+    assert freezer._WORDS[word] != word and freezer._WORDS[said] != said
 
 
 def test_no_freezer_is_said_in_one_line(tmp_path):
     with pytest.raises(EngineError, match=r"^no cgroup freezer for /quinebox-b1 here \(neither v1's freezer nor cgroup.freeze\): the box cannot be paused$"):
-        freezing.freezer_files("/quinebox-b1", tmp_path)
+        freezer.freezer_files("/quinebox-b1", tmp_path)
 
 
 def test_a_marked_box_refuses_execs_in_one_line_by_its_id_or_the_start_of_it(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from quinebox.box.live.exec_ways import sized_process
+from quinebox.box.backends.runtimebox import sized_process
 
 BOX = {
     "args": ["/init"],

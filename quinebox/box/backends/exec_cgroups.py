@@ -16,6 +16,8 @@ from pathlib import Path
 from quinebox.box.policy import CGROUP_PREFIX
 from quinebox.errors import EngineError
 
+#: The exit status of an exec whose tree was killed (as a shell reports SIGKILL).
+EXIT_KILLED = 137
 #: Where the host finds cgroup v1's pids hierarchy; without it the host is on cgroup v2 alone.
 PIDS_V1 = Path("/sys/fs/cgroup/pids")
 UNIFIED = Path("/sys/fs/cgroup")
