@@ -54,6 +54,10 @@ class Refused(Exception):
     """An archive (or one of its members) that will not be unpacked; the message names the member and why."""
 
 
+class TooLarge(Refused):
+    """An archive past a cap on its members or its bytes: a limit reached, not an unsafe member."""
+
+
 class Unreadable(Exception):
     """Not a tar archive, or a damaged one."""
 
@@ -150,9 +154,9 @@ class _Plan:
         self.members += 1
         self.bytes += max(member.size, 0)
         if self.members > self.max_members:
-            raise Refused(f"more than {self.max_members} members")
+            raise TooLarge(f"more than {self.max_members} members")
         if self.bytes > self.max_bytes:
-            raise Refused(f"more than {self.max_bytes} bytes")
+            raise TooLarge(f"more than {self.max_bytes} bytes")
         name = member.name
         parts = self._parts(name)
         if member.ischr() or member.isblk() or member.isfifo():

@@ -20,6 +20,7 @@ import stat
 from typing import Any
 
 from quinebox import untar
+from quinebox.errors import ErrorKind
 from quinebox.private import DIR_MODE, private_dir, private_write
 from quinebox.state import session_dir
 from quinebox.worlds import beneath
@@ -182,9 +183,10 @@ def import_archive(archive: str, into: str) -> None:
     try:
         untar.unpack(archive, into, max_members=MAX_ARCHIVE_MEMBERS, max_bytes=max_archive_bytes())
     except untar.Refused as exc:
-        raise WorldError(f"refused archive {archive}: {exc}") from None
+        kind = ErrorKind.LIMIT if isinstance(exc, untar.TooLarge) else ErrorKind.REFUSED
+        raise WorldError(f"refused archive {archive}: {exc}", kind=kind, archive=archive) from None
     except untar.Unreadable as exc:
-        raise WorldError(f"bad archive {archive}: {exc}") from None
+        raise WorldError(f"bad archive {archive}: {exc}", kind=ErrorKind.CORRUPT, archive=archive) from None
 
 
 def discard(session: str) -> None:
@@ -199,6 +201,6 @@ def load_spec(session: str) -> tuple[WorldSpec, dict[str, Any]]:
     try:
         meta = json.loads((world_dir(session) / "meta.json").read_text())
     except FileNotFoundError:
-        raise WorldError(f"session {session} has no world (a scratch world, or one already removed)") from None
+        raise WorldError(f"session {session} has no world (a scratch world, or one already removed)", kind=ErrorKind.NOT_FOUND, session=session) from None
     spec = WorldSpec(kind=meta["kind"], layer=meta["layer"], lowers=tuple(meta["lowers"]), work=meta["work"], base=tuple(meta["base"]) if meta["base"] else None)
     return spec, meta

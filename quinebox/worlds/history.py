@@ -6,6 +6,7 @@ import difflib
 import sys
 from datetime import datetime
 
+from quinebox.errors import ErrorKind
 from quinebox.state import state_dir
 from quinebox.worlds.materialize import exported
 from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError, changes, describe
@@ -19,14 +20,14 @@ def resolve(prefix: str) -> str:
     root = state_dir() / "sessions"
     found = sorted(p.name for p in root.glob(f"{prefix}*") if (p / "world" / "meta.json").exists()) if prefix and "/" not in prefix else []
     if len(found) != 1:
-        raise WorldError(f"no world for session {prefix!r} (or more than one starts so): `quinebox ls` lists sessions")
+        raise WorldError(f"no world for session {prefix!r} (or more than one starts so): `quinebox ls` lists sessions", kind=ErrorKind.NOT_FOUND if not found else ErrorKind.BAD_INPUT, ref=prefix)
     return found[0]
 
 
 def print_log(session: str) -> None:
     records = RevisionLog(session).records()
     if not records:
-        raise WorldError(f"session {session} has no world revisions")
+        raise WorldError(f"session {session} has no world revisions", kind=ErrorKind.NOT_FOUND, session=session)
     print(f"{'REV':>4}  {'TIME':8}  {'TURN':>4}  {'PATHS':>5}  {'BYTES':>9}  WHAT")
     for r in records:
         when = datetime.fromtimestamp(r["t"]).strftime("%H:%M:%S")

@@ -123,7 +123,7 @@ class ObjectStore:
 
     def path(self, sha: str) -> Path:
         if len(sha) != 64 or not all(c in "0123456789abcdef" for c in sha):
-            raise WorldError(f"bad object name {sha!r}")
+            raise WorldError(f"bad object name {sha!r}", kind=ErrorKind.CORRUPT, object=sha)
         return self.root / sha[:2] / sha[2:]
 
     def put(self, dir_fd: int, name: str) -> tuple[str, int] | None:
@@ -190,7 +190,7 @@ class Scanner:
         """`fresh`: hash the file even if its size and mtime say it is unchanged (it was seen changing)."""
         self.count += 1
         if self.count > self.limit:
-            raise WorldError(f"the world holds more than {self.limit} entries; revisions stop there (remove files, or raise QUINEBOX_WORLD_MAX_ENTRIES)")
+            raise WorldError(f"the world holds more than {self.limit} entries; revisions stop there (remove files, or raise QUINEBOX_WORLD_MAX_ENTRIES)", kind=ErrorKind.LIMIT, limit=self.limit)
         if stat.S_ISREG(st.st_mode):
             old = self.previous.get(rel)
             size = st.st_size
@@ -335,12 +335,12 @@ class RevisionLog:
         """The world as it was at `rev` (default: the latest)."""
         records = self.records()
         if not records:
-            raise WorldError(f"session {self.session} has no world revisions")
+            raise WorldError(f"session {self.session} has no world revisions", kind=ErrorKind.NOT_FOUND, session=self.session)
         last = records[-1]["rev"]
         if rev is None:
             rev = last
         if not 0 <= rev <= last:
-            raise WorldError(f"session {self.session} has no revision {rev}: its revisions are 0 to {last}")
+            raise WorldError(f"session {self.session} has no revision {rev}: its revisions are 0 to {last}", kind=ErrorKind.NOT_FOUND, session=self.session, rev=rev, last=last)
         base = records[0].get("base")
         manifest = RevisionLog(base["session"]).manifest(base["rev"]) if base else {}
         for record in records[: rev + 1]:

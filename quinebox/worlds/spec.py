@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from quinebox.errors import GrantError
+from quinebox.errors import ErrorKind, GrantError
 from quinebox.grants import Mount, check_mount
 from quinebox.state import session_dir
 from quinebox.worlds import beneath
@@ -85,7 +85,7 @@ def root_world(
     protected = list(protected)
     chosen = [name for name, value in (("--world", world), ("--world-from", world_from), ("--world-tar", world_tar), ("--at", world_at)) if value]
     if len(chosen) > 1:
-        raise GrantError(f"give one of --world, --world-from and --world-tar, not {' and '.join(chosen)}")
+        raise GrantError(f"give one of --world, --world-from and --world-tar, not {' and '.join(chosen)}", kind=ErrorKind.BAD_INPUT, options=chosen)
     tree = str(world_dir(session) / "tree")
     if world_at:
         return WorldSpec(kind="dir", layer=tree, base=world_at)
@@ -94,26 +94,26 @@ def root_world(
     if world_tar:
         path = os.path.join(cwd, os.path.expanduser(world_tar))
         if not os.path.isfile(path):
-            raise GrantError(f"bad --world-tar {world_tar!r}: no such archive file")
+            raise GrantError(f"bad --world-tar {world_tar!r}: no such archive file", kind=ErrorKind.NOT_FOUND, option="--world-tar", path=path)
         return WorldSpec(kind="dir", layer=tree, archive=os.path.realpath(path))
     choice = [world_from] if isinstance(world_from, str) else list(world_from or [])
     if not choice or choice == ["empty"]:
         return WorldSpec(kind="dir", layer=tree)
     if choice == ["inherit"]:
-        raise GrantError("--world-from inherit: a box started here has no parent world; use --world DIR to work on a directory, or --world-from PATH... to copy paths in")
+        raise GrantError("--world-from inherit: a box started here has no parent world; use --world DIR to work on a directory, or --world-from PATH... to copy paths in", kind=ErrorKind.BAD_INPUT, option="--world-from")
     sources = tuple(_host_path(p, cwd, protected, "--world-from") for p in choice)
     names = [os.path.basename(s) for s in sources]
     if len(set(names)) != len(names):
-        raise GrantError(f"--world-from {' '.join(choice)}: two paths would land on the same name in the world")
+        raise GrantError(f"--world-from {' '.join(choice)}: two paths would land on the same name in the world", kind=ErrorKind.CONFLICT, option="--world-from")
     return WorldSpec(kind="dir", layer=tree, sources=sources)
 
 
 def _host_path(path: str, cwd: str, protected: list[str], option: str, *, directory: bool = False) -> str:
     full = os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
     if not os.path.lexists(full):
-        raise GrantError(f"bad {option} {path!r}: {full} does not exist")
+        raise GrantError(f"bad {option} {path!r}: {full} does not exist", kind=ErrorKind.NOT_FOUND, option=option, path=full)
     if directory and not os.path.isdir(full):
-        raise GrantError(f"bad {option} {path!r}: {full} is not a directory")
+        raise GrantError(f"bad {option} {path!r}: {full} is not a directory", kind=ErrorKind.BAD_INPUT, option=option, path=full)
     return check_mount(Mount(source=full, dest="/world", writable=True), protected=protected).source
 
 
@@ -121,7 +121,7 @@ def child_world(parent: ParentWorld | None, session: str, choice: Any) -> WorldS
     """A child's world from its request's `world`: "inherit" (the default), "empty", or a list of paths in the parent's."""
     choice = "inherit" if choice is None else choice
     if parent is None and choice != "empty":
-        raise GrantError("this box has no world to pass on: ask for world \"empty\"")
+        raise GrantError("this box has no world to pass on: ask for world \"empty\"", kind=ErrorKind.BAD_INPUT)
     here = world_dir(session)
     if choice == "empty":
         return WorldSpec(kind="dir", layer=str(here / "tree"))
@@ -135,13 +135,13 @@ def child_world(parent: ParentWorld | None, session: str, choice: Any) -> WorldS
                 raise WorldError(f"cannot build a copy-on-write world on {path}: overlay cannot mount paths with , : or \\ in them (set QUINEBOX_STATE_DIR elsewhere)")
         return WorldSpec(kind="overlay", layer=str(here / "upper"), work=str(here / "work"), lowers=lowers, base=(parent.session, parent.rev))
     if not isinstance(choice, list) or not choice or not all(isinstance(p, str) for p in choice):
-        raise GrantError('a child\'s world is "inherit", "empty", or a list of paths in its parent\'s world')
+        raise GrantError('a child\'s world is "inherit", "empty", or a list of paths in its parent\'s world', kind=ErrorKind.BAD_INPUT)
     assert parent is not None
     paths = tuple(_world_path(p) for p in choice)
     parent.revise("fork")
     missing = [p for p in paths if p not in parent.manifest]
     if missing:
-        raise GrantError(f"refused world paths: {', '.join(missing)} not in this box's world")
+        raise GrantError(f"refused world paths: {', '.join(missing)} not in this box's world", kind=ErrorKind.NOT_FOUND, paths=missing)
     return WorldSpec(kind="dir", layer=str(here / "tree"), base=(parent.session, parent.rev), paths=paths)
 
 
@@ -151,4 +151,4 @@ def _world_path(path: str) -> str:
     try:
         return "/".join(beneath.parts(rel))
     except beneath.Escape as exc:
-        raise GrantError(f"refused world path {path!r}: {exc}") from None
+        raise GrantError(f"refused world path {path!r}: {exc}", kind=ErrorKind.REFUSED, path=path) from None

@@ -11,13 +11,15 @@ import time
 
 import pytest
 
-from quinebox.errors import GrantError
+from quinebox.errors import ErrorKind, GrantError
 from quinebox.state import state_dir
 from quinebox.worlds import build
 from quinebox.worlds.build import create, import_archive
 from quinebox.worlds.revisions import ObjectStore, WorldError
 from quinebox.worlds.spec import WorldSpec, child_world, root_world, world_dir
 from quinebox.worlds.world import World
+
+NOT_FOUND, BAD_INPUT, CONFLICT, REFUSED, LIMIT = ErrorKind.NOT_FOUND, ErrorKind.BAD_INPUT, ErrorKind.CONFLICT, ErrorKind.REFUSED, ErrorKind.LIMIT
 
 
 def choose(cwd, **options):
@@ -38,29 +40,33 @@ def test_world_dir_binds_the_real_directory(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "options, message",
+    "options, kind, fields",
     [
-        ({"world": "missing"}, "does not exist"),
-        ({"world": "file"}, "is not a directory"),
-        ({"world_from": "inherit"}, "has no parent world"),
-        ({"world_from": ["missing"]}, "does not exist"),
-        ({"world_from": ["a/x", "b/x"]}, "same name"),
-        ({"world": ".", "world_tar": "t.tar"}, "give one of --world, --world-from and --world-tar"),
-        ({"world_tar": "nope.tar"}, "no such archive"),
+        ({"world": "missing"}, NOT_FOUND, {"option": "--world", "path": "{tmp}/missing"}),
+        ({"world": "file"}, BAD_INPUT, {"option": "--world", "path": "{tmp}/file"}),  # not a directory
+        ({"world_from": "inherit"}, BAD_INPUT, {"option": "--world-from"}),  # a box started here has no parent world
+        ({"world_from": ["missing"]}, NOT_FOUND, {"option": "--world-from", "path": "{tmp}/missing"}),
+        ({"world_from": ["a/x", "b/x"]}, CONFLICT, {"option": "--world-from"}),  # both land on the same name
+        ({"world": ".", "world_tar": "t.tar"}, BAD_INPUT, {"options": ["--world", "--world-tar"]}),
+        ({"world_tar": "nope.tar"}, NOT_FOUND, {"option": "--world-tar", "path": "{tmp}/nope.tar"}),
     ],
 )
-def test_bad_world_choices_are_refused_with_what_to_do(tmp_path, options, message):
+def test_bad_world_choices_are_refused_with_what_to_do(tmp_path, options, kind, fields):
     (tmp_path / "file").write_text("")
     for d in ("a/x", "b/x"):
         (tmp_path / d).mkdir(parents=True)
-    with pytest.raises(GrantError, match=message):
+    with pytest.raises(GrantError) as info:
         choose(tmp_path, **options)
+    expected = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in fields.items()}
+    assert (info.value.kind, dict(info.value.fields)) == (kind, expected)
+    assert "\n" not in str(info.value)
 
 
 def test_the_state_dir_can_never_be_a_world(tmp_path):
     for options in ({"world": str(state_dir())}, {"world_from": [str(state_dir())]}):
-        with pytest.raises(GrantError, match="never granted"):
+        with pytest.raises(GrantError) as info:
             choose(tmp_path, **options)
+        assert (info.value.kind, info.value.path) == (REFUSED, str(state_dir()))
 
 
 def make(session, **kw):
@@ -84,8 +90,11 @@ def parent():
 
 @pytest.mark.parametrize("paths", [["../etc"], ["/etc/passwd"], ["/world/../etc"], [""], ["src/missing"]])
 def test_a_childs_world_paths_must_name_something_in_its_parents_world(parent, paths):
-    with pytest.raises(GrantError, match="refused world path|not in this box's world"):
+    with pytest.raises(GrantError) as info:
         child_world(parent, "u-child", paths)
+    missing = paths == ["src/missing"]
+    assert info.value.kind is (NOT_FOUND if missing else REFUSED)
+    assert dict(info.value.fields) == ({"paths": ["src/missing"]} if missing else {"path": paths[0]})
 
 
 def test_a_child_gets_only_the_paths_it_was_given(parent):
@@ -205,8 +214,9 @@ def test_a_restore_plan_brings_back_every_kind_of_entry_or_names_it_lost(parent,
 
 
 def test_restoring_an_unknown_revision_is_refused(parent):
-    with pytest.raises(WorldError, match="no revision 9"):
+    with pytest.raises(WorldError) as info:
         parent.restore_plan(9)
+    assert (info.value.kind, info.value.rev) == (NOT_FOUND, 9)
 
 
 def test_a_world_that_grows_past_its_grant_is_reported_once(tmp_path):
@@ -260,8 +270,9 @@ def test_an_unsafe_archive_is_refused_whole_and_nothing_is_written(tmp_path, mem
     archive.write_bytes(tar_of(member("fine", b"ok"), *members))
     into = tmp_path / "into"
     into.mkdir()
-    with pytest.raises(WorldError, match=message):
+    with pytest.raises(WorldError, match=message) as info:
         import_archive(str(archive), str(into))
+    assert (info.value.kind, dict(info.value.fields)) == (REFUSED, {"archive": str(archive)})
     assert list(into.iterdir()) == []
 
 
@@ -271,12 +282,14 @@ def test_archive_caps_on_members_and_bytes_are_checked_before_anything_is_writte
     into = tmp_path / "into"
     into.mkdir()
     monkeypatch.setattr(build, "MAX_ARCHIVE_MEMBERS", 10)
-    with pytest.raises(WorldError, match="more than 10 members"):
+    with pytest.raises(WorldError) as info:
         import_archive(str(archive), str(into))
+    assert (info.value.kind, dict(info.value.fields)) == (LIMIT, {"archive": str(archive)})
     monkeypatch.setattr(build, "MAX_ARCHIVE_MEMBERS", 1000)
     monkeypatch.setenv("QUINEBOX_WORLD_MAX_ARCHIVE", "100")
-    with pytest.raises(WorldError, match="more than 100 bytes"):
+    with pytest.raises(WorldError) as info:
         import_archive(str(archive), str(into))
+    assert (info.value.kind, dict(info.value.fields)) == (LIMIT, {"archive": str(archive)})
     assert list(into.iterdir()) == []
 
 
