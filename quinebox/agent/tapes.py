@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from quinebox.agent.store import Index, SessionRow, follow_tape, read_tape
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 
 #: Tape records that say what the agent did, compared by `replay`.
 ACTIONS = ("tool", "tool_error", "exec", "exit", "terminated")
@@ -20,7 +20,7 @@ def find(session: str) -> SessionRow:
     try:
         row = index.get(session)
         if row is None:
-            raise QuineboxError(missing(index, session))
+            raise not_found(index, session)
     finally:
         index.close()
     return row
@@ -33,6 +33,14 @@ def missing(index: Index, session: str) -> str:
         at = datetime.fromtimestamp(pruned[1]).strftime("%Y-%m-%d %H:%M:%S")
         return f"session {pruned[0]} was pruned at {at} (`quinebox prune`): its tape and world are gone"
     return f"no session {session!r} (or more than one starts so): `quinebox ls` lists them"
+
+
+def not_found(index: Index, session: str) -> QuineboxError:
+    """The error for a session `index` has no row of: NOT_FOUND, with `session` as asked and, if it was pruned, the id
+    it had and when (`pruned_at`, seconds since the epoch)."""
+    pruned = index.pruned(session)
+    facts = {"pruned": pruned[0], "pruned_at": pruned[1]} if pruned is not None else {}
+    return QuineboxError(missing(index, session), kind=ErrorKind.NOT_FOUND, session=session, **facts)
 
 
 def print_sessions(limit: int) -> None:

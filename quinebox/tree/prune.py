@@ -283,7 +283,7 @@ def _exclusive() -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise QuineboxError(f"another `quinebox prune` is pruning {state_dir()}: wait for it to end") from None
+        raise QuineboxError(f"another `quinebox prune` is pruning {state_dir()}: wait for it to end", kind=ErrorKind.CONFLICT, state_dir=str(state_dir())) from None
     return fd
 
 

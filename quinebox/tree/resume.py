@@ -28,14 +28,14 @@ from quinebox.agent.records import Request, Response
 from quinebox.agent.resumption import Resumption, resumption
 from quinebox.agent.session import View
 from quinebox.agent.store import Index, SessionRow, Tape, read_records
-from quinebox.agent.tapes import missing
+from quinebox.agent.tapes import not_found
 from quinebox.agent.timeline import revision_at
 from quinebox.audit import log
 from quinebox.box.owners.gc import clear_session
 from quinebox.box.policy import AGENT_COMMAND
 from quinebox.box.process import Stream
 from quinebox.box.spec import BoxSpec, build_spec, run_files
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 from quinebox.processes import owner_alive, owner_id, user_name
 from quinebox.state import session_dir
 from quinebox.tree.supervisor import Node
@@ -108,14 +108,16 @@ def resumable(index: Index, session: str) -> SessionRow:
     """The row of `session` if it is one a resume may take on (its process yet to be checked, under its lock)."""
     row = index.get(session)
     if row is None:
-        raise QuineboxError(missing(index, session))
+        raise not_found(index, session)
     if row.parent:
         root = row
         while root.parent and (parent := index.get(root.parent)) is not None:
             root = parent
-        raise QuineboxError(f"session {row.id} is a child of {row.parent}: resume the root of its tree ({root.id}), whose turn in flight starts its children again")
+        raise QuineboxError(f"session {row.id} is a child of {row.parent}: resume the root of its tree ({root.id}), whose turn in flight starts its children again",
+                            kind=ErrorKind.BAD_INPUT, session=row.id, root=root.id)
     if row.ended is not None:
-        raise QuineboxError(f"session {row.id} has ended (exit {row.exit_code}, {row.termination}): there is nothing to resume (`quinebox fork {row.id} --at TURN` goes on from one of its turns)")
+        raise QuineboxError(f"session {row.id} has ended (exit {row.exit_code}, {row.termination}): there is nothing to resume (`quinebox fork {row.id} --at TURN` goes on from one of its turns)",
+                            kind=ErrorKind.CONFLICT, session=row.id)
     return row
 
 
@@ -128,7 +130,8 @@ def _lock(session: str) -> int:
     except BlockingIOError:
         holder = os.read(fd, 256).decode(errors="replace").strip()
         os.close(fd)
-        raise QuineboxError(f"session {session} is being resumed already (by {holder or 'another process'}): one resume at a time") from None
+        raise QuineboxError(f"session {session} is being resumed already (by {holder or 'another process'}): one resume at a time",
+                            kind=ErrorKind.CONFLICT, session=session, holder=holder or None) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, owner_id().encode(), 0)
     return fd
@@ -138,10 +141,12 @@ def _gone(index: Index, row: SessionRow) -> None:
     """Refuse unless the process that ran the session is known, and gone."""
     owner = index.owners([row.id]).get(row.id)
     if owner is None:
-        raise QuineboxError(f"session {row.id} does not say which process ran it (it began before quinebox recorded that), so it cannot be told interrupted: it cannot be resumed")
+        raise QuineboxError(f"session {row.id} does not say which process ran it (it began before quinebox recorded that), so it cannot be told interrupted: it cannot be resumed",
+                            kind=ErrorKind.UNSUPPORTED, session=row.id)
     if owner_alive(owner):
         host, _, rest = owner.partition(":")
-        raise QuineboxError(f"session {row.id} is still running (process {rest.partition(':')[0]} on {host}): only a session whose process is gone can be resumed")
+        raise QuineboxError(f"session {row.id} is still running (process {rest.partition(':')[0]} on {host}): only a session whose process is gone can be resumed",
+                            kind=ErrorKind.CONFLICT, session=row.id, owner=owner)
 
 
 def passed_over(stdin: Stream | bytes, count: int, session: str) -> Stream | bytes:
@@ -151,7 +156,8 @@ def passed_over(stdin: Stream | bytes, count: int, session: str) -> Stream | byt
         return stdin
 
     def short(held: int) -> QuineboxError:
-        return QuineboxError(f"the material given holds {held} bytes, and session {session} had read {count} of it: give it the material it was started with, whole (`quinebox resume {session} < FILE`)")
+        return QuineboxError(f"the material given holds {held} bytes, and session {session} had read {count} of it: give it the material it was started with, whole (`quinebox resume {session} < FILE`)",
+                             kind=ErrorKind.BAD_INPUT, session=session, held=held, read=count)
 
     if isinstance(stdin, bytes):
         if len(stdin) < count:
@@ -159,7 +165,8 @@ def passed_over(stdin: Stream | bytes, count: int, session: str) -> Stream | byt
         return stdin[count:]
     fd = 0 if stdin is None else stdin if isinstance(stdin, int) and stdin >= 0 else stdin.fileno() if hasattr(stdin, "fileno") else None
     if fd is None or os.isatty(fd):
-        raise QuineboxError(f"session {session} had read {count} bytes of its material: give the material again, whole, as bytes, a file or a pipe")
+        raise QuineboxError(f"session {session} had read {count} bytes of its material: give the material again, whole, as bytes, a file or a pipe",
+                            kind=ErrorKind.BAD_INPUT, session=session, read=count)
     st = os.fstat(fd)
     if stat.S_ISREG(st.st_mode):
         left = st.st_size - os.lseek(fd, 0, os.SEEK_CUR)

@@ -15,10 +15,9 @@ from dataclasses import asdict
 from typing import Any
 
 from quinebox.agent.store import Index, SessionRow, read_tape
-from quinebox.agent.tapes import missing
+from quinebox.agent.tapes import not_found
 from quinebox.agent.tool_calls import ToolCalls
 from quinebox.audit.boxes import BoxLife
-from quinebox.errors import QuineboxError
 from quinebox.processes import owner_alive
 from quinebox.state import session_dir
 from quinebox.view.audit_view import AuditTail
@@ -143,7 +142,7 @@ class Sessions:
     def find(self, session: str) -> SessionRow:
         row = self.index.get(session)
         if row is None and self.index.pruned(session) is not None:
-            raise QuineboxError(missing(self.index, session))  # 404, saying it was pruned and when
+            raise not_found(self.index, session)  # 404, saying it was pruned and when
         if row is None:
             raise KeyError(session)
         return row
