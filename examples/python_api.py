@@ -30,11 +30,11 @@ def main() -> None:
     print("run:", run.returncode, run.stdout, run.termination, f"{run.turns} turns, {run.tokens} tokens")
 
     # Many agents with shared defaults, results as they finish.
-    box = quinebox.Box(model=COUNT, grants=["mem:256m"], timeout="2m")
+    runner = quinebox.Runner(model=COUNT, grants=["mem:256m"], timeout="2m")
 
     async def fan_out() -> None:
         documents = [b"x\n" * n for n in (3, 1, 2)]
-        async for index, result in box.map("Count the lines of the material", documents, parallel=3):
+        async for index, result in runner.map("Count the lines of the material", documents, parallel=3):
             print(f"map: document {index}:", result.stdout.decode().strip())
 
     asyncio.run(fan_out())

@@ -320,7 +320,8 @@ class Runner:
         ]
         landed: queue.Queue[dict[str, Any] | None] = queue.Queue()
         run_options = Options(
-            parallel=parallel, max_turns=agent["max_turns"], max_tokens=agent["max_tokens"], ask_timeout=box.ask_timeout,
+            parallel=parallel, max_turns=agent["max_turns"], max_tokens=agent["max_tokens"],
+            ask_timeout=None if box.ask_timeout is None else str(box.ask_timeout),
             ask=box.ask, deny=box.deny,
         )
         sessions = Index()  # the driver's, where each landed session's row now is

@@ -85,6 +85,12 @@ class BoxOptions:
         check_names(given)
         return replace(base, **given) if base is not None else cls(**given)
 
+    def given(self) -> dict[str, Any]:
+        """The options that differ from their defaults, by name: what a caller said (and what to pass on to a
+        front end that takes options by name)."""
+        default = BoxOptions()
+        return {name: getattr(self, name) for name in self.names() if getattr(self, name) != getattr(default, name)}
+
 
 def check_names(given: Iterable[str]) -> None:
     """A TypeError naming the first of `given` that is no box option (a typo such as `grant=`, or `tty=` where

@@ -16,6 +16,7 @@ from inspect_ai.util import SandboxEnvironmentConfigType
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quinebox import QuineboxError
+from quinebox.box.options import BoxOptions
 
 
 class QuineboxLimits(BaseModel):
@@ -87,18 +88,22 @@ class QuineboxEnvironmentConfig(BaseModel):
         assert self.dockerfile is not None
         return self.context or str(Path(self.dockerfile).parent)
 
+    def box_options(self) -> BoxOptions:
+        """A box of this environment, as every front end describes one: its limits are grants, a built image is
+        never pulled."""
+        return BoxOptions(
+            image=self.built_tag() if self.dockerfile else self.image,
+            grants=(*self.grants, *self.limits.grants()),
+            policy=self.policy,
+            workdir=self.workdir,
+            pull="never" if self.dockerfile else self.pull,
+            backend=self.backend,
+            runtime=self.runtime,
+        )
+
     def sandbox_options(self) -> dict[str, Any]:
-        """`quinebox.Sandbox`'s keyword arguments for a box of this environment."""
-        return {
-            "image": self.built_tag() if self.dockerfile else self.image,
-            "grants": [*self.grants, *self.limits.grants()],
-            "policy": self.policy,
-            "workdir": self.workdir,
-            "pull": "never" if self.dockerfile else self.pull,
-            "backend": self.backend,
-            "runtime": self.runtime,
-            "ttl": self.ttl,
-        }
+        """`quinebox.Sandbox`'s keyword arguments for a box of this environment: its BoxOptions, and how long it lasts."""
+        return {**self.box_options().given(), "ttl": self.ttl}
 
 
 class QuineboxSandboxConfig(QuineboxEnvironmentConfig):

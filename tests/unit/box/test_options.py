@@ -62,6 +62,12 @@ def test_replace_and_of_derive_new_options_and_leave_the_old():
     assert BoxOptions.of() == BoxOptions()
 
 
+def test_given_is_what_differs_from_the_defaults():
+    assert BoxOptions().given() == {}
+    assert BoxOptions(grants=["net"], pull="never", backend="oci").given() == {"grants": ("net",), "pull": "never", "backend": "oci"}
+    assert BoxOptions(**BoxOptions(image="alpine", tags={"run": "r"}).given()) == BoxOptions(image="alpine", tags={"run": "r"})
+
+
 @pytest.mark.parametrize(
     "name, words",
     [
