@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 
 
 def read_yaml(path: str | Path, what: str, error: type[QuineboxError] = QuineboxError) -> Any:
@@ -22,9 +22,10 @@ def read_yaml(path: str | Path, what: str, error: type[QuineboxError] = Quinebox
     try:
         return yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
-        raise error(f"{what} {path} not found") from None
+        raise error(f"{what} {path} not found", kind=ErrorKind.NOT_FOUND, path=str(path)) from None
     except (OSError, yaml.YAMLError) as exc:
-        raise error(f"cannot read {what} {path}: {str(exc).splitlines()[0]}") from None
+        kind = ErrorKind.BAD_INPUT if isinstance(exc, yaml.YAMLError) else ErrorKind.FAILED
+        raise error(f"cannot read {what} {path}: {str(exc).splitlines()[0]}", kind=kind, path=str(path)) from None
 
 
 def load_config() -> dict[str, Any]:
@@ -34,7 +35,7 @@ def load_config() -> dict[str, Any]:
         return {}
     doc = read_yaml(path, "config file") or {}
     if not isinstance(doc, dict):
-        raise QuineboxError(f"{path} must be a YAML mapping (model:, base_url:, max_retries:, backend:, runtime:)")
+        raise QuineboxError(f"{path} must be a YAML mapping (model:, base_url:, max_retries:, backend:, runtime:)", kind=ErrorKind.BAD_INPUT, path=path)
     return doc
 
 

@@ -36,7 +36,7 @@ class Tape:
             private_dir(self.path.parent)
             self._fd = private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         except OSError as exc:
-            raise StateError(unwritable(f"session {session}'s tape", exc)) from exc
+            raise StateError(unwritable(f"session {session}'s tape", exc), what=f"session {session}'s tape") from exc
         self._lock = threading.Lock()
 
     def append(self, kind: str, **fields: Any) -> None:
@@ -52,7 +52,7 @@ class Tape:
                 os.fsync(self._fd)
             except OSError as exc:
                 os.ftruncate(self._fd, end)  # no half record: the tape stays whole
-                raise StateError(unwritable(f"the tape {self.path}", exc)) from exc
+                raise StateError(unwritable(f"the tape {self.path}", exc), what=f"the tape {self.path}") from exc
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -151,14 +151,14 @@ class Index:
                 self._db.execute(_PRUNED)
                 self._db.execute(_OWNERS)
         except (OSError, sqlite3.Error) as exc:
-            raise StateError(unwritable("the sessions index", exc)) from exc
+            raise StateError(unwritable("the sessions index", exc), what="the sessions index") from exc
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> None:
         try:
             with self._lock, self._db:
                 self._db.execute(sql, params)
         except self._failed as exc:
-            raise StateError(unwritable("the sessions index", exc)) from exc
+            raise StateError(unwritable("the sessions index", exc), what="the sessions index") from exc
 
     def start(self, session: str, *, parent: str | None, mission: str, model: str, owner: str | None = None) -> None:
         try:
@@ -167,7 +167,7 @@ class Index:
                 if owner is not None:
                     self._db.execute("INSERT OR REPLACE INTO owners VALUES (?, ?)", (session, owner))
         except self._failed as exc:
-            raise StateError(unwritable("the sessions index", exc)) from exc
+            raise StateError(unwritable("the sessions index", exc), what="the sessions index") from exc
 
     def claim(self, session: str, owner: str) -> None:
         """`owner` runs the session from now on: it was resumed."""
@@ -228,7 +228,7 @@ class Index:
                 self._db.executemany("DELETE FROM owners WHERE id = ?", [(s,) for s in sessions])
                 self._db.executemany("INSERT OR REPLACE INTO pruned VALUES (?, ?)", [(s, at) for s in sessions])
         except self._failed as exc:
-            raise StateError(unwritable("the sessions index", exc)) from exc
+            raise StateError(unwritable("the sessions index", exc), what="the sessions index") from exc
 
     def pruned(self, session: str) -> tuple[str, float] | None:
         """The one pruned session `session` names (an id or a prefix) and when it was pruned; None for none or several."""

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from quinebox.documents import json_objects
-from quinebox.errors import QuineboxError, StateError
+from quinebox.errors import ErrorKind, QuineboxError, StateError
 from quinebox.private import SEALED_MODE, private_dir, private_file
 from quinebox.state import state_dir, unwritable
 
@@ -97,13 +97,16 @@ def audit_key() -> bytes | None:
     real = os.path.realpath(path)
     home = os.path.realpath(state_dir())
     if real == home or real.startswith(home + "/"):
-        raise QuineboxError(f"QUINEBOX_AUDIT_KEY_FILE {path} is inside the state dir, where whoever edits the log can read it; keep the key elsewhere")
+        raise QuineboxError(f"QUINEBOX_AUDIT_KEY_FILE {path} is inside the state dir, where whoever edits the log can read it; keep the key elsewhere",
+                            kind=ErrorKind.REFUSED, path=path)
     try:
         key = Path(real).read_bytes().strip()
     except OSError as exc:
-        raise QuineboxError(f"cannot read the audit key QUINEBOX_AUDIT_KEY_FILE={path}: {exc.strerror}") from None
+        raise QuineboxError(f"cannot read the audit key QUINEBOX_AUDIT_KEY_FILE={path}: {exc.strerror}",
+                            kind=ErrorKind.NOT_FOUND if isinstance(exc, FileNotFoundError) else ErrorKind.FAILED, path=path) from exc
     if len(key) < 16:
-        raise QuineboxError(f"the audit key in {path} is shorter than 16 bytes; make one with `head -c 32 /dev/urandom | base64 > {path}`")
+        raise QuineboxError(f"the audit key in {path} is shorter than 16 bytes; make one with `head -c 32 /dev/urandom | base64 > {path}`",
+                            kind=ErrorKind.BAD_INPUT, path=path)
     return key
 
 
@@ -125,7 +128,7 @@ class AuditLog:
         try:
             fd = self._locked(fcntl.LOCK_EX)
         except OSError as exc:
-            raise StateError(unwritable("the audit log", exc)) from exc
+            raise StateError(unwritable("the audit log", exc), what="the audit log") from exc
         try:
             last, torn = _tail(fd)
             if torn:
@@ -139,7 +142,7 @@ class AuditLog:
                 self._seal(fd, record)
             return record
         except OSError as exc:
-            raise StateError(unwritable("the audit log", exc)) from exc
+            raise StateError(unwritable("the audit log", exc), what="the audit log") from exc
         finally:
             os.close(fd)  # releases the lock
 

@@ -15,7 +15,7 @@ from typing import Any
 from quinebox.agent.providers.base import Completion, ProviderError
 from quinebox.agent.records import Request, Response, as_dict
 from quinebox.agent.store import read_records
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 
 
 def digest(messages: list[dict[str, Any]]) -> str:
@@ -28,7 +28,7 @@ class ReplayProvider:
         self.name = f"replay:{session}"
         tape = read_records(session)
         if not tape:
-            raise QuineboxError(f"no tape for session {session!r}: `quinebox ls` lists sessions")
+            raise QuineboxError(f"no tape for session {session!r}: `quinebox ls` lists sessions", kind=ErrorKind.NOT_FOUND, session=session)
         answers = {r.turn: r for r in tape.of(Response)}  # paired by turn, never by position
         asked = {r.turn: r for r in tape.of(Request)}  # a turn asked again after a resume: the last time, which was answered
         self._pairs = [(asked[turn], answers[turn]) for turn in sorted(asked) if turn in answers]

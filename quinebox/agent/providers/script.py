@@ -21,7 +21,7 @@ from typing import Any
 
 from quinebox.agent.providers.base import Completion, ProviderError
 from quinebox.documents import read_yaml
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 
 SHORTHANDS = {"sh": "command", "exec": "note"}
 
@@ -53,7 +53,7 @@ class ScriptProvider:
         doc = read_yaml(path, "model script")
         turns = doc.get("turns") if isinstance(doc, dict) else None
         if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
-            raise QuineboxError(f"bad model script {path}: expected 'turns:' as a list of mappings")
+            raise QuineboxError(f"bad model script {path}: expected 'turns:' as a list of mappings", kind=ErrorKind.BAD_INPUT, path=path)
         self._messages = [turn_message(i, t) for i, t in enumerate(turns)]
         self._next = start
         self._lock = threading.Lock()

@@ -6,7 +6,7 @@ import pytest
 
 from quinebox.agent.providers import ProviderError
 from quinebox.agent.providers.script import ScriptProvider, turn_message
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 
 
 def calls(message):
@@ -47,17 +47,19 @@ def test_turns_are_taken_in_order_and_running_out_is_a_provider_error(tmp_path):
         provider.complete([], [])
 
 
-@pytest.mark.parametrize("text, words", [("turns: 5", "list of mappings"), ("- a\n- b", "list of mappings"), ("turns: [1, 2]", "list of mappings"), (": : :", "cannot read")])
-def test_bad_scripts_are_refused_at_start(tmp_path, text, words):
+@pytest.mark.parametrize("text", ["turns: 5", "- a\n- b", "turns: [1, 2]", ": : :"])  # not a list of mappings; not YAML
+def test_bad_scripts_are_refused_at_start(tmp_path, text):
     path = tmp_path / "m.yaml"
     path.write_text(text)
-    with pytest.raises(QuineboxError, match=words):
+    with pytest.raises(QuineboxError) as bad:
         ScriptProvider(str(path))
+    assert (bad.value.kind, dict(bad.value.fields)) == (ErrorKind.BAD_INPUT, {"path": str(path)})
 
 
 def test_missing_script(tmp_path):
-    with pytest.raises(QuineboxError, match="not found"):
+    with pytest.raises(QuineboxError) as missing:
         ScriptProvider(str(tmp_path / "nope.yaml"))
+    assert (missing.value.kind, dict(missing.value.fields)) == (ErrorKind.NOT_FOUND, {"path": str(tmp_path / "nope.yaml")})
 
 
 def test_a_resumed_session_goes_on_after_the_turns_its_model_had_given(tmp_path):

@@ -225,20 +225,22 @@ def test_writers_killed_at_random_moments_never_look_like_tampering(tmp_path):
 
 
 def test_the_key_must_live_outside_the_state_dir(tmp_path, monkeypatch):
-    from quinebox.errors import QuineboxError
+    from quinebox.errors import ErrorKind, QuineboxError
     from quinebox.state import state_dir
 
     inside = state_dir() / "audit.key"
     inside.parent.mkdir(parents=True, exist_ok=True)
     inside.write_bytes(KEY)
     monkeypatch.setenv("QUINEBOX_AUDIT_KEY_FILE", str(inside))
-    with pytest.raises(QuineboxError, match="inside the state dir"):
+    with pytest.raises(QuineboxError) as refused:
         audit_key()
+    assert (refused.value.kind, dict(refused.value.fields)) == (ErrorKind.REFUSED, {"path": str(inside)})
     outside = tmp_path / "audit.key"
     outside.write_bytes(b"short")
     monkeypatch.setenv("QUINEBOX_AUDIT_KEY_FILE", str(outside))
-    with pytest.raises(QuineboxError, match="shorter than 16 bytes"):
+    with pytest.raises(QuineboxError) as short:
         audit_key()
+    assert (short.value.kind, dict(short.value.fields)) == (ErrorKind.BAD_INPUT, {"path": str(outside)})
     outside.write_bytes(KEY + b"\n")
     assert audit_key() == KEY
     inside.unlink()
@@ -278,13 +280,15 @@ def edit_one_byte_of(path):
 
 def test_what_cannot_be_recorded_before_it_happens_does_not_happen_and_what_already_happened_is_said_once(tmp_path, monkeypatch, capsys):
     from quinebox.audit import log as audit_log
-    from quinebox.errors import StateError
+    from quinebox.errors import ErrorKind, StateError
 
     (tmp_path / "audit").write_text("a file where the audit dir should be")
     monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path))
     monkeypatch.setattr(audit_log, "_LOSING", threading.Event())
-    with pytest.raises(StateError, match="cannot write the audit log in the state dir"):
+    with pytest.raises(StateError) as unwritable:
         audit_log.record("box_created", "s1")
+    assert (unwritable.value.kind, dict(unwritable.value.fields)) == (ErrorKind.STORAGE, {"what": "the audit log"})
+    assert isinstance(unwritable.value.cause, OSError)  # what the filesystem said, kept for --traceback
     audit_log.note("box_ended", "s1", exit=0)
     audit_log.note("box_ended", "s2", exit=0)
     err = capsys.readouterr().err
