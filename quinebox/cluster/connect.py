@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 
 #: The custom resource a node advertises: how many boxes it runs at once.
 RESOURCE = "quinebox"
@@ -83,9 +83,11 @@ def forwarded_env(names: Iterable[str], environ: Mapping[str, str] | None = None
     chosen: dict[str, str] = {}
     for name in names:
         if not _NAME.match(name):
-            raise QuineboxError(f"bad --forward-env {name!r}: give the name of an environment variable, as in --forward-env OPENAI_API_KEY")
+            raise QuineboxError(f"bad --forward-env {name!r}: give the name of an environment variable, as in --forward-env OPENAI_API_KEY",
+                                kind=ErrorKind.BAD_INPUT, option="--forward-env", name=name)
         if name not in environ:
-            raise QuineboxError(f"--forward-env {name}: it is not set here, so there is nothing to forward: export it first, or drop the option")
+            raise QuineboxError(f"--forward-env {name}: it is not set here, so there is nothing to forward: export it first, or drop the option",
+                                kind=ErrorKind.NOT_FOUND, option="--forward-env", name=name)
         chosen[name] = environ[name]
     return chosen
 
@@ -97,7 +99,8 @@ def ray_address(address: str, environ: Mapping[str, str] | None = None) -> str:
         return environ.get("RAY_ADDRESS") or "auto"
     if address.startswith("ray://") or re.match(r"^[A-Za-z0-9.\-\[\]:]+:\d+$", address):
         return address
-    raise QuineboxError(f"bad --cluster {address!r}: give ray://HOST:PORT, the head's HOST:PORT, or auto (RAY_ADDRESS, or `ray start` on this machine)")
+    raise QuineboxError(f"bad --cluster {address!r}: give ray://HOST:PORT, the head's HOST:PORT, or auto (RAY_ADDRESS, or `ray start` on this machine)",
+                        kind=ErrorKind.BAD_INPUT, option="--cluster", address=address)
 
 
 def _init(ray: Any, target: str, address: str) -> None:
@@ -119,9 +122,10 @@ def _init(ray: Any, target: str, address: str) -> None:
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ side would log every retry of a connection on stderr
     threading.Thread(target=init, name="quinebox-ray-init", daemon=True).start()
     if not done.wait(CONNECT_TIMEOUT):
-        raise QuineboxError(f"the Ray cluster at {address} did not answer within {CONNECT_TIMEOUT:.0f} s: is its head running there (`ray status`)?")
+        raise QuineboxError(f"the Ray cluster at {address} did not answer within {CONNECT_TIMEOUT:.0f} s: is its head running there (`ray status`)?",
+                            kind=ErrorKind.TIMEOUT, address=address)
     if failed:
-        raise QuineboxError(f"cannot reach the Ray cluster at {address}: {first_line(failed[0])}")
+        raise QuineboxError(f"cannot reach the Ray cluster at {address}: {first_line(failed[0])}", kind=ErrorKind.UNREACHABLE, address=address) from failed[0]
 
 
 def connect(address: str, forward: Iterable[str] = ()) -> Cluster:
@@ -131,7 +135,7 @@ def connect(address: str, forward: Iterable[str] = ()) -> Cluster:
     try:
         import ray
     except ImportError:
-        raise QuineboxError(f"--cluster needs Ray, and it is not installed: {INSTALL_HINT}") from None
+        raise QuineboxError(f"--cluster needs Ray, and it is not installed: {INSTALL_HINT}", kind=ErrorKind.UNSUPPORTED) from None
     if not ray.is_initialized():
         _init(ray, target, address)
     cluster = Cluster(address=address, ray=ray, forwarded=env)
