@@ -1,6 +1,6 @@
 """One hardened box: what it may do, and running it.
 
-The box's rules, flat here and pure: what to run (spec.py), the one function
+The box's rules, flat here and pure: what a caller asks for (options.py), what to run (spec.py), the one function
 from a spec to the container configuration (policy.py, and policy_oci.py for
 an OCI runtime's config.json), what a box of `--image host` sees of the host's
 root (policy_host.py), and a request's shape (shape.py). Beside them:
