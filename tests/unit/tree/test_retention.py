@@ -10,6 +10,7 @@ import pytest
 from stored import DAY, NOW, data, row, session
 
 from quinebox.agent.store import Index
+from quinebox.errors import ErrorKind
 from quinebox.tree.retention import LOG, STAMP, Limits, RetentionError, Weights, due, over_size
 
 
@@ -44,7 +45,8 @@ def test_retention_limits_from_config(config, limits):
 def test_a_retention_config_quinebox_cannot_mean_is_one_line(config, message):
     with pytest.raises(RetentionError) as raised:
         Limits.from_config(config)
-    assert str(raised.value).startswith(message) and raised.value.exit_code == 2
+    assert str(raised.value).startswith(message) and raised.value.exit_code == 2  # the wording is the point: what config.yaml may say
+    assert raised.value.kind is ErrorKind.BAD_INPUT
 
 
 @pytest.mark.parametrize(
