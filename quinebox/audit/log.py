@@ -97,16 +97,14 @@ def audit_key() -> bytes | None:
     real = os.path.realpath(path)
     home = os.path.realpath(state_dir())
     if real == home or real.startswith(home + "/"):
-        raise QuineboxError(f"QUINEBOX_AUDIT_KEY_FILE {path} is inside the state dir, where whoever edits the log can read it; keep the key elsewhere",
-                            kind=ErrorKind.REFUSED, path=path)
+        raise QuineboxError(f"QUINEBOX_AUDIT_KEY_FILE {path} is inside the state dir, where whoever edits the log can read it; keep the key elsewhere", kind=ErrorKind.REFUSED, path=path)
     try:
         key = Path(real).read_bytes().strip()
     except OSError as exc:
         raise QuineboxError(f"cannot read the audit key QUINEBOX_AUDIT_KEY_FILE={path}: {exc.strerror}",
                             kind=ErrorKind.NOT_FOUND if isinstance(exc, FileNotFoundError) else ErrorKind.FAILED, path=path) from exc
     if len(key) < 16:
-        raise QuineboxError(f"the audit key in {path} is shorter than 16 bytes; make one with `head -c 32 /dev/urandom | base64 > {path}`",
-                            kind=ErrorKind.BAD_INPUT, path=path)
+        raise QuineboxError(f"the audit key in {path} is shorter than 16 bytes; make one with `head -c 32 /dev/urandom | base64 > {path}`", kind=ErrorKind.BAD_INPUT, path=path)
     return key
 
 

@@ -100,7 +100,8 @@ def root_world(
     if not choice or choice == ["empty"]:
         return WorldSpec(kind="dir", layer=tree)
     if choice == ["inherit"]:
-        raise GrantError("--world-from inherit: a box started here has no parent world; use --world DIR to work on a directory, or --world-from PATH... to copy paths in", kind=ErrorKind.BAD_INPUT, option="--world-from")
+        raise GrantError("--world-from inherit: a box started here has no parent world; use --world DIR to work on a directory, or --world-from PATH... to copy paths in",
+                         kind=ErrorKind.BAD_INPUT, option="--world-from")
     sources = tuple(_host_path(p, cwd, protected, "--world-from") for p in choice)
     names = [os.path.basename(s) for s in sources]
     if len(set(names)) != len(names):
