@@ -37,7 +37,7 @@ def test_traceback_prints_the_whole_chain_then_the_one_line(args, env):
     first, _, then = done.stderr.partition("\nDuring handling of the above exception, another exception occurred:\n")
     assert then, done.stderr
     assert first.startswith("Traceback (most recent call last):\n")
-    assert f"quinebox.errors.GrantError: {BAD_DURATION}\n(kind=bad_grant)" in first
+    assert f"quinebox.errors.GrantError: {BAD_DURATION}\n(kind=bad_grant, value='bogus')\n" in first
     assert 'in parse_duration\n' in first
     assert f"quinebox.tree.prune.RulesError: --older-than: {BAD_DURATION}\n(kind=bad_input)\n" in then
     assert done.stderr.count("Traceback (most recent call last):") == 2
@@ -48,7 +48,8 @@ def test_traceback_goes_with_a_command_that_registers_only_itself():
     done = quinebox("--traceback", "exec", "-g", "mem:lots", "--", "true")
     assert done.returncode == 125
     assert done.stderr.endswith("quinebox: bad grant 'mem:lots': bad size 'lots': use a number with an optional unit k, m, g or t (e.g. 128m, 2g)\n")
-    assert "quinebox.errors.GrantError: bad size 'lots'" in done.stderr and "(kind=bad_grant)" in done.stderr
+    assert "quinebox.errors.GrantError: bad size 'lots': use a number with an optional unit k, m, g or t (e.g. 128m, 2g)\n(kind=bad_grant, value='lots')\n" in done.stderr
+    assert "(kind=bad_grant, grant='mem:lots')\nquinebox: bad grant 'mem:lots'" in done.stderr
 
 
 def test_box_rm_says_a_bug_in_find_as_itself_not_as_a_missing_box(tmp_path):
