@@ -84,6 +84,7 @@ def _own_ids(say: Say, backend: DockerBackend | None) -> None:
 
 def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> bool:
     """Says which way boxes get by default and whether it is ready (it works, and the agent image is there)."""
+    from quinebox.box.backends import registry
     from quinebox.box.backends.choice import choose
 
     try:
@@ -91,10 +92,7 @@ def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> b
     except QuineboxError as exc:
         say("FAIL", f"default: {exc}", "name a runtime that works here, or none (--runtime, QUINEBOX_RUNTIME or runtime: in config.yaml)")
         return False
-    if choice.backend == "oci":
-        way = next((w for w in ways if w.name == choice.runtime), None) or local_runtime_way(str(choice.runtime))
-    else:
-        way = next(w for w in ways if w.name == ENGINE)
+    way = registry.backend(choice.backend).doctor_way(choice, ways)
     if not way.works:
         say("FAIL", f"default: {choice.why}; and {'the ' * (way.name == ENGINE)}{way.label} cannot run boxes here: {way.what}", way.fix)
         return False

@@ -24,13 +24,13 @@ from typing import IO, TYPE_CHECKING, Any, Protocol, Self
 from quinebox.audit.approvals import Decision
 from quinebox.box.backends import watch
 from quinebox.box.backends.choice import ENGINE, Choice, choose
+from quinebox.box.backends.registry import launch_for
 from quinebox.box.net.broker import Broker, Handler, Spawner
 from quinebox.box.net.egress import Egress
 from quinebox.box.net.init_line import InitLine
 from quinebox.box.net.secrets import prepare_secrets
 from quinebox.box.policy import DEFAULT_WORLD, oci_refusal, proxied
 from quinebox.box.run.ending import Ending, Ends, How
-from quinebox.box.run.launch import launch_for
 from quinebox.box.spec import BoxSpec
 from quinebox.box.streams import relay
 from quinebox.box.streams.direct import DEVNULL, PIPE, Stream  # noqa: F401 - PIPE and DEVNULL are taken from here, as from subprocess

@@ -84,8 +84,6 @@ def updates(config: ContainerConfig) -> dict[str, int]:
 
 def well_formed(shape: Any) -> TypeGuard[dict[str, Any]]:
     """Whether what a claimer sent has a shape's form (the pool makes boxes of it only if so)."""
-    if isinstance(shape, dict) and shape.get("backend") == "oci":
-        return _well_formed_oci(shape)
     if not isinstance(shape, dict) or set(shape) != {"create", "host"}:
         return False
     create, host = shape["create"], shape["host"]
@@ -104,16 +102,11 @@ def shape_key(shape: dict[str, Any]) -> str:
 
 def has_world(shape: dict[str, Any]) -> bool:
     """Whether a warm box of this shape needs an empty world directory of its own (else /world is a tmpfs)."""
-    if shape.get("backend") == "oci":
-        return any(mount.get("source") == WORLD_SOURCE for mount in shape["config"]["mounts"])
     return any(mount["Source"] == WORLD_SOURCE for mount in shape["host"]["mounts"])
 
 
 def box_user(shape: dict[str, Any]) -> tuple[int, int]:
     """(uid, gid) a box of this shape runs as: its world is theirs."""
-    if shape.get("backend") == "oci":
-        user = shape["config"]["process"]["user"]
-        return int(user["uid"]), int(user["gid"])
     uid, _, gid = str(shape["create"]["user"]).partition(":")
     return int(uid), int(gid or uid)
 
@@ -196,7 +189,21 @@ def oci_shape_of(spec: BoxSpec, config: dict[str, Any], runtime: str) -> dict[st
     return {"backend": "oci", "runtime": runtime, "config": shaped}
 
 
-def _well_formed_oci(shape: dict[str, Any]) -> bool:
+def oci_has_world(shape: dict[str, Any]) -> bool:
+    """has_world for a runtime's shape."""
+    return any(mount.get("source") == WORLD_SOURCE for mount in shape["config"]["mounts"])
+
+
+def oci_box_user(shape: dict[str, Any]) -> tuple[int, int]:
+    """box_user for a runtime's shape."""
+    user = shape["config"]["process"]["user"]
+    return int(user["uid"]), int(user["gid"])
+
+
+def well_formed_oci(shape: Any) -> TypeGuard[dict[str, Any]]:
+    """well_formed for a runtime's shape."""
+    if not isinstance(shape, dict):
+        return False
     config = shape.get("config")
     if set(shape) != {"backend", "runtime", "config"} or not isinstance(shape["runtime"], str) or not isinstance(config, dict):
         return False

@@ -36,6 +36,10 @@ ROOMS = [
     ("box.configure", ("quinebox.box.configure",)),
     ("box.pool", ("quinebox.box.pool",)),
     ("box.run", ("quinebox.box.run",)),
+    # Each backend's object (seam.Backend) reaches its own launch (run/) and warm (pool/) modules: it and the one
+    # registry of them rank above those; the pool's keeper, which makes every backend's warm boxes, above it.
+    ("box.backends registry", ("quinebox.box.backends.registry", "quinebox.box.backends.docker_backend", "quinebox.box.backends.oci_backend")),
+    ("box.pool keeper", ("quinebox.box.pool.keeper",)),
     ("box.owners", ("quinebox.box.owners",)),
     ("box.live", ("quinebox.box.live",)),
     ("box", ("quinebox.box",)),
@@ -56,9 +60,11 @@ MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def room(module: str) -> int:
-    for rank, (_, prefixes) in enumerate(ROOMS):
-        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes if prefix != "quinebox"):
-            return rank
+    """The rank of the room whose longest prefix holds `module` (a module ranked alone wins over its package's room)."""
+    found = [(len(prefix), rank) for rank, (_, prefixes) in enumerate(ROOMS) for prefix in prefixes
+             if prefix != "quinebox" and (module == prefix or module.startswith(prefix + "."))]
+    if found:
+        return max(found)[1]
     if module == "quinebox":
         return len(ROOMS) - 1
     raise AssertionError(f"{module} is in no room: add it to ROOMS in {__file__}")

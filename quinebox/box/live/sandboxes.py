@@ -20,10 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quinebox.box.backends.boxes import Box
-from quinebox.box.backends.choice import on_engine
-from quinebox.box.backends.dockerbox import DockerBox
-from quinebox.box.backends.ocibox import oci_runtime
-from quinebox.box.backends.runtimebox import RuntimeBox
+from quinebox.box.backends.registry import backend
 from quinebox.box.live.box_files import read_bytes
 from quinebox.box.live.capped import Taken as Taken  # re-exported: tests/unit/box/test_taken.py looks for it here
 from quinebox.box.live.execs import Target, target_of
@@ -125,12 +122,7 @@ def target(record: Record, *, engine: DockerBackend | None = None) -> Target:
 def _reopen(record: Record, engine: DockerBackend | None) -> Box:
     """The box a record names, by its backend's name and its id; on the engine through `engine`, else this
     process's shared client."""
-    labels = {LABEL_SESSION: record.session}
-    if on_engine(record.backend):
-        from quinebox.box.backends.docker import DockerBackend
-
-        return DockerBox(engine or DockerBackend.shared(), {"Id": record.container, "Labels": labels})
-    return RuntimeBox(oci_runtime(record.backend), record.container, labels)
+    return backend(record.backend).reopen(record.backend, record.container, {LABEL_SESSION: record.session}, engine)
 
 
 def _number(text: str) -> bool:

@@ -13,17 +13,15 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any
+from typing import Any, TypeGuard
 
 from quinebox import fdpass
 from quinebox.box.backends.choice import choose
 from quinebox.box.backends.docker import DockerBackend
-from quinebox.box.configure import configure, configure_oci, release_ids
+from quinebox.box.backends.registry import backend, of_shape
 from quinebox.box.policy import oci_refusal
 from quinebox.box.pool.warm import Kept, Pool, Settings, refused
-from quinebox.box.pool.warm_docker import start_warm
-from quinebox.box.pool.warm_oci import WarmOci, wait_claimed
-from quinebox.box.shape import oci_shape_of, shape_of, well_formed
+from quinebox.box.pool.warm_oci import wait_claimed
 from quinebox.box.spec import build_spec
 from quinebox.errors import QuineboxError
 from quinebox.processes import die_with_parent
@@ -46,9 +44,15 @@ class Makers:
         self._lock = threading.Lock()
 
     def make(self, shape: dict[str, Any]) -> Kept:
-        if shape.get("backend") == "oci":
-            return WarmOci(shape)
-        return start_warm(self.engine(), shape)
+        made = of_shape(shape)
+        if made is None:
+            raise QuineboxError("a shape of no backend of this quinebox's")
+        return made.make_warm(shape, self.engine)
+
+    @staticmethod
+    def image_of(shape: dict[str, Any]) -> str:
+        made = of_shape(shape)
+        return made.image_of(shape) if made is not None else "?"
 
     def engine(self) -> DockerBackend:
         with self._lock:
@@ -62,13 +66,13 @@ def default_shape(makers: Makers) -> dict[str, Any] | None:
     same box), on the backend such a command would choose here."""
     spec = build_spec(["true"])
     choice = choose(oci_refusal(spec), backend=spec.backend, runtime=spec.runtime)
-    if choice.backend == "oci":
-        runtime = choice.runtime or "runc"
-        spec, _, oci = configure_oci(spec, runtime)
-        release_ids(oci, spec.session)  # a shape holds no box's own ids: each warm box claims its own
-        return oci_shape_of(spec, oci, runtime)
-    spec, _, config = configure(spec, makers.engine())
-    return shape_of(spec, config)
+    return backend(choice.backend).default_shape(spec, choice, makers.engine)
+
+
+def _well_formed(shape: Any) -> TypeGuard[dict[str, Any]]:
+    """Whether a claimer's shape has the form of its backend's shapes (the pool makes boxes of it only if so)."""
+    made = of_shape(shape)
+    return made is not None and made.well_formed(shape)
 
 
 def keep(settings: Settings, parent: int) -> None:
@@ -91,7 +95,7 @@ def keep(settings: Settings, parent: int) -> None:
 
 def _keep(settings: Settings) -> None:
     makers = Makers()
-    pool = Pool(settings, makers.make)
+    pool = Pool(settings, makers.make, makers.image_of)
     bound: tuple[socket.socket, os.stat_result] | None = None  # pool.sock, and the file it is, once listening
     try:
         listener = fdpass.listen(str(pool_socket()), mode=0o600, backlog=64)
@@ -141,7 +145,7 @@ def _answer(pool: Pool, conn: socket.socket) -> None:
             fdpass.send(conn, {"kind": "stats", "pid": os.getpid(), "settings": pool.settings.__dict__, "shapes": pool.stats()})
             return
         shape = message.get("shape")
-        box = pool.claim(shape) if message.get("kind") == "claim" and well_formed(shape) and pool.settings.size else None
+        box = pool.claim(shape) if message.get("kind") == "claim" and _well_formed(shape) and pool.settings.size else None
         if box is None:
             fdpass.send(conn, {"kind": "miss"})
             return

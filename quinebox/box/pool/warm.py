@@ -182,9 +182,11 @@ class Demand:
 class Kind:
     """The warm boxes of one shape, and how claims for it went."""
 
-    def __init__(self, shape: dict[str, Any]):
+    def __init__(self, shape: dict[str, Any], image: str):
         self.shape = shape
         self.key = shape_key(shape)
+        #: The short id of its image, as `serve status` shows it (its backend's to say: Pool's `image_of`).
+        self.image = image
         self.warm: deque[Kept] = deque()
         self.making = 0
         self.hits = self.misses = 0
@@ -196,23 +198,17 @@ class Kind:
         ms = sorted(self.latencies)
         cuts = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else ms * 99
         return {
-            "shape": self.key, "image": image_of(self.shape), "warm": len(self.warm), "making": self.making,
+            "shape": self.key, "image": self.image, "warm": len(self.warm), "making": self.making,
             "hits": self.hits, "misses": self.misses, "p50_ms": cuts[49] if cuts else None, "p95_ms": cuts[94] if cuts else None,
             "p99_ms": cuts[98] if cuts else None,
         }
 
 
-def image_of(shape: dict[str, Any]) -> str:
-    """The short id of a shape's image, as `serve status` shows it."""
-    if shape.get("backend") == "oci":  # its root is the image's unpacked tree, named by the image's id
-        return str(shape["config"]["root"]["path"]).rstrip("/").split("/")[-2][:12]
-    return str(shape["create"]["image"]).split(":")[-1][:12]
-
-
 class Pool:
-    def __init__(self, settings: Settings, make: Maker):
+    def __init__(self, settings: Settings, make: Maker, image_of: Callable[[dict[str, Any]], str]):
         self.settings = settings
         self._make_box = make
+        self._image_of = image_of
         self._kinds: dict[str, Kind] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -229,7 +225,7 @@ class Pool:
         with self._lock:
             kind = self._kinds.get(key)
             if kind is None:
-                kind = self._kinds[key] = Kind(shape)
+                kind = self._kinds[key] = Kind(shape, self._image_of(shape))
                 if len(self._kinds) > MAX_SHAPES:
                     oldest = min(self._kinds.values(), key=lambda k: k.used)
                     self._drop(oldest)

@@ -32,7 +32,7 @@ from quinebox.box.net.broker import box_socket
 from quinebox.box.pool.claim import forget
 from quinebox.box.pool.warm import holds, take_lifeline
 from quinebox.box.pool.warm_docker import START_TIMEOUT
-from quinebox.box.shape import POOL_SESSION, box_user, has_world, own_ids, warm_oci_config
+from quinebox.box.shape import POOL_SESSION, oci_box_user, oci_has_world, own_ids, warm_oci_config
 from quinebox.box.spec import new_session_id
 from quinebox.errors import EngineError
 from quinebox.private import private_dir
@@ -59,7 +59,7 @@ class WarmOci:
         self._pidfd: int | None = None
         #: Its own host ids (a root-made box's, idmap.py), and so the host's ids of its user, who owns its world and socket.
         self.ids = idmap.claim(POOL_SESSION + self.box) if own_ids(shape) else None
-        uid, gid = box_user(shape)
+        uid, gid = oci_box_user(shape)
         self.owner = (self.ids.host(uid), self.ids.host(gid)) if self.ids is not None else (uid, gid)
         try:
             self.listener = box_socket(self.socket_path, backlog=16, owner=self.owner)
@@ -71,7 +71,7 @@ class WarmOci:
         #: Whether its init said it starts execs (its hello, read as it connected: pool/warm.py's take_lifeline).
         self.serves_execs = False
         try:
-            if has_world(shape):
+            if oci_has_world(shape):
                 self.world = str(pool_dir() / self.box / "tree")
                 private_dir(self.world)  # the user's alone whatever the umask; its box's user owns it below
                 if os.getuid() == 0:

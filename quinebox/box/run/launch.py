@@ -1,4 +1,4 @@
-"""What starting a box on one backend takes, behind one interface, and the launch for the backend chosen.
+"""What starting a box on one backend takes, behind one interface (each backend's is made by its seam.Backend).
 
 A box's backend is chosen once (backends/choice.py); from then on `BoxProcess`
 asks its `Launch` and never which backend it is on: to configure the box, to
@@ -11,13 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from quinebox.box.run.ending import Ends
 from quinebox.box.spec import BoxSpec
 from quinebox.box.streams.direct import Stream
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.choice import Choice
-    from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.net.broker import Broker
     from quinebox.box.pool.claim import Claimed
     from quinebox.box.pool.claim_oci import ClaimedOci
@@ -70,14 +67,3 @@ class Launch(Protocol):
 
     def abandon(self) -> None:
         """A start that failed: release what the launch took, the box included."""
-
-
-def launch_for(choice: Choice, backend: DockerBackend | None, ends: Ends, *, session: str, reader_gone: Callable[[], None]) -> Launch:
-    """The launch for the backend chosen; the engine's client is imported only for a box on the engine."""
-    if choice.backend == "oci":
-        from quinebox.box.run.oci_launch import OciLaunch
-
-        return OciLaunch(choice.runtime or "runc", ends)
-    from quinebox.box.run.docker_launch import DockerLaunch
-
-    return DockerLaunch(backend, ends, session=session, reader_gone=reader_gone)
