@@ -44,13 +44,14 @@ import io
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tarfile
 import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import IO, TYPE_CHECKING, Any
@@ -66,6 +67,7 @@ from quinebox.box.live.execs import BoxExec, Target
 from quinebox.box.live.handed import HandedExec
 from quinebox.box.live.snapshots import Snapshot
 from quinebox.box.net.init_line import InitLine
+from quinebox.box.options import BoxOptions
 from quinebox.box.owners import listing
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.box.process import BoxProcess
@@ -103,39 +105,26 @@ THREADS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="quinebox-async"
 class Sandbox:
     """A hardened box that lasts until `close()` (or the end of a `with` block, its `ttl`, or this process).
 
-    Options are `quinebox.exec`'s, fixed when the box is made; `backend` ("oci", "docker") and `runtime`
-    ("runc", "runsc") choose where it runs, as --backend and --runtime do. `name` is what `quinebox box ls`
-    shows and `quinebox exec --in NAME` takes.
+    The box is `options` (a BoxOptions), or the options given by name (`grants=`, `image=`, `backend=`,
+    `runtime=`, …: the fields of BoxOptions, another name a TypeError), or `options` with those given by name
+    replacing its own, fixed when the box is made; its time limit is `ttl` (BoxOptions' `timeout`). `name` is
+    what `quinebox box ls` shows and `quinebox exec --in NAME` takes; `docker`, a connection to the engine to use.
     """
 
     def __init__(
         self,
+        options: BoxOptions | None = None,
         *,
-        image: str | None = None,
-        grants: Iterable[str] = (),
-        policy: str | None = None,
-        workdir: str | None = None,
-        world: str | None = None,
-        world_from: str | Sequence[str] | None = None,
-        world_tar: str | None = None,
-        pull: str = "missing",
-        ask: Iterable[str] = (),
-        deny: Iterable[str] = (),
-        ask_timeout: float | str | None = None,
-        backend: str | None = None,
-        runtime: str | None = None,
         ttl: float | str | None = None,
         name: str | None = None,
         docker: DockerBackend | None = None,
         _holder: bool = False,
         _idle: float | None = None,
         _spec: BoxSpec | None = None,
+        **given: Any,
     ):
         """`_spec`: the box's spec made already (a copy of a snapshot's box: `restore`)."""
-        spec = _spec or build_spec(
-            HOLD, grants=grants, policy=policy, timeout=ttl, image=image, workdir=workdir, world=world, world_from=world_from,
-            world_tar=world_tar, pull=pull, ask=ask, deny=deny, ask_timeout=ask_timeout, backend=backend, runtime=runtime,
-        )
+        spec = _spec or build_spec(HOLD, box_options(options, given, ttl))
         self.id = spec.session
         self.name = name
         self._diagnostics: list[bytes] = []
@@ -201,16 +190,23 @@ class Sandbox:
         return self
 
     @classmethod
-    def detached(cls, *, idle: float | str | None = DETACHED_IDLE, **options: Any) -> Sandbox:
-        """A box that outlives this process, made as `Sandbox(**options)` makes one but owned by a holder process of
-        its own (as `quinebox box create`'s): it lasts until `destroy()` (or `quinebox box rm`), its `ttl`, or `idle`
-        with no exec running in it (None: never); with `snapshot=ID` (and `ttl`, `name`), a copy of a snapshot's box, as
-        `quinebox box restore` makes. Returned attached (`connect`); any process of this user may attach."""
-        if "docker" in options:
+    def detached(cls, options: BoxOptions | None = None, *, idle: float | str | None = DETACHED_IDLE, **given: Any) -> Sandbox:
+        """A box that outlives this process, made as `Sandbox(options, **given)` makes one but owned by a holder
+        process of its own (as `quinebox box create`'s): it lasts until `destroy()` (or `quinebox box rm`), its `ttl`,
+        or `idle` with no exec running in it (None: never); with `snapshot=ID` (and `ttl`, `name`), a copy of a
+        snapshot's box, as `quinebox box restore` makes. Returned attached (`connect`); any process of this user may
+        attach. An unknown option is a TypeError here, before any holder starts."""
+        if "docker" in given:
             raise QuineboxError("a detached box's holder makes it with an engine client of its own: drop docker=")
-        options.update({k: list(v) for k, v in options.items() if k in ("grants", "ask", "deny") or k == "world_from" and isinstance(v, (list, tuple))})
+        own: dict[str, Any] = {key: given.pop(key) for key in ("ttl", "name", "snapshot") if key in given}
+        if "snapshot" in own:
+            if options is not None or given:
+                raise TypeError(f"a copy of a snapshot's box takes only ttl= and name=, not {', '.join(given) or 'options'}")
+            said = own
+        else:
+            said = {**box_options(options, given).given(), **own}  # names checked here; the holder builds them again
         seconds = parse_duration(str(idle)) if idle not in (None, 0, "0", "") else None
-        payload = json.dumps({"options": options, "idle": seconds}).encode()
+        payload = json.dumps({"options": said, "idle": seconds}).encode()
         return cls.connect(holders.told(holders.spawn(HOLDER_CODE, payload)))
 
     @property
@@ -327,11 +323,13 @@ class Sandbox:
         user: str | None = None,
         timeout: float | None = None,
         max_output: int = MAX_OUTPUT,
+        check: bool = False,
     ) -> ExecResult:
         """Run `argv` in the box and collect its output. When `timeout` runs out the exec's whole process tree is
         killed, the box stays up, and the result says 124 and timed_out rather than raise. Of each of stdout and
         stderr `max_output` bytes are kept (default 64 MiB); the rest is read and dropped, the command goes on, and
-        the result says `truncated`."""
+        the result says `truncated`. `check`: a status other than 0 raises subprocess.CalledProcessError (its
+        args, returncode, output and stderr), as subprocess.run(check=True) does."""
         began = time.monotonic()
         data = input.encode() if isinstance(input, str) else input
         out, err = capped.Kept(max_output), capped.Kept(max_output)
@@ -340,10 +338,13 @@ class Sandbox:
         self._started(proc)  # a cancelled aexec kills it (_Call)
         code = proc.wait_drained(timeout)
         self._revise(argv)
-        return ExecResult(
+        result = ExecResult(
             args=proc.args, returncode=code, stdout=out.bytes(), stderr=err.bytes(), timed_out=proc.timed_out,
             oom_killed=False, session=self.id, duration_s=time.monotonic() - began, truncated=out.truncated or err.truncated,
         )
+        if check:
+            result.check_returncode()
+        return result
 
     def diagnostics(self) -> str:
         """What the host said about the box (egress refused, a world full, its end); an attached Sandbox hears none."""
@@ -386,12 +387,13 @@ class Sandbox:
         sandboxes.remove_record(self.id)
 
     def wait(self, timeout: float | None = None) -> int:
-        """Wait for the box to end (its TTL, `quinebox box rm`, or this process); how it ended."""
+        """Wait for the box to end (its TTL, `quinebox box rm`, or this process); how it ended.
+        subprocess.TimeoutExpired once `timeout` passes, the box left running, as its main process's wait says."""
         if self._box is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             while (code := self.returncode) is None:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"box {self.id} still runs after {timeout:g} s")
+                    raise subprocess.TimeoutExpired(HOLD, timeout or 0)
                 time.sleep(0.1)
             return code
         code = self._box.wait(timeout)
@@ -717,6 +719,15 @@ class _Call:
 
 #: The call an async twin's thread runs for, as its context carries it (None in a call not made by a twin).
 _CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("quinebox_async_call", default=None)
+
+def box_options(options: BoxOptions | None, given: dict[str, Any], ttl: float | str | None = None) -> BoxOptions:
+    """A Sandbox's box: `options` with those `given` by name (an unknown name is BoxOptions' TypeError), its time
+    limit `ttl`."""
+    if "timeout" in given:
+        raise TypeError("a Sandbox's time limit is ttl=, not timeout= (an exec's own is exec(..., timeout=))")
+    box = BoxOptions.of(options, **given)
+    return replace(box, timeout=ttl) if ttl is not None else box
+
 
 def _environ(env: Mapping[str, str] | None) -> list[str]:
     bad = [k for k in (env or {}) if not k or "=" in k or "\0" in k]

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any, Protocol, Self
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from quinebox.audit.approvals import Decision
 from quinebox.box.backends import watch
 from quinebox.box.backends.choice import ENGINE, Choice, choose
 from quinebox.box.backends.registry import launch_for
+from quinebox.box.live.execs import Process
 from quinebox.box.net.broker import Broker, Handler, Spawner
 from quinebox.box.net.egress import Egress
 from quinebox.box.net.init_line import InitLine
@@ -61,8 +64,10 @@ class Place(Spawner, Protocol):
     def approve(self, kind: str, subject: str, facts: dict[str, Any]) -> Decision: ...
 
 
-class BoxProcess:
-    """A box running one command, with its streams connected like subprocess.Popen's.
+class BoxProcess(Process):
+    """A box running one command, with its streams connected like subprocess.Popen's, and its meaning (Process):
+    `wait(timeout)` raises subprocess.TimeoutExpired and leaves the box running; `terminate` is SIGTERM to the
+    command (the box's init passes it on), then SIGKILL after the grace; `kill` is SIGKILL to everything in it.
 
     stdin, stdout, stderr: None inherits this process's fd 0/1/2; PIPE gives
     `.stdin` (write, close() for EOF) / `.stdout` / `.stderr` (read); DEVNULL;
@@ -285,7 +290,19 @@ class BoxProcess:
         if self._launch.id and not self._ends.exited.is_set():
             self._end_for(How.KILLED)
 
-    terminate = kill
+    def send_signal(self, sig: int) -> None:
+        """`sig` to the box's command: its init (guest/lifeline.py) passes on SIGTERM, SIGINT, SIGHUP, SIGQUIT,
+        SIGUSR1 and SIGUSR2; SIGKILL is `kill`'s. Nothing once the box has ended."""
+        if sig == signal.SIGKILL:
+            self.kill()
+        elif self._launch.id and not self._ends.exited.is_set():
+            self._launch.signal(sig)
+
+    @property
+    def pid(self) -> int | None:
+        """The box's init's process id as the host sees it (the command is its child); None where the host has
+        none to give (gVisor, the engine, a box from the warm pool)."""
+        return self._launch.pid
 
     def poll(self) -> int | None:
         if self.returncode is None and self._ends.gone.is_set():
@@ -293,9 +310,10 @@ class BoxProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        """Wait for the box to exit and be removed; return its exit status.
+        """Wait for the box to exit and be removed; return its exit status. subprocess.TimeoutExpired once
+        `timeout` passes, the box left running (its own time limit is its `timeout:` grant, which kills it).
 
-        Any exception here (KeyboardInterrupt included) kills the box first,
+        Any other exception here (KeyboardInterrupt included) kills the box first,
         so no box outlives the call that was waiting for it.
         """
         if self.returncode is not None:
@@ -304,11 +322,11 @@ class BoxProcess:
         try:
             while not self._ends.exited.wait(0.05 if limit is None else max(0.0, min(0.05, limit - time.monotonic()))):
                 if limit is not None and time.monotonic() >= limit:
-                    raise TimeoutError(f"box {self.session} still running after {timeout} s")
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0)
             self._launch.drain(REMOVAL_GRACE)
             if not self._ends.gone.wait(REMOVAL_GRACE):
                 self._launch.remove()
-        except TimeoutError:
+        except subprocess.TimeoutExpired:
             raise
         except BaseException:
             self.kill()
@@ -345,10 +363,3 @@ class BoxProcess:
         if self.spec.tls_dir:
             shutil.rmtree(self.spec.tls_dir, ignore_errors=True)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.stdin:
-            self.stdin.close()
-        self.wait()

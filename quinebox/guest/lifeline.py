@@ -235,16 +235,23 @@ def main(argv):
         forwarding = forwarder.start()
     if os.isatty(0):
         await_size(0)
-    child = spawn(argv)
+    child = 0
+    early: list[int] = []  # a signal that came while the command was being started: it is the command's as soon as it runs
 
     def forward(signum, _frame):
+        if not child:
+            early.append(signum)
+            return
         try:
             os.kill(child, signum)
         except ProcessLookupError:
             pass
 
-    for signum in FORWARDED:
+    for signum in FORWARDED:  # before the command runs: as pid 1 this process drops a signal it has no handler for
         signal.signal(signum, forward)
+    child = spawn(argv)
+    for came in early:
+        forward(came, None)
     if os.isatty(0):
         for signum in FROM_THE_TERMINAL:
             signal.signal(signum, signal.SIG_IGN)

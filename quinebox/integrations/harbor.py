@@ -269,7 +269,7 @@ class QuineboxEnvironment(BaseEnvironment):
 
         out, err = bytearray(), bytearray()
         proc = await asyncio.to_thread(self.sandbox.Popen, argv, stdin=DEVNULL, stdout=sink(out, "stdout"), stderr=sink(err, "stderr"), **options)
-        code = await asyncio.to_thread(proc.wait, timeout)
+        code = await asyncio.to_thread(proc.wait_drained, timeout)
         for future in sent:
             await asyncio.wrap_future(future)
         return code, bytes(out), bytes(err), bool(proc.timed_out)

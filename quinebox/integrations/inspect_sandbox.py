@@ -115,7 +115,7 @@ class ExecRun:
             over = self.over
         if over:
             proc.kill()
-        code = proc.wait(timeout)
+        code = proc.wait_drained(timeout)
         self.timed_out = bool(proc.timed_out)
         return code
 

@@ -578,7 +578,7 @@ class QuineboxMCP:
                cwd: str | None = None, env: dict[str, str] | None = None) -> tuple[int, Capped, Capped, bool]:
         out, err = Capped(cap), Capped(min(cap, MAX_OUTPUT))
         proc = sb.Popen(argv, stdin=DEVNULL if stdin is None else stdin, stdout=out, stderr=err, cwd=cwd, env=env)
-        code = proc.wait(timeout)
+        code = proc.wait_drained(timeout)
         return code, out, err, bool(proc.timed_out)
 
     def helper(self, sb: Any, op: str, cap: int = MAX_OUTPUT, stdin: Any = None, **args: Any) -> bytes:

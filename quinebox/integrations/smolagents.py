@@ -219,7 +219,7 @@ class QuineboxExecutor(RemotePythonExecutor):
         if proc is not None:
             if proc.poll() is None:
                 proc.kill()
-            proc.wait(10)
+            proc.wait_drained(10)  # killed above: its end, or 124 past the grace, never a raise
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
@@ -275,7 +275,7 @@ class QuineboxExecutor(RemotePythonExecutor):
         if proc is not None:
             if not ended and proc.poll() is None:
                 proc.kill()
-            why = f" (exit status {proc.wait(ENDING)})"
+            why = f" (exit status {proc.wait_drained(ENDING)})"
             said_poll = select.poll()
             said_poll.register(proc.stderr.fileno(), select.POLLIN)
             if said_poll.poll(0):

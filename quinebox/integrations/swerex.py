@@ -271,7 +271,7 @@ class QuineboxDeployment(AbstractDeployment):
             self._server.kill()
             raise QuineboxError(f"swerex-remote in box {sb.id} did not start in {config.startup_timeout:.0f} s") from None
         if not line.strip().isdigit():
-            await asyncio.to_thread(self._server.wait, 10)
+            await asyncio.to_thread(self._server.wait_drained, 10)
             raise QuineboxError(self._gone() or f"swerex-remote in box {sb.id} said {line[:200]!r} instead of its port")
         threading.Thread(target=_drain, args=(self._server.stdout,), daemon=True).start()  # nothing more is said there; a full pipe would stop it
         self._relay = await asyncio.to_thread(Relay, sb, config.python, int(line), timeout=config.startup_timeout)

@@ -102,7 +102,7 @@ def test_popen_kill_stops_the_box_and_removes_it(engine):
 
 def test_popen_wait_timeout_raises_and_leaves_the_box_running(engine):
     proc = quinebox.Popen(["sleep", "60"], stdin=quinebox.DEVNULL)
-    with pytest.raises(TimeoutError):
+    with pytest.raises(subprocess.TimeoutExpired):  # subprocess's, not the builtin TimeoutError (issue 50)
         proc.wait(timeout=0.3)
     assert proc.poll() is None
     proc.kill()

@@ -6,7 +6,6 @@ ones whose mechanism differs there (tests/integration/test_gvisor.py covers the 
 
 import asyncio
 import io
-import os
 import re
 import shutil
 import signal
@@ -16,10 +15,10 @@ import tarfile
 import time
 
 import pytest
-
-import quinebox
 from commands import BOX_UID, ROOTLESS
 from live_boxes import cgroups_of, live_boxes, soon
+
+import quinebox
 from quinebox.box.live import sandboxes
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.errors import GrantError, QuineboxError

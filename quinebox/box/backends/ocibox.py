@@ -357,6 +357,24 @@ class OciBox:
         if self.pid is None:
             self.runtime.kill(self.id)
 
+    def signal(self, signum: int) -> None:
+        """`signum` to the box's init alone; nothing once it has ended."""
+        with self._pidfd_lock:
+            if self._pidfd is None:
+                return
+            if not self.runtime.gvisor:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, signum)
+                except OSError:
+                    pass  # exited already
+                return
+        self.runtime.signal_init(self.id, signal.Signals(signum).name)  # its init is in gVisor's kernel: the runtime's to reach
+
+    @property
+    def host_pid(self) -> int | None:
+        """The box's init's process id as the host sees it; None under gVisor (the host sees only its sandbox)."""
+        return None if self.runtime.gvisor or self._pidfd is None else self.pid
+
     def remove(self) -> bool:
         """The box and its remains removed (boxroot.remove_box); True only then. One the runtime would not
         delete stays held by the keeper, which tries once more when this process ends, and listed for `gc`."""

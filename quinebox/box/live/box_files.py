@@ -107,7 +107,7 @@ def read_into(
     err = Taken(None, ERR_MAX)
     proc = _start(where, files_command("read", full, str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err, user=user)
     taken.watch(proc)
-    code = proc.wait(timeout)
+    code = proc.wait_drained(timeout)
     taken.close()
     if code == TOO_LARGE or taken.over:
         said = err.text().split(" ", 1)[0]
@@ -123,7 +123,7 @@ def write_bytes(
     shutil.SpecialFileError for a FIFO, a socket or a device there, TimeoutError past `timeout`."""
     err = Taken(None, ERR_MAX)
     proc = _start(where, files_command("write", _absolute(where, path)), stdin=bytes(data), stdout=DEVNULL, stderr=err, user=user)
-    code = proc.wait(timeout)
+    code = proc.wait_drained(timeout)
     _raise(code, path, err, proc.timed_out, timeout, "writing")
 
 
@@ -231,7 +231,7 @@ def _run(where: Target | Via, path: str, *args: str, max_bytes: int, timeout: fl
     err = Taken(None, ERR_MAX)
     proc = _start(where, files_command(args[0], _absolute(where, path), *args[1:]), stdin=DEVNULL, stdout=out, stderr=err, user=user)
     out.watch(proc)
-    code = proc.wait(timeout)
+    code = proc.wait_drained(timeout)
     out.close()
     if out.over:
         raise FileTooLargeError(path, None, max_bytes, raise_it)
@@ -260,7 +260,7 @@ def get_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: in
     err = Taken(None, ERR_MAX)
     proc = _start(where, files_command("gettar", _absolute(where, path), str(max_bytes)), stdin=DEVNULL, stdout=taken, stderr=err, user=user)
     taken.watch(proc)
-    code = proc.wait(timeout)
+    code = proc.wait_drained(timeout)
     taken.close()
     if code == TOO_LARGE or taken.over:
         raise FileTooLargeError(path, None, max_bytes, "give max_bytes=N")
@@ -282,7 +282,7 @@ def put_tar(where: Target | Via, path: str, fileobj: IO[bytes], *, max_bytes: in
     failed: list[BaseException] = []
     feeder = threading.Thread(target=_feed, args=(fileobj, proc, failed), daemon=True)
     feeder.start()
-    code = proc.wait(timeout)
+    code = proc.wait_drained(timeout)
     feeder.join()  # the exec is over, so its writes fail at once: never left reading the caller's stream after this returns
     _close(proc.stdin)
     if failed:  # the caller's stream broke part-way: the exec was killed before it saw an end, so nothing half-read is unpacked

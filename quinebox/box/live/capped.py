@@ -20,7 +20,9 @@ class Started(Protocol):
 
     def kill(self) -> None: ...
 
-    def wait(self, timeout: float | None = None) -> int: ...
+    def wait_drained(self, timeout: float | None = None) -> int:
+        """Its exit status; 124 (`timed_out`) once `timeout` has run out and its tree was killed."""
+        ...
 
 
 class Taken:

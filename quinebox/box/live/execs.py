@@ -15,12 +15,14 @@ itself (a server started in the background) keep running, as under `docker exec`
 from __future__ import annotations
 
 import os
-import select
+import signal
+import subprocess
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, Self
 
 from quinebox.box.backends.boxes import Box
 from quinebox.box.live.exec_ways import EXIT_KILLED, Way, way_for
@@ -37,6 +39,136 @@ if TYPE_CHECKING:
 EXIT_TIMEOUT = 124
 #: How long the outputs of a killed exec may take to end (every process that held them is gone by then).
 KILLED_GRACE = 10.0
+#: How long `terminate` gives a process after its SIGTERM before it is killed, as `docker stop` gives a container.
+TERMINATE_GRACE = 10.0
+
+
+class Process(ABC):
+    """subprocess.Popen's meaning, one for a box's main process (box/process.py's BoxProcess, `quinebox.Popen`)
+    and for a command in a lasting box (BoxExec, and HandedExec's in a box another process owns: `Sandbox.Popen`).
+
+    `wait(timeout)` and `communicate(timeout=)` raise subprocess.TimeoutExpired and leave it running (a second
+    `communicate` goes on reading where the first stopped); `terminate` is SIGTERM, then SIGKILL once
+    TERMINATE_GRACE seconds have passed with it still running; `kill` is SIGKILL, at once; `pid` is the host's
+    view of it, or None where the host has none (gVisor's kernel holds the process). A timeout that kills is
+    `wait_drained`'s (`Sandbox.exec`'s meaning: 124, `timed_out`), not `wait`'s.
+    """
+
+    args: tuple[str, ...]
+    returncode: int | None
+    stdin: Any
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+    _talk: _Talk | None = None
+
+    @property
+    @abstractmethod
+    def pid(self) -> int | None: ...
+
+    @abstractmethod
+    def poll(self) -> int | None: ...
+
+    @abstractmethod
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit status once it has ended; subprocess.TimeoutExpired once `timeout` passes, and it runs on."""
+
+    @abstractmethod
+    def send_signal(self, sig: int) -> None:
+        """`sig` to the process (nothing once it has ended)."""
+
+    @abstractmethod
+    def kill(self) -> None: ...
+
+    def terminate(self) -> None:
+        """SIGTERM, then SIGKILL once TERMINATE_GRACE seconds have passed with it still running; returns at once."""
+        if self.poll() is not None:
+            return
+        self.send_signal(signal.SIGTERM)
+        timer = threading.Timer(TERMINATE_GRACE, self._kill_if_running)
+        timer.daemon = True
+        timer.start()
+
+    def _kill_if_running(self) -> None:
+        if self.poll() is None:
+            self.kill()
+
+    def communicate(self, input: bytes | None = None, timeout: float | None = None) -> tuple[bytes | None, bytes | None]:
+        """`input` written to its PIPEd stdin (then closed), its PIPEd stdout and stderr read to their end, then
+        waited for: (stdout, stderr), None for a stream that is not a PIPE. subprocess.TimeoutExpired (with what
+        was read so far) once `timeout` passes; it runs on, and a second call goes on from there."""
+        if self._talk is None:
+            self._talk = _Talk(self, input)
+        elif input:
+            raise ValueError("cannot send input after starting communication")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._talk.join(deadline):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0, output=self._talk.got("out"), stderr=self._talk.got("err"))
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self._talk.got("out"), self._talk.got("err")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (self.stdout, self.stderr):
+            if stream is not None and self._talk is None:
+                stream.close()
+        if self.stdin:
+            self.stdin.close()
+        self.wait()
+
+
+class _Talk:
+    """One `communicate`'s threads — one feeds stdin, one reads each output — and what they have read, kept for a
+    second `communicate` after a timeout, as subprocess keeps them."""
+
+    def __init__(self, proc: Process, input: bytes | None):
+        self._parts: dict[str, list[bytes]] = {}
+        self._threads: list[threading.Thread] = []
+        if proc.stdin is not None:
+            self._thread(_feed, proc.stdin, input)
+        for name, stream in (("out", proc.stdout), ("err", proc.stderr)):
+            if stream is not None:
+                self._parts[name] = []
+                self._thread(_read, stream, self._parts[name])
+
+    def _thread(self, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name="quinebox-communicate", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def join(self, deadline: float | None) -> bool:
+        """Whether every stream has come to its end (by `deadline`)."""
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def got(self, name: str) -> bytes | None:
+        parts = self._parts.get(name)
+        return None if parts is None else b"".join(parts)
+
+
+def _feed(stdin: Any, data: bytes | None) -> None:
+    try:
+        if data:
+            stdin.write(data)
+            stdin.flush()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # it stopped reading: what it read is what counts, as subprocess has it
+    finally:
+        try:
+            stdin.close()
+        except OSError:
+            pass
+
+
+def _read(stream: IO[bytes], parts: list[bytes]) -> None:
+    read = getattr(stream, "read1", stream.read)
+    try:
+        while chunk := read(relay.CHUNK):
+            parts.append(chunk)
+    finally:
+        stream.close()
 
 
 @dataclass(frozen=True)
@@ -61,7 +193,7 @@ def target_of(session: str, box: Box) -> Target:
     return Target(session, box, user, cwd)
 
 
-class BoxExec:
+class BoxExec(Process):
     """One command running in a live box, its streams connected like subprocess.Popen's (direct.DirectStdio's)."""
 
     def __init__(
@@ -89,6 +221,7 @@ class BoxExec:
         self.timed_out = False
         self._killed = False
         self._lock = threading.Lock()
+        self._pid: int | None = None
         user = user or target.user
         line = target.line if user == target.user else None  # the init runs execs as itself only
         self._way: Way = way_for(target.box, target.session, tty=tty, guard=guard, line=line)
@@ -105,8 +238,41 @@ class BoxExec:
             raise
         stdio.started()
         stdio.box_gone()  # the host says nothing into an exec's stderr: so its end is the command's alone
+        self._pid = self._root()  # known now where the way placed it itself, before it has children of its own
 
-    # -- the subprocess-like surface ------------------------------------------------------------
+    # -- subprocess.Popen's surface (Process) --------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The command's process id as the host sees it: the first of its exec's cgroup, whose parent is outside
+        it (the box's init, or the runtime's); None under gVisor (no host process) or once it has ended."""
+        until = time.monotonic() + KILLED_GRACE
+        while self._pid is None and self._way.cgroup is not None and self.returncode is None:
+            self._pid = self._root()
+            if self._pid is None and (self._way.ended(0.01) or time.monotonic() > until):  # a runtime's exec joins its cgroup as it starts
+                break
+        return self._pid
+
+    def _root(self) -> int | None:
+        cgroup = self._way.cgroup
+        pids = set(cgroup.pids()) if cgroup is not None else set()
+        roots = [pid for pid in pids if _parent(pid) not in pids]
+        return min(roots, key=_started_at) if roots else None
+
+    def send_signal(self, sig: int) -> None:
+        """`sig` to the command's own process, while it runs (its tree: `kill`); QuineboxError under gVisor, whose
+        processes the host cannot signal one by one (`kill` ends the command there)."""
+        pid = self.pid
+        if pid is None:
+            if self.returncode is None and self._way.cgroup is None:
+                raise QuineboxError(f"a command in box {self.target.session} on gVisor cannot be signalled from the host: kill() ends it")
+            return
+        cgroup = self._way.cgroup
+        if cgroup is not None and pid in cgroup.pids():  # still its process, not a reused pid
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def kill(self) -> None:
         """SIGKILL the exec's whole process tree; the box stays up."""
@@ -125,66 +291,36 @@ class BoxExec:
             return self.wait()
         return self.returncode
 
-    def communicate(self, timeout: float | None = None) -> tuple[bytes, bytes]:
-        """Read the PIPEd stdout and stderr to their end in this thread, then wait, as Popen.communicate does; when
-        `timeout` runs out the exec's tree is killed (so its outputs end) and `wait` says 124, rather than raise."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        outputs = [stream for stream in (self.stdout, self.stderr) if stream is not None]
-        named = [stream.fileno() if stream is not None else -1 for stream in (self.stdout, self.stderr)]
-        got: dict[int, list[bytes]] = {fd: [] for fd in named if fd >= 0}
-        poller = select.poll()
-        for fd in got:
-            poller.register(fd, select.POLLIN)
-        open_fds = set(got)
-        try:
-            while open_fds:
-                if deadline is not None and time.monotonic() >= deadline:
-                    if self.timed_out:
-                        break  # the grace ran out too: what is left of the outputs is given up
-                    self.timed_out = True
-                    self.kill()
-                    deadline = time.monotonic() + KILLED_GRACE  # every process that held them is gone by then
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                for fd, _ in poller.poll(None if left is None else left * 1000):
-                    data = os.read(fd, relay.CHUNK)
-                    if data:
-                        got[fd].append(data)
-                    else:
-                        poller.unregister(fd)
-                        open_fds.discard(fd)
-        except BaseException:
-            self.kill()
-            raise
-        finally:
-            for stream in outputs:
-                stream.close()
-        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        out, err = (b"".join(got.get(fd, [])) for fd in named)
-        return out, err
-
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the command to end (and its outputs to be drained, for a few seconds more at most); its exit
-        status, 124 after a timeout (`timeout` here kills the exec's tree when it runs out, as quinebox.exec's does,
-        rather than raise). A process it left holding its outputs is left be, as subprocess's wait leaves it."""
-        return self._wait(timeout, drained=False)
+        status. subprocess.TimeoutExpired once `timeout` passes, the command left running. A process it left
+        holding its outputs is left be, as subprocess's wait leaves it."""
+        if self.returncode is None and not self._ended(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self._settle(None)
 
     def wait_drained(self, timeout: float | None = None) -> int:
-        """`wait`, with `timeout` covering the outputs read to their end too, as subprocess.run's does: a command that
-        leaves a process holding them (`sleep 60 & echo started`) is 124 by the deadline, its tree killed."""
-        return self._wait(timeout, drained=True)
-
-    def _wait(self, timeout: float | None, *, drained: bool) -> int:
+        """`Sandbox.exec`'s wait: when `timeout` runs out the exec's tree is killed and this says 124 (`timed_out`),
+        rather than raise, and the timeout covers the outputs read to their end too, as subprocess.run's does: a
+        command that leaves a process holding them (`sleep 60 & echo started`) is 124 by the deadline."""
         if self.returncode is not None:
             return self.returncode
-        deadline = None if timeout is None or not drained else time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._ended(timeout):
+            self.timed_out = True
+            self.kill()
+            self._way.ended(KILLED_GRACE)
+        return self._settle(deadline)
+
+    def _ended(self, timeout: float | None) -> bool:
+        """Whether the command has ended (within `timeout`); any exception here (KeyboardInterrupt) kills its tree."""
         try:
-            if not self._way.ended(timeout):
-                self.timed_out = True
-                self.kill()
-                self._way.ended(10)
+            return self._way.ended(timeout)
         except BaseException:
             self.kill()
             raise
+
+    def _settle(self, deadline: float | None) -> int:
         with self._lock:
             if self.returncode is None:
                 self.returncode = self._finish(deadline)
@@ -216,13 +352,25 @@ class BoxExec:
         """Does anything the exec started still run (in its cgroup)?"""
         return self._way.cgroup.busy() if self._way.cgroup is not None else self.returncode is None
 
-    def __enter__(self) -> BoxExec:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self.stdin:
-            self.stdin.close()
-        self.wait()
+def _parent(pid: int) -> int:
+    try:
+        return int(_stat(pid)[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _started_at(pid: int) -> int:
+    try:
+        return int(_stat(pid)[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command's name (state, ppid, …, starttime at 19)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()
 
 
 def find_box(session: str, boxes: list[BoxInfo]) -> BoxInfo:

@@ -10,21 +10,24 @@ connection; `kill` asks the owner to end the exec's tree, as does this process's
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
+import subprocess
 import threading
 from collections.abc import Sequence
 
 from quinebox import fdpass
 from quinebox.box.live.controls import control_path
-from quinebox.box.live.execs import EXIT_TIMEOUT, KILLED_GRACE, BoxExec
+from quinebox.box.live.execs import EXIT_TIMEOUT, KILLED_GRACE, Process
 from quinebox.box.streams.direct import DirectStdio, Stream
 from quinebox.errors import EXIT_QUINEBOX, GrantError, QuineboxError
 
 
-class HandedExec:
-    """One command the box's owner runs for this process; the surface of BoxExec (execs.py)."""
+class HandedExec(Process):
+    """One command the box's owner runs for this process; the surface of BoxExec (execs.py). Its process is the
+    owner's child, not this process's: `pid` is None, and a signal is asked of the owner."""
 
     def __init__(self, session: str, conn: socket.socket, stdio: DirectStdio, argv: Sequence[str]):
         self.session = session
@@ -57,12 +60,23 @@ class HandedExec:
         stdio.box_gone()
         return cls(session, conn, stdio, argv)
 
+    @property
+    def pid(self) -> None:
+        return None
+
     def kill(self) -> None:
         """End the exec's whole process tree (the owner does); the box stays up."""
+        self._tell({"kind": "kill"})
+
+    def send_signal(self, sig: int) -> None:
+        """`sig` to the command's process (the owner sends it)."""
+        self._tell({"kind": "signal", "signal": int(sig)})
+
+    def _tell(self, message: dict[str, object]) -> None:
         try:
-            self._conn.sendall(b'{"kind": "kill"}\n')
+            self._conn.sendall(json.dumps(message).encode() + b"\n")
         except OSError:
-            pass
+            pass  # it has ended, and its owner let go of the connection
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -73,13 +87,18 @@ class HandedExec:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        """The command's exit status; when `timeout` runs out its tree is killed and this says 124, rather than raise."""
+        """The command's exit status; subprocess.TimeoutExpired once `timeout` passes, the command left running."""
+        return self._wait(timeout, kill=False)
+
+    def _wait(self, timeout: float | None, *, kill: bool) -> int:
         with self._lock:
             if self.returncode is not None:
                 return self.returncode
             try:
                 answer, fds = fdpass.receive(self._conn, timeout)
             except TimeoutError:
+                if not kill:
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
                 self.timed_out = True
                 self.kill()
                 try:
@@ -105,16 +124,7 @@ class HandedExec:
             return self.returncode
 
     def wait_drained(self, timeout: float | None = None) -> int:
-        """`wait`: the owner runs the command and answers when it ends; a process it left holding the outputs is the
-        owner's exec's to bound (its wait's grace), not this caller's deadline."""
-        return self.wait(timeout)
-
-    communicate = BoxExec.communicate
-
-    def __enter__(self) -> HandedExec:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.stdin:
-            self.stdin.close()
-        self.wait()
+        """`Sandbox.exec`'s wait: when `timeout` runs out the exec's tree is killed and this says 124 (`timed_out`),
+        rather than raise. The owner runs the command and answers when it ends; a process it left holding the
+        outputs is the owner's exec's to bound (its wait's grace), not this caller's deadline."""
+        return self._wait(timeout, kill=True)

@@ -13,6 +13,7 @@ A caller that finds no owner answering (a box made by an older quinebox) runs th
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -43,7 +44,7 @@ def serve(conn: socket.socket, request: dict[str, Any], fds: list[int], *, sessi
             # them is written by a copier of ours (direct.py), not by the box.
             proc = popen(argv, stdin=fds[0], stdout=fds[1], stderr=fds[2], cwd=cwd, env=env, user=user)
             threading.Thread(target=_follow, args=(conn, proc), daemon=True).start()
-            code = proc.wait(timeout)
+            code = proc.wait_drained(timeout)
         _answer(conn, {"kind": "exit", "code": code})
     except QuineboxError as exc:
         _answer(conn, {"kind": "error", "code": exc.exit_code, "message": str(exc)})
@@ -69,13 +70,17 @@ def _checked(request: dict[str, Any], fds: list[int]) -> tuple[list[str], str | 
 
 
 def _follow(conn: socket.socket, proc: BoxExec) -> None:
-    """Until the caller goes: a kill it asks for, or its going (SIGKILL included), ends the exec's tree."""
+    """Until the caller goes: a kill it asks for, or its going (SIGKILL included), ends the exec's tree; a signal
+    it asks for goes to the command's process (handed.py's send_signal)."""
     reader = conn.makefile("rb")
     try:
         for line in reader:
-            if b'"kill"' in line:
+            asked = json.loads(line)
+            if asked.get("kind") == "kill":
                 proc.kill()
-    except OSError:
+            elif asked.get("kind") == "signal" and isinstance(asked.get("signal"), int):
+                proc.send_signal(asked["signal"])
+    except (OSError, ValueError, AttributeError):
         pass
     if proc.returncode is None:
         proc.kill()

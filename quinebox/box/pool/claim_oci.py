@@ -96,10 +96,14 @@ class ClaimedOci:
 
     def kill(self) -> None:
         """SIGKILL the box's init (the kernel kills the rest of its pid namespace); a box that has ended is left be."""
+        self.signal(signal.SIGKILL)
+
+    def signal(self, signum: int) -> None:
+        """`signum` to the box's init; a box that has ended is left be."""
         with self._lock:
             if self.pidfd >= 0:
                 try:
-                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                    signal.pidfd_send_signal(self.pidfd, signum)
                 except OSError:
                     pass
 

@@ -11,6 +11,7 @@ INTERNAL_ERROR, and the error propagates (its traceback printed by the thread).
 from __future__ import annotations
 
 import http.client
+import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -148,6 +149,14 @@ class DockerLaunch:
     def kill(self) -> None:
         if self.id:
             self.backend.kill(self.id)
+
+    def signal(self, signum: int) -> None:
+        if self.id and not self._ends.exited.is_set():
+            self.backend.kill(self.id, signal.Signals(signum).name)
+
+    @property
+    def pid(self) -> int | None:
+        return None
 
     def remove(self) -> None:
         if self.id:

@@ -55,6 +55,15 @@ class Launch(Protocol):
 
     def kill(self) -> None: ...
 
+    def signal(self, signum: int) -> None:
+        """`signum` to the box's init, which passes SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 on to its
+        command (guest/lifeline.py); nothing once the box has ended."""
+
+    @property
+    def pid(self) -> int | None:
+        """The box's init's process id as the host sees it; None where the host has none to give (gVisor's kernel
+        holds it, the engine's or the pool's box)."""
+
     def remove(self) -> None: ...
 
     def resize(self, rows: int, cols: int) -> None: ...

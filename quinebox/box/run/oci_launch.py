@@ -112,6 +112,16 @@ class OciLaunch:
         elif self.claimed is not None:
             self.claimed.kill()
 
+    def signal(self, signum: int) -> None:
+        if self._box is not None:
+            self._box.signal(signum)
+        elif self.claimed is not None:
+            self.claimed.signal(signum)
+
+    @property
+    def pid(self) -> int | None:
+        return self._box.host_pid if self._box is not None else None
+
     def remove(self) -> None:
         """The box's remains removed: a claimed one's by the pool's keeper, which made it, once it has ended."""
         if self._box is not None:
