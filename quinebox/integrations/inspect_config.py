@@ -15,8 +15,7 @@ import yaml
 from inspect_ai.util import SandboxEnvironmentConfigType
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quinebox import QuineboxError
-from quinebox.box.options import BoxOptions
+from quinebox import BoxOptions, QuineboxError
 
 
 class QuineboxLimits(BaseModel):
