@@ -296,13 +296,14 @@ def setup_user_command(name: str = typer.Argument(..., help="The user's login na
     import os
 
     from quinebox.box.backends.rootless import local_hierarchy, setup_user
+    from quinebox.errors import QuineboxError
 
     if os.geteuid() != 0:
         say(f"setup-user makes cgroups only root may make: run `sudo quinebox setup-user {name}`")
         raise typer.Exit(2)
     try:
         lines = setup_user(name, local_hierarchy())
-    except (ValueError, OSError) as exc:
+    except (QuineboxError, OSError) as exc:
         say(f"cannot set up {name}: {exc}")
         raise typer.Exit(2) from None
     for line in lines:

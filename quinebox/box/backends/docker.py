@@ -36,7 +36,15 @@ ENGINE_HINT = "start the engine (`dockerd &` as root, or `systemctl start docker
 #: Killing, removing and pinging get less: they must never hold up an exit.
 QUICK_TIMEOUT = 10.0
 #: What the engine, or the way to it, raises: all that `_asking` translates.
-ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError)
+#: What the engine, or the way to it, raises when it fails: its refusals (APIError is a requests HTTPError), the
+#: transport's errors, the socket's, and a TLS or client configuration that cannot reach it. Not docker-py's
+#: DockerException as such: it also says docker-py refused an argument of ours (NullResource, InvalidArgument,
+#: a bad size from create_host_config), which is a bug in quinebox and goes up as itself. The one plain
+#: DockerException that is the engine's failure, the version round trip of a connect, is caught there.
+ENGINE_ERRORS = (
+    requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError,
+    docker.errors.TLSParameterError, docker.errors.InvalidConfigFile,
+)
 _TIMEOUTS = (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, socket.timeout)
 
 
@@ -118,7 +126,10 @@ class DockerBackend:
         known = cls.known_version
         version = known[1] if known and known[0] == os.environ.get("DOCKER_HOST", "") else "auto"
         with _asking("its version", "the engine refused to say its version"):
-            api = docker.APIClient(version=version, timeout=timeout or engine_timeout(), **options)
+            try:
+                api = docker.APIClient(version=version, timeout=timeout or engine_timeout(), **options)
+            except docker.errors.DockerException as exc:  # "Error while fetching server API version": the engine's
+                raise _engine_error(exc, "its version") from exc
         return cls(api, docker.APIClient(version=api.api_version, timeout=QUICK_TIMEOUT, **options))
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quinebox.box.policy_oci import Rootless
+from quinebox.errors import ErrorKind, QuineboxError
 from quinebox.processes import user_name
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -220,9 +221,9 @@ def setup_user(name: str, hierarchy: str) -> list[str]:
     try:
         user = pwd.getpwnam(name)
     except KeyError:
-        raise ValueError(f"no user named {name!r} on this machine (`getent passwd {name}`)") from None
+        raise QuineboxError(f"no user named {name!r} on this machine (`getent passwd {name}`)", kind=ErrorKind.NOT_FOUND, user=name) from None
     if user.pw_uid == 0:
-        raise ValueError("root needs no delegated cgroup: its boxes are made by root")
+        raise QuineboxError("root needs no delegated cgroup: its boxes are made by root", kind=ErrorKind.BAD_INPUT, user=name)
     if hierarchy == "v2":
         return [f"cgroup v2: systemd delegates {name}'s user manager a subtree (user@{user.pw_uid}.service); boxes started in {name}'s login session use it"]
     done = []
@@ -240,7 +241,7 @@ def setup_user(name: str, hierarchy: str) -> list[str]:
         done.append(base.name)
     missing = [c for c in V1_NEEDED if c not in done]
     if missing:
-        raise ValueError(f"this machine has no {' or '.join(missing)} cgroup controller: boxes' limits need it")
+        raise QuineboxError(f"this machine has no {' or '.join(missing)} cgroup controller: boxes' limits need it", kind=ErrorKind.UNSUPPORTED, missing=missing)
     return [f"delegated to {name} (uid {user.pw_uid}): {CGROUP_ROOT}/{{{','.join(done)}}}/{delegated_name(user.pw_uid)} (its directory, cgroup.procs and tasks; its own limits stay root's); boxes of {name}'s now run without root"]
 
 

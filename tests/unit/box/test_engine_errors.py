@@ -62,3 +62,30 @@ def test_a_bug_in_building_a_request_is_a_bug_not_an_engine_failure(tmp_path):
     engine = engine_at(f"unix://{tmp_path / 'nobody.sock'}")
     with pytest.raises(TypeError):
         engine.create(ContainerConfig(create={"image": "x"}, host={"no_such_option": 1}))
+
+
+@pytest.mark.parametrize(
+    "call, raised",
+    [
+        # docker-py's own refusal of an argument of ours (plain DockerException, from create_host_config's parse_bytes)
+        (lambda engine: engine.create(ContainerConfig(create={"image": "x"}, host={"mem_limit": "bogus"})), docker.errors.DockerException),
+        # no id given: docker-py's NullResource, a ValueError of its own, before any request
+        (lambda engine: engine.kill(None), docker.errors.NullResource),
+        (lambda engine: engine.remove(None), docker.errors.NullResource),
+    ],
+    ids=["DockerException from create_host_config", "NullResource from kill", "NullResource from remove"],
+)
+def test_docker_pys_own_argument_errors_reach_the_user_as_themselves(tmp_path, call, raised):
+    """A bug in quinebox's use of docker-py is never "cannot reach the Docker engine" (nor a quiet False): the
+    engine is not even asked, so it is not what failed."""
+    engine = engine_at(f"unix://{tmp_path / 'nobody.sock'}")
+    with pytest.raises(raised) as caught:
+        call(engine)
+    assert not isinstance(caught.value, EngineError)
+
+
+def test_an_engine_nobody_listens_for_is_unreachable_on_connect_too(tmp_path, monkeypatch):
+    """docker-py says a failed version round trip as a plain DockerException: on connect it is the engine's failure."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'nobody.sock'}")
+    with pytest.raises(EngineError, match="^cannot reach the Docker engine"):
+        DockerBackend.connect(timeout=0.3)

@@ -6,9 +6,10 @@ from test_policy import spec
 from test_policy_oci import oci
 
 from quinebox.box.backends.probe import probe_config
-from quinebox.box.backends.rootless import RUNSC, Refusal, delegated_name, no_cgroup, refusal, subordinate, userns_refusal, v1_delegated, v1_hierarchies, v2_delegated
+from quinebox.box.backends.rootless import RUNSC, Refusal, delegated_name, no_cgroup, refusal, setup_user, subordinate, userns_refusal, v1_delegated, v1_hierarchies, v2_delegated
 from quinebox.box.policy import DEFAULT_MEM, DEFAULT_PIDS
 from quinebox.box.policy_oci import Rootless
+from quinebox.errors import ErrorKind, QuineboxError
 
 SINGLE = Rootless(uid=1000, gid=1000, cgroup="/quinebox.user-1000")
 RANGED = Rootless(uid=1000, gid=1000, cgroup="/quinebox.user-1000", subuid=(100000, 65536), subgid=(200000, 65536))
@@ -188,3 +189,17 @@ def test_the_probe_is_made_as_the_user_makes_boxes():
     assert mine["process"]["user"] == {"uid": 0, "gid": 0}
     assert mine["linux"]["namespaces"][0] == {"type": "user"} and mine["linux"]["cgroupsPath"] == "/quinebox.user-1000/quinebox-probe-1"
     assert mine["linux"]["resources"] == made["linux"]["resources"]
+
+
+@pytest.mark.parametrize(
+    "name, kind, said",
+    [
+        ("quinebox-no-such-user", ErrorKind.NOT_FOUND, "no user named 'quinebox-no-such-user' on this machine (`getent passwd quinebox-no-such-user`)"),
+        ("root", ErrorKind.BAD_INPUT, "root needs no delegated cgroup: its boxes are made by root"),
+    ],
+)
+def test_setup_user_refuses_with_a_quinebox_error_of_its_kind(name, kind, said):
+    """Errors as data: a refusal of setup-user is a QuineboxError with a kind (the CLI says it in one line), not a bare ValueError."""
+    with pytest.raises(QuineboxError) as refused:
+        setup_user(name, "v2")
+    assert (refused.value.kind, str(refused.value), refused.value.fields["user"]) == (kind, said, name)
