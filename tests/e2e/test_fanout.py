@@ -154,7 +154,10 @@ def test_bad_batch_files_and_inputs_are_refused_before_anything_runs(engine, tmp
 def test_the_ci_review_script_passes_and_fails_with_the_review(engine, tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
-    git = lambda *a: subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=repo, check=True, capture_output=True)
+
+    def git(*a: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=repo, check=True, capture_output=True)
+
     git("init", "-q", "-b", "main")
     (repo / "app.py").write_text("print('hi')\n")
     git("add", "."), git("commit", "-qm", "base")

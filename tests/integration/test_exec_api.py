@@ -119,7 +119,7 @@ def test_stdin_eof_reaches_the_box(engine):
 def test_no_box_is_left_after_any_ending(engine):
     sessions = [quinebox.exec(argv, timeout=2).session for argv in (["true"], ["false"], ["sleep", "10"], ["nope"])]
     for session in sessions:
-        assert soon(lambda: boxes_of(engine, session)) == []
+        assert soon(lambda session=session: boxes_of(engine, session)) == []
 
 
 def test_concurrent_boxes_do_not_mix_their_streams(engine):
