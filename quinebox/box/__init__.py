@@ -9,7 +9,7 @@ configure.py (image + guest runtime + policy), `BoxProcess` (process.py) and
 
     streams/   a box's bytes and its terminal
     net/       its socket to the host, the model broker, egress and secrets
-    backends/  the engine and the OCI runtimes, and which one
+    backends/  the seam, the engine and the OCI runtimes, and which one
     images/    images found, built, unpacked and sealed; the guest's runtime
     pool/      warm boxes and claiming one
     run/       a box's launch on its backend, and its one ending

@@ -1,15 +1,27 @@
-"""Where boxes run: the Docker engine and the OCI runtimes, each as a thin layer and its box.
+"""Where boxes run: the Docker engine and the OCI runtimes, each behind one seam, and which one.
 
-Holds the engine's thin layer (docker.py), an OCI runtime's (oci.py) and one
-box on it (ocibox.py); a box as every backend lists it (boxes.py: the Box
-protocol, with DockerBox in dockerbox.py and RuntimeBox in runtimebox.py, each
-the one way to kill, exec into and remove its box); each box's own root over
-its image and the one removal of a runtime box's remains (boxroot.py), a
-root-made box's own span of host ids for its user namespace (idmap.py) and
-the idmapped view of an image a writable root lies over (idview.py), what
-removes a dead process's runtime boxes (reaper.py), which backend a box runs
-on (choice.py, probe.py), each way a box could run here and its fix (ways.py,
-reach.py), and noticing an engine gone quiet (watch.py).
+The seam: a backend as shared code sees it (seam.py: its launch, warm boxes,
+shapes, reopened boxes and doctor's way), one box as every backend lists it
+(boxes.py: the Box protocol with every operation on a box, its Capabilities,
+and an exec's Way), and every backend by name, one registration line each
+(registry.py). A capability a backend lacks is answered by the caller in one
+line; nothing outside this room asks which backend a box is on.
 
-May import: the box's rules (spec, policy), streams and below.
+The engine: its thin layer, its errors translated in one place (docker.py),
+its box (dockerbox.py) and its seam object (docker_backend.py). The OCI
+runtimes (runc, crun, gVisor's runsc): a runtime's thin layer and
+capabilities (oci.py), the box its owner starts (ocibox.py) and the box as
+listed (runtimebox.py: pause, exec, checkpoint), each box's own root over its
+image and the one removal of its remains (boxroot.py), a root-made box's own
+span of host ids (idmap.py) and the idmapped view of an image a writable root
+lies over (idview.py), the cgroup freezer (freezer.py), whether CRIU works here
+(criu.py), what removes a dead process's runtime boxes (reaper.py), and its
+seam object (oci_backend.py). Shared by both: each exec's own cgroup
+(exec_cgroups.py), which backend a box runs on (choice.py, probe.py), a plain
+user's boxes (rootless.py), each way a box could run here and its fix
+(ways.py, reach.py), and noticing an engine gone quiet (watch.py).
+
+May import: the box's rules (spec, policy), streams and below; registry.py and
+the two seam objects rank above run/ and pool/ (they reach each backend's
+launch and warm modules).
 """
