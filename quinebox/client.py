@@ -21,31 +21,31 @@ idle, or once its state dir is gone.
 
 The state dir must be this user's (state.py): another's is refused in one line
 before anything is sent or written, and a server socket that answers as
-another user's process is sent nothing (wire.connect).
+another user's process is sent nothing (fdpass.connect).
 
 QUINEBOX_SERVE says which: `auto` (the default) uses the user's server and
 starts one when none answers; `manual` uses one only if the user started it
 (`quinebox serve`); `off` keeps every command in-process.
 
-Stdlib only, and nothing of quinebox but the state dir's paths and the server's
-wire (wire.py: `_socket` and `marshal`, no json, socket or enum): this is what
-makes the thin path fast.
+Stdlib only, and nothing of quinebox but the state dir's paths and the frames
+its processes speak (fdpass.py: `_socket` and `marshal`, no json, socket or
+enum); quinebox.errors (enum, typing) only once something is refused: this is
+what makes the thin path fast.
 """
 
 from __future__ import annotations
 
+import _socket
 import os
 import select
 import sys
 import time
 
-from quinebox import wire
-from quinebox.errors import StateError
+from quinebox import fdpass
 from quinebox.state import open_private, run_path, serve_socket, state_root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import _socket
     import signal  # typeshed describes _signal only as signal
 else:
     import _signal as signal  # the signal module itself imports enum: a fifth of this client's start-up
@@ -78,12 +78,16 @@ def main() -> None:
                 os.open(os.devnull, os.O_RDWR)
         try:
             path = serve_socket()  # a state dir that is not this user's is refused here: nothing sent, nothing written
-        except StateError as exc:
+        except Exception as exc:
+            if not refused(exc):
+                raise
             print(f"quinebox: {exc}", file=sys.stderr)
             sys.exit(EXIT_QUINEBOX)
         try:
-            server = wire.connect(path)
-        except StateError as exc:  # another user's server: it got no byte; this command runs in-process, and starts none
+            server = fdpass.connect(path, _socket.socket)
+        except Exception as exc:  # another user's server: it got no byte; this command runs in-process, and starts none
+            if not refused(exc):
+                raise
             print(f"quinebox: {exc} (this command runs in-process)", file=sys.stderr)
             server, mode = None, "manual"
         handed: int | str = "none"
@@ -98,6 +102,14 @@ def main() -> None:
     from quinebox.cli import main as full
 
     full()
+
+
+def refused(exc: Exception) -> bool:
+    """Whether `exc` is quinebox's refusal of the state dir or of a server (a StateError): quinebox.errors is
+    imported only once something was raised, as it imports enum and typing, most of this client's start-up."""
+    from quinebox.errors import StateError
+
+    return isinstance(exc, StateError)
 
 
 def start_server(again: bool = False) -> None:
@@ -120,11 +132,13 @@ def start_server(again: bool = False) -> None:
             pass
         os.close(open_private(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL))  # made anew: another client making it too starts none
         log = open_private(os.path.join(root, "serve.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    except StateError as exc:
-        print(f"quinebox: {exc} (this command runs in-process, and starts no command server)", file=sys.stderr)
-        return
     except OSError:
         return  # a state dir this user cannot write, or another client starting one this instant: the command goes on in-process
+    except Exception as exc:
+        if not refused(exc):
+            raise
+        print(f"quinebox: {exc} (this command runs in-process, and starts no command server)", file=sys.stderr)
+        return
     env = {**os.environ, "QUINEBOX_STATE_DIR": root}  # absolute: the server works in / (it keeps no directory of the user's busy)
     gate, held = os.pipe()  # we hold `held` open until we exit; the server's imports wait for that (START_AFTER)
     pid = os.fork()
@@ -159,7 +173,7 @@ def through(server: _socket.socket, argv: list[str]) -> int | str:
         pass
     umask = os.umask(0o022)  # read by setting it: put back at once
     os.umask(umask)
-    wire.send(server, {"kind": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask}, fds)
+    fdpass.send(server, {"kind": "run", "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask}, fds)
     for fd in fds[3:]:
         os.close(fd)
 
@@ -169,14 +183,14 @@ def through(server: _socket.socket, argv: list[str]) -> int | str:
         if signum != signal.SIGWINCH:
             forwarded.append(signum)
         try:
-            wire.send(server, {"kind": "signal", "signal": signum})
+            fdpass.send(server, {"kind": "signal", "signal": signum})
         except OSError:
             pass
 
     before = {signum: signal.signal(signum, forward) for signum in FORWARDED}
     while True:
         try:
-            message, fds = wire.receive(server, None)
+            message, fds = fdpass.receive(server, None)
         except OSError:
             message, fds = {}, []
         for fd in fds:

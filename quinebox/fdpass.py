@@ -1,32 +1,44 @@
-"""Unix sockets between quinebox's own processes: one JSON line, with file descriptors riding along (SCM_RIGHTS).
+"""Unix sockets between quinebox's own processes: one frame at a time, with file descriptors riding along (SCM_RIGHTS).
 
-The pool hands a claimed box's sockets to whoever claimed it this way, and a
-long-lived box's owner answers for it (box/live/controls.py). Each socket is
-its user's alone: born with its mode (`listen`), sent nothing when another
-user answers on it (`connect`), and answered only to a peer as free as the
-server (`unfree`). Stdlib only.
+Every conversation of quinebox's processes with each other goes this way: the thin client (client.py) handing a
+command to `quinebox serve` (cli/server.py), a claimer and the pool's keeper (box/pool/), a process and a
+long-lived box's owner (box/live/controls.py). A frame is its length (4 bytes, big-endian) and a marshal'd dict
+of what JSON would carry (strings, numbers, booleans, None, lists and dicts; a tuple goes as a list); a frame
+larger than MAX_FRAME, or one that does not load as a dict, reads as {}, which no end acts on.
+
+Built for the thin client's start-up: importing it costs `_socket` and `marshal` only, neither json nor the socket
+module (each pulls in enum and re, a third of the client's start-up); what only a server needs (`listen`,
+`unfree`) imports the rest when it is called.
+
+Each socket is its user's alone: born with its mode (`listen`), sent nothing when another user answers on it
+(`connect`: StateError, in one line), and answered only to a peer as free as the server (`unfree`). Both ends are
+one user's, and so marshal, which trusts what it loads, loads only what that user's own processes sent.
 """
 
 from __future__ import annotations
 
-import array
+import _socket
 import errno
-import json
+import marshal
 import os
-import signal
-import socket
+import sys
 
 TYPE_CHECKING = False  # typing itself is not imported: the thin client's start-up counts
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Sequence
-    from typing import Any
+    from typing import Any, TypeVar, overload
 
-#: A request bigger than this is not one of ours.
-MAX_MESSAGE = 4 << 20
-#: The most descriptors one message carries (stdio and a terminal; a box's three sockets).
-MAX_FDS = 4
+    Conn = TypeVar("Conn", bound=_socket.socket)
+
+#: A frame bigger than this is not one of ours (a client's whole environment fits many times over).
+MAX_FRAME = 4 << 20
+#: The most descriptors one frame carries: a client's stdin, stdout, stderr and terminal, and (to a worker forked
+#: ahead: cli/server.py's Spare) the client's connection; a box's three sockets.
+MAX_FDS = 5
 #: The longest path a Unix socket may have (sun_path's 108 bytes, less its terminating NUL).
 MAX_SOCKET_PATH = 107
+_INT = 4
 
 
 def listen(path: str, *, mode: int, backlog: int, owner: tuple[int, int] | None = None) -> socket.socket:
@@ -35,6 +47,8 @@ def listen(path: str, *, mode: int, backlog: int, owner: tuple[int, int] | None 
     own inode is given it before bind, which is where a Unix socket's file takes its mode from, so no one else can
     connect in the moment between bind and chmod. A path too long for a Unix socket is the state dir's (every socket
     of ours is in it): StateError, saying so in one line."""
+    import socket
+
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         from quinebox.errors import StateError
 
@@ -57,29 +71,49 @@ def listen(path: str, *, mode: int, backlog: int, owner: tuple[int, int] | None 
     return listener
 
 
-def connect(path: str) -> socket.socket | None:
-    """A connection to the Unix socket at `path`, or None when nothing answers there, or when what answers is
-    another user's process (SO_PEERCRED, read before a byte is sent): every socket of ours is its owner's."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+if TYPE_CHECKING:
+
+    @overload
+    def connect(path: str) -> socket.socket | None: ...
+
+    @overload
+    def connect(path: str, kind: type[Conn]) -> Conn | None: ...
+
+
+def connect(path: str, kind: Any = None) -> Any:
+    """A connection to the server listening at `path`, or None when nothing answers there. One that answers as
+    another user's process (SO_PEERCRED, read before a byte is sent: nothing of ours reaches it) is closed at once
+    and refused, StateError in one line: every socket of ours is its owner's.
+
+    `kind`: the class of the connection, a `socket.socket` unless told (the thin client asks for `_socket.socket`,
+    which needs no import of the socket module)."""
+    if kind is None:
+        import socket
+
+        kind = socket.socket
+    conn = kind(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         conn.connect(path)
-        if peer_uid(conn) == os.geteuid():
-            return conn
+        uid = peer_uid(conn)
     except OSError:
-        pass
-    conn.close()
-    return None
+        conn.close()
+        return None
+    if uid != os.geteuid():
+        conn.close()
+        from quinebox.errors import StateError
+
+        raise StateError(f"the socket {path} answers as uid {uid}, not as you (uid {os.geteuid()}), and was sent nothing: remove it")
+    return conn
 
 
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end (SO_PEERCRED): servers answer their owner only."""
-    import struct
+def peer_uid(sock: Any) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED: its pid, uid and gid, as it connected
+    or listened): servers answer their owner only."""
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 3 * _INT)
+    return int.from_bytes(creds[_INT : 2 * _INT], sys.byteorder)
 
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3I", creds)[1]
 
-
-def unfree(sock: socket.socket) -> str | None:
+def unfree(sock: Any) -> str | None:
     """Why the process at the other end of `sock` is less free than this one, in a few words, or None when it is as
     free: the same uid, the same mount, pid, user and network namespaces and root, no NoNewPrivs, seccomp mode or
     seccomp filter this process has not, no capability (effective or bounding) this one has that it lacks, and the
@@ -93,15 +127,16 @@ def unfree(sock: socket.socket) -> str | None:
     The peer is the process that connected (SO_PEERCRED's pid), held by a pidfd while /proc is read (SO_PEERPIDFD,
     Linux ≥ 6.5) and seen still alive after: its pid cannot have been reused by another process meanwhile. On an
     older kernel the pid alone is read. Costs about a tenth of a millisecond."""
+    import signal  # its module imports enum: a server's cost, not the thin client's
     import struct
 
-    pid, uid, _ = struct.unpack("iII", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
+    pid, uid, _ = struct.unpack("iII", sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("iII")))
     if uid != os.geteuid():
         return f"uid {uid}"
     if pid <= 0:
         return "a process outside this pid namespace"
     try:
-        pidfd: int | None = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        pidfd: int | None = sock.getsockopt(_socket.SOL_SOCKET, SO_PEERPIDFD)
     except OSError as exc:
         if exc.errno != errno.ENOPROTOOPT:
             return "a process that is gone"
@@ -169,48 +204,76 @@ def _freedom(pid: str) -> dict[str, str]:
     return found
 
 
+def send(sock: Any, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    """One frame on `sock` (a socket of either module); `fds` go with its first bytes."""
+    data = marshal.dumps(_plain(message))
+    frame = len(data).to_bytes(_INT, "big") + data
+    ancillary = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, b"".join(fd.to_bytes(_INT, sys.byteorder, signed=True) for fd in fds))] if fds else []
+    sent = sock.sendmsg([frame], ancillary)
+    if sent < len(frame):
+        sock.sendall(frame[sent:])
+
+
+def receive(sock: Any, timeout: float | None) -> tuple[dict[str, Any], list[int]]:
+    """The next frame's message ({} at the peer's end, or when it is none of ours) and the descriptors that came
+    with it. TimeoutError when none comes within `timeout` seconds (None: wait)."""
+    fds: list[int] = []
+    sock.settimeout(timeout)
+    try:
+        header = _exact(sock, _INT, fds)
+        size = int.from_bytes(header, "big") if len(header) == _INT else 0
+        if not 0 < size <= MAX_FRAME:
+            return {}, fds
+        body = _exact(sock, size, fds)
+    finally:
+        sock.settimeout(None)
+    if len(body) != size:  # the peer's end came first: a marshal'd prefix may still load, and would be half a message
+        return {}, fds
+    try:
+        message = marshal.loads(body)
+    except (EOFError, ValueError, TypeError):
+        return {}, fds
+    return (message if isinstance(message, dict) else {}), fds
+
+
 def ask(path: str, message: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     """One message to the server at `path` and its answer: None when nothing answers there, {} when the answer
-    is not one (or does not come in time)."""
-    conn = connect(path)
+    is none of ours (or does not come in time). StateError, as `connect`'s, when another user's process answers."""
+    conn = connect(path, _socket.socket)
     if conn is None:
         return None
-    with conn:
-        try:
-            send(conn, message)
-            answer, fds = receive(conn, timeout)
-        except OSError:
-            return {}
+    try:
+        send(conn, message)
+        answer, fds = receive(conn, timeout)
+    except OSError:
+        return {}
+    finally:
+        conn.close()
     for fd in fds:
         os.close(fd)
     return answer
 
 
-def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-    data = json.dumps(message).encode() + b"\n"
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sock.sendmsg([data], ancillary)
+def _exact(sock: Any, size: int, fds: list[int]) -> bytes:
+    """`size` bytes (fewer at the peer's end), gathering the descriptors that ride along."""
+    data = b""
+    while len(data) < size:
+        chunk, ancillary, _, _ = sock.recvmsg(size - len(data), _socket.CMSG_SPACE(MAX_FDS * _INT))
+        for level, kind, blob in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                whole = len(blob) - len(blob) % _INT
+                fds += [int.from_bytes(blob[i : i + _INT], sys.byteorder, signed=True) for i in range(0, whole, _INT)]
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
-def receive(sock: socket.socket, timeout: float | None) -> tuple[dict[str, Any], list[int]]:
-    """The next line as a JSON object ({} when it is not one), and the descriptors that came with it.
-
-    A peer sends one line and then waits for the answer, so no chunk holds the start of a second message."""
-    sock.settimeout(timeout)
-    data, fds = b"", array.array("i")
-    try:
-        while not data.endswith(b"\n") and len(data) < MAX_MESSAGE:
-            chunk, ancillary, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(MAX_FDS * fds.itemsize))
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        sock.settimeout(None)
-    try:
-        message = json.loads(data)
-    except ValueError:
-        message = {}
-    return (message if isinstance(message, dict) else {}), list(fds)
+def _plain(value: Any) -> Any:
+    """`value` as JSON would carry it: tuples as lists, all the way down (a receiver checks for a list, as it did
+    when these frames were JSON lines)."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value

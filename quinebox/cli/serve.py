@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from quinebox import wire
+from quinebox import fdpass
 from quinebox.cli.app import app, reported, say
 from quinebox.state import serve_socket
 
@@ -53,11 +53,11 @@ def warm() -> None:
 
 def status() -> dict[str, Any] | None:
     """What the server says of itself, or None when no server answers."""
-    return wire.ask(serve_socket(), {"kind": "status"}, 5) or None
+    return fdpass.ask(serve_socket(), {"kind": "status"}, 5) or None
 
 
 def stop() -> bool:
-    return wire.ask(serve_socket(), {"kind": "stop"}, 5) is not None
+    return fdpass.ask(serve_socket(), {"kind": "stop"}, 5) is not None
 
 
 serve_app = typer.Typer(help="A per-user command server: exec, run, map, batch and shell start without the CLI's start-up.")

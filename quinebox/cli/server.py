@@ -34,7 +34,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from quinebox import fdpass, wire
+from quinebox import fdpass
+from quinebox.errors import QuineboxError, StateError
 from quinebox.state import pool_socket, run_dir, serve_socket, state_root
 
 if TYPE_CHECKING:
@@ -76,8 +77,6 @@ class Server:
     def bind(self) -> None:
         """Listen on the state dir's socket; refuse to take it from a server that answers there."""
         import fcntl
-
-        from quinebox.errors import QuineboxError
 
         run = run_dir()
         lock = os.open(run, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the directory itself: no lock file left behind
@@ -215,18 +214,18 @@ class Server:
         if unfree is not None and fdpass.peer_uid(conn) != os.getuid():
             return  # only the owner; the run dir is private anyway
         _reap(self.children)
-        message, fds = wire.receive(conn, REQUEST_TIMEOUT)
+        message, fds = fdpass.receive(conn, REQUEST_TIMEOUT)
         kind = message.get("kind")
         if kind == "run" and unfree is not None:
             # A process of this user less free than the server (a sandboxed agent's): run for it here, the command would
             # have the server's freedom. Handed back unrun, it runs in the client, under the client's own confinement.
-            wire.send(conn, {"kind": "confined", "why": unfree})
+            fdpass.send(conn, {"kind": "confined", "why": unfree})
         elif unfree is not None:
             pass  # neither a status nor a stop for it
         elif kind == "run" and len(fds) in (3, 4) and self.stale():
             print("quinebox serve: the code or config.yaml changed since this server started: exiting", file=sys.stderr, flush=True)
             self.stop()  # the socket goes first, so that the client's new server can take it
-            wire.send(conn, {"kind": "stale"})
+            fdpass.send(conn, {"kind": "stale"})
         elif kind == "run" and len(fds) in (3, 4):
             self.last = time.monotonic()  # a command, not a status or a stop, is what keeps the server from idling out
             self.served += 1
@@ -237,11 +236,14 @@ class Server:
             if self.keeper is None and self.demand is not None and self.demand.command():
                 self.pool_due = True
         elif kind == "status":
-            pool = fdpass.ask(str(pool_socket()), {"kind": "stats"}, 5) or None
-            wire.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool,
+            try:
+                pool = fdpass.ask(str(pool_socket()), {"kind": "stats"}, 5) or None
+            except StateError:  # another user's process answers at the pool's socket: it was sent nothing, and has no say here
+                pool = None
+            fdpass.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool,
                              "pool_after": None if self.keeper is not None or not self.pool.size else self.pool.after})
         elif kind == "stop":
-            wire.send(conn, {"kind": "stopping"})
+            fdpass.send(conn, {"kind": "stopping"})
             self.stop()
         for fd in fds:
             os.close(fd)
@@ -271,7 +273,7 @@ class Spare:
 
                 die_with_parent(parent)
                 if request is None:
-                    message, fds = wire.receive(theirs, None)
+                    message, fds = fdpass.receive(theirs, None)
                     if not message or len(fds) not in (4, 5):
                         os._exit(0)  # dismissed
                     request = (socket.socket(fileno=fds[0]), message, fds[1:])
@@ -285,7 +287,7 @@ class Spare:
     def take(self, conn: socket.socket, message: dict[str, Any], fds: list[int]) -> bool:
         """Hand it a command; False when it is gone (then the server forks one for it)."""
         try:
-            wire.send(self._sock, message, [conn.fileno(), *fds])
+            fdpass.send(self._sock, message, [conn.fileno(), *fds])
             return True
         except OSError:
             return False
@@ -365,7 +367,7 @@ def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
 
 def _report(conn: socket.socket, code: int) -> None:
     try:
-        wire.send(conn, {"kind": "exit", "code": code})
+        fdpass.send(conn, {"kind": "exit", "code": code})
     except OSError:
         pass
 
@@ -374,7 +376,7 @@ def _follow_client(conn: socket.socket) -> None:
     """Signals the client forwards are raised here; the client gone (killed, even) is a SIGTERM: its boxes die with it."""
     while True:
         try:
-            message, fds = wire.receive(conn, None)
+            message, fds = fdpass.receive(conn, None)
         except OSError:
             break
         for fd in fds:
