@@ -151,7 +151,7 @@ def exec_in(ref: str, cmd: list[str], *, tty: bool, cwd: str | None, env: list[s
                 signal.signal(signum, on_signal)
             if tty:
                 follow_window(proc)
-            code = proc.wait(limit)
+            code = proc.wait_drained(limit)
     return 128 + received[0] if received else code
 
 
