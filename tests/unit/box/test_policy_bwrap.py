@@ -1,0 +1,370 @@
+"""policy_bwrap.bwrap_box as a table: the safe defaults as bwrap's options, the same box as oci_config, what is
+refused, and the seccomp profile compiled by libseccomp and held by the kernel under a real bwrap."""
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, spec
+from test_policy_oci import BOXES, DIR_WORLD, OVERLAY_WORLD, env_of, oci, own_mounts
+
+from quinebox.box.policy import DEFAULT_TMP, GUEST_PREFIX, HOST_SOCKET, RUNTIME
+from quinebox.box.policy_bwrap import BwrapBox, bwrap_box, compile_seccomp, proc_kinds
+from quinebox.box.spec import HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
+from quinebox.errors import ErrorKind, QuineboxError
+
+ROOT = "/state/oci/s1/root"
+#: A host whose /proc has two masked directories, two masked files and two read-only paths (others absent).
+PROC = {"/proc/acpi": "dir", "/proc/scsi": "dir", "/proc/keys": "file", "/proc/kcore": "file", "/proc/sys": "dir", "/proc/sysrq-trigger": "file"}
+#: How many arguments each bwrap option the renderer uses takes (bwrap 0.8's --help).
+ARITY = {
+    "--unshare-all": 0, "--unshare-user": 0, "--die-with-parent": 0, "--as-pid-1": 0, "--new-session": 0, "--clearenv": 0,
+    "--cap-drop": 1, "--uid": 1, "--gid": 1, "--hostname": 1, "--chdir": 1, "--seccomp": 1, "--size": 1, "--perms": 1,
+    "--tmpfs": 1, "--proc": 1, "--dev": 1, "--mqueue": 1, "--remount-ro": 1, "--setenv": 2, "--bind": 2, "--ro-bind": 2,
+}
+MOUNTS = ("--bind", "--ro-bind", "--tmpfs", "--proc", "--dev", "--mqueue", "--remount-ro")
+TMP = 256 << 20
+
+
+def bwrap(box: BoxSpec, image: ImageInfo = AGENT_IMAGE, **kw) -> BwrapBox:
+    return bwrap_box(box, image=image, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH, root=ROOT, **({"host_ids": (1000, 1000), "proc": PROC} | kw))
+
+
+def options(argv: list[str]) -> list[tuple[str, ...]]:
+    """bwrap's options, each with its arguments, up to `--`; an option the table does not know fails the test."""
+    assert argv[0] == "bwrap"
+    out, i = [], 1
+    while argv[i] != "--":
+        n = ARITY[argv[i]]
+        out.append(tuple(argv[i:i + n + 1]))
+        i += n + 1
+    return out
+
+
+def command(argv: list[str]) -> list[str]:
+    return argv[argv.index("--") + 1:]
+
+
+def flags(argv: list[str]) -> list[str]:
+    return [o[0] for o in options(argv)]
+
+
+def mounts(argv: list[str]) -> list[tuple[str, ...]]:
+    """The mount options in order, each with its --size/--perms folded in: ("--tmpfs", dest, size, perms)."""
+    out, pending = [], {}
+    for option in options(argv):
+        if option[0] in ("--size", "--perms"):
+            pending[option[0]] = option[1]
+        elif option[0] in MOUNTS:
+            out.append((*option, *((pending.pop("--size", None), pending.pop("--perms", None)) if option[0] == "--tmpfs" else ())))
+    return out
+
+
+def own(argv: list[str]) -> list[tuple[str, ...]]:
+    """The box's own mounts: after /dev is made read-only, before the root is."""
+    every = mounts(argv)
+    start = every.index(("--remount-ro", "/dev")) + 1
+    return [m for m in every[start:] if m != ("--remount-ro", "/")]
+
+
+def env(argv: list[str]) -> dict[str, str]:
+    names = [o[1] for o in options(argv) if o[0] == "--setenv"]
+    assert len(names) == len(set(names)), f"a name twice in {names}"
+    return {o[1]: o[2] for o in options(argv) if o[0] == "--setenv"}
+
+
+# -- the safe defaults, with no grant ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "what, value, expected",
+    [
+        ("every namespace, the user's asked outright", lambda a: flags(a)[:2], ["--unshare-all", "--unshare-user"]),
+        ("the network too: no --share-net", lambda a: "--share-net" in a, False),
+        ("dies with its parent", lambda a: "--die-with-parent" in flags(a), True),
+        ("the box's command is its pid 1, as on runc", lambda a: "--as-pid-1" in flags(a), True),
+        ("a session of its own (no TIOCSTI into the caller's terminal)", lambda a: "--new-session" in flags(a), True),
+        ("no capability", lambda a: [o for o in options(a) if o[0] in ("--cap-drop", "--cap-add")], [("--cap-drop", "ALL")]),
+        ("never uid 0", lambda a: [o for o in options(a) if o[0] in ("--uid", "--gid")], [("--uid", "1000"), ("--gid", "1000")]),
+        ("hostname", lambda a: [o for o in options(a) if o[0] == "--hostname"], [("--hostname", "box")]),
+        ("the environment cleared before any is set", lambda a: flags(a).index("--clearenv") < flags(a).index("--setenv"), True),
+        ("the box's own root first", lambda a: mounts(a)[0], ("--bind", ROOT, "/")),
+        ("read-only once its mounts are made", lambda a: mounts(a)[-1], ("--remount-ro", "/")),
+        ("/proc, masked and read-only where this kernel has it", lambda a: mounts(a)[1:8], [
+            ("--proc", "/proc"),
+            ("--tmpfs", "/proc/acpi", "4096", "0555"), ("--remount-ro", "/proc/acpi"),
+            ("--ro-bind", "/dev/null", "/proc/kcore"),
+            ("--ro-bind", "/dev/null", "/proc/keys"),
+            ("--tmpfs", "/proc/scsi", "4096", "0555"), ("--remount-ro", "/proc/scsi"),
+        ]),
+        ("/proc's read-only paths", lambda a: mounts(a)[8:10], [("--ro-bind", "/proc/sys", "/proc/sys"), ("--ro-bind", "/proc/sysrq-trigger", "/proc/sysrq-trigger")]),
+        ("/dev bwrap's own, then read-only", lambda a: mounts(a)[10:14], [
+            ("--dev", "/dev"), ("--tmpfs", "/dev/shm", str(64 << 20), "1777"), ("--mqueue", "/dev/mqueue"), ("--remount-ro", "/dev")]),
+        ("no /sys (bwrap cannot mount a sysfs; the host's is not shown)", lambda a: [m for m in mounts(a) if "/sys" in m[-1] and "/proc" not in m[-1]], []),
+        ("then /tmp, the scratch world, the runtime, the lifeline", own, [
+            ("--tmpfs", "/tmp", str(TMP), "1777"),
+            ("--tmpfs", "/world", str(TMP), "0755"),
+            ("--ro-bind", RUNTIME_DIR, RUNTIME),
+            ("--ro-bind", "/state/run/s1.sock", HOST_SOCKET),
+        ]),
+        ("the image's workdir", lambda a: [o for o in options(a) if o[0] == "--chdir"], [("--chdir", "/world")]),
+        ("the seccomp filter on fd 3", lambda a: [o for o in options(a) if o[0] == "--seccomp"], [("--seccomp", "3")]),
+        ("the lifeline runs the command", command, [*GUEST_PREFIX, "echo", "hi"]),
+    ],
+)
+def test_safe_defaults_without_any_grant(what, value, expected):
+    assert value(bwrap(spec()).argv) == expected
+
+
+def test_what_the_caller_places_around_bwrap():
+    box = bwrap(spec())
+    assert box.resources == {"memory": {"limit": 1 << 30, "swap": 1 << 30}, "pids": {"limit": 256}}
+    assert box.rlimits == (("core", 0, 0), ("nofile", 1024, 8192))
+    assert (box.oom_score_adj, box.host_ids, box.root_layer, box.seccomp_fd) == (500, (1000, 1000), None, 3)
+
+
+def test_masks_only_what_this_kernel_has():
+    assert [m for m in mounts(bwrap(spec(), proc={}).argv) if m[-1].startswith("/proc/") or "/proc/" in m[1]] == []
+
+
+# -- what grants change -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "grant, expected",
+    [
+        ("mem:128m", {"memory": {"limit": 128 << 20, "swap": 128 << 20}, "pids": {"limit": 256}}),
+        ("pids:32", {"memory": {"limit": 1 << 30, "swap": 1 << 30}, "pids": {"limit": 32}}),
+        ("cpus:1.5", {"memory": {"limit": 1 << 30, "swap": 1 << 30}, "pids": {"limit": 256}, "cpu": {"period": 100000, "quota": 150000}}),
+        ("cpus:0.1", {"memory": {"limit": 1 << 30, "swap": 1 << 30}, "pids": {"limit": 256}, "cpu": {"period": 100000, "quota": 10000}}),
+    ],
+)
+def test_resource_grants_are_the_callers_to_place_in_the_cgroup(grant, expected):
+    assert bwrap(spec(grant)).resources == expected
+
+
+def test_tmp_grant_sizes_both_tmpfs():
+    assert [m for m in own(bwrap(spec("tmp:64m")).argv) if m[0] == "--tmpfs"] == [("--tmpfs", "/tmp", str(64 << 20), "1777"), ("--tmpfs", "/world", str(64 << 20), "0755")]
+
+
+def test_granted_paths_are_read_only_binds_unless_rw():
+    assert [m for m in own(bwrap(spec("ro:/data", "rw:/src=/work", lifeline=None)).argv) if m[0] != "--tmpfs"] == [
+        ("--ro-bind", "/data", "/data"), ("--bind", "/src", "/work"), ("--ro-bind", RUNTIME_DIR, RUNTIME)]
+
+
+@pytest.mark.parametrize("kind", ["dir", "bind"])
+def test_a_dir_or_bind_world_is_a_read_write_bind(kind):
+    from quinebox.worlds.spec import WorldSpec
+
+    assert ("--bind", "/w/tree", "/world") in own(bwrap(spec(world=WorldSpec(kind=kind, layer="/w/tree"))).argv)
+
+
+def test_a_mount_inside_the_world_lands_on_it_not_under_it():
+    dests = [m[2] if m[0] != "--tmpfs" else m[1] for m in own(bwrap(spec("rw:/src=/world/src", "ro:/a/b/c", world=DIR_WORLD)).argv)]
+    assert dests == ["/tmp", "/world", RUNTIME, "/world/src", "/a/b/c", HOST_SOCKET]
+
+
+def test_a_terminal_keeps_the_session_its_pty_gives_it():
+    argv = bwrap(spec(tty=True)).argv
+    assert "--new-session" not in flags(argv) and env(argv)["TERM"] == "xterm"
+
+
+@pytest.mark.parametrize("grants, layer", [((), None), (("rootfs:rw",), DEFAULT_TMP), (("rootfs:rw", "tmp:64m"), 64 << 20)])
+def test_rootfs_rw_leaves_the_root_writable_and_nothing_else_differs(grants, layer):
+    box, plain = bwrap(spec(*grants)), bwrap(spec(*(g for g in grants if g != "rootfs:rw")))
+    assert box.root_layer == layer
+    assert (("--remount-ro", "/") in mounts(box.argv)) is (layer is None)
+    assert [m for m in mounts(box.argv)] == [m for m in mounts(plain.argv) if layer is None or m != ("--remount-ro", "/")]
+
+
+# -- the same box as on runc --------------------------------------------------------------------------------------
+
+SAME = {name: box for name, box in BOXES.items() if name != "an overlay world"}
+
+
+@pytest.mark.parametrize("name", SAME)
+def test_the_same_box_as_oci_config(name):
+    """Environment, command, working directory, user, the box's own mounts (kind, source, destination, ro/rw, size,
+    mode), limits and the seccomp profile are oci_config's, control by control."""
+    box, image = SAME[name]
+    cfg, rendered = oci(box, image), bwrap(box, image)
+    argv = rendered.argv
+    assert env(argv) == env_of(cfg)
+    assert command(argv) == cfg["process"]["args"]
+    assert [o[1] for o in options(argv) if o[0] == "--chdir"] == [cfg["process"]["cwd"]]
+    assert [o[1] for o in options(argv) if o[0] in ("--uid", "--gid")] == [str(cfg["process"]["user"]["uid"]), str(cfg["process"]["user"]["gid"])]
+    expected = []
+    for m in own_mounts(cfg):
+        opts = {o.partition("=")[0]: o.partition("=")[2] for o in m["options"]}
+        if m["type"] == "tmpfs":
+            assert set(opts) <= {"rw", "exec", "nosuid", "nodev", "size", "mode", "uid", "gid"}
+            expected.append(("--tmpfs", m["destination"], str(int(opts["size"][:-1]) << {"k": 10, "m": 20, "g": 30}[opts["size"][-1]]), opts["mode"]))
+        else:
+            expected.append(("--bind" if "rw" in opts else "--ro-bind", m["source"], m["destination"]))
+    assert own(argv) == expected
+    assert rendered.resources == {k: v for k, v in cfg["linux"]["resources"].items() if k != "devices"}
+    assert rendered.seccomp == cfg["linux"]["seccomp"]
+    assert ("--new-session" in argv) is not cfg["process"]["terminal"]
+
+
+def test_the_setid_rules_hold_only_where_the_box_writes_a_host_path():
+    plain, writes = bwrap(spec()).seccomp, bwrap(spec("rw:/src=/work")).seccomp
+    assert [r for r in plain["syscalls"] if r["names"] == ["mkdir"]] == [{"names": ["mkdir"], "action": "SCMP_ACT_ALLOW"}]
+    assert [r for r in writes["syscalls"] if r["names"] == ["mkdir"]][0]["args"] == [{"index": 1, "value": 3072, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]
+
+
+# -- refused, never dropped ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "box, kw, kind, field",
+    [
+        (replace(spec(), image=HOST_IMAGE), {}, ErrorKind.UNSUPPORTED, ("image", HOST_IMAGE)),
+        (spec(world=OVERLAY_WORLD), {}, ErrorKind.UNSUPPORTED, ("mount", "/world")),
+        (spec("net:bridge"), {}, ErrorKind.UNSUPPORTED, ("grant", "net:bridge")),
+        (spec(), {"host_ids": (0, 0)}, ErrorKind.REFUSED, ("host_ids", (0, 0))),
+        (spec(), {"host_ids": (1000, 0)}, ErrorKind.REFUSED, ("host_ids", (1000, 0))),
+    ],
+)
+def test_what_bwrap_cannot_hold_is_refused_in_one_line(box, kw, kind, field):
+    with pytest.raises(QuineboxError) as refused:
+        bwrap(box, **kw)
+    assert refused.value.kind == kind and refused.value.fields[field[0]] == field[1] and refused.value.fields["backend"] == "bwrap"
+    assert refused.value.exit_code == 125 and "\n" not in str(refused.value)
+
+
+# -- the seccomp filter: libseccomp's BPF, held by the kernel -------------------------------------------------------
+
+def profile(*grants: str) -> dict:
+    return bwrap(spec(*grants)).seccomp
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"flags": ["SECCOMP_FILTER_FLAG_SPEC_ALLOW"]}, "keys"),
+        ({"listenerPath": "/run/l.sock"}, "keys"),
+        ({"architectures": ["SCMP_ARCH_VAX"]}, "arch"),
+        ({"syscalls": [{"names": ["getpid"], "action": "SCMP_ACT_NOTIFY"}]}, "action"),
+        ({"syscalls": [{"names": ["getpid"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 1, "op": "SCMP_CMP_LIKE"}]}]}, "op"),
+    ],
+)
+def test_a_profile_bwrap_cannot_load_as_said_is_refused(change, key):
+    with pytest.raises(QuineboxError) as refused:
+        compile_seccomp(profile() | change)
+    assert refused.value.kind == ErrorKind.UNSUPPORTED and key in refused.value.fields
+
+
+def test_the_filter_compiles_to_a_bpf_program():
+    program = compile_seccomp(profile())
+    assert len(program) % 8 == 0 and 100 <= len(program) // 8 <= 4096  # sock_filter instructions; the kernel's cap is 4096
+    assert program == compile_seccomp(profile())
+    assert compile_seccomp(profile("rw:/src=/work")) != program != compile_seccomp(profile("syscall:ptrace"))
+
+
+#: Each call and what the box gets: 0 (it ran), or the errno the profile answers. x86_64's numbers.
+PROBE = """
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    return 0 if libc.syscall(nr, *args) >= 0 else ctypes.get_errno()
+print(json.dumps({"clone3": call(435, 0, 0), "ptrace": call(101, 0, 0, 0, 0), "unshare": call(272, 0x10000000), "packet": call(41, 17, 3, 0),
+                  "mkdir_setuid": call(83, b"/tmp/s", 0o4755), "mkdir": call(83, b"/tmp/p", 0o755), "getpid": call(39)}))
+"""
+EPERM, ENOSYS = 1, 38
+
+
+def run_under(program: bytes | None, *argv: str) -> subprocess.CompletedProcess:
+    """argv in a bwrap of the host's root (read-only, /tmp its own), `program` its seccomp filter if any."""
+    bwrap_bin = shutil.which("bwrap")
+    assert bwrap_bin, "bwrap is not installed: apt-get install bubblewrap (scripts/setup.sh installs it)"
+    base = [bwrap_bin, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    if program is None:
+        return subprocess.run([*base, "--", *argv], capture_output=True, text=True, timeout=30)
+    read, write = os.pipe()
+    os.write(write, program)  # a few KiB: within a pipe's buffer
+    os.close(write)
+    try:
+        return subprocess.run([*base, "--seccomp", str(read), "--", *argv], pass_fds=(read,), capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(read)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the probe's syscall numbers are x86_64's")
+@pytest.mark.parametrize(
+    "grants, expected",
+    [
+        ((), {"clone3": ENOSYS, "ptrace": EPERM, "unshare": EPERM, "packet": EPERM, "mkdir_setuid": 0, "mkdir": 0, "getpid": 0}),
+        (("rw:/src=/work",), {"clone3": ENOSYS, "ptrace": EPERM, "unshare": EPERM, "packet": EPERM, "mkdir_setuid": EPERM, "mkdir": 0, "getpid": 0}),
+    ],
+)
+def test_the_kernel_refuses_what_the_profile_denies_under_bwrap(grants, expected):
+    import json
+
+    program = compile_seccomp(profile(*grants))
+    assert run_under(program, "/bin/true").returncode == 0
+    ran = run_under(program, sys.executable, "-I", "-S", "-c", PROBE)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == expected
+    unfiltered = run_under(None, sys.executable, "-I", "-S", "-c", PROBE)  # the same calls without it: the filter is what refused
+    assert json.loads(unfiltered.stdout)["clone3"] != ENOSYS and json.loads(unfiltered.stdout)["mkdir_setuid"] == 0
+
+
+
+INSIDE = """
+import json, os, socket
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+def writable(path):
+    try:
+        open(os.path.join(path, "w"), "w").close()
+        return True
+    except OSError:
+        return False
+print(json.dumps({
+    "ids": [os.getuid(), os.getgid()], "pid": os.getpid(), "host": socket.gethostname(), "cwd": os.getcwd(),
+    "caps": status["CapEff"].strip() + status["CapBnd"].strip(), "nnp": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
+    "writable": {p: writable(p) for p in ("/", "/tmp", "/world", "/dev", "/dev/shm", "/data", "/out")},
+    "tmp": oct(os.stat("/tmp").st_mode & 0o7777), "env": sorted(os.environ), "sys": os.path.exists("/sys/kernel"),
+    "net": sorted(os.listdir("/sys/class/net")) if os.path.exists("/sys/class/net") else [n for _, n in socket.if_nameindex()],
+}))
+"""
+
+
+def test_bwrap_runs_the_rendered_box_as_an_unprivileged_host_id(tmp_path_factory):
+    """The rendered options as bwrap 0.8 makes them, run as the host id `host_ids` names (the caller's switch):
+    only the command differs (the host's /usr in place of the guest's runtime)."""
+    assert shutil.which("bwrap"), "bwrap is not installed: apt-get install bubblewrap (scripts/setup.sh installs it)"
+    import json
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="quinebox-bwrap-test-")  # not pytest's tmp (root's 0700): the box's host id reads it
+    try:
+        os.chmod(top, 0o755)
+        root, runtime, data, out = (os.path.join(top, name) for name in ("root", "runtime", "data", "out"))
+        for path in (root, runtime, data, out):
+            os.mkdir(path)
+            os.chown(path, 1000, 1000)  # the box's root is the box's own: bwrap makes its mount points in it
+        read, write = os.pipe()
+        box = bwrap_box(spec(f"ro:{data}=/data", f"rw:{out}=/out", cwd="/", lifeline=None), image=AGENT_IMAGE, runtime=runtime, seccomp=seccomp_base(),
+                        arch=ARCH, root=root, host_ids=(1000, 1000), proc=proc_kinds(), seccomp_fd=read)
+        os.write(write, compile_seccomp(box.seccomp))
+        os.close(write)
+        opts = box.argv[: box.argv.index("--")]
+        at = opts.index("--bind") + 3  # after the root: the host's programs, read-only, where the guest's runtime would be
+        opts[at:at] = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"]
+        try:
+            ran = subprocess.run(["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", "--", *opts, "--", "/usr/bin/python3", "-I", "-S", "-c", INSIDE],
+                                 pass_fds=(read,), capture_output=True, text=True, timeout=30)
+        finally:
+            os.close(read)
+        assert ran.returncode == 0, ran.stderr
+        seen = json.loads(ran.stdout)
+        assert seen | {"env": None} == {
+            "ids": [1000, 1000], "pid": 1, "host": "box", "cwd": "/world", "caps": "0" * 32, "nnp": "1", "seccomp": "2", "env": None,
+            "writable": {"/": False, "/tmp": True, "/world": True, "/dev": False, "/dev/shm": True, "/data": False, "/out": True},
+            "tmp": "0o1777", "sys": False, "net": ["lo"],
+        }
+        assert seen["env"] == sorted([*env_of(oci(spec(f"ro:{data}=/data", f"rw:{out}=/out", cwd="/", lifeline=None))), "PWD"])  # bwrap's --chdir sets PWD
+        assert os.listdir(out) == ["w"] and os.stat(os.path.join(out, "w")).st_uid == 1000  # written as the host id, never root
+    finally:
+        shutil.rmtree(top)
