@@ -31,8 +31,8 @@ Differences that take nothing from the box's isolation, said here once:
   policy_oci says of a rootless box;
 - tmpfs roots are the box user's (bwrap mounts them as that user), not root's; /dev/shm and /dev/mqueue are not
   noexec (a box's /tmp and /world are executable anyway; an mqueue holds no files to run); mounts are slaves of
-  the host's (bwrap's propagation), not private: nothing of the box's reaches the host; bwrap's `--chdir` sets PWD, as a shell
-  would.
+  the host's (bwrap's propagation), not private: nothing of the box's reaches the host;
+- bwrap's `--chdir` sets PWD, as a shell would.
 
 Refused, never silently dropped (a QuineboxError of kind UNSUPPORTED): `--image host` (its hidden view needs
 noexec, bounded-inode tmpfs mounts bwrap 0.8 cannot say), an overlay world and `net:bridge` (no overlay mount and
@@ -184,12 +184,13 @@ def bwrap_box(
     `host_ids`: the host uid and gid bwrap runs as, onto which the box's user is mapped (the caller's own when it is
     not root; an unprivileged id of the box's own when it is); `proc`: `proc_kinds()` of this host."""
     if spec.image == HOST_IMAGE:
-        raise _unsupported("--image host (its hidden view needs noexec tmpfs mounts of bounded inodes, which bwrap 0.8 cannot make)", image=spec.image)
+        why = "--image host (its hidden view needs noexec tmpfs mounts of bounded inodes, which bwrap 0.8 cannot make)"
+        raise _unsupported(why, image=spec.image)
     if bridged(spec.grants):
         raise _unsupported(oci_refusal(spec) or "net:bridge", grant="net:bridge")
     if 0 in host_ids:
-        raise QuineboxError("refused: bwrap run as host root (uid or gid 0) would map the box's user onto host root; run it as an unprivileged host id",
-                            kind=ErrorKind.REFUSED, backend="bwrap", host_ids=host_ids)
+        why = "refused: bwrap run as host root (uid or gid 0) would map the box's user onto host root; run it as an unprivileged host id"
+        raise QuineboxError(why, kind=ErrorKind.REFUSED, backend="bwrap", host_ids=host_ids)
     grants = spec.grants
     layer = root_layer(grants)
     mem, pids = grants.mem or DEFAULT_MEM, grants.pids or DEFAULT_PIDS

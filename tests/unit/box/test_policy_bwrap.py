@@ -4,7 +4,6 @@ refused, and the seccomp profile compiled by libseccomp and held by the kernel u
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -99,7 +98,8 @@ def env(argv: list[str]) -> dict[str, str]:
             ("--ro-bind", "/dev/null", "/proc/keys"),
             ("--tmpfs", "/proc/scsi", "4096", "0555"), ("--remount-ro", "/proc/scsi"),
         ]),
-        ("/proc's read-only paths", lambda a: mounts(a)[8:10], [("--ro-bind", "/proc/sys", "/proc/sys"), ("--ro-bind", "/proc/sysrq-trigger", "/proc/sysrq-trigger")]),
+        ("/proc's read-only paths", lambda a: mounts(a)[8:10], [
+            ("--ro-bind", "/proc/sys", "/proc/sys"), ("--ro-bind", "/proc/sysrq-trigger", "/proc/sysrq-trigger")]),
         ("/dev bwrap's own, then read-only", lambda a: mounts(a)[10:14], [
             ("--dev", "/dev"), ("--tmpfs", "/dev/shm", str(64 << 20), "1777"), ("--mqueue", "/dev/mqueue"), ("--remount-ro", "/dev")]),
         ("no /sys (bwrap cannot mount a sysfs; the host's is not shown)", lambda a: [m for m in mounts(a) if "/sys" in m[-1] and "/proc" not in m[-1]], []),
@@ -145,7 +145,8 @@ def test_resource_grants_are_the_callers_to_place_in_the_cgroup(grant, expected)
 
 
 def test_tmp_grant_sizes_both_tmpfs():
-    assert [m for m in own(bwrap(spec("tmp:64m")).argv) if m[0] == "--tmpfs"] == [("--tmpfs", "/tmp", str(64 << 20), "1777"), ("--tmpfs", "/world", str(64 << 20), "0755")]
+    tmpfs = [m for m in own(bwrap(spec("tmp:64m")).argv) if m[0] == "--tmpfs"]
+    assert tmpfs == [("--tmpfs", "/tmp", str(64 << 20), "1777"), ("--tmpfs", "/world", str(64 << 20), "0755")]
 
 
 def test_granted_paths_are_read_only_binds_unless_rw():
@@ -275,10 +276,12 @@ EPERM, ENOSYS = 1, 38
 
 
 def run_under(program: bytes | None, *argv: str) -> subprocess.CompletedProcess:
-    """argv in a bwrap of the host's root (read-only, /tmp its own), `program` its seccomp filter if any."""
+    """argv in a bwrap of the host's root (read-only, /tmp its own: the host's python3 runs, not a venv under /tmp), `program`
+    its seccomp filter if any."""
     bwrap_bin = shutil.which("bwrap")
     assert bwrap_bin, "bwrap is not installed: apt-get install bubblewrap (scripts/setup.sh installs it)"
-    base = [bwrap_bin, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    base = [bwrap_bin, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     if program is None:
         return subprocess.run([*base, "--", *argv], capture_output=True, text=True, timeout=30)
     read, write = os.pipe()
@@ -303,10 +306,10 @@ def test_the_kernel_refuses_what_the_profile_denies_under_bwrap(grants, expected
 
     program = compile_seccomp(profile(*grants))
     assert run_under(program, "/bin/true").returncode == 0
-    ran = run_under(program, sys.executable, "-I", "-S", "-c", PROBE)
+    ran = run_under(program, "/usr/bin/python3", "-I", "-S", "-c", PROBE)
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout) == expected
-    unfiltered = run_under(None, sys.executable, "-I", "-S", "-c", PROBE)  # the same calls without it: the filter is what refused
+    unfiltered = run_under(None, "/usr/bin/python3", "-I", "-S", "-c", PROBE)  # the same calls without it: the filter is what refused
     assert json.loads(unfiltered.stdout)["clone3"] != ENOSYS and json.loads(unfiltered.stdout)["mkdir_setuid"] == 0
 
 
@@ -330,7 +333,8 @@ print(json.dumps({
 """
 
 
-def test_bwrap_runs_the_rendered_box_as_an_unprivileged_host_id(tmp_path_factory):
+@pytest.mark.root_only  # it switches to the host id as the backend will, which only root may
+def test_bwrap_runs_the_rendered_box_as_an_unprivileged_host_id():
     """The rendered options as bwrap 0.8 makes them, run as the host id `host_ids` names (the caller's switch):
     only the command differs (the host's /usr in place of the guest's runtime)."""
     assert shutil.which("bwrap"), "bwrap is not installed: apt-get install bubblewrap (scripts/setup.sh installs it)"
@@ -353,7 +357,8 @@ def test_bwrap_runs_the_rendered_box_as_an_unprivileged_host_id(tmp_path_factory
         at = opts.index("--bind") + 3  # after the root: the host's programs, read-only, where the guest's runtime would be
         opts[at:at] = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"]
         try:
-            ran = subprocess.run(["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", "--", *opts, "--", "/usr/bin/python3", "-I", "-S", "-c", INSIDE],
+            as_host_id = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", "--"]
+            ran = subprocess.run([*as_host_id, *opts, "--", "/usr/bin/python3", "-I", "-S", "-c", INSIDE],
                                  pass_fds=(read,), capture_output=True, text=True, timeout=30)
         finally:
             os.close(read)
