@@ -166,20 +166,15 @@ BACKEND_HELP = "Where boxes run: auto (an OCI runtime where one can run boxes he
 RUNTIME_HELP = "The OCI runtime: runc (default), crun, runsc (gVisor), or a path to any OCI runtime binary."
 
 
-def use_backend(backend: str | None, runtime: str | None) -> None:
-    """--backend and --runtime for this command: they win over QUINEBOX_BACKEND/QUINEBOX_RUNTIME and config.yaml,
-    for this box and every box below it (children inherit their parent's environment of choice)."""
+def check_backend(backend: str | None) -> None:
+    """A --backend that names no backend is a usage error (exit 2), said in one line before anything starts. Only
+    checked here: the command hands --backend and --runtime down in its box's options, never through this process's
+    environment (QUINEBOX_BACKEND / QUINEBOX_RUNTIME are the user's default, read by box/backends/choice.py alone)."""
     from quinebox.box.spec import BACKENDS
 
     if backend is not None and backend not in BACKENDS:
         say(f"bad --backend {backend!r}: use one of {', '.join(BACKENDS)}")
         raise typer.Exit(2)
-    import os
-
-    if backend:
-        os.environ["QUINEBOX_BACKEND"] = backend
-    if runtime:
-        os.environ["QUINEBOX_RUNTIME"] = runtime
 
 
 def need_terminal(tty: bool) -> None:

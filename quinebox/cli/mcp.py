@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from quinebox.cli.app import BACKEND_HELP, RUNTIME_HELP, app, reported, say, use_backend
+from quinebox.cli.app import BACKEND_HELP, RUNTIME_HELP, app, check_backend, reported, say
 
 TOKEN_ENV = "QUINEBOX_MCP_TOKEN"
 
@@ -28,7 +28,7 @@ def mcp_command(
     backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
     runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
 ) -> None:
-    use_backend(backend, runtime)
+    check_backend(backend)  # backend and runtime reach the server's boxes in its options (QuineboxMCP's), below
     token = None
     if token_file:
         try:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from quinebox.cli.app import BACKEND_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, fail, reported, say, use_backend
+from quinebox.cli.app import BACKEND_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, check_backend, fail, reported, say
 
 if TYPE_CHECKING:
     from quinebox.box.live.sandboxes import Record
@@ -42,10 +42,11 @@ def box_create_command(
     backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
     runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
 ) -> None:
+    from quinebox.box.options import BoxOptions
     from quinebox.errors import GrantError
     from quinebox.grants import parse_duration
 
-    use_backend(backend, runtime)
+    check_backend(backend)
     if name is not None and (not name or name[0] in "-." or any(c in name for c in "/: \0")):
         say(f"bad --name {name!r}: use letters, digits, '-', '_' and '.', not starting with '-' or '.'")
         raise typer.Exit(2)
@@ -53,11 +54,11 @@ def box_create_command(
         idle_s = parse_duration(idle) if idle not in ("0", "") else None
         if ttl is not None and parse_duration(ttl) <= 0:
             raise GrantError(f"bad --ttl {ttl!r}: give a duration, as in --ttl 30m")
-    options: dict[str, Any] = {  # Sandbox's keyword arguments
-        "grants": [*grant, *(f"env:{e}" for e in env)], "image": image, "pull": pull, "workdir": workdir, "policy": policy,
-        "world": world, "world_from": world_from or None, "world_tar": world_tar, "ttl": ttl, "name": name,
-    }
-    raise typer.Exit(hold(options, idle_s))
+    box = BoxOptions.of(
+        grants=(*grant, *(f"env:{e}" for e in env)), image=image, pull=pull, workdir=workdir, policy=policy, world=world,
+        world_from=tuple(world_from) or None, world_tar=world_tar, backend=backend, runtime=runtime,
+    )  # --backend and --runtime reach the holder in the box's options, never through this process's environment
+    raise typer.Exit(hold({"options": box, "ttl": ttl, "name": name}, idle_s))
 
 
 def hold(options: dict[str, Any], idle: float | None) -> int:
