@@ -32,6 +32,7 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -43,6 +44,7 @@ from pydantic import ConfigDict, ValidationError
 
 from quinebox import DEVNULL
 from quinebox.audit import log
+from quinebox.box.options import BoxOptions
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.box.spec import DEFAULT_IMAGE, load_policy, protected_paths
 from quinebox.errors import ErrorKind, ImageError, QuineboxError
@@ -95,22 +97,26 @@ class QuineboxMCP:
         self,
         grants: list[str] | tuple[str, ...] = (),
         *,
-        policy: str | None = None,
-        image: str | None = None,
-        backend: str | None = None,
-        runtime: str | None = None,
         model: str | None = None,
         max_boxes: int = MAX_BOXES,
         cwd: str | None = None,
+        **options: Any,
     ):
+        """`grants` (with a `policy`'s) are the ceiling of every box the server makes; `options`, by BoxOptions' names
+        (policy, image, backend, runtime, deny, …), what each box starts from. An unknown name is BoxOptions'
+        TypeError, naming it."""
         self.cwd = cwd or os.getcwd()
-        lists = load_policy(policy) if policy else {}
-        parsed = Grants.parse([*lists.get("grants", []), *grants], cwd=self.cwd)
+        given = BoxOptions.of(grants=tuple(grants), **options)
+        lists = load_policy(given.policy) if given.policy else {}
+        parsed = Grants.parse([*lists.get("grants", []), *given.grants], cwd=self.cwd)
         self.ceiling = resolve(parsed, environ=os.environ, protected=protected_paths(os.environ, state_dir()))
-        self.deny = list(lists.get("deny", []))
-        self.image = image or DEFAULT_IMAGE
-        self.backend = backend or lists.get("backend")
-        self.runtime = runtime or lists.get("runtime")
+        #: What every box this server makes starts from; a box adds the grants its client got within the ceiling, and
+        #: its image (`options_for`). The policy is read here, once: its grants are in the ceiling, its deny rules,
+        #: backend and runtime in these.
+        self.options = replace(
+            given, grants=(), policy=None, image=given.image or DEFAULT_IMAGE, deny=(*lists.get("deny", []), *given.deny),
+            backend=given.backend or lists.get("backend"), runtime=given.runtime or lists.get("runtime"),
+        )
         self.model = model
         self.max_boxes = max_boxes
         #: The boxes this server made, and the paths each one's file tools reach.
@@ -165,8 +171,7 @@ class QuineboxMCP:
                 raise Refused(f"this server already holds {self.max_boxes} boxes: remove_sandbox one first")
             self.starting += 1
         try:
-            sb = Sandbox(image=image, grants=granted.format(), deny=self.deny, ttl=seconds, name=name, pull=self.pull(image),
-                         backend=self.backend, runtime=self.runtime)
+            sb = Sandbox(self.options_for(granted, image), ttl=seconds, name=name)
         except ImageError as exc:
             if exc.kind is ErrorKind.NOT_FOUND and self.pull(image) == "never":
                 raise Refused(f"image {image} is not on this machine, and this server pulls no image a client names: `docker pull {image}` on the host first") from exc
@@ -412,7 +417,7 @@ class QuineboxMCP:
                 world_tar = os.path.join(scratch, "world.tar")
                 with open(world_tar, "wb") as tar:
                     self.box(from_box).world.export(tar)
-            return self.agent(mission, granted, stdin=data, timeout=seconds, max_turns=turns, image=image, world_tar=world_tar)
+            return self.agent(mission, self.options_for(granted, image, timeout=seconds, world_tar=world_tar), stdin=data, max_turns=turns)
 
     def fork_session(self, session: str, at: int, mission: str | None = None, grants: list[str] | None = None,
                      timeout: float | str | None = None, max_turns: int | None = None) -> dict[str, Any]:
@@ -436,30 +441,30 @@ class QuineboxMCP:
         asked = strings(grants, "grants") if grants is not None else list(then.meta.get("grants") or [])
         granted = narrow(self.ceiling, asked, "fork_session", cwd=self.cwd)
         seconds = lifetime(self.ceiling, timeout, "timeout", 600.0, MAX_TIMEOUT)
+        options = self.options_for(granted, then.meta.get("image"), timeout=seconds, workdir=then.meta.get("workdir"), world_at=(row.id, then.revision))
         return self.agent(
-            mission or row.mission, granted, timeout=seconds, max_turns=size(max_turns, "max_turns", 0, 1000) or None, stdin=b"",
-            image=then.meta.get("image"), workdir=then.meta.get("workdir"), world_at=(row.id, then.revision), history=history,
+            mission or row.mission, options, max_turns=size(max_turns, "max_turns", 0, 1000) or None, stdin=b"", history=history,
             forked_from={"session": row.id, "turn": at, "revision": then.revision},
         )
 
-    def agent(self, mission: str, granted: Grants, **options: Any) -> dict[str, Any]:
+    def agent(self, mission: str, options: BoxOptions, **run: Any) -> dict[str, Any]:
+        """Run a mission in a box of `options` (`run`: its input, turns, history), counted against the server's most."""
         with self.lock:
             if self.missions >= self.max_boxes:
                 raise Refused(f"this server already runs {self.max_boxes} missions: wait for one to end")
             self.missions += 1
         try:
-            return self._agent(mission, granted, **options)
+            return self._agent(mission, options, **run)
         finally:
             with self.lock:
                 self.missions -= 1
 
-    def _agent(self, mission: str, granted: Grants, **options: Any) -> dict[str, Any]:
+    def _agent(self, mission: str, options: BoxOptions, **run: Any) -> dict[str, Any]:
         from quinebox.tree.supervisor import start_agent
 
         out, err = Capped(MAX_OUTPUT), Capped(MAX_OUTPUT)
-        image = options.pop("image", None) or self.image
-        agent = start_agent(mission, model=self.model, grants=granted.format(), deny=self.deny, stdout=out, stderr=err,
-                            image=image, pull=self.pull(image), ask_timeout=0, **options)
+        # No one is asked (ask_timeout 0): a mission's box holds what the ceiling holds, no more.
+        agent = start_agent(mission, options, model=self.model, stdout=out, stderr=err, ask_timeout=0, **run)
         code = agent.wait()
         session = agent.session.session
         with self.lock:
@@ -569,6 +574,17 @@ class QuineboxMCP:
         if found is None:
             raise Refused(f"no box {ref!r} made by this server: list_sandboxes lists them")
         return found
+
+    @property
+    def image(self) -> str:
+        """The server's own image: every box's, unless its client names another."""
+        return self.options.image or DEFAULT_IMAGE
+
+    def options_for(self, granted: Grants, image: str | None, **more: Any) -> BoxOptions:
+        """A box's options: the server's, the grants its client got within the ceiling, its image (the server's unless
+        named, and pulled only if it is the server's own), and `more` (a mission's time, its world)."""
+        image = image or self.image
+        return BoxOptions.of(self.options, grants=tuple(granted.format()), image=image, pull=self.pull(image), **more)
 
     def pull(self, image: str) -> str:
         """The server's own image may be fetched; a client's choice only if it is here (the host pulls nothing because a client asked)."""

@@ -196,6 +196,18 @@ def test_a_grant_beyond_the_servers_is_refused_in_one_line_and_audited(engine, s
     assert b'"child_refused"' in audit.stdout and b"refused net:example.com" in audit.stdout
 
 
+def test_the_servers_options_are_box_options_and_an_unknown_one_is_named():
+    """The server builds one BoxOptions from what it is given (policy, image, backend, runtime, …): a misspelt option is
+    refused naming it and the nearest, never dropped."""
+    with pytest.raises(TypeError, match=r"unknown box option 'imgae' \(did you mean 'image'\?\)"):
+        QuineboxMCP([], imgae="python:3.12-slim")
+    srv = QuineboxMCP(["mem:512m"], image="python:3.12-slim", backend="oci", runtime="runc", deny=["net:example.com"])
+    made = srv.options_for(srv.ceiling, None)
+    assert (made.image, made.pull, made.backend, made.runtime, made.deny, made.grants) == (
+        "python:3.12-slim", "missing", "oci", "runc", ("net:example.com",), ("mem:512m",))
+    assert srv.options_for(srv.ceiling, "alpine:3").pull == "never"  # a client's image is never pulled for it
+
+
 def test_hostile_arguments_are_tool_errors_and_the_server_goes_on(engine, server):
     async def body(c):
         box = (await ok(c, "create_sandbox"))["box"]
