@@ -68,13 +68,13 @@ def idle_after(option: str | None, configured: object) -> float | None:
     """Seconds of no command after which the server exits: `--idle`, else `serve: {idle: ...}` in config.yaml, else
     15 minutes; `never` (or 0) keeps it until `serve stop`."""
     from quinebox.cli.server import IDLE_DEFAULT
-    from quinebox.errors import GrantError, QuineboxError
+    from quinebox.errors import ErrorKind, GrantError, QuineboxError
     from quinebox.grants import parse_duration
 
     text = option
     if text is None and configured is not None:
         if not isinstance(configured, dict) or set(configured) - {"idle"}:
-            raise QuineboxError("bad `serve:` in config.yaml: give a mapping with idle (serve: {idle: 15m}, or idle: never)")
+            raise QuineboxError("bad `serve:` in config.yaml: give a mapping with idle (serve: {idle: 15m}, or idle: never)", kind=ErrorKind.BAD_INPUT)
         text = configured.get("idle")
     if text is None:
         return IDLE_DEFAULT
@@ -83,7 +83,7 @@ def idle_after(option: str | None, configured: object) -> float | None:
     try:
         return parse_duration(str(text))
     except GrantError as exc:
-        raise QuineboxError(f"bad idle time for the command server: {exc}") from None
+        raise QuineboxError(f"bad idle time for the command server: {exc}", kind=ErrorKind.BAD_INPUT) from exc
 
 
 @serve_app.callback(invoke_without_command=True)

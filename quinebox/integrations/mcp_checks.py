@@ -95,7 +95,7 @@ def number(value: Any, what: str, default: float, most: float) -> float:
         try:
             value = parse_duration(value)
         except GrantError as exc:
-            raise Refused(f"{what}: {exc}") from None
+            raise Refused(f"{what}: {exc}") from exc
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most:
         raise Refused(f"{what} must be more than 0 and at most {most:g}")
     return float(value)
@@ -146,7 +146,7 @@ def narrow(ceiling: Grants, asked: list[str], tool: str, *, cwd: str) -> Grants:
     try:
         parsed = Grants.parse(asked, cwd=cwd)
     except GrantError as exc:
-        raise Refused(str(exc)) from None
+        raise Refused(str(exc)) from exc
     parsed = replace(parsed, mounts=tuple(replace(m, source=os.path.realpath(m.source)) for m in parsed.mounts))
     parent = replace(
         ceiling,
@@ -160,7 +160,7 @@ def narrow(ceiling: Grants, asked: list[str], tool: str, *, cwd: str) -> Grants:
         said = str(exc).replace("this box's", "this MCP server's").replace("this box ", "this MCP server ")
         why = f"{said} (this MCP server holds {held(ceiling)}; start `quinebox mcp -g ...` with more)"
         log.note("child_refused", None, by="mcp", tool=tool, request=asked, why=why)
-        raise Refused(why) from None
+        raise Refused(why) from exc
 
 
 def lifetime(ceiling: Grants, value: Any, what: str, default: float, most: float) -> float:

@@ -260,8 +260,8 @@ class QuineboxMCP:
         if encoding == "base64":
             try:
                 data = base64.b64decode(content, validate=True)
-            except ValueError:
-                raise Refused("content is not valid base64") from None
+            except ValueError as exc:
+                raise Refused("content is not valid base64") from exc
         elif encoding == "text":
             data = content.encode()
         else:
@@ -285,8 +285,8 @@ class QuineboxMCP:
             raise Refused(f"{real} is {total} bytes, more than edit_file takes ({MAX_READ}); use exec")
         try:
             before = body.decode()
-        except UnicodeDecodeError:
-            raise Refused(f"{real} is not UTF-8 text") from None
+        except UnicodeDecodeError as exc:
+            raise Refused(f"{real} is not UTF-8 text") from exc
         count = before.count(old)
         if count == 0:
             raise Refused(f"old_string does not occur in {real}")
@@ -387,12 +387,12 @@ class QuineboxMCP:
             dir_fd, name = beneath.open_parent(root_fd, os.path.relpath(path, root), create=True)
             try:
                 return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd), path
-            except FileExistsError:
-                raise Refused(f"{path} exists: give a new file's path") from None
+            except FileExistsError as exc:
+                raise Refused(f"{path} exists: give a new file's path") from exc
             finally:
                 os.close(dir_fd)
         except OSError as exc:
-            raise Refused(f"cannot write {path}: {exc.strerror or exc}") from None
+            raise Refused(f"cannot write {path}: {exc.strerror or exc}") from exc
         finally:
             os.close(root_fd)
 

@@ -6,7 +6,7 @@ import pytest
 
 from quinebox.cli.freshness import fingerprint
 from quinebox.cli.serve import idle_after
-from quinebox.errors import QuineboxError
+from quinebox.errors import ErrorKind, QuineboxError
 
 
 @pytest.fixture
@@ -104,3 +104,4 @@ def test_a_bad_idle_time_is_one_line(option, configured, says):
     with pytest.raises(QuineboxError) as raised:
         idle_after(option, configured)
     assert str(raised.value).startswith(says) and "\n" not in str(raised.value)
+    assert raised.value.kind is ErrorKind.BAD_INPUT
