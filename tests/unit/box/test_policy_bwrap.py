@@ -1,9 +1,11 @@
 """policy_bwrap.bwrap_box as a table: the safe defaults as bwrap's options, the same box as oci_config, what is
 refused, and the seccomp profile compiled by libseccomp and held by the kernel under a real bwrap."""
 
+import json
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import replace
 
 import pytest
@@ -302,8 +304,6 @@ def run_under(program: bytes | None, *argv: str) -> subprocess.CompletedProcess:
     ],
 )
 def test_the_kernel_refuses_what_the_profile_denies_under_bwrap(grants, expected):
-    import json
-
     program = compile_seccomp(profile(*grants))
     assert run_under(program, "/bin/true").returncode == 0
     ran = run_under(program, "/usr/bin/python3", "-I", "-S", "-c", PROBE)
@@ -338,8 +338,6 @@ def test_bwrap_runs_the_rendered_box_as_an_unprivileged_host_id():
     """The rendered options as bwrap 0.8 makes them, run as the host id `host_ids` names (the caller's switch):
     only the command differs (the host's /usr in place of the guest's runtime)."""
     assert shutil.which("bwrap"), "bwrap is not installed: apt-get install bubblewrap (scripts/setup.sh installs it)"
-    import json
-    import tempfile
 
     top = tempfile.mkdtemp(prefix="quinebox-bwrap-test-")  # not pytest's tmp (root's 0700): the box's host id reads it
     try:
@@ -373,3 +371,44 @@ def test_bwrap_runs_the_rendered_box_as_an_unprivileged_host_id():
         assert os.listdir(out) == ["w"] and os.stat(os.path.join(out, "w")).st_uid == 1000  # written as the host id, never root
     finally:
         shutil.rmtree(top)
+
+
+GETPRIORITY = """
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+def call(*args):
+    return 0 if libc.syscall(140, *args) >= 0 else ctypes.get_errno()
+print(json.dumps([call(0, 0), call(1, 0), call(2, 0), call(0, 1)]))
+"""
+EACCES = 13
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="getpriority's number is x86_64's")
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        # one argument named twice: either condition refuses (runc's rule of a rule per condition)
+        ([{"index": 0, "value": 0, "op": "SCMP_CMP_EQ"}, {"index": 0, "value": 1, "op": "SCMP_CMP_EQ"}], [EACCES, EACCES, 0, EACCES]),
+        # distinct arguments: both must hold
+        ([{"index": 0, "value": 0, "op": "SCMP_CMP_EQ"}, {"index": 1, "value": 0, "op": "SCMP_CMP_EQ"}], [EACCES, 0, 0, 0]),
+        # a mask: which & 2 == 2
+        ([{"index": 0, "value": 2, "valueTwo": 2, "op": "SCMP_CMP_MASKED_EQ"}], [0, 0, EACCES, 0]),
+    ],
+)
+def test_argument_conditions_mean_what_they_mean_on_runc(args, expected):
+    rules = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"],
+             "syscalls": [{"names": ["getpriority"], "action": "SCMP_ACT_ERRNO", "errnoRet": EACCES, "args": args}]}
+    ran = run_under(compile_seccomp(rules), "/usr/bin/python3", "-I", "-S", "-c", GETPRIORITY)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == expected
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64's own and its 32-bit architecture")
+def test_the_profiles_architectures_and_no_other():
+    """Only the architectures named: a filter for the 32-bit x86 alone kills x86_64's first call (bwrap's exec of the
+    command); naming both lets it by."""
+    allow = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": []}
+    assert run_under(compile_seccomp(allow | {"architectures": ["SCMP_ARCH_X86"]}), "/bin/true").returncode != 0
+    assert run_under(compile_seccomp(allow | {"architectures": ["SCMP_ARCH_X86", "SCMP_ARCH_X86_64"]}), "/bin/true").returncode == 0
+    both, native = (compile_seccomp(allow | {"architectures": arches}) for arches in (["SCMP_ARCH_X86", "SCMP_ARCH_X86_64"], ["SCMP_ARCH_X86_64"]))
+    assert len(both) > len(native)
