@@ -20,11 +20,11 @@ from live_boxes import live_boxes
 
 pytest.importorskip("mcp")
 
-from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp import Client, StdioServerParameters
 
-from quinebox.audit.log import AuditLog  # noqa: E402
-from quinebox.box.policy import LABEL_SESSION  # noqa: E402
-from quinebox.integrations.mcp_server import QuineboxMCP  # noqa: E402
+from quinebox.audit.log import AuditLog
+from quinebox.box.policy import LABEL_SESSION
+from quinebox.integrations.mcp_server import QuineboxMCP
 
 
 def run(target, body, within: float = 120):
@@ -317,7 +317,7 @@ def test_stdio_server_serves_and_its_kill_leaves_no_box(engine):
 
     try:
         run(params, body, within=60)
-    except BaseException as exc:  # noqa: BLE001 - the client may say its server went away; only the boxes matter here
+    except BaseException as exc:
         if not made:
             raise
         assert not isinstance(exc, (KeyboardInterrupt, AssertionError)), exc
