@@ -22,7 +22,7 @@ if { [ ! -x .venv/bin/python ] && no_ensurepip python3; } || no_ensurepip /usr/b
     if is_root && have_apt; then say "installing python3-venv"; apt_install python3-venv; fi
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,ray,inspect,mcp,docs,view,otel]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,ray,inspect,mcp,docs,view,otel,bwrap]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
 # Bytecode for our own modules even where PYTHONDONTWRITEBYTECODE is set: start-up counts.
 .venv/bin/python -m compileall -q quinebox >/dev/null
 .venv/bin/python -c 'import quinebox.cli' || { say "installing quinebox into .venv failed"; exit 125; }
@@ -50,10 +50,11 @@ if ! engine_up; then
 fi
 
 # 3. OCI runtimes: runc runs boxes without the engine on their path (the default backend where it can), and
-#    gVisor's runsc is the stronger alternative the tests also run on.
+#    gVisor's runsc is the stronger alternative the tests also run on; bubblewrap runs a box as one process's argv.
 runtimes=()
 command -v runc >/dev/null || [ -x /usr/sbin/runc ] || runtimes+=(runc)
 command -v runsc >/dev/null || [ -x /usr/bin/runsc ] || runtimes+=(runsc)
+command -v bwrap >/dev/null || runtimes+=(bubblewrap)  # not an OCI runtime: the kernel's floor, a box's argv (box/policy_bwrap.py)
 if [ "${#runtimes[@]}" -gt 0 ]; then
     if is_root && have_apt; then
         say "installing ${runtimes[*]} (OCI runtimes)"; apt_install "${runtimes[@]}"
