@@ -7,11 +7,14 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, DENY_HELP, FORWARDED_SIGNALS, OTEL_HELP, app, export_traces, reported, say, tracing
+
+if TYPE_CHECKING:
+    from quinebox.box.options import BoxOptions
 
 
 def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summary: bool, cluster: str | None = None, forward_env: Sequence[str] = (),
@@ -76,16 +79,17 @@ def fan_out(jobs_from: Callable[[], Any], *, out: str, options: Any, json_summar
     return code
 
 
-def checked_options(**given: Any) -> Any:
-    """The run's options, its ask and deny rules checked once: a bad rule is one line and nothing starts, not a failure per input."""
+def checked_options(box: BoxOptions, **given: Any) -> Any:
+    """The run's options, with `box`'s ask and deny rules checked once: a bad rule is one line and nothing starts, not
+    a failure per input."""
     import os
 
     from quinebox.audit.asks import Asks
     from quinebox.tree.fanout import Options
 
     with reported():
-        Asks.parse(given["ask"], given["deny"], given["ask_timeout"], cwd=os.getcwd())
-    return Options(**given)
+        Asks.parse(box.ask, box.deny, box.ask_timeout, cwd=os.getcwd())
+    return Options(ask=box.ask, deny=box.deny, ask_timeout=None if box.ask_timeout is None else str(box.ask_timeout), **given)
 
 
 LOCAL_PARALLEL = 4
@@ -119,15 +123,13 @@ def map_command(
     forward_env: list[str] = typer.Option([], "--forward-env", metavar="NAME", help=FORWARD_HELP),
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
+    from quinebox.box.options import BoxOptions
     from quinebox.tree.fanout import map_jobs
 
     trace = "map" if tracing(otel) else None
-    options = checked_options(
-        parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens,
-        ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout,
-    )
-    common = {"grants": tuple(grant), "image": image, "model": model, "timeout": timeout}
-    raise typer.Exit(fan_out(lambda: map_jobs(mission, inputs or [], jsonl, **common), out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env, trace=trace))
+    box = BoxOptions.of(grants=tuple(grant), image=image, timeout=timeout, ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout)
+    options = checked_options(box, parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens)
+    raise typer.Exit(fan_out(lambda: map_jobs(mission, inputs or [], jsonl, box, model=model), out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env, trace=trace))
 
 
 @app.command("batch", help="Run the jobs of a YAML file (mission, material or input, grants, image, model per job). " + FANOUT_HELP)
@@ -148,11 +150,10 @@ def batch_command(
     forward_env: list[str] = typer.Option([], "--forward-env", metavar="NAME", help=FORWARD_HELP),
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
+    from quinebox.box.options import BoxOptions
     from quinebox.tree.fanout import batch_jobs
 
     trace = "batch" if tracing(otel) else None
-    options = checked_options(
-        parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens,
-        ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout,
-    )
+    box = BoxOptions.of(ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout)  # each job's grants, image and limit: its file's
+    options = checked_options(box, parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens)
     raise typer.Exit(fan_out(lambda: batch_jobs(jobs_file), out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env, trace=trace))

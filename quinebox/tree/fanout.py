@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quinebox.agent.providers import EXIT_UNAVAILABLE
+from quinebox.box.options import BoxOptions
 from quinebox.documents import read_yaml
 from quinebox.errors import EngineError, QuineboxError
 from quinebox.tree.runs import RunRecord
@@ -63,6 +64,11 @@ class Options:
     ask: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     ask_timeout: str | None = None
+
+    def box_for(self, job: Job) -> BoxOptions:
+        """The one description of the box a try at `job` runs in: the job's grants, image and time limit, the run's
+        ask and deny rules."""
+        return BoxOptions.of(grants=job.grants, image=job.image, timeout=job.timeout, ask=self.ask, deny=self.deny, ask_timeout=self.ask_timeout)
 
 
 @dataclass
@@ -106,8 +112,11 @@ def _check_names(jobs: list[Job]) -> list[Job]:
     return jobs
 
 
-def map_jobs(mission: str, inputs: Iterable[str], jsonl: str | None, **common: Any) -> list[Job]:
-    """Files and globs (expanded here, so quoted patterns work too), or one material per JSON line."""
+def map_jobs(mission: str, inputs: Iterable[str], jsonl: str | None, box: BoxOptions | None = None, *, model: str | None = None) -> list[Job]:
+    """Files and globs (expanded here, so quoted patterns work too), or one material per JSON line; every job's box
+    has `box`'s grants, image and time limit (the run's ask and deny rules are its Options')."""
+    box = box or BoxOptions()
+    common: dict[str, Any] = {"grants": box.grants, "image": box.image, "model": model, "timeout": None if box.timeout is None else str(box.timeout)}
     jobs: list[Job] = []
     for pattern in inputs:
         matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
@@ -315,9 +324,7 @@ class Runner:
             stdin: Any = files.enter_context(open(job.material, "rb")) if isinstance(job.material, Path) else job.material
             try:
                 agent = start_agent(
-                    job.mission, model=job.model, grants=job.grants, image=job.image, timeout=job.timeout,
-                    max_turns=self.options.max_turns, max_tokens=self.options.max_tokens,
-                    ask=self.options.ask, deny=self.options.deny, ask_timeout=self.options.ask_timeout,
+                    job.mission, self.options.box_for(job), model=job.model, max_turns=self.options.max_turns, max_tokens=self.options.max_tokens,
                     stdin=DEVNULL if stdin is None else stdin, stdout=out, stderr=err,
                 )
             except QuineboxError as exc:

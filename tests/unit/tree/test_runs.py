@@ -314,7 +314,7 @@ class FakeAgent:
 
     count = 0
 
-    def __init__(self, mission, *, stdin, stdout, stderr, **_options):
+    def __init__(self, mission, _box=None, *, stdin, stdout, stderr, **_options):
         FakeAgent.count += 1
         self.session = SimpleNamespace(session=f"fake-{FakeAgent.count}")
         material = stdin if isinstance(stdin, bytes) else stdin.read() if hasattr(stdin, "read") else b""
@@ -371,6 +371,20 @@ def test_a_resumed_map_shows_what_an_earlier_run_finished(tmp_path, fake_agents)
     assert [r["session"] for r in after["inputs"][:2]] == [r["session"] for r in before["inputs"][:2]]  # kept from the first run
     assert after["inputs"][2]["session"] != before["inputs"][2]["session"] and after["inputs"][2]["output"] == "seen: fixed"
     assert [r["id"] for r in runs_view.runs()] == [second.record.id, first.record.id]
+
+
+def test_each_try_gets_one_box_options_its_jobs_box_and_the_runs_rules(tmp_path, monkeypatch):
+    from quinebox.box.options import BoxOptions
+    from quinebox.tree import supervisor
+
+    boxes = []
+    monkeypatch.setattr(supervisor, "start_agent", lambda mission, box, **kw: boxes.append(box) or FakeAgent(mission, **kw))
+    (tmp_path / "a").write_text("a")
+    jobs = fanout.map_jobs("Shout", [str(tmp_path / "a")], None, BoxOptions(grants=("mem:64m",), image="alpine", timeout="5m"), model="m")
+    run = fanout.Options(ask=("net:example.com",), deny=("net:evil.example",), ask_timeout="0")
+    assert fanout.Runner(jobs, str(tmp_path / "out"), run, lambda *_: None).run() == 0
+    assert (jobs[0].model, boxes) == ("m", [BoxOptions(
+        grants=("mem:64m",), image="alpine", timeout="5m", ask=("net:example.com",), deny=("net:evil.example",), ask_timeout="0")])
 
 
 def test_a_batch_is_recorded_as_a_batch_without_one_mission(tmp_path, fake_agents):
