@@ -98,18 +98,18 @@ def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> b
         return False
     say("ok", f"default: {choice.why}")
     engine = next(w for w in ways if w.name == ENGINE)
-    return _image_ready(say, choice.backend, backend, build="build it: quinebox image build" if engine.works else
+    return _image_ready(say, registry.backend(choice.backend).unpacks_images, backend, build="build it: quinebox image build" if engine.works else
                         f"the engine builds it, and {engine.what}: {engine.fix}; then quinebox image build (or unpack a saved one: quinebox image load FILE)")
 
 
-def _image_ready(say: Say, on: str, backend: DockerBackend | None, *, build: str) -> bool:
+def _image_ready(say: Say, unpacked: bool, backend: DockerBackend | None, *, build: str) -> bool:
     """Looks where `exec` looks (configure.unpacked_image), in its order and with its own lookups: this user's
     cache; the engine when it answers; else the machine's shared cache root fills (shared.py). Where it is
     nowhere, the fix is the one that works for this user: root shares it for a user with no engine to ask."""
     from quinebox.box.images import rootfs, shared
     from quinebox.box.images.agent_image import image_exists
 
-    if on == "oci":
+    if unpacked:
         known = rootfs.lookup(DEFAULT_IMAGE)
         if known is not None and rootfs.unpacked(known.id) is not None:
             say("ok", f"image {DEFAULT_IMAGE} unpacked for OCI boxes ({rootfs.unpacked(known.id)})")

@@ -23,9 +23,18 @@ class Docker:
     """The engine: the engine's client is imported only for a box on the engine (its modules import it)."""
 
     name = ENGINE
+    unpacks_images = False
 
     def serves(self, name: str) -> bool:
         return name == self.name
+
+    def boxes(self, engine: DockerBackend | None, *, connect: bool) -> list[Box]:
+        if engine is None and not connect:
+            return []
+        from quinebox.box.backends.docker import DockerBackend
+        from quinebox.box.backends.dockerbox import boxes
+
+        return list(boxes(engine or DockerBackend.connect()))
 
     def reopen(self, name: str, container: str, labels: Mapping[str, str], engine: DockerBackend | None) -> Box:
         from quinebox.box.backends.docker import DockerBackend

@@ -24,10 +24,17 @@ class Oci:
     """Every OCI runtime: a box recorded or listed on one goes by the runtime's own name."""
 
     name = "oci"
+    unpacks_images = True
 
     def serves(self, name: str) -> bool:
         """Any name the registry's other backends do not serve: an OCI runtime goes by its own (runc, runsc, a path's)."""
         return True
+
+    def boxes(self, engine: DockerBackend | None, *, connect: bool) -> list[Box]:
+        """On each OCI runtime this state dir has used (one not answering is skipped: `gc` tries again later)."""
+        from quinebox.box.backends.runtimebox import runtime_boxes
+
+        return list(runtime_boxes())
 
     def reopen(self, name: str, container: str, labels: Mapping[str, str], engine: DockerBackend | None) -> Box:
         from quinebox.box.backends.ocibox import oci_runtime

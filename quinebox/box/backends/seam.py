@@ -32,9 +32,16 @@ class Backend(Protocol):
 
     #: Its name as a choice says it (`--backend NAME`), and as its shapes carry it.
     name: str
+    #: Whether its boxes' roots are images unpacked on this machine (images/rootfs.py), not kept by an engine.
+    unpacks_images: bool
 
     def serves(self, name: str) -> bool:
         """Whether a box recorded or listed as on `name` (a choice's backend, a record's, a listed box's) is its."""
+        ...
+
+    def boxes(self, engine: DockerBackend | None, *, connect: bool) -> list[Box]:
+        """Every quinebox box on this backend (on the engine: `engine`, or one connected to unless `connect` is
+        False); EngineError when the backend does not answer."""
         ...
 
     def reopen(self, name: str, container: str, labels: Mapping[str, str], engine: DockerBackend | None) -> Box:

@@ -1,8 +1,9 @@
 """The boxes of every backend, as `quinebox ps` lists them, and killing a box's subtree.
 
 There is no daemon: each quinebox process owns its boxes, and a box's owner label (`host:pid:start`) is enough
-to tell whether that process still lives. Each backend lists its own boxes as Box objects (backends/boxes.py):
-the engine's containers, and each OCI runtime's, whose annotations carry the same labels. A box is killed
+to tell whether that process still lives. Each backend of the registry (backends/registry.py) lists its own boxes
+as Box objects (backends/boxes.py): the engine's containers, and each OCI runtime's, whose annotations carry the
+same labels. A box is killed
 through its own object, whatever its backend.
 """
 
@@ -15,10 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quinebox.audit import log
-from quinebox.box.backends import dockerbox
 from quinebox.box.backends.boxes import Box, created_at
 from quinebox.box.backends.choice import ENGINE
-from quinebox.box.backends.runtimebox import runtime_boxes
+from quinebox.box.backends.registry import BACKENDS
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.pool.claim import claimed_as
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
@@ -67,22 +67,19 @@ def info(box: Box) -> BoxInfo:
 
 
 def every_box(engine: DockerBackend | None, *, connect: bool = True) -> list[Box]:
-    """Every quinebox box, on the engine (`engine`, or one connected to unless `connect` is False) and on each OCI
-    runtime used here. An engine that does not answer is an error only when nothing else can be listed: a machine
-    may run boxes with no engine."""
-    on_runtimes: list[Box] = list(runtime_boxes())
-    if engine is None and not connect:
-        return on_runtimes
-    try:
-        if engine is None:
-            from quinebox.box.backends.docker import DockerBackend
-
-            engine = DockerBackend.connect()
-        return [*dockerbox.boxes(engine), *on_runtimes]
-    except EngineError:
-        if on_runtimes or engine is None and _boxes_need_no_engine():
-            return on_runtimes
-        raise
+    """Every quinebox box, on every backend (registry.py): on the engine (`engine`, or one connected to unless
+    `connect` is False) and on each OCI runtime used here. A backend that does not answer is an error only when
+    nothing else can be listed: a machine may run boxes with no engine."""
+    found: list[Box] = []
+    failed: EngineError | None = None
+    for backend in BACKENDS.values():
+        try:
+            found += backend.boxes(engine, connect=connect)
+        except EngineError as exc:
+            failed = exc
+    if failed is not None and not found and not (engine is None and _boxes_need_no_engine()):
+        raise failed
+    return found
 
 
 def _boxes_need_no_engine() -> bool:
