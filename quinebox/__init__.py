@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "run", "resume_session", "Runner", "BoxOptions", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL", "build_image"]
+__all__ = ["__version__", "exec", "run", "resume_session", "Runner", "BoxOptions", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "ErrorKind", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL", "build_image"]
 
 
 def __getattr__(name: str):
@@ -48,7 +48,7 @@ def __getattr__(name: str):
         from quinebox.box.live.box_files import FileInfo
 
         return FileInfo
-    if name in ("QuineboxError", "GrantError", "FileTooLargeError", "EngineError"):
+    if name in ("QuineboxError", "ErrorKind", "GrantError", "FileTooLargeError", "EngineError"):
         from quinebox import errors
 
         return getattr(errors, name)
