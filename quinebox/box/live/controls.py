@@ -3,7 +3,7 @@
 Only the process that made a box waits for its init and runs its clocks (its TTL, its idle limit), so only it can
 stop those clocks while the box is paused, and only it can have a checkpoint end the box's sandbox and a
 successor take over (ocibox.succeed). `quinebox box pause`, `resume`, `checkpoint` and `fork`, and the MCP tools,
-from any process of the same user, ask it: one JSON line each way (fdpass) over run/sandboxes/<session>.ctl, in
+from any process of the same user, ask it: one frame each way (fdpass) over run/sandboxes/<session>.ctl, in
 the user's run dir (0700), answered only to a peer of the owner's own uid (or root), and of that uid only to one as
 free as the owner (fdpass.unfree: a sandboxed process is refused in one line, as it would act with the owner's freedom).
 """

@@ -1,10 +1,10 @@
 """An exec handed to the process that owns a long-lived box: how `quinebox exec --in` reaches the box's init.
 
 Only the box's owner holds its lifeline, so only it can ask the box's init to start a command (exec_ways.py's
-fast way). A caller of the same user asks it on the owner's control socket (controls.py): one JSON line with the
+fast way). A caller of the same user asks it on the owner's control socket (controls.py): one frame (fdpass) with the
 command and the caller's stdin, stdout and stderr riding along (SCM_RIGHTS). The owner runs it as any exec of its
 own (`Sandbox.Popen`: in the exec's own cgroup, refused in a paused box), with the caller's descriptors as the
-command's, so no byte passes through the owner, and answers one line with the exit status. A caller that goes
+command's, so no byte passes through the owner, and answers one frame with the exit status. A caller that goes
 away (SIGKILL included) ends its exec, as the watchdog of a runtime exec does; `{"kind": "kill"}` ends it early
 (the caller's signals).
 
