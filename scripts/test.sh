@@ -157,7 +157,7 @@ if [ "$status" = 0 ] && [ $# = 0 ] && [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]
             tests/integration/test_writable_root.py tests/integration/test_root_exec.py tests/integration/test_sandbox_files.py \
             tests/integration/test_sandbox_attach.py \
             tests/integration/test_inspect.py tests/integration/test_mcp.py tests/unit/tree/test_pruning.py tests/unit/tree/test_retention.py \
-            tests/unit/audit/test_audit_segments.py tests/unit/audit/test_audit_bound_writers.py tests/unit/test_private_modes.py tests/unit/test_state_trust.py \
+            tests/unit/audit/test_audit_segments.py tests/unit/audit/test_audit_bound_writers.py tests/unit/test_private_modes.py tests/unit/test_state_trust.py tests/unit/test_egress_errors.py \
             tests/unit/box/test_image_usage.py tests/e2e \
             -k 'not 50_mb and not quiet_spell_longer and not a_bad_grant_starts_nothing' --basetemp '$work/t'"
     status=$?
