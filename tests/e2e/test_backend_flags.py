@@ -4,7 +4,6 @@ environment: QUINEBOX_BACKEND / QUINEBOX_RUNTIME stay the user's default (box/ba
 import os
 
 import pytest
-
 from commands import ROOTLESS, qb
 
 
