@@ -3,7 +3,7 @@
 import glob
 from types import SimpleNamespace
 
-from quinebox.box.backends.runtimebox import runtime_boxes
+from quinebox.box.backends.oci.listed import runtime_boxes
 from quinebox.box.policy import LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
 from quinebox.box.pool.claim import claimed_as
 from quinebox.box.shape import LABEL_POOL

@@ -23,7 +23,7 @@ from quinebox.errors import EngineError, ErrorKind, GrantError, ImageError
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
-    from quinebox.box.backends.idmap import IdRange
+    from quinebox.box.backends.oci.idmap import IdRange
 
 
 def configure(spec: BoxSpec, backend: DockerBackend) -> tuple[BoxSpec, ImageInfo, ContainerConfig]:
@@ -66,7 +66,7 @@ def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo,
             enterable(config, ids.host(spec.uid))
     except BaseException:
         if ids is not None:
-            from quinebox.box.backends.idmap import release
+            from quinebox.box.backends.oci.idmap import release
 
             release(ids, spec.session)
         raise
@@ -96,7 +96,7 @@ def enterable(config: dict[str, Any], uid: int) -> None:
 
 def release_ids(config: dict[str, Any], session: str) -> None:
     """Give back the host ids a config of `session`'s claimed (own_ids), where it claimed any: once no box is made of it."""
-    from quinebox.box.backends.idmap import range_of, release
+    from quinebox.box.backends.oci.idmap import range_of, release
 
     ids = range_of(config.get("linux", {}).get("uidMappings"))
     if ids is not None:
@@ -106,7 +106,7 @@ def release_ids(config: dict[str, Any], session: str) -> None:
 def inherited_ids(parent: str | None, session: str) -> IdRange | None:
     """The ids the child `session` shares with its parent's box, run by this process (backends/idmap.py: a tree is
     one span), its claim on them joined to its parent's."""
-    from quinebox.box.backends.idmap import inherited, join
+    from quinebox.box.backends.oci.idmap import inherited, join
 
     ids = inherited(parent)
     if ids is not None:
@@ -117,7 +117,7 @@ def inherited_ids(parent: str | None, session: str) -> IdRange | None:
 def own_ids(session: str) -> IdRange:
     """A root-made box's own span of host ids (backends/idmap.py); refused in one line where none can be had. A
     session that goes on (resumed) asks for the span its world's owner had, so its files stay its own."""
-    from quinebox.box.backends.idmap import claim, holding
+    from quinebox.box.backends.oci.idmap import claim, holding
     from quinebox.worlds.build import load_spec
     from quinebox.worlds.revisions import WorldError
 

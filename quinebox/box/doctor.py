@@ -63,7 +63,7 @@ def run() -> int:
 
 def _own_ids(say: Say, backend: DockerBackend | None) -> None:
     """As root: whose ids a box runs as (backends/idmap.py), on a runtime and on the engine."""
-    from quinebox.box.backends import idmap
+    from quinebox.box.backends.oci import idmap
 
     first, last = idmap.BASE, idmap.BASE + idmap.SLOTS * idmap.SPAN - 1
     say("note", f"running as root: a box on runc runs in a user namespace of its own, its user a host uid of quinebox's range {first}…{last} "
@@ -146,7 +146,7 @@ def _image_ready(say: Say, unpacked: bool, backend: DockerBackend | None, *, bui
 def _snapshots(say: Say, ways: list[Way], backend: DockerBackend | None) -> None:
     """Where a long-lived box can be snapshotted (`quinebox box checkpoint`): runsc here; runc through CRIU, if
     `criu check` passes; the engine in its experimental mode, whose checkpoints quinebox does not take."""
-    from quinebox.box.backends.criu import criu_fails
+    from quinebox.box.backends.oci.criu import criu_fails
     from quinebox.errors import EngineError
 
     say("note", "snapshots (box checkpoint, restore, fork):")

@@ -43,8 +43,8 @@ from quinebox.worlds.world import World, end_world, open_world
 
 if TYPE_CHECKING:
     from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.oci.claim import ClaimedOci
     from quinebox.box.pool.claim import Claimed
-    from quinebox.box.pool.claim_oci import ClaimedOci
 
 #: How long the engine may take to remove a box after it stopped before we insist.
 REMOVAL_GRACE = 10.0

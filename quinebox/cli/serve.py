@@ -25,7 +25,7 @@ def warm() -> None:
     for name in ("docker", "openai", "yaml", "rich.console", "cryptography.x509", "sqlite3", "quinebox.cli", "quinebox.api", "quinebox.agent.session",
                  "quinebox.tree.agent", "quinebox.tree.fanout", "quinebox.box.owners.listing", "quinebox.audit.approvals", "quinebox.worlds.tracker",
                  "quinebox.agent.diagnostics", "quinebox.agent.providers.script", "quinebox.agent.providers.openai", "typer._click.decorators",
-                 "quinebox.box.run.oci_launch", "quinebox.box.pool.claim_oci", "quinebox.box.images.rootfs", "quinebox.box.images.shared",
+                 "quinebox.box.backends.oci.launch", "quinebox.box.backends.oci.claim", "quinebox.box.images.rootfs", "quinebox.box.images.shared",
                  "quinebox.box.images.usage", "quinebox.tree.retention"):
         importlib.import_module(name)
     from quinebox.box.backends.docker import DockerBackend

@@ -356,7 +356,7 @@ def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
         code = 130
     sys.stdout.flush()
     sys.stderr.flush()
-    from quinebox.box.backends.ocibox import finish_removals
+    from quinebox.box.backends.oci.box import finish_removals
 
     if code > 128:  # ended by a signal: its box is gone before the client says so, as the CLI's own promises
         finish_removals()

@@ -6,7 +6,7 @@ import pytest
 from commands import qb, wait_for
 from live_boxes import cgroups_of, live_boxes
 
-from quinebox.box.backends.boxroot import bundle_of
+from quinebox.box.backends.oci.boxroot import bundle_of
 from quinebox.state import snapshots_dir
 
 #: Counts in memory, and answers the count on a socket it listens on; its world file is held open.

@@ -18,7 +18,7 @@ import pytest
 from commands import QUINEBOX
 
 import quinebox
-from quinebox.box.backends import idmap
+from quinebox.box.backends.oci import idmap
 from quinebox.box.policy import HOST_SOCKET, LABEL_SESSION
 from quinebox.box.shape import LABEL_POOL, POOL_COMMAND
 

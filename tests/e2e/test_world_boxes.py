@@ -15,7 +15,7 @@ from openai_server import exit_, sh, tool
 import quinebox
 from quinebox.agent.store import read_tape
 from quinebox.audit.log import AuditLog
-from quinebox.box.backends import idmap
+from quinebox.box.backends.oci import idmap
 from quinebox.box.policy import LABEL_SESSION
 from quinebox.box.spec import AGENT_UID
 from quinebox.state import session_dir

@@ -15,8 +15,8 @@ import pytest
 
 import quinebox
 from quinebox.box.backends import oci
-from quinebox.box.backends.boxroot import bundle_of
-from quinebox.box.backends.runtimebox import runtime_boxes
+from quinebox.box.backends.oci.boxroot import bundle_of
+from quinebox.box.backends.oci.listed import runtime_boxes
 from quinebox.box.owners.gc import collect_garbage
 from quinebox.state import state_dir
 

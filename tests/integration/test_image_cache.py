@@ -11,10 +11,9 @@ import pytest
 from commands import qb
 
 import quinebox
-from quinebox.box.images import rootfs
-from quinebox.box.images import seal
-from quinebox.box.backends import boxroot
+from quinebox.box.backends.oci import boxroot
 from quinebox.box.configure import unpacked_image
+from quinebox.box.images import rootfs, seal
 from quinebox.box.policy import LABEL_OWNER
 from quinebox.box.spec import DEFAULT_IMAGE
 from quinebox.processes import process_start_ticks

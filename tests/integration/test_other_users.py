@@ -8,7 +8,6 @@ process that runs as uid 1000, and must be refused by the kernel.
 
 import os
 import pwd
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import quinebox
-from quinebox.box.backends import idmap
+from quinebox.box.backends.oci import idmap
 
 pytestmark = [pytest.mark.root_only]
 ATTACKER = 1000

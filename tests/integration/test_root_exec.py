@@ -12,7 +12,7 @@ import pytest
 from commands import ROOTLESS, qb, wait_for
 
 import quinebox
-from quinebox.box.backends import idmap
+from quinebox.box.backends.oci import idmap
 from quinebox.errors import GrantError, QuineboxError
 
 #: The controls a root exec must still be under: no capability in any set, no-new-privs, our seccomp (filter mode).

@@ -13,7 +13,7 @@ import pytest
 from live_boxes import cgroups_of, live_boxes, soon
 
 import quinebox
-from quinebox.box.backends.boxroot import bundle_of
+from quinebox.box.backends.oci.boxroot import bundle_of
 from quinebox.box.live import freezing, snapshots
 from quinebox.errors import QuineboxError
 from quinebox.view.catalog import Catalog

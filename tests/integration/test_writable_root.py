@@ -16,7 +16,7 @@ from commands import QUINEBOX, ROOTLESS
 from live_boxes import soon
 
 import quinebox
-from quinebox.box.backends.boxroot import BUNDLE_RECORD, SHM, _shared_memory_layer, bundle_of
+from quinebox.box.backends.oci.boxroot import BUNDLE_RECORD, SHM, _shared_memory_layer, bundle_of
 from quinebox.box.policy_host import HOST_ROOT_LAYER
 
 #: Where the box runs, as the rootless pass's deselection reads a case's parameter (tests/conftest.py).

@@ -34,8 +34,10 @@ ROOMS = [
     ("box.backends", ("quinebox.box.backends",)),
     ("box.images", ("quinebox.box.images",)),
     ("box.configure", ("quinebox.box.configure",)),
-    ("box.pool", ("quinebox.box.pool",)),
-    ("box.run", ("quinebox.box.run",)),
+    # A backend is one room (box/backends/docker/, box/backends/oci/), its modules ranked where they reach: its
+    # warm boxes and claims at the pool's tier, its launch at run's, the rest (thin layer, box) at backends'.
+    ("box.pool", ("quinebox.box.pool", "quinebox.box.backends.docker.warm", "quinebox.box.backends.oci.warm", "quinebox.box.backends.oci.claim")),
+    ("box.run", ("quinebox.box.run", "quinebox.box.backends.docker.launch", "quinebox.box.backends.oci.launch")),
     # Each backend's object (seam.Backend) reaches its own launch (run/) and warm (pool/) modules: it and the one
     # registry of them rank above those; the pool's keeper, which makes every backend's warm boxes, above it.
     ("box.backends registry", ("quinebox.box.backends.registry", "quinebox.box.backends.docker_backend", "quinebox.box.backends.oci_backend")),

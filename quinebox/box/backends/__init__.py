@@ -7,16 +7,11 @@ and an exec's Way), and every backend by name, one registration line each
 (registry.py). A capability a backend lacks is answered by the caller in one
 line; nothing outside this room asks which backend a box is on.
 
-The engine: its thin layer, its errors translated in one place (docker.py),
-its box (dockerbox.py) and its seam object (docker_backend.py). The OCI
-runtimes (runc, crun, gVisor's runsc): a runtime's thin layer and
-capabilities (oci.py), the box its owner starts (ocibox.py) and the box as
-listed (runtimebox.py: pause, exec, checkpoint), each box's own root over its
-image and the one removal of its remains (boxroot.py), a root-made box's own
-span of host ids (idmap.py) and the idmapped view of an image a writable root
-lies over (idview.py), the cgroup freezer (freezer.py), whether CRIU works here
-(criu.py), what removes a dead process's runtime boxes (reaper.py), and its
-seam object (oci_backend.py). Shared by both: each exec's own cgroup
+Each backend is one room: the engine's (docker/: its thin layer, box, launch and
+warm boxes; its seam object docker_backend.py) and the OCI runtimes' (oci/:
+runc, crun and gVisor's runsc, with their thin layer, boxes, roots, ids,
+freezer, CRIU check, reaper, launch, warm boxes and claims; its seam object
+oci_backend.py). Shared by both: each exec's own cgroup
 (exec_cgroups.py), which backend a box runs on (choice.py, probe.py), a plain
 user's boxes (rootless.py), each way a box could run here and its fix
 (ways.py, reach.py), and noticing an engine gone quiet (watch.py).

@@ -32,18 +32,18 @@ class Docker:
         if engine is None and not connect:
             return []
         from quinebox.box.backends.docker import DockerBackend
-        from quinebox.box.backends.dockerbox import boxes
+        from quinebox.box.backends.docker.box import boxes
 
         return list(boxes(engine or DockerBackend.connect()))
 
     def reopen(self, name: str, container: str, labels: Mapping[str, str], engine: DockerBackend | None) -> Box:
         from quinebox.box.backends.docker import DockerBackend
-        from quinebox.box.backends.dockerbox import DockerBox
+        from quinebox.box.backends.docker.box import DockerBox
 
         return DockerBox(engine or DockerBackend.shared(), {"Id": container, "Labels": dict(labels)})
 
     def launch(self, choice: Choice, engine: DockerBackend | None, ends: Ends, *, session: str, reader_gone: Callable[[], None]) -> Launch:
-        from quinebox.box.run.docker_launch import DockerLaunch
+        from quinebox.box.backends.docker.launch import DockerLaunch
 
         return DockerLaunch(engine, ends, session=session, reader_gone=reader_gone)
 
@@ -56,7 +56,7 @@ class Docker:
         return str(shape["create"]["image"]).split(":")[-1][:12]
 
     def make_warm(self, shape: dict[str, Any], engine: Engine) -> Kept:
-        from quinebox.box.pool.warm_docker import start_warm
+        from quinebox.box.backends.docker.warm import start_warm
 
         return start_warm(engine(), shape)
 

@@ -32,18 +32,18 @@ class Oci:
 
     def boxes(self, engine: DockerBackend | None, *, connect: bool) -> list[Box]:
         """On each OCI runtime this state dir has used (one not answering is skipped: `gc` tries again later)."""
-        from quinebox.box.backends.runtimebox import runtime_boxes
+        from quinebox.box.backends.oci.listed import runtime_boxes
 
         return list(runtime_boxes())
 
     def reopen(self, name: str, container: str, labels: Mapping[str, str], engine: DockerBackend | None) -> Box:
-        from quinebox.box.backends.ocibox import oci_runtime
-        from quinebox.box.backends.runtimebox import RuntimeBox
+        from quinebox.box.backends.oci.box import oci_runtime
+        from quinebox.box.backends.oci.listed import RuntimeBox
 
         return RuntimeBox(oci_runtime(name), container, labels)
 
     def launch(self, choice: Choice, engine: DockerBackend | None, ends: Ends, *, session: str, reader_gone: Callable[[], None]) -> Launch:
-        from quinebox.box.run.oci_launch import OciLaunch
+        from quinebox.box.backends.oci.launch import OciLaunch
 
         return OciLaunch(choice.runtime or DEFAULT_RUNTIME, ends)
 
@@ -57,7 +57,7 @@ class Oci:
         return str(shape["config"]["root"]["path"]).rstrip("/").split("/")[-2][:12]
 
     def make_warm(self, shape: dict[str, Any], engine: Engine) -> Kept:
-        from quinebox.box.pool.warm_oci import WarmOci
+        from quinebox.box.backends.oci.warm import WarmOci
 
         return WarmOci(shape)
 

@@ -80,7 +80,7 @@ def _extract(backend: DockerBackend, image: str, target: Path) -> None:
 
 def prune(backend: DockerBackend, agent_image: str) -> list[str]:
     """Remove runtimes copied out of older agent images that no box still mounts; the names removed."""
-    from quinebox.box.backends import dockerbox  # the engine's client: only for gc
+    from quinebox.box.backends.docker import box as dockerbox  # the engine's client: only for gc
 
     root = runtime_root()
     if not root.is_dir():

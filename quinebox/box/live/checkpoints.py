@@ -33,7 +33,7 @@ from pathlib import Path
 
 from quinebox.audit import log
 from quinebox.box.backends.boxes import Box
-from quinebox.box.backends.ocibox import RESTORE_IMAGE
+from quinebox.box.backends.oci.box import RESTORE_IMAGE
 from quinebox.box.configure import unpacked_image
 from quinebox.box.live import freezing, snapshot_rules, snapshots
 from quinebox.box.live.snapshots import Recipe, Snapshot

@@ -4,8 +4,8 @@
   create`'s holder): it forks the command in the box, already under every control of the box's; the host puts
   the child in a pids cgroup of its own before it runs anything (guest/execs.py). The fast way: a fork, not a
   runtime's start. Not under gVisor (its processes have no host pid or cgroup), nor with a terminal.
-- Else the backend's own exec (Box.exec_way, in the backend's room): an OCI runtime's `exec` (runtimebox.py), or
-  the engine's, placed in its cgroup before it runs (dockerbox.py).
+- Else the backend's own exec (Box.exec_way, in the backend's room): an OCI runtime's `exec` (oci/listed.py), or
+  the engine's, placed in its cgroup before it runs (docker/box.py).
 
 Each way is made, then started (`start`), so that what it made before a failure (its cgroup) is there to undo.
 """

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quinebox.box.backends import idmap
 from quinebox.box.backends.boxes import Box
-from quinebox.box.backends.boxroot import bundle_of, bundles, remove_bundle, sweep_layers
-from quinebox.box.backends.reaper import keeper_runs
+from quinebox.box.backends.oci import idmap
+from quinebox.box.backends.oci.boxroot import bundle_of, bundles, remove_bundle, sweep_layers
+from quinebox.box.backends.oci.reaper import keeper_runs
 from quinebox.box.backends.rootless import delegated_name, local_rootless
 from quinebox.box.owners.listing import every_box, info, reachable_engine
 from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER

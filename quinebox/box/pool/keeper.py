@@ -18,10 +18,10 @@ from typing import Any, TypeGuard
 from quinebox import fdpass
 from quinebox.box.backends.choice import choose
 from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.oci.warm import wait_claimed
 from quinebox.box.backends.registry import backend, of_shape
 from quinebox.box.policy import oci_refusal
 from quinebox.box.pool.warm import Kept, Pool, Settings, refused
-from quinebox.box.pool.warm_oci import wait_claimed
 from quinebox.box.spec import build_spec
 from quinebox.errors import QuineboxError
 from quinebox.processes import die_with_parent

@@ -5,9 +5,9 @@ once commands keep coming (`Demand`: never for a short job) and tied to it: when
 keeper lets every warm box go (their lifelines). A warm box runs only the guest's
 init (`shape.POOL_COMMAND`): it holds no session, no grants beyond its shape, no
 mounts beyond its own empty world, and no command, environment or secret
-reaches it before it is claimed (claim.py, claim_oci.py). Whoever claims it gets
+reaches it before it is claimed (claim.py, oci/claim.py). Whoever claims it gets
 its sockets and it runs the claimer's command; the pool forgets it, and makes
-another. Each backend makes its own (warm_docker.py on the engine, warm_oci.py
+another. Each backend makes its own (docker/warm.py on the engine, oci/warm.py
 on an OCI runtime); this is what they share.
 
 Shapes are learned from demand (each miss registers its shape), beside the

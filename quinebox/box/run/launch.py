@@ -15,9 +15,9 @@ from quinebox.box.spec import BoxSpec
 from quinebox.box.streams.direct import Stream
 
 if TYPE_CHECKING:
+    from quinebox.box.backends.oci.claim import ClaimedOci
     from quinebox.box.net.broker import Broker
     from quinebox.box.pool.claim import Claimed
-    from quinebox.box.pool.claim_oci import ClaimedOci
     from quinebox.box.spec import ImageInfo
     from quinebox.box.streams import relay
 

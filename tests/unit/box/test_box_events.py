@@ -4,8 +4,8 @@ import pytest
 import urllib3.exceptions
 
 from quinebox.box.backends import watch
-from quinebox.box.run import docker_launch
-from quinebox.box.run.docker_launch import DockerLaunch
+from quinebox.box.backends.docker import launch as docker_launch
+from quinebox.box.backends.docker.launch import DockerLaunch
 from quinebox.box.run.ending import Ends, How
 from quinebox.errors import EngineError
 

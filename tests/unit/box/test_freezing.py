@@ -2,7 +2,7 @@
 
 import pytest
 
-from quinebox.box.backends import freezer
+from quinebox.box.backends.oci import freezer
 from quinebox.box.live import freezing
 from quinebox.errors import EngineError, QuineboxError
 

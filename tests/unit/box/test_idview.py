@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from quinebox.box.backends.idview import image_tree
+from quinebox.box.backends.oci.idview import image_tree
 from quinebox.errors import EngineError
 
 HEX = "ab" * 32

@@ -3,7 +3,7 @@
 import pytest
 
 from quinebox.box.backends.oci import PANIC_LOG, sandbox_death
-from quinebox.box.backends.ocibox import died
+from quinebox.box.backends.oci.box import died
 
 TRACE = "\ngoroutine 113 [running]:\npanic({0xe7f040, 0xc0000ca940})\n\truntime/panic.go:987 +0x3ba\n"
 

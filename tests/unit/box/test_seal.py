@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from quinebox.box.images import eviction
-from quinebox.box.images import rootfs
-from quinebox.box.images import seal
-from quinebox.box.backends import boxroot
+from quinebox.box.backends.oci import boxroot
+from quinebox.box.images import eviction, rootfs, seal
 from quinebox.box.spec import ImageInfo
 from quinebox.errors import EngineError
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from quinebox.box.backends.runtimebox import sized_process
+from quinebox.box.backends.oci.listed import sized_process
 
 BOX = {
     "args": ["/init"],

@@ -1,8 +1,8 @@
 """Warm boxes on an OCI runtime (runc, runsc): started ahead by the pool's keeper, each init waiting for its claim.
 
-A warm box is made as a cold one is (ocibox.py: its own root over the image, `runtime run --detach`, the keeper a
+A warm box is made as a cold one is (oci/box.py: its own root over the image, `runtime run --detach`, the keeper a
 subreaper while it starts), from its shape's config.json with a lifeline socket, world and cgroup of its own,
-running the guest's init in pool mode. The claimer (claim_oci.py) is handed the lifeline's listener, the lifeline
+running the guest's init in pool mode. The claimer (oci/claim.py) is handed the lifeline's listener, the lifeline
 itself and a pidfd of the box's init, and sends the init its command with the claimer's own stdin, stdout and
 stderr (SCM_RIGHTS): the box then reads and writes them itself, and no byte passes through the keeper or the
 claimer.
@@ -26,12 +26,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from quinebox import fdpass
-from quinebox.box.backends import idmap
-from quinebox.box.backends.ocibox import OciBox, finish_removals, oci_runtime
+from quinebox.box.backends.docker.warm import START_TIMEOUT
+from quinebox.box.backends.oci import idmap
+from quinebox.box.backends.oci.box import OciBox, finish_removals, oci_runtime
 from quinebox.box.net.broker import box_socket
 from quinebox.box.pool.claim import forget
 from quinebox.box.pool.warm import holds, take_lifeline
-from quinebox.box.pool.warm_docker import START_TIMEOUT
 from quinebox.box.shape import POOL_SESSION, oci_box_user, oci_has_world, own_ids, warm_oci_config
 from quinebox.box.spec import new_session_id
 from quinebox.errors import EngineError

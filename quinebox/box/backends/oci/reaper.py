@@ -21,7 +21,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from quinebox.box.backends.boxroot import remove_box
+from quinebox.box.backends.oci.boxroot import remove_box
 
 DEADLINE = 10.0
 #: What /proc/PID/comm says of a keeper (a forked process otherwise looks like its owner).

@@ -1,4 +1,4 @@
-"""Claiming a warm box on an OCI runtime from this user's pool (warm_oci.py): the claimer's side.
+"""Claiming a warm box on an OCI runtime from this user's pool (oci/warm.py): the claimer's side.
 
 A request whose shape (shape.oci_shape_of) the pool keeps warm gets the box's lifeline listener, the lifeline
 itself and a pidfd of its init, and keeps its connection to the pool's keeper, on which the keeper — the init's
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quinebox import fdpass
-from quinebox.box.backends.boxroot import bundle_of
 from quinebox.box.backends.oci import made_as
+from quinebox.box.backends.oci.boxroot import bundle_of
 from quinebox.box.net.broker import Broker, Channel
 from quinebox.box.pool.claim import CLAIM_TIMEOUT, pool_wanted, settle
 from quinebox.box.shape import oci_shape_of, why_cold

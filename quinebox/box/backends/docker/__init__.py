@@ -1,4 +1,8 @@
-"""The thin layer over the Docker Engine API (through docker-py's low-level client).
+"""The Docker backend's room, and its thin layer over the Docker Engine API (docker-py's low-level client).
+
+The room: this thin layer (here, so that `backends.docker.DockerBackend` is the engine's client), a box on the
+engine (box.py: its Box, its exec), its launch (launch.py: ranked at run's tier) and its warm boxes (warm.py:
+at the pool's). Its seam object is backends/docker_backend.py, registered in backends/registry.py.
 
 Each method is one engine request, asked inside `_asking`: the one place its failures are turned into
 quinebox's own, so callers above never see docker-py exceptions or HTTP details. Only what the engine or the

@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from quinebox.box.backends import idmap
+from quinebox.box.backends.oci import idmap
 from quinebox.errors import EngineError
 from quinebox.state import state_dir
 

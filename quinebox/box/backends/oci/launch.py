@@ -12,14 +12,14 @@ import socket
 from collections.abc import Callable
 from typing import IO, Any
 
-from quinebox.box.backends import idmap
-from quinebox.box.backends.ocibox import OciBox, oci_runtime
+from quinebox.box.backends.oci import idmap
+from quinebox.box.backends.oci.box import OciBox, oci_runtime
+from quinebox.box.backends.oci.claim import ClaimedOci, claim_oci
 from quinebox.box.configure import configure_oci
 from quinebox.box.images.rootfs import in_rootfs
 from quinebox.box.net.broker import Broker
 from quinebox.box.net.secrets import rootfs_reader
 from quinebox.box.pool.claim import forget
-from quinebox.box.pool.claim_oci import ClaimedOci, claim_oci
 from quinebox.box.run.ending import Ends
 from quinebox.box.shape import oci_claim_frame
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, ImageInfo
@@ -30,7 +30,7 @@ from quinebox.errors import ImageError
 
 
 class OciLaunch:
-    """One box on the OCI runtime named `runtime`: made here, or a warm one claimed from the pool (claim_oci.py)."""
+    """One box on the OCI runtime named `runtime`: made here, or a warm one claimed from the pool (oci/claim.py)."""
 
     def __init__(self, runtime: str, ends: Ends):
         self.runtime = oci_runtime(runtime)

@@ -1,5 +1,13 @@
-"""The thin layer over an OCI runtime's command line: runc by default, crun, gVisor's runsc, or any binary that
-speaks the same verbs (run, state, kill, delete, list, exec).
+"""The OCI backend's room, and its thin layer over an OCI runtime's command line: runc by default, crun, gVisor's
+runsc, or any binary that speaks the same verbs (run, state, kill, delete, list, exec).
+
+The room: this thin layer and each runtime's Capabilities (here, so that `backends.oci.Runtime` is a runtime), the
+box its owner starts (box.py), a box as the runtime lists it (listed.py: its Box: pause, exec, checkpoint), each
+box's own root and the one removal of its remains (boxroot.py), a root-made box's own span of host ids
+(idmap.py) and the idmapped view of an image (idview.py), the cgroup freezer (freezer.py), whether CRIU works
+here (criu.py), what removes a dead process's boxes (reaper.py), its launch (launch.py: at run's tier), its warm
+boxes (warm.py) and claiming one (claim.py: both at the pool's tier). Its seam object is
+backends/oci_backend.py, registered in backends/registry.py.
 
 Each method is one runtime invocation with a deadline (`QUINEBOX_RUNTIME_TIMEOUT`, 30 s; killing and deleting
 10 s), its failure turned into one line of quinebox's own. Nothing here knows what a box is for: the bundle
