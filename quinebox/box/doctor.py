@@ -62,7 +62,7 @@ def run() -> int:
 
 
 def _own_ids(say: Say, backend: DockerBackend | None) -> None:
-    """As root: whose ids a box runs as (backends/idmap.py), on a runtime and on the engine."""
+    """As root: whose ids a box runs as (backends/oci/idmap.py), on a runtime and on the engine."""
     from quinebox.box.backends.oci import idmap
 
     first, last = idmap.BASE, idmap.BASE + idmap.SLOTS * idmap.SPAN - 1

@@ -96,7 +96,7 @@ LABEL_PARENT = LABEL_PREFIX + "parent"
 LABEL_CREATED = LABEL_PREFIX + "created"
 #: The uid of the user who started the box: only they may `enter` it.
 LABEL_USER = LABEL_PREFIX + "user"
-#: On an OCI runtime, the bytes a box's writable root layer may hold (`root_layer`; backends/boxroot.py sizes it).
+#: On an OCI runtime, the bytes a box's writable root layer may hold (`root_layer`; backends/oci/boxroot.py sizes it).
 ROOT_LAYER = LABEL_PREFIX + "root-layer"
 
 #: The machine types Python reports, as Docker's images name them and as seccomp does.

@@ -45,7 +45,7 @@ from quinebox.errors import GrantError
 
 OCI_VERSION = "1.0.2"
 #: Every box's own namespaces, and a user namespace besides: a root-made box's maps a span of host ids no account
-#: and no other box holds (`userns`, backends/idmap.py), a rootless box's its user's own ids (`Rootless`); only
+#: and no other box holds (`userns`, backends/oci/idmap.py), a rootless box's its user's own ids (`Rootless`); only
 #: gVisor's, whose processes are its sandbox's and not the host's, has none.
 NAMESPACES = ("pid", "network", "ipc", "uts", "mount", "cgroup")
 #: What OCI's seccomp schema knows, at the top, in a rule and in an argument.
@@ -188,8 +188,8 @@ def oci_config(
     cgroup a child of the caller's; the devices cgroup, which only the host's root may write, is left out, as a
     user namespace already refuses a box every device node but those it is shown (mknod is refused in it).
     `userns`: for a box root makes, (first, count): the host ids its user namespace maps its ids 0… onto, the
-    box's user (`spec.uid`) among them, none of them an account's (backends/idmap.py). A box granted `rootfs:rw`
-    has its root writable, the bytes of its own layer in the ROOT_LAYER annotation (backends/boxroot.py); never
+    box's user (`spec.uid`) among them, none of them an account's (backends/oci/idmap.py). A box granted `rootfs:rw`
+    has its root writable, the bytes of its own layer in the ROOT_LAYER annotation (backends/oci/boxroot.py); never
     over the host's own root (HOST_ROOT_LAYER).
     """
     if spec.grants.rootfs_rw and spec.image == HOST_IMAGE:

@@ -152,7 +152,7 @@ def claim_frame(spec: BoxSpec, config: ContainerConfig) -> dict[str, Any]:
 # -- on an OCI runtime: the shape of a config.json ----------------------------------------------------------
 
 
-#: A shape's stand-in for a root-made box's own uid and gid maps, which each warm box claims (backends/idmap.py).
+#: A shape's stand-in for a root-made box's own uid and gid maps, which each warm box claims (backends/oci/idmap.py).
 OWN_IDS = "quinebox.own-ids"
 
 
@@ -216,7 +216,7 @@ def well_formed_oci(shape: Any) -> TypeGuard[dict[str, Any]]:
 
 
 def own_ids(shape: dict[str, Any]) -> bool:
-    """Whether each box of this OCI shape has host ids of its own (a root-made box's: backends/idmap.py)."""
+    """Whether each box of this OCI shape has host ids of its own (a root-made box's: backends/oci/idmap.py)."""
     return bool(shape.get("config", {}).get("linux", {}).get(OWN_IDS))
 
 

@@ -1,6 +1,6 @@
 """`--image host`: the host's own root as a box's image, for the developer's own tools.
 
-Nothing is unpacked: the box's root is the host's `/` under the box's own overlay (backends/boxroot.py), read-only
+Nothing is unpacked: the box's root is the host's `/` under the box's own overlay (backends/oci/boxroot.py), read-only
 in the box. What the box may see of it is policy_host.py's to say; this reads what that rule is about (what the
 host's root and /etc hold, when the box is made) and keeps the empty file it binds over what it hides.
 """

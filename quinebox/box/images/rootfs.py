@@ -7,7 +7,7 @@ flattens its layers for us), a `docker save` tarball or an OCI image layout
 (box/images/archives.py, their layers applied by box/images/layers.py). Once unpacked, a box of it costs one
 stat and no engine call, so a frozen or stopped engine stops no such box.
 
-    images/<hex of the image id>/rootfs/       the tree, under every box's own root (backends/boxroot.py), never written
+    images/<hex of the image id>/rootfs/       the tree, under every box's own root (backends/oci/boxroot.py), never written
     images/<hex of the image id>/image.json    what a box takes from the image (spec.ImageInfo)
     images/<hex of the image id>/seal.json     what the tree held at its unpack (seal.py): one that changed leaves (eviction.py)
     images/<hex of the image id>/used          touched as each box takes the tree (usage.py)

@@ -1,7 +1,7 @@
 """What an unpacked image held when it was unpacked, to tell later whether anything has changed it since.
 
 Every box of an image starts from the same tree (rootfs.py), read-only in the box and the lower layer of each
-box's own root (backends/boxroot.py), so nothing of quinebox's writes it after its unpack. Something else could:
+box's own root (backends/oci/boxroot.py), so nothing of quinebox's writes it after its unpack. Something else could:
 a tool run as root on the host, an older quinebox that let the runtime make mount points in it, a disk restored
 from a backup. Such a tree must not be served to the next box as if it were the image.
 

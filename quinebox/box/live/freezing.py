@@ -1,7 +1,7 @@
 """Pausing a long-lived box: every process of it stopped where it is, then let go on; its clocks stop with it.
 
 Each backend's own way (Box.freeze and Box.thaw, in its room), and each leaves the box killable while paused:
-runc's cgroup freezer written directly (backends/freezer.py), gVisor's `runsc pause`, the engine's pause.
+runc's cgroup freezer written directly (backends/oci/freezer.py), gVisor's `runsc pause`, the engine's pause.
 
 A paused box has a marker in its record's directory (run/sandboxes/<session>.paused: when, and why) for as long
 as it is paused, which every process reads: an exec into it is refused in one line (`refuse_if_paused`, called

@@ -170,7 +170,7 @@ def user_of(where: Target, user: str | None) -> str | None:
 
 def unmapped(user: str, resolved: str, ranges: tuple[list[tuple[int, int]], list[tuple[int, int]]] | None) -> str | None:
     """Why `resolved` (an exec's uid:gid) cannot be `user` in a box whose user namespace maps `ranges` (uids,
-    gids: RuntimeBox.id_ranges), or None: a root-made box maps its own 65536 ids (backends/idmap.py), a rootless
+    gids: RuntimeBox.id_ranges), or None: a root-made box maps its own 65536 ids (backends/oci/idmap.py), a rootless
     one its user's subordinate range (or its one id)."""
     if ranges is None:
         return None

@@ -94,7 +94,7 @@ def _serves_execs(message: dict[str, Any]) -> bool:
 def box_socket(path: str, *, backlog: int, owner: tuple[int, int] | None = None) -> socket.socket:
     """A listening Unix socket at `path` (a stale one there is replaced) that the box reaches by bind mount.
 
-    `owner`: the host's (uid, gid) of the box's user (a root-made box's own ids, backends/idmap.py): the socket
+    `owner`: the host's (uid, gid) of the box's user (a root-made box's own ids, backends/oci/idmap.py): the socket
     is theirs alone (0600; root reaches it as root). Without one (a box whose user is ours) it is ours alone.
     The run dir (0700) keeps everyone else from its path; `box_peer` checks who connected on every accept.
     """

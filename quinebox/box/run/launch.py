@@ -48,7 +48,7 @@ class Launch(Protocol):
 
     def world_owner(self, spec: BoxSpec) -> tuple[int, int]:
         """The host's (uid, gid) of the box's user, once claimed or not: its world and sockets are theirs (a
-        root-made box's own ids on a runtime, backends/idmap.py; `spec.uid` where no namespace maps it)."""
+        root-made box's own ids on a runtime, backends/oci/idmap.py; `spec.uid` where no namespace maps it)."""
 
     def start(self, spec: BoxSpec, config: Any, streams: tuple[Stream | bytes, Stream, Stream], *, broker: Broker | None, stop_fd: int) -> None:
         """The box made and started, its streams connected; its end is told to the `Ends` the launch was given."""

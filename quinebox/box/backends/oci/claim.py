@@ -29,7 +29,7 @@ from quinebox.box.spec import BoxSpec
 from quinebox.errors import EngineError
 from quinebox.state import pool_socket
 
-#: (exit status, OOM-killed, why the sandbox itself died, if it did): as backends/ocibox.py's Ended.
+#: (exit status, OOM-killed, why the sandbox itself died, if it did): as backends/oci/box.py's Ended.
 Ended = Callable[[int, bool, "str | None"], None]
 #: How a box ends whose keeper went away while it ran (its reaper kills and removes what it made).
 KEEPER_GONE = "the pool's keeper went away while the box ran (`quinebox serve status`)"

@@ -1,7 +1,7 @@
 """A box on an OCI runtime (runc, runsc): it holds the caller's streams itself, and asks the engine nothing.
 
 Its init's exit status and its cgroup are the authority on how it ended
-(backends/ocibox.py tells both, and gVisor's sandbox death); with a terminal,
+(backends/oci/box.py tells both, and gVisor's sandbox death); with a terminal,
 the runtime makes it and hands over its master, relayed as the engine's attach is.
 """
 

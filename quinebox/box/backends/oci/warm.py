@@ -11,7 +11,7 @@ The keeper made the box, so the init is its child: it waits for it, reads an OOM
 before the runtime deletes it, and tells the claimer how the box ended on the connection the claim came in on;
 then it removes the box, off the claimer's path. A keeper that stops lets its warm boxes go at once and waits
 for the claimed ones to end (each ends with its claimer at the latest); one killed outright leaves them to its
-own reaper (backends/reaper.py), which removes them.
+own reaper (backends/oci/reaper.py), which removes them.
 """
 
 from __future__ import annotations
