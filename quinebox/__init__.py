@@ -5,6 +5,23 @@ and returns a completed result, `quinebox.Popen` streams, `quinebox.run`
 runs an agent on a mission, `quinebox.resume_session` goes on with one whose
 process was lost, and `quinebox.Runner` runs many from one set of defaults.
 Every one of them takes a box's options as one `quinebox.BoxOptions`, or by name.
+`quinebox.Sandbox` is a box that lasts, with execs, files, snapshots and forks.
+
+The top level is the front door and the foundation. Front doors: api.py (exec,
+Popen, run, Runner), sandbox.py (Sandbox) and client.py (the thin `quinebox`
+command that hands argv, cwd and its fds to a warm server). The foundation every
+room stands on: errors.py (errors as data: a kind, fields, the cause), state.py
+(the state dir, kept the user's alone), fdpass.py (the one framing between
+quinebox's processes, descriptors riding along), grants.py and netrules.py (the
+grant grammar and the network's rules), untar.py (a box's tar unpacked on the
+host, as untrusted), documents.py (the YAML and JSON lines people and quinebox
+write), processes.py (who owns a process, and whether it lives) and
+resources.py (the files that ship beside the code).
+
+The rooms, from the bottom up: guest/ (stdlib only, inside boxes), audit/,
+worlds/, box/ (one hardened box and its backends), agent/, tree/ (agents
+spawning agents), cluster/, then the front ends: cli/, integrations/ (other
+frameworks' sandbox providers, Inspect, MCP, pytest) and view/ (the web view).
 """
 
 from __future__ import annotations

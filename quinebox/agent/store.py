@@ -3,7 +3,7 @@
     sessions.db                SQLite index: one row per session
     sessions/<id>/tape.jsonl   append-only record of a session, fsynced per record
 
-Both are the user's alone whatever the umask (private.py): a tape holds the mission and every answer of the
+Both are the user's alone whatever the umask (state.py): a tape holds the mission and every answer of the
 model, the index every mission. Dirs are made 0700, the tape, the index (SQLite's -wal and -shm take its
 mode) and its lock 0600.
 """
@@ -21,9 +21,8 @@ from typing import Any
 
 from quinebox.agent.records import Outcome, Records, as_dict, parse, read_file
 from quinebox.errors import StateError
-from quinebox.private import private_dir, private_file
 from quinebox.processes import owner_alive
-from quinebox.state import session_dir, state_dir, unwritable
+from quinebox.state import private_dir, private_file, session_dir, state_dir, unwritable
 
 
 class Tape:

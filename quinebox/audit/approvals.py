@@ -9,7 +9,7 @@ one. The asking process waits for whichever comes first: a person at its
 terminal, a decision file from any other process (an approver may die and be
 started again: the request is still pending), or its deadline, which denies.
 Every question and answer goes to the audit log. All of it is the user's alone,
-whatever the umask: dirs 0700, files 0600 (private.py).
+whatever the umask: dirs 0700, files 0600 (state.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from quinebox.audit.asks import Asks
 from quinebox.audit.prompt import Terminal
 from quinebox.audit.request import Request
 from quinebox.errors import QuineboxError
-from quinebox.private import private_dir, private_file, private_write
 from quinebox.processes import owner_alive, owner_id
+from quinebox.state import private_dir, private_file, private_write
 
 #: What a person may answer: allow this request only, for the rest of the box's session, or always; or deny.
 SCOPES = ("once", "session", "always")

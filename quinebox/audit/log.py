@@ -26,7 +26,7 @@ only once it is no longer the log: a writer opening the log by its name
 meanwhile (for writing, before it waits for the lock) must find either the
 old file still writable or the new one, never a read-only file by the log's
 name, which a plain user (unlike root) is refused. What is here is the
-user's alone whatever the umask: dirs 0700, the log and head 0600 (private.py). No record is ever edited or removed:
+user's alone whatever the umask: dirs 0700, the log and head 0600 (state.py). No record is ever edited or removed:
 `quinebox prune` leaves the records of the sessions it prunes, and adds its own. A writer killed mid-line
 leaves a torn last line; `verify` says so (it is not tampering: the head
 was never moved past it), and the next writer cuts it off and records that
@@ -50,8 +50,7 @@ from typing import Any
 
 from quinebox.documents import json_objects
 from quinebox.errors import ErrorKind, QuineboxError, StateError
-from quinebox.private import SEALED_MODE, private_dir, private_file
-from quinebox.state import state_dir, unwritable
+from quinebox.state import SEALED_MODE, private_dir, private_file, state_dir, unwritable
 
 GENESIS = "0" * 64
 #: Longest string kept in a record's facts; a box's words are evidence, not an unbounded disk write.

@@ -37,9 +37,8 @@ from quinebox.audit.log import record
 from quinebox.box.owners.gc import prune_images
 from quinebox.box.owners.listing import every_box, reachable_engine
 from quinebox.errors import ErrorKind, QuineboxError
-from quinebox.private import private_dir, private_file
 from quinebox.processes import user_name
-from quinebox.state import run_dir, session_dir, state_dir, tree_bytes
+from quinebox.state import private_dir, private_file, run_dir, session_dir, state_dir, tree_bytes
 from quinebox.tree.runs import END, attempted, runs_dir
 from quinebox.worlds.revisions import ObjectStore
 from quinebox.worlds.sweep import Swept, sweep

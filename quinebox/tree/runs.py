@@ -7,7 +7,7 @@
 How each input finished is already in DIR/results.jsonl (fanout.py), whose lines carry the run's id;
 this adds only what that file cannot say: the run itself, what is queued and what runs now. The record is
 a bystander: a write that fails (a full disk, an unwritable state dir) costs the record, never the run.
-It holds the mission: its dirs are 0700 and its files 0600 whatever the umask (private.py).
+It holds the mission: its dirs are 0700 and its files 0600 whatever the umask (state.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from quinebox.documents import json_objects
-from quinebox.private import private_dir, private_file, private_write
 from quinebox.processes import owner_id
-from quinebox.state import state_dir
+from quinebox.state import private_dir, private_file, private_write, state_dir
 
 RUN = "run.json"
 ATTEMPTS = "attempts.jsonl"

@@ -3,7 +3,7 @@
 Everything here either finishes or leaves nothing behind; `discard` removes a
 world that will not be used.
 
-A world is the user's alone whatever the umask (private.py): its dirs are made
+A world is the user's alone whatever the umask (state.py): its dirs are made
 0700 and meta.json 0600, and the layer the box writes to is 0700 too, owned by
 the box's uid and gid when root makes it (the box's user keeps every right on
 it; no one else has any). What the box puts in it keeps the modes it gave.
@@ -21,8 +21,7 @@ from typing import Any
 
 from quinebox import untar
 from quinebox.errors import ErrorKind
-from quinebox.private import DIR_MODE, private_dir, private_write
-from quinebox.state import session_dir
+from quinebox.state import DIR_MODE, private_dir, private_write, session_dir
 from quinebox.worlds import beneath
 from quinebox.worlds.materialize import carry_out
 from quinebox.worlds.revisions import ObjectStore, RevisionLog, WorldError

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from quinebox.errors import ErrorKind, QuineboxError
-from quinebox.private import SEALED_MODE, private_dir, private_file
-from quinebox.state import session_dir, state_dir
+from quinebox.state import SEALED_MODE, private_dir, private_file, session_dir, state_dir
 from quinebox.worlds import beneath
 
 Entry = dict[str, Any]
@@ -96,7 +95,7 @@ class ObjectStore:
     there is touched, and each open world holds a lease from before its first put (`lease`); the sweep spares
     every object touched since the oldest live lease began.
 
-    Its dirs are 0700 and each object 0400 (private.py): a world's files are the user's alone, whatever the umask."""
+    Its dirs are 0700 and each object 0400 (state.py): a world's files are the user's alone, whatever the umask."""
 
     def __init__(self, root: Path | None = None):
         self.root = root or state_dir() / "objects"

@@ -1,4 +1,4 @@
-"""What a session writes is the user's alone, whatever the umask (quinebox/private.py): every dir 0700, every file
+"""What a session writes is the user's alone, whatever the umask (quinebox/state.py): every dir 0700, every file
 0600, an object of the store and a sealed audit segment 0400. Each test makes the real thing (a tape and the
 index, a world revised into the object store, the audit log sealed into segments, a pending request and its
 decision, a run's record) under a umask of 000, which leaves every bit the code asks for, and of 0277, which
@@ -18,7 +18,7 @@ from quinebox.audit.approvals import Approver
 from quinebox.audit.asks import Asks
 from quinebox.audit.log import AuditLog
 from quinebox.audit.request import Request
-from quinebox.private import private_dir, private_file, private_write
+from quinebox.state import private_dir, private_file, private_write
 from quinebox.tree.runs import RunRecord
 from quinebox.worlds.build import create
 from quinebox.worlds.spec import WorldSpec, world_dir

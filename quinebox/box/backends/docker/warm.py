@@ -22,9 +22,8 @@ from quinebox.box.pool.claim import WarmBox
 from quinebox.box.pool.warm import holds, take_lifeline
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, warm_config
 from quinebox.box.spec import new_session_id
-from quinebox.private import private_dir
 from quinebox.processes import owner_id
-from quinebox.state import pool_dir, run_dir
+from quinebox.state import pool_dir, private_dir, run_dir
 
 #: How long a warm box may take from create to holding its lifeline.
 START_TIMEOUT = 30.0

@@ -35,9 +35,8 @@ from quinebox.box.pool.warm import holds, take_lifeline
 from quinebox.box.shape import POOL_SESSION, oci_box_user, oci_has_world, own_ids, warm_oci_config
 from quinebox.box.spec import new_session_id
 from quinebox.errors import EngineError
-from quinebox.private import private_dir
 from quinebox.processes import owner_id
-from quinebox.state import pool_dir, run_dir
+from quinebox.state import pool_dir, private_dir, run_dir
 
 #: The boxes this process made and handed over, until each has ended: a stopping keeper waits for them.
 _claimed: set[WarmOci] = set()
