@@ -20,7 +20,7 @@ from typing import Any
 #: The kinds of the two records a box leaves in the audit log.
 CREATED = "box_created"
 ENDED = "box_ended"
-#: The records of a box's time revised (box/live, sandbox_time.py, tree/resume.py), each by the word the view
+#: The records of a box's time revised (box/live, sandbox.py, tree/resume.py), each by the word the view
 #: shows, and the facts of it worth showing with their types: anything else in such a record is left out.
 MOMENTS: dict[str, tuple[str, dict[str, type]]] = {
     "box_paused": ("paused", {}),

@@ -75,7 +75,7 @@ def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo,
 
 def enterable(config: dict[str, Any], uid: int) -> None:
     """Refuse in one line a box whose working directory is a granted host directory that its user, the host uid
-    `uid` of its own (backends/idmap.py), may not enter: the runtime would fail its start with a chdir error. Such a
+    `uid` of its own (backends/oci/idmap.py), may not enter: the runtime would fail its start with a chdir error. Such a
     user is never the directory's owner, nor in its group, so the directory's bits for others are what count."""
     workdir = config["process"]["cwd"]
     binds = [m for m in config["mounts"] if m.get("type") == "bind" and (workdir == m["destination"] or workdir.startswith(m["destination"].rstrip("/") + "/"))]
@@ -104,7 +104,7 @@ def release_ids(config: dict[str, Any], session: str) -> None:
 
 
 def inherited_ids(parent: str | None, session: str) -> IdRange | None:
-    """The ids the child `session` shares with its parent's box, run by this process (backends/idmap.py: a tree is
+    """The ids the child `session` shares with its parent's box, run by this process (backends/oci/idmap.py: a tree is
     one span), its claim on them joined to its parent's."""
     from quinebox.box.backends.oci.idmap import inherited, join
 
@@ -115,7 +115,7 @@ def inherited_ids(parent: str | None, session: str) -> IdRange | None:
 
 
 def own_ids(session: str) -> IdRange:
-    """A root-made box's own span of host ids (backends/idmap.py); refused in one line where none can be had. A
+    """A root-made box's own span of host ids (backends/oci/idmap.py); refused in one line where none can be had. A
     session that goes on (resumed) asks for the span its world's owner had, so its files stay its own."""
     from quinebox.box.backends.oci.idmap import claim, holding
     from quinebox.worlds.build import load_spec

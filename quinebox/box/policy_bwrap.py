@@ -9,7 +9,7 @@ side. What bwrap holds itself:
 - no capability in any set (`--cap-drop ALL`), NoNewPrivs (bwrap sets it for every sandbox it makes), quinebox's
   seccomp profile compiled to BPF by libseccomp (`compile_seccomp`, handed over `--seccomp FD`);
 - the box's own root bound, made read-only once its mounts are made (`--remount-ro /`), as runc remounts it: `root`
-  is the box's own root over the image's tree (backends/boxroot.py), never the image cache itself, since bwrap
+  is the box's own root over the image's tree (backends/oci/boxroot.py), never the image cache itself, since bwrap
   makes the mount points in it; with `rootfs:rw` it stays writable (its layer's bytes in `BwrapBox.root_layer`);
 - /proc (nosuid, noexec, nodev) with the masked paths that exist here covered and the read-only ones read-only;
   /dev bwrap's own (null zero full random urandom tty, a new devpts), then read-only; /dev/shm (64 MiB, 1777) and

@@ -63,7 +63,7 @@ def create(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
 
 def hand_over(session: str, spec: WorldSpec, uid: int, gid: int) -> None:
     """A world that goes on in a new box (a resumed session's) made the new box's user's: what its earlier box's
-    user owned (a root-made box's host ids are its tree's own, and a new box has others: box/backends/idmap.py)
+    user owned (a root-made box's host ids are its tree's own, and a new box has others: box/backends/oci/idmap.py)
     is given to `uid`:`gid`, walking without following links, and meta.json says so. Only root gives files away."""
     _, meta = load_spec(session)
     old = (meta.get("uid"), meta.get("gid"))

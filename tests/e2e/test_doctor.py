@@ -153,7 +153,7 @@ def test_exec_as_that_user_says_permission_in_one_line(engine, user, home):
 
 
 def test_as_root_doctor_says_whose_ids_a_box_runs_as_on_each_backend(engine):
-    """A root-made box on runc has host ids of its own (backends/idmap.py); on an engine that does not remap
+    """A root-made box on runc has host ids of its own (backends/oci/idmap.py); on an engine that does not remap
     users it runs as host uid 1000, which doctor says in one line with the fix (issue 52)."""
     from quinebox.box.backends.oci import idmap
 

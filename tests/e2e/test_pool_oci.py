@@ -91,7 +91,7 @@ def own_parts(config: dict, box) -> str:
     for mount in config["mounts"]:
         if mount["destination"] in ("/world", HOST_SOCKET):
             mount["source"] = "<own>"
-    for key in ("uidMappings", "gidMappings"):  # a root-made box's own host ids (backends/idmap.py), and its root in their slot
+    for key in ("uidMappings", "gidMappings"):  # a root-made box's own host ids (backends/oci/idmap.py), and its root in their slot
         for mapping in config["linux"].get(key, ()):
             mapping["hostID"] = "<own>"
     config["root"]["path"] = re.sub(r"^/run/quinebox/boxes/[0-9]+/", "/run/quinebox/boxes/<slot>/", config["root"]["path"])

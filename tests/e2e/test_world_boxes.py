@@ -184,7 +184,7 @@ def test_world_dir_is_the_callers_directory_read_and_written_in_place(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "in.txt").write_text("input\n")
-    if os.getuid() == 0:  # the box's user is a host uid of its own (backends/idmap.py; 1000 on the engine): the dir must let it write
+    if os.getuid() == 0:  # the box's user is a host uid of its own (backends/oci/idmap.py; 1000 on the engine): the dir must let it write
         work.chmod(0o1777)
         (work / "in.txt").chmod(0o644)
     result = quinebox.exec(["sh", "-c", "cat in.txt; echo out > out.txt"], world=str(work))

@@ -90,7 +90,7 @@ def oci_hardening(config: dict) -> dict:
     process = {k: v for k, v in config["process"].items() if k not in ("args", "env", "cwd")}
     mounts = [(m["destination"], m["type"], m.get("options")) for m in config["mounts"] if m["destination"] != "/world"]
     linux = {k: v for k, v in config["linux"].items() if k != "cgroupsPath"}
-    for key in ("uidMappings", "gidMappings"):  # a root-made box's own host ids (backends/idmap.py): each box's differ
+    for key in ("uidMappings", "gidMappings"):  # a root-made box's own host ids (backends/oci/idmap.py): each box's differ
         if key in linux:
             linux[key] = [(m["containerID"], m["size"]) for m in linux[key]]
     return {"process": process, "mounts": mounts, "linux": linux, "readonly": config["root"]["readonly"], "hostname": config["hostname"]}

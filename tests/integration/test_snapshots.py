@@ -1,4 +1,4 @@
-"""Pausing, snapshots and forks of long-lived boxes (quinebox/sandbox_time.py), on the real runtimes.
+"""Pausing, snapshots and forks of long-lived boxes (quinebox/sandbox.py), on the real runtimes.
 
 A box on gVisor (runsc) is snapshotted here: in every copy, and in the original, a process's in-memory counter,
 the file it holds open in /world and the socket it listens on go on from the instant. runc's CRIU fails on this

@@ -8,7 +8,7 @@ from quinebox.errors import GrantError
 PASSWD = b"root:x:0:0::/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\nodd:x:abc:1::/:/bin/sh\n"
 RANGED = ([(0, 1), (1, 65536)], [(0, 1), (1, 65536)])  # a rootless box of a user with a subordinate range
 SINGLE = ([(0, 1)], [(0, 1)])  # one without
-OWN = ([(0, 65536)], [(0, 65536)])  # a root-made box: its own 65536 ids (backends/idmap.py)
+OWN = ([(0, 65536)], [(0, 65536)])  # a root-made box: its own 65536 ids (backends/oci/idmap.py)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""A root-made box's own user namespace (backends/idmap.py), as tables: the span of host ids it maps, how the
+"""A root-made box's own user namespace (backends/oci/idmap.py), as tables: the span of host ids it maps, how the
 policy renders it beside every other control, how a shape leaves it out, and the slots claimed on real files."""
 
 import os
