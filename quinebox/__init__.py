@@ -28,7 +28,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "exec", "run", "resume_session", "Runner", "BoxOptions", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult", "QuineboxError", "ErrorKind", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL", "build_image"]
+__all__ = [
+    "__version__", "exec", "run", "resume_session", "Runner", "BoxOptions", "Sandbox", "Snapshot", "Popen", "ExecResult", "RunResult",
+    "QuineboxError", "ErrorKind", "GrantError", "FileTooLargeError", "EngineError", "FileInfo", "PIPE", "DEVNULL", "build_image",
+]
 
 
 def __getattr__(name: str):

@@ -52,7 +52,10 @@ def listen(path: str, *, mode: int, backlog: int, owner: tuple[int, int] | None 
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         from quinebox.errors import StateError
 
-        raise StateError(f"the state dir's path is too long for the Unix socket {path} ({len(os.fsencode(path))} bytes, at most {MAX_SOCKET_PATH}): set QUINEBOX_STATE_DIR to a shorter path")
+        raise StateError(
+            f"the state dir's path is too long for the Unix socket {path} ({len(os.fsencode(path))} bytes, at most {MAX_SOCKET_PATH}): "
+            "set QUINEBOX_STATE_DIR to a shorter path"
+        )
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -107,7 +107,11 @@ class Grants:
 
     def merge(self, other: Grants) -> Grants:
         """`other` on top of `self`: scalars override, mounts/env/syscalls accumulate."""
-        changes: dict[str, Any] = {name: getattr(other, name) for name in ("cpus", "mem", "pids", "tmp", "world", "time", "spawn", "depth", "tokens") if getattr(other, name) is not None}
+        changes: dict[str, Any] = {
+            name: getattr(other, name)
+            for name in ("cpus", "mem", "pids", "tmp", "world", "time", "spawn", "depth", "tokens")
+            if getattr(other, name) is not None
+        }
         mounts = list(self.mounts)
         for mount in other.mounts:
             if any(m.dest == mount.dest for m in mounts):
@@ -316,7 +320,10 @@ def resolve(grants: Grants, *, environ: Mapping[str, str], protected: Iterable[s
         env.append((name, value))
     for name, _ in grants.secrets:
         if name not in environ:
-            raise GrantError(f"cannot grant secret:{name}: {name} is not set in quinebox's environment; set it where quinebox runs", kind=ErrorKind.NOT_FOUND, grant=f"secret:{name}", name=name)
+            raise GrantError(
+                f"cannot grant secret:{name}: {name} is not set in quinebox's environment; set it where quinebox runs",
+                kind=ErrorKind.NOT_FOUND, grant=f"secret:{name}", name=name,
+            )
     return replace(grants, mounts=mounts, env=tuple(env))
 
 

@@ -162,7 +162,10 @@ def unwritable(what: str, exc: BaseException) -> str:
         return f"{said}; set QUINEBOX_STATE_DIR to a dir on a filesystem mounted read-write"
     if cause in (errno.EACCES, errno.EPERM):
         where = getattr(exc, "filename", None)
-        return f"{said}{f' ({where})' if where else ''}; it must be yours (uid {os.getuid()}) and writable by you: fix its owner or mode, or set QUINEBOX_STATE_DIR to a dir of your own"
+        return (
+            f"{said}{f' ({where})' if where else ''}; it must be yours (uid {os.getuid()}) and writable by you: "
+            "fix its owner or mode, or set QUINEBOX_STATE_DIR to a dir of your own"
+        )
     return said
 
 

@@ -96,7 +96,10 @@ def audit_key() -> bytes | None:
     real = os.path.realpath(path)
     home = os.path.realpath(state_dir())
     if real == home or real.startswith(home + "/"):
-        raise QuineboxError(f"QUINEBOX_AUDIT_KEY_FILE {path} is inside the state dir, where whoever edits the log can read it; keep the key elsewhere", kind=ErrorKind.REFUSED, path=path)
+        raise QuineboxError(
+            f"QUINEBOX_AUDIT_KEY_FILE {path} is inside the state dir, where whoever edits the log can read it; keep the key elsewhere",
+            kind=ErrorKind.REFUSED, path=path,
+        )
     try:
         key = Path(real).read_bytes().strip()
     except OSError as exc:

@@ -20,7 +20,22 @@ import hashlib
 import json
 from typing import Any, TypeGuard
 
-from quinebox.box.policy import CGROUP_PREFIX, DEFAULT_MEM, GUEST_PYTHON, HOST_SOCKET, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_PREFIX, LABEL_SESSION, LABEL_USER, ROOT_LAYER, RUNTIME, ContainerConfig, proxied
+from quinebox.box.policy import (
+    CGROUP_PREFIX,
+    DEFAULT_MEM,
+    GUEST_PYTHON,
+    HOST_SOCKET,
+    LABEL_CREATED,
+    LABEL_OWNER,
+    LABEL_PARENT,
+    LABEL_PREFIX,
+    LABEL_SESSION,
+    LABEL_USER,
+    ROOT_LAYER,
+    RUNTIME,
+    ContainerConfig,
+    proxied,
+)
 from quinebox.box.policy_oci import own_userns
 from quinebox.box.spec import BoxSpec
 

@@ -6,7 +6,25 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from quinebox.cli.app import ASK_HELP, ASK_TIMEOUT_HELP, BACKEND_HELP, DENY_HELP, OTEL_HELP, OTEL_INSTALL, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, otel_installed, reported, say, supervise, tracing
+from quinebox.cli.app import (
+    ASK_HELP,
+    ASK_TIMEOUT_HELP,
+    BACKEND_HELP,
+    DENY_HELP,
+    OTEL_HELP,
+    OTEL_INSTALL,
+    PULL_HELP,
+    RUNTIME_HELP,
+    WORLD_FROM_HELP,
+    WORLD_HELP,
+    WORLD_TAR_HELP,
+    app,
+    otel_installed,
+    reported,
+    say,
+    supervise,
+    tracing,
+)
 
 if TYPE_CHECKING:
     from quinebox.tree.agent import Agent
@@ -78,7 +96,10 @@ def fork(
         then = moment(row.id, at)
         left = unkept_entries(RevisionLog(row.id).manifest(then.revision))
     if left:
-        say(f"fork: revision {then.revision}'s world is made again without what its history could not keep: {'; '.join(left[:10])}" + (f"; and {len(left) - 10} more" if len(left) > 10 else ""))
+        say(
+            f"fork: revision {then.revision}'s world is made again without what its history could not keep: {'; '.join(left[:10])}"
+            + (f"; and {len(left) - 10} more" if len(left) > 10 else "")
+        )
     history = list(then.messages)
     if mission:
         history.append({"role": "user", "content": f"New instructions from here on:\n\n{mission}"})
@@ -191,7 +212,11 @@ def trace_command(
         print(trace_id)
 
 
-@app.command("prune", help="Remove finished sessions (tapes, worlds, revisions), the world objects only they named, their ended run records, and unpacked images as `gc` does. Nothing running or still needed goes.")
+@app.command(
+    "prune",
+    help="Remove finished sessions (tapes, worlds, revisions), the world objects only they named, their ended run records, "
+    "and unpacked images as `gc` does. Nothing running or still needed goes.",
+)
 def prune_command(
     older_than: str | None = typer.Option(None, "--older-than", metavar="DURATION", help="Only sessions that ended this long ago or more (30m, 12h, 7d)."),
     keep: int | None = typer.Option(None, "--keep", metavar="N", help="Keep the newest N finished sessions whatever else is said."),

@@ -295,7 +295,10 @@ def supervise(start: Callable[[], Any], *, json_summary: bool, tty: bool = False
     if proc.world_full:
         say(f"{proc.world_full}; the box was killed")
     if proc.engine_lost:
-        say(f"{proc.engine_lost}; the box is stopped through its lifeline, `quinebox doctor` says what happened, and `quinebox gc` removes what is left once the engine answers again")
+        say(
+            f"{proc.engine_lost}; the box is stopped through its lifeline, `quinebox doctor` says what happened, "
+            "and `quinebox gc` removes what is left once the engine answers again"
+        )
     if proc.sandbox_died:
         say(proc.sandbox_died)
     if proc.oom_killed:

@@ -85,7 +85,10 @@ def approvals_command(
 
     if remembered:
         for entry in approvals.remembered():
-            print(json.dumps(entry, sort_keys=True) if json_out else f"{entry['decision']:<5} {entry['rule']}  ({entry.get('project') or 'global'}; {entry.get('by')} at {entry.get('at')})")
+            print(
+                json.dumps(entry, sort_keys=True) if json_out
+                else f"{entry['decision']:<5} {entry['rule']}  ({entry.get('project') or 'global'}; {entry.get('by')} at {entry.get('at')})"
+            )
         return
     entries = approvals.pending()
     while wait and not entries:

@@ -39,12 +39,18 @@ if TYPE_CHECKING:
 )
 def exec_command(
     cmd: list[str] | None = typer.Argument(None, metavar="-- CMD [ARGS...]", help="The command to run in the box (default: the image's entrypoint and command)."),
-    grant: list[str] = typer.Option([], "-g", "--grant", metavar="SPEC", help="A grant: ro:PATH[=DEST], rw:…, net, cpus:N, mem:SIZE, pids:N, tmp:SIZE, time:DUR, env:NAME[=VALUE], syscall:NAME."),
+    grant: list[str] = typer.Option(
+        [], "-g", "--grant", metavar="SPEC",
+        help="A grant: ro:PATH[=DEST], rw:…, net, cpus:N, mem:SIZE, pids:N, tmp:SIZE, time:DUR, env:NAME[=VALUE], syscall:NAME.",
+    ),
     timeout: str | None = typer.Option(None, "--timeout", metavar="DURATION", help="Wall-clock limit (30, 30s, 5m); exit 124 when reached."),
     memory: str | None = typer.Option(None, "--memory", metavar="SIZE", help="Memory limit (128m, 2g); same as -g mem:SIZE."),
     cpus: str | None = typer.Option(None, "--cpus", metavar="N", help="CPU limit; same as -g cpus:N."),
     pids: str | None = typer.Option(None, "--pids", metavar="N", help="Process limit; same as -g pids:N."),
-    image: str | None = typer.Option(None, "--image", help="Any image: its environment, workdir and default command are honoured; `host`: this machine's own root, read-only, its data hidden."),
+    image: str | None = typer.Option(
+        None, "--image",
+        help="Any image: its environment, workdir and default command are honoured; `host`: this machine's own root, read-only, its data hidden.",
+    ),
     pull: str = typer.Option("missing", "--pull", metavar="missing|always|never", help=PULL_HELP),
     tty: bool = typer.Option(False, "-t", "--tty", help=TTY_HELP),
     interactive: bool = typer.Option(False, "-i", "--interactive", help="Accepted as docker takes it: stdin is always attached."),
@@ -62,7 +68,10 @@ def exec_command(
     runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Say where the box runs (which backend and runtime) and why."),
     inside: str | None = typer.Option(None, "--in", metavar="ID|NAME", help="Run CMD in this long-lived box (`quinebox box create`) instead of a fresh one."),
-    user: str | None = typer.Option(None, "--user", metavar="UID[:GID]|NAME", help="With --in: run as this user of the box; root only where the box has a user namespace of its own (runc), never on the engine or gVisor."),
+    user: str | None = typer.Option(
+        None, "--user", metavar="UID[:GID]|NAME",
+        help="With --in: run as this user of the box; root only where the box has a user namespace of its own (runc), never on the engine or gVisor.",
+    ),
 ) -> None:
     if inside is not None:
         fixed = {"-g": grant, "--memory": memory, "--cpus": cpus, "--pids": pids, "--image": image, "--policy": policy, "--world": world,
@@ -244,7 +253,11 @@ def kill_command(session: str = typer.Argument(..., help="The box's session id (
     say(f"killed {len(killed)} box{'es' if len(killed) != 1 else ''}: {' '.join(killed)}")
 
 
-@app.command("gc", help="Remove boxes whose owning quinebox process is gone, guest runtimes no box uses any more, snapshots left half made, and unpacked images no box uses whose image went, that no box used for `retention: {images:}`, or that changed.")
+@app.command(
+    "gc",
+    help="Remove boxes whose owning quinebox process is gone, guest runtimes no box uses any more, snapshots left half made, "
+    "and unpacked images no box uses whose image went, that no box used for `retention: {images:}`, or that changed.",
+)
 def gc_command() -> None:
     from quinebox.box.backends.docker import DockerBackend
     from quinebox.box.images import guest_runtime
@@ -272,7 +285,11 @@ def gc_command() -> None:
         say(f"removed {len(runtimes)} guest runtime(s) of older agent images: {' '.join(runtimes)}")
 
 
-@app.command("doctor", help="Each way a box could run here (runc, crun, runsc, the Docker engine): works or not, and the one command that fixes it. Exit 0 when the default way is ready.")
+@app.command(
+    "doctor",
+    help="Each way a box could run here (runc, crun, runsc, the Docker engine): works or not, and the one command that fixes it. "
+    "Exit 0 when the default way is ready.",
+)
 def doctor_command(
     cluster: str | None = typer.Option(None, "--cluster", metavar="ADDRESS", help="Check every node of this Ray cluster instead: which can run boxes, and why not."),
     image: str | None = typer.Option(None, "--image", help="With --cluster: the image the nodes need (default quinebox's own)."),

@@ -129,7 +129,10 @@ def map_command(
     trace = "map" if tracing(otel) else None
     box = BoxOptions.of(grants=tuple(grant), image=image, timeout=timeout, ask=tuple(ask), deny=tuple(deny), ask_timeout=ask_timeout)
     options = checked_options(box, parallel=parallel, retries=retries, fail_fast=fail_fast, resume=resume, max_turns=max_turns, max_tokens=max_tokens)
-    raise typer.Exit(fan_out(lambda: map_jobs(mission, inputs or [], jsonl, box, model=model), out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env, trace=trace))
+    raise typer.Exit(fan_out(
+        lambda: map_jobs(mission, inputs or [], jsonl, box, model=model),
+        out=out, options=options, json_summary=json_summary, cluster=cluster, forward_env=forward_env, trace=trace,
+    ))
 
 
 @app.command("batch", help="Run the jobs of a YAML file (mission, material or input, grants, image, model per job). " + FANOUT_HELP)

@@ -24,7 +24,9 @@ def mcp_command(
     max_boxes: int = typer.Option(8, "--max-boxes", min=1, help="How many boxes the server holds at once."),
     http: bool = typer.Option(False, "--http", help="Serve streamable HTTP on 127.0.0.1 instead of stdio."),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="With --http: the port (default: a free one, printed)."),
-    token_file: str | None = typer.Option(None, "--token-file", metavar="FILE", help=f"With --http: the bearer token, from this file (else ${TOKEN_ENV}, else a random one, printed)."),
+    token_file: str | None = typer.Option(
+        None, "--token-file", metavar="FILE", help=f"With --http: the bearer token, from this file (else ${TOKEN_ENV}, else a random one, printed).",
+    ),
     backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
     runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
 ) -> None:

@@ -18,7 +18,8 @@ def real(p):
     if not inside(r): fail(f"{p} resolves to {r}, outside {', '.join(roots)}: the file tools follow no link out of them")
     return r
 def kind(m): return "dir" if stat.S_ISDIR(m) else "file" if stat.S_ISREG(m) else "link" if stat.S_ISLNK(m) else "other"
-def what(m): return next(n for t, n in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (bool, "special file")) if t(m))
+def what(m): return next(n for t, n in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                                        (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (bool, "special file")) if t(m))
 try:
     op = a["op"]
     if op == "read":

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from agents.sandbox.errors import ExecTransportError
 from agents.sandbox.session.pty_output import collect_pty_output
-from agents.sandbox.session.pty_types import PTY_PROCESSES_MAX, PtyExecUpdate, allocate_pty_process_id, clamp_pty_yield_time_ms, process_id_to_prune_from_meta, resolve_pty_write_yield_time_ms
+from agents.sandbox.session.pty_types import (
+    PTY_PROCESSES_MAX,
+    PtyExecUpdate,
+    allocate_pty_process_id,
+    clamp_pty_yield_time_ms,
+    process_id_to_prune_from_meta,
+    resolve_pty_write_yield_time_ms,
+)
 from agents.sandbox.types import User
 from agents.sandbox.util.blocking_io import run_blocking_workspace_io
 

@@ -111,7 +111,11 @@ class QuineboxExecutor(RemotePythonExecutor):
                 raise AgentError(f"{lost}; the next code action runs in a new interpreter (with the tools) where the variables of earlier ones are gone", self.logger) from None
             except TimeoutError:
                 self._stop()
-                raise AgentError(f"the code action ran longer than {self.timeout} s and did not stop when interrupted: its interpreter was killed, and the next one runs in a new interpreter (with the tools) where the variables of earlier ones are gone", self.logger) from None
+                raise AgentError(
+                    f"the code action ran longer than {self.timeout} s and did not stop when interrupted: its interpreter was killed, "
+                    "and the next one runs in a new interpreter (with the tools) where the variables of earlier ones are gone",
+                    self.logger,
+                ) from None
         logs = str(answer.get("logs", ""))
         kind = answer.get("kind")
         if kind == "final":
@@ -155,7 +159,10 @@ class QuineboxExecutor(RemotePythonExecutor):
             if not has_pip:
                 why = f"the box lacks {', '.join(missing)} and its {self.python} has no pip: use an image that has them (image=...)"
             elif self._grants is not None and not any(grant.startswith("net:") for grant in self._grants):
-                why = f"the box lacks {', '.join(missing)} and has no network to install them: grant the index's hosts (grants=['net:pypi.org', 'net:files.pythonhosted.org']) or use an image that has them"
+                why = (
+                    f"the box lacks {', '.join(missing)} and has no network to install them: "
+                    "grant the index's hosts (grants=['net:pypi.org', 'net:files.pythonhosted.org']) or use an image that has them"
+                )
             if why is not None and self._optional:
                 self.logger.log(f"quinebox: {why}", level=LogLevel.INFO)
                 return []
@@ -206,7 +213,10 @@ class QuineboxExecutor(RemotePythonExecutor):
             hello = self._receive(START_TIMEOUT)
         except (InterpreterLost, TimeoutError) as lost:
             self._stop()
-            raise InterpreterLost(f"the box's {self.python} could not start ({lost or 'no answer in time'}): use an image with Python 3.8 or later (image=...), or name its interpreter (python=...)") from None
+            raise InterpreterLost(
+                f"the box's {self.python} could not start ({lost or 'no answer in time'}): "
+                "use an image with Python 3.8 or later (image=...), or name its interpreter (python=...)"
+            ) from None
         if hello.get("kind") != "hello":
             raise self._lost("the box's interpreter did not start")
         for code in self._replay:

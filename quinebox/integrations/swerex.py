@@ -138,7 +138,9 @@ def ensure_install(root: Path, major: int, minor: int, machine: str, glibc: str)
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT)
             except subprocess.TimeoutExpired:
-                raise QuineboxError(f"installing {PACKAGE_NAME} {__version__} for the box's Python took over {INSTALL_TIMEOUT:.0f} s: check the package index, or give swerex_dir=") from None
+                raise QuineboxError(
+                    f"installing {PACKAGE_NAME} {__version__} for the box's Python took over {INSTALL_TIMEOUT:.0f} s: check the package index, or give swerex_dir="
+                ) from None
             if done.returncode != 0:
                 said = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
                 raise QuineboxError(

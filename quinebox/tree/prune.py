@@ -99,7 +99,9 @@ class Selection(Protocol):
     def said(self) -> dict[str, object]: ...
 
 
-def choose(rows: list[SessionRow], rules: Selection, *, now: float, held: Iterable[str] = (), needs: dict[str, set[str]] | None = None, sessions: Path | None = None) -> list[SessionRow]:
+def choose(
+    rows: list[SessionRow], rules: Selection, *, now: float, held: Iterable[str] = (), needs: dict[str, set[str]] | None = None, sessions: Path | None = None,
+) -> list[SessionRow]:
     """The rows that go, oldest first: those `rules` names, less those `held` (sessions that stay whatever is said)
     and whatever a staying session needs. `needs`: for any session, indexed or not (an exec's world), the sessions
     its world reads (its base, its overlay's lowers)."""

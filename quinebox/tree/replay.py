@@ -55,7 +55,11 @@ def replay(session: str, *, quiet: bool) -> int:
     old_out: dict[str, Any] = next((r for r in reversed(recorded) if r["kind"] == "outcome"), {})
     new_out = agent.outcome or {}
     if (old_out.get("exit_code"), old_out.get("termination")) != (new_out.get("exit_code"), new_out.get("termination")):
-        print(f"quinebox: replay diverged in its outcome: recorded exit {old_out.get('exit_code')} ({old_out.get('termination')}), replayed exit {new_out.get('exit_code')} ({new_out.get('termination')})", file=sys.stderr)
+        print(
+            f"quinebox: replay diverged in its outcome: recorded exit {old_out.get('exit_code')} ({old_out.get('termination')}), "
+            f"replayed exit {new_out.get('exit_code')} ({new_out.get('termination')})",
+            file=sys.stderr,
+        )
         return 1
     print(f"quinebox: replay of {row.id} as {agent.session.session} matches: {len(after)} actions, exit {new_out.get('exit_code')} ({new_out.get('termination')})", file=sys.stderr)
     return 0

@@ -116,8 +116,11 @@ def resumable(index: Index, session: str) -> SessionRow:
         raise QuineboxError(f"session {row.id} is a child of {row.parent}: resume the root of its tree ({root.id}), whose turn in flight starts its children again",
                             kind=ErrorKind.BAD_INPUT, session=row.id, root=root.id)
     if row.ended is not None:
-        raise QuineboxError(f"session {row.id} has ended (exit {row.exit_code}, {row.termination}): there is nothing to resume (`quinebox fork {row.id} --at TURN` goes on from one of its turns)",
-                            kind=ErrorKind.CONFLICT, session=row.id)
+        raise QuineboxError(
+            f"session {row.id} has ended (exit {row.exit_code}, {row.termination}): "
+            f"there is nothing to resume (`quinebox fork {row.id} --at TURN` goes on from one of its turns)",
+            kind=ErrorKind.CONFLICT, session=row.id,
+        )
     return row
 
 
@@ -156,8 +159,11 @@ def passed_over(stdin: Stream | bytes, count: int, session: str) -> Stream | byt
         return stdin
 
     def short(held: int) -> QuineboxError:
-        return QuineboxError(f"the material given holds {held} bytes, and session {session} had read {count} of it: give it the material it was started with, whole (`quinebox resume {session} < FILE`)",
-                             kind=ErrorKind.BAD_INPUT, session=session, held=held, read=count)
+        return QuineboxError(
+            f"the material given holds {held} bytes, and session {session} had read {count} of it: "
+            f"give it the material it was started with, whole (`quinebox resume {session} < FILE`)",
+            kind=ErrorKind.BAD_INPUT, session=session, held=held, read=count,
+        )
 
     if isinstance(stdin, bytes):
         if len(stdin) < count:
@@ -224,5 +230,8 @@ def _world_back(session: str, point: Resumption, say: Say | None) -> Resumption:
     revision = revision_at(session, point.asked_at) if point.asked_at is not None else 0
     skipped = rewind(session, revision)
     if skipped and say is not None:
-        say(f"revision {revision}'s world is made again without what its history could not keep: {'; '.join(skipped[:10])}" + (f"; and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
+        say(
+            f"revision {revision}'s world is made again without what its history could not keep: {'; '.join(skipped[:10])}"
+            + (f"; and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        )
     return replace(point, revision=revision)

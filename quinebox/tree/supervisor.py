@@ -248,7 +248,10 @@ class Node:
         from quinebox.tree.agent import Agent  # sessions and their store: only once an agent starts
 
         max_turns = request.get("max_turns")
-        return Agent(self.spec.argv[-1], spec=self.spec, node=self, model=self.model, max_turns=int(max_turns) if max_turns else None, stdin=PIPE, stdout=relay.out, stderr=relay.err)
+        return Agent(
+            self.spec.argv[-1], spec=self.spec, node=self, model=self.model, max_turns=int(max_turns) if max_turns else None,
+            stdin=PIPE, stdout=relay.out, stderr=relay.err,
+        )
 
     def _await(self, node: Node, relay: ChildRelay) -> None:
         code = node.box.wait()

@@ -20,7 +20,10 @@ def resolve(prefix: str) -> str:
     root = state_dir() / "sessions"
     found = sorted(p.name for p in root.glob(f"{prefix}*") if (p / "world" / "meta.json").exists()) if prefix and "/" not in prefix else []
     if len(found) != 1:
-        raise WorldError(f"no world for session {prefix!r} (or more than one starts so): `quinebox ls` lists sessions", kind=ErrorKind.NOT_FOUND if not found else ErrorKind.BAD_INPUT, ref=prefix)
+        raise WorldError(
+            f"no world for session {prefix!r} (or more than one starts so): `quinebox ls` lists sessions",
+            kind=ErrorKind.NOT_FOUND if not found else ErrorKind.BAD_INPUT, ref=prefix,
+        )
     return found[0]
 
 

@@ -189,7 +189,10 @@ class Scanner:
         """`fresh`: hash the file even if its size and mtime say it is unchanged (it was seen changing)."""
         self.count += 1
         if self.count > self.limit:
-            raise WorldError(f"the world holds more than {self.limit} entries; revisions stop there (remove files, or raise QUINEBOX_WORLD_MAX_ENTRIES)", kind=ErrorKind.LIMIT, limit=self.limit)
+            raise WorldError(
+                f"the world holds more than {self.limit} entries; revisions stop there (remove files, or raise QUINEBOX_WORLD_MAX_ENTRIES)",
+                kind=ErrorKind.LIMIT, limit=self.limit,
+            )
         if stat.S_ISREG(st.st_mode):
             old = self.previous.get(rel)
             size = st.st_size

@@ -23,7 +23,10 @@ def rewind(session: str, rev: int) -> list[str]:
     """Make `session`'s world as it was at revision `rev`; `path (why)` of each entry that could not be made again."""
     spec, meta = load_spec(session)
     if spec.kind == "overlay":
-        raise WorldError(f"session {session}'s world is a layer over its parent's: only a session started at the host goes back to a revision", kind=ErrorKind.UNSUPPORTED, session=session)
+        raise WorldError(
+            f"session {session}'s world is a layer over its parent's: only a session started at the host goes back to a revision",
+            kind=ErrorKind.UNSUPPORTED, session=session,
+        )
     world = World(session, spec, track=False)
     try:
         world.revise("interrupted")

@@ -13,7 +13,24 @@ from typing import Any
 
 from quinebox.worlds import beneath
 from quinebox.worlds.build import create, discard, hand_over, load_spec
-from quinebox.worlds.revisions import CHUNK, NODES, Changes, ConflictError, Manifest, ObjectStore, RevisionLog, Scanner, WorldError, apply, below, changes, describe, merge, new_bytes, unkept
+from quinebox.worlds.revisions import (
+    CHUNK,
+    NODES,
+    Changes,
+    ConflictError,
+    Manifest,
+    ObjectStore,
+    RevisionLog,
+    Scanner,
+    WorldError,
+    apply,
+    below,
+    changes,
+    describe,
+    merge,
+    new_bytes,
+    unkept,
+)
 from quinebox.worlds.spec import WorldSpec, world_dir
 
 

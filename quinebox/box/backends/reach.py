@@ -61,7 +61,8 @@ def unreachable(path: str | None = None) -> Unreachable | None:
         user = getpass.getuser()
         return Unreachable(
             f"permission denied on {path}: the engine runs, but user {user} may not use its socket",
-            f"run boxes without the engine: `sudo quinebox setup-user {user}` once (rootless boxes on an OCI runtime), or ask for the docker group (`sudo usermod -aG docker {user}`, root in all but name)",
+            f"run boxes without the engine: `sudo quinebox setup-user {user}` once (rootless boxes on an OCI runtime), "
+            f"or ask for the docker group (`sudo usermod -aG docker {user}`, root in all but name)",
         )
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
         if not dockerd_installed():

@@ -87,7 +87,8 @@ def userns_refusal(sysctl: Callable[[str], str | None]) -> Refusal | None:
     if sysctl("apparmor_restrict_unprivileged_userns") == "1":
         return Refusal(
             "AppArmor keeps unprivileged programs from user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1, as Ubuntu 24.04 ships)",
-            "give runc an AppArmor profile that allows userns (/etc/apparmor.d/runc: `profile runc /usr/sbin/runc flags=(unconfined) { userns, }`), or sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0",
+            "give runc an AppArmor profile that allows userns (/etc/apparmor.d/runc: `profile runc /usr/sbin/runc flags=(unconfined) { userns, }`), "
+            "or sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0",
         )
     return None
 
@@ -116,7 +117,10 @@ def no_cgroup(name: str, hierarchy: str) -> Refusal:
             f"no cgroup v2 subtree is delegated to {name}: this process is not in a systemd user manager's (user@UID.service) subtree",
             f"run quinebox in {name}'s own login session, or `sudo loginctl enable-linger {name}` and `systemd-run --user --scope quinebox …`",
         )
-    return Refusal(f"no cgroup is delegated to {name} for boxes' limits ({hierarchy} cgroups: systemd delegates none)", f"sudo quinebox setup-user {name}  (once; again after a restart)")
+    return Refusal(
+        f"no cgroup is delegated to {name} for boxes' limits ({hierarchy} cgroups: systemd delegates none)",
+        f"sudo quinebox setup-user {name}  (once; again after a restart)",
+    )
 
 
 def subordinate(text: str, name: str, uid: int) -> tuple[int, int] | None:
@@ -242,7 +246,10 @@ def setup_user(name: str, hierarchy: str) -> list[str]:
     missing = [c for c in V1_NEEDED if c not in done]
     if missing:
         raise QuineboxError(f"this machine has no {' or '.join(missing)} cgroup controller: boxes' limits need it", kind=ErrorKind.UNSUPPORTED, missing=missing)
-    return [f"delegated to {name} (uid {user.pw_uid}): {CGROUP_ROOT}/{{{','.join(done)}}}/{delegated_name(user.pw_uid)} (its directory, cgroup.procs and tasks; its own limits stay root's); boxes of {name}'s now run without root"]
+    return [
+        f"delegated to {name} (uid {user.pw_uid}): {CGROUP_ROOT}/{{{','.join(done)}}}/{delegated_name(user.pw_uid)} "
+        f"(its directory, cgroup.procs and tasks; its own limits stay root's); boxes of {name}'s now run without root"
+    ]
 
 
 def v1_hierarchies(mounts: str | None = None) -> list[Path]:

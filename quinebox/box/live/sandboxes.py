@@ -106,7 +106,10 @@ def find(ref: str, backend: DockerBackend | None = None) -> tuple[Record, BoxInf
     matches = [pair for pair in running if pair[0].name == ref] or [pair for pair in running if pair[0].session.startswith(ref)]
     if len(matches) != 1 or not ref:
         said = "no long-lived box" if not matches else "more than one long-lived box"
-        raise QuineboxError(f"{said} is named {ref!r} or has an id starting so: `quinebox box ls` lists them", kind=ErrorKind.NOT_FOUND if not matches else ErrorKind.BAD_INPUT, ref=ref)
+        raise QuineboxError(
+            f"{said} is named {ref!r} or has an id starting so: `quinebox box ls` lists them",
+            kind=ErrorKind.NOT_FOUND if not matches else ErrorKind.BAD_INPUT, ref=ref,
+        )
     record, box = matches[0]
     if box.user and box.user != str(os.getuid()):
         raise QuineboxError(f"box {record.session} was made by another user (uid {box.user}): only its owner may reach it", kind=ErrorKind.REFUSED, box=record.session)
@@ -147,7 +150,10 @@ def exec_user(user: str | None, default: str, passwd: bytes | None, *, no_root: 
     if not group:
         raise GrantError(f"bad user {user!r}: give the group as a number, as in user='1000:1000'")
     if (int(name) == 0 or int(group) == 0) and no_root is not None:
-        raise GrantError(f"refused user {user!r}: nothing in a box runs as root (uid or gid 0) where root would be the host's, and this box's would: {no_root}; give another uid, or run the box on runc")
+        raise GrantError(
+            f"refused user {user!r}: nothing in a box runs as root (uid or gid 0) where root would be the host's, and this box's would: {no_root}; "
+            "give another uid, or run the box on runc"
+        )
     return f"{int(name)}:{int(group)}"
 
 

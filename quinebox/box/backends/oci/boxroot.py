@@ -265,7 +265,10 @@ def in_namespace(image_root: str, bundle: Path) -> list[dict[str, Any]]:
         path.mkdir(mode=0o700)
     unsayable = next((path for path in (image_root, str(upper), str(work)) if any(c in path for c in _UNSAYABLE)), None)
     if unsayable is not None:
-        raise EngineError(f"cannot give the box a root of its own: an overlay cannot name {unsayable} (a comma, colon or backslash in it); set QUINEBOX_STATE_DIR to a plainer path")
+        raise EngineError(
+            f"cannot give the box a root of its own: an overlay cannot name {unsayable} (a comma, colon or backslash in it); "
+            "set QUINEBOX_STATE_DIR to a plainer path"
+        )
     os.chmod(upper, stat.S_IMODE(os.stat(image_root).st_mode))
     return [{"destination": "/", "type": "overlay", "source": "overlay",
              "options": [f"lowerdir={image_root}", f"upperdir={upper}", f"workdir={work}", "userxattr", "nosuid", "nodev"]}]

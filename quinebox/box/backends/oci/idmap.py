@@ -138,7 +138,11 @@ def register() -> None:
             text = ""
         other = overlap(text)
         if other is not None:
-            raise IdRangeError(errno.EEXIST, f"{path}'s entry {other!r} overlaps quinebox's box ids {BASE}…{BASE + SLOTS * SPAN - 1}: give that user another range (usermod --del-subuids/--add-subuids)")
+            raise IdRangeError(
+                errno.EEXIST,
+                f"{path}'s entry {other!r} overlaps quinebox's box ids {BASE}…{BASE + SLOTS * SPAN - 1}: "
+                "give that user another range (usermod --del-subuids/--add-subuids)",
+            )
         if subordinate_line() not in (text if text.endswith("\n") else text + "\n"):
             try:
                 with open(path, "a") as f:
@@ -207,7 +211,11 @@ def usable() -> None:
         return
     end = BASE + SLOTS * SPAN
     if not any(inside <= BASE and end <= inside + count for inside, _, count in maps):
-        raise IdRangeError(errno.ERANGE, f"this root's own user namespace does not map quinebox's box ids {BASE}…{end - 1} (/proc/self/uid_map): run quinebox where root maps them, or with --runtime runsc")
+        raise IdRangeError(
+            errno.ERANGE,
+            f"this root's own user namespace does not map quinebox's box ids {BASE}…{end - 1} (/proc/self/uid_map): "
+            "run quinebox where root maps them, or with --runtime runsc",
+        )
     if allowed == 0:
         raise IdRangeError(errno.EPERM, "user namespaces are switched off (user.max_user_namespaces = 0): sudo sysctl -w user.max_user_namespaces=15000, or --runtime runsc")
 
