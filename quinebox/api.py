@@ -24,7 +24,7 @@ from quinebox.box.spec import build_spec
 from quinebox.tree.supervisor import Node, start_agent
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 
 @dataclass(frozen=True)

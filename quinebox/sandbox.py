@@ -79,7 +79,7 @@ from quinebox.processes import owner_alive, owner_id
 from quinebox.tree.supervisor import Node
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 #: A long-lived box's main process: it waits, and the box lasts as long as it does.
 HOLD = (*GUEST_PYTHON, "-c", "import signal\nsignal.pause()")

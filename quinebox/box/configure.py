@@ -22,7 +22,7 @@ from quinebox.box.spec import DEFAULT_IMAGE, HOST_IMAGE, BoxSpec, ImageInfo, sec
 from quinebox.errors import EngineError, ErrorKind, GrantError, ImageError
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.backends.oci.idmap import IdRange
 
 
@@ -152,7 +152,7 @@ def unpacked_image(name: str, *, pull: str) -> tuple[ImageInfo, str]:
             root = rootfs.unpacked(known.id)
             if root is not None:
                 return known, usage.mark(str(root))
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
     try:
         backend = DockerBackend.shared()

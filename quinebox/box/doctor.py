@@ -20,7 +20,7 @@ from quinebox.box.spec import DEFAULT_IMAGE
 from quinebox.errors import QuineboxError
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 MARKS = {"ok": "[green]ok[/green]  ", "no": "[yellow]no[/yellow]  ", "FAIL": "[red]FAIL[/red]", "note": "note"}
 
@@ -41,7 +41,7 @@ def run() -> int:
     connected: list[DockerBackend] = []
 
     def connect() -> DockerBackend:
-        from quinebox.box.backends.docker import DockerBackend
+        from quinebox.box.backends.docker.engine import DockerBackend
 
         connected.append(DockerBackend.connect(timeout=10))
         return connected[0]

@@ -42,7 +42,7 @@ from quinebox.worlds.build import discard
 from quinebox.worlds.world import World, end_world, open_world
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.backends.oci.claim import ClaimedOci
     from quinebox.box.pool.claim import Claimed
 

@@ -259,7 +259,7 @@ def kill_command(session: str = typer.Argument(..., help="The box's session id (
     "and unpacked images no box uses whose image went, that no box used for `retention: {images:}`, or that changed.",
 )
 def gc_command() -> None:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.images import guest_runtime
     from quinebox.box.live import sandboxes, snapshots
     from quinebox.box.owners import gc, listing
@@ -331,7 +331,7 @@ def setup_user_command(name: str = typer.Argument(..., help="The user's login na
 def image_build_command(
     base: str | None = typer.Option(None, "--base", help="Base image to build on (default: debian:bookworm-slim, else a debootstrapped one)."),
 ) -> None:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.images.agent_image import build_image
 
     with reported():

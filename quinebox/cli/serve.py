@@ -28,7 +28,7 @@ def warm() -> None:
                  "quinebox.box.backends.oci.launch", "quinebox.box.backends.oci.claim", "quinebox.box.images.rootfs", "quinebox.box.images.shared",
                  "quinebox.box.images.usage", "quinebox.tree.retention"):
         importlib.import_module(name)
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.spec import seccomp_base
     from quinebox.cli import register
     from quinebox.cli.app import command

@@ -44,7 +44,7 @@ def host_name() -> str:
 
 def unready(image: str | None) -> str | None:
     """Why this node cannot run boxes of `image` now (no engine, no image), or None when it can."""
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.images.agent_image import image_exists
     from quinebox.box.spec import DEFAULT_IMAGE
 

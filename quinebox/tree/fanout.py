@@ -302,7 +302,7 @@ class Runner:
 
     def _await_engine(self) -> None:
         """Until the engine answers a ping (or ENGINE_WAIT passes, or we stop): it may be restarting."""
-        from quinebox.box.backends.docker import DockerBackend
+        from quinebox.box.backends.docker.engine import DockerBackend
 
         give_up = time.monotonic() + ENGINE_WAIT
         while not self.stopping.is_set() and time.monotonic() < give_up:

@@ -199,10 +199,10 @@ def test_ps_lists_a_live_box_and_gc_removes_only_orphans(engine, tmp_path):
     from dataclasses import replace
 
     import quinebox
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
+    from quinebox.box.images.guest_runtime import runtime_dir
     from quinebox.box.images.lookup import resolve_image
     from quinebox.box.policy import container_config, native_arch
-    from quinebox.box.images.guest_runtime import runtime_dir
     from quinebox.box.spec import build_spec, seccomp_base
     from quinebox.worlds.spec import WorldSpec
 
@@ -268,10 +268,10 @@ def test_gc_removes_runtimes_of_older_agent_images_but_never_one_in_use(engine):
     from dataclasses import replace
     from pathlib import Path
 
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
+    from quinebox.box.images.guest_runtime import runtime_dir, runtime_root
     from quinebox.box.images.lookup import resolve_image
     from quinebox.box.policy import container_config, native_arch
-    from quinebox.box.images.guest_runtime import runtime_dir, runtime_root
     from quinebox.box.spec import DEFAULT_IMAGE, build_spec, seccomp_base
 
     backend = DockerBackend.connect()

@@ -201,8 +201,8 @@ def test_sigkill_of_the_host_ends_a_box_of_any_image(engine):
 
 def test_concurrent_first_use_agrees_on_one_runtime(tmp_path, monkeypatch):
     """Many processes may extract the runtime at once; each renames atomically, and all get the same one."""
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.images import guest_runtime
-    from quinebox.box.backends.docker import DockerBackend
 
     monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path))
     found, backend = [], DockerBackend.connect()

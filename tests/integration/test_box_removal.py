@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import quinebox
-from quinebox.box.backends import oci
+from quinebox.box.backends.oci import runtime as oci
 from quinebox.box.backends.oci.boxroot import bundle_of
 from quinebox.box.backends.oci.listed import runtime_boxes
 from quinebox.box.owners.gc import collect_garbage

@@ -138,7 +138,7 @@ def test_concurrent_boxes_do_not_mix_their_streams(engine):
 
 
 def test_a_quiet_spell_longer_than_the_request_timeout_loses_no_output(engine):
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
     impatient = DockerBackend.connect(timeout=1)
     out = []

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from quinebox.box.images import archives
-from quinebox.box.images import rootfs
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.docker.engine import DockerBackend
+from quinebox.box.images import archives, rootfs
 from quinebox.box.images.lookup import resolve_image
 from quinebox.box.policy import LABEL_OWNER, LABEL_SESSION
 from quinebox.box.spec import DEFAULT_IMAGE

@@ -7,7 +7,7 @@ request cannot be had on demand. What configure does with each is real."""
 import pytest
 
 from quinebox.box import configure
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.errors import EngineError, ErrorKind, ImageError
 
 ABSENT = "quinebox/absent:h4-configure"

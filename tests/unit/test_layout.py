@@ -40,7 +40,7 @@ ROOMS = [
     ("box.run", ("quinebox.box.run", "quinebox.box.backends.docker.launch", "quinebox.box.backends.oci.launch")),
     # Each backend's object (seam.Backend) reaches its own launch (run/) and warm (pool/) modules: it and the one
     # registry of them rank above those; the pool's keeper, which makes every backend's warm boxes, above it.
-    ("box.backends registry", ("quinebox.box.backends.registry", "quinebox.box.backends.docker_backend", "quinebox.box.backends.oci_backend")),
+    ("box.backends registry", ("quinebox.box.backends.registry", "quinebox.box.backends.docker.backend", "quinebox.box.backends.oci.backend")),
     ("box.pool keeper", ("quinebox.box.pool.keeper",)),
     ("box.owners", ("quinebox.box.owners",)),
     ("box.live", ("quinebox.box.live",)),
@@ -191,6 +191,17 @@ def test_the_exec_path_imports_no_sqlite_yaml_rich_openai_or_cryptography():
         ("sqlite3", "yaml", "rich", "openai", "cryptography"),
     )
     assert loaded == [], f"the exec path imports {loaded}"
+
+
+def test_a_box_on_an_oci_runtime_and_the_registry_import_no_docker_py():
+    """A backend's room imports light (its package's __init__ is a docstring): asking the registry, and the whole path of
+    a box on an OCI runtime, never loads docker-py; only the engine's thin layer (backends/docker/engine.py) does."""
+    loaded = loaded_after(
+        "import quinebox.box.backends.registry, quinebox.box.backends.docker, quinebox.box.backends.oci.launch, quinebox.box.backends.oci.listed",
+        ("docker", "requests", "urllib3"),
+    )
+    assert loaded == [], f"the OCI path imports {loaded}"
+    assert loaded_after("import quinebox.box.backends.docker.engine", ("docker",)) == ["docker"]
 
 
 def test_every_command_registered_imports_no_optional_extra():

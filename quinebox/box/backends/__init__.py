@@ -7,16 +7,16 @@ and an exec's Way), and every backend by name, one registration line each
 (registry.py). A capability a backend lacks is answered by the caller in one
 line; nothing outside this room asks which backend a box is on.
 
-Each backend is one room: the engine's (docker/: its thin layer, box, launch and
-warm boxes; its seam object docker_backend.py) and the OCI runtimes' (oci/:
-runc, crun and gVisor's runsc, with their thin layer, boxes, roots, ids,
-freezer, CRIU check, reaper, launch, warm boxes and claims; its seam object
-oci_backend.py). Shared by both: each exec's own cgroup
+Each backend is one room, its seam object (backend.py) inside it: the engine's
+(docker/: its thin layer engine.py, box, launch, warm boxes) and the OCI
+runtimes' (oci/: runc, crun and gVisor's runsc, with their thin layer
+runtime.py, boxes, roots, ids, freezer, CRIU check, reaper, launch, warm boxes
+and claims). Shared by both: each exec's own cgroup
 (exec_cgroups.py), which backend a box runs on (choice.py, probe.py), a plain
 user's boxes (rootless.py), each way a box could run here and its fix
 (ways.py, reach.py), and noticing an engine gone quiet (watch.py).
 
 May import: the box's rules (spec, policy), streams and below; registry.py and
-the two seam objects rank above run/ and pool/ (they reach each backend's
+each backend's backend.py rank above run/ and pool/ (they reach each backend's
 launch and warm modules).
 """

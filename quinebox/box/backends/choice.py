@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from quinebox.box.backends.oci import Runtime
+from quinebox.box.backends.oci.runtime import Runtime
 from quinebox.box.backends.rootless import local_rootless, refusal
 from quinebox.box.policy_oci import Rootless
 from quinebox.box.spec import BACKENDS

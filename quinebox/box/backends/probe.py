@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from quinebox.box.backends.oci import Runtime, runtime_timeout
 from quinebox.box.backends.oci.box import hold, release
+from quinebox.box.backends.oci.runtime import Runtime, runtime_timeout
 from quinebox.box.policy_oci import Rootless, rootless_linux
 
 _BINDS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from quinebox.box.backends.docker_backend import DOCKER
-from quinebox.box.backends.oci_backend import OCI
+from quinebox.box.backends.docker.backend import DOCKER
+from quinebox.box.backends.oci.backend import OCI
 from quinebox.box.backends.seam import Backend
 
 if TYPE_CHECKING:
     from quinebox.box.backends.choice import Choice
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.run.ending import Ends
     from quinebox.box.run.launch import Launch
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from quinebox.box.backends.boxes import Box
     from quinebox.box.backends.choice import Choice
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.backends.ways import Way
     from quinebox.box.pool.warm import Kept
     from quinebox.box.run.ending import Ends

@@ -21,7 +21,7 @@ from quinebox.box.backends.rootless import Refusal, local_hierarchy, local_rootl
 from quinebox.errors import QuineboxError
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 #: The OCI runtimes quinebox knows, in the order `quinebox doctor` lists them (runc is the default).
 RUNTIME_NAMES = ("runc", "crun", "runsc")
@@ -84,7 +84,7 @@ def engine_way(*, blocked: Unreachable | None, answer: Callable[[], tuple[dict, 
 
 
 def find_runtime(name: str) -> str | None:
-    from quinebox.box.backends.oci import Runtime
+    from quinebox.box.backends.oci.runtime import Runtime
 
     try:
         return Runtime.named(name).binary

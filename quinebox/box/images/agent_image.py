@@ -20,7 +20,7 @@ from pathlib import Path
 
 import docker.errors
 
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.spec import DEFAULT_IMAGE
 from quinebox.errors import ImageError
 from quinebox.resources import guest_dir, resource_path

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import docker.errors
 
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.backends.reach import unreachable
 from quinebox.errors import EngineError, ImageError, QuineboxError
 

@@ -24,7 +24,7 @@ from quinebox.errors import ImageError
 from quinebox.state import state_dir
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 #: Caps on what is copied out: a runtime is a few thousand files and some tens of megabytes.
 MAX_MEMBERS = 100_000

@@ -19,7 +19,7 @@ from quinebox.box.spec import ImageInfo
 from quinebox.errors import ErrorKind, ImageError
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 Progress = Callable[[str], None]
 

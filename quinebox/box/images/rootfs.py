@@ -52,7 +52,7 @@ from quinebox.processes import owner_tag
 from quinebox.state import run_dir, state_dir, unwritable
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 ROOTFS = "rootfs"
 IMAGE_JSON = "image.json"

@@ -33,7 +33,7 @@ from quinebox.box.streams.direct import DirectStdio, Stream
 from quinebox.errors import GrantError, QuineboxError
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 #: A timeout reports 124, as timeout(1) does.
 EXIT_TIMEOUT = 124

@@ -31,7 +31,7 @@ from quinebox.processes import owner_alive, owner_id
 from quinebox.state import run_dir
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from quinebox.processes import owner_alive
 from quinebox.state import cluster_dir, pool_dir, run_dir
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.images.eviction import Evicted
 
 #: How old an empty cgroup or an ownerless bundle no runtime knows must be before `gc` takes it (one being made now is not yet known).

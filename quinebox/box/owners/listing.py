@@ -25,7 +25,7 @@ from quinebox.box.shape import LABEL_POOL, POOL_SESSION
 from quinebox.errors import EngineError, QuineboxError
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 #: What a claim record says over a warm box's labels.
 _RECORDED = {"session": LABEL_SESSION, "owner": LABEL_OWNER, "parent": LABEL_PARENT, "created": LABEL_CREATED}
@@ -96,7 +96,7 @@ def reachable_engine(engine: DockerBackend | None) -> DockerBackend | None:
     """The engine, if one answers: killing and collecting go on for the runtimes' boxes without it."""
     if engine is not None:
         return engine
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
     try:
         return DockerBackend.connect()

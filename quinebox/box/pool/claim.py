@@ -30,7 +30,7 @@ from quinebox.errors import EngineError
 from quinebox.state import pool_socket, run_dir
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
 #: A pool that takes longer than this to answer is passed over: a cold start is about this slow.
 CLAIM_TIMEOUT = 2.0

@@ -17,7 +17,7 @@ from typing import Any, TypeGuard
 
 from quinebox import fdpass
 from quinebox.box.backends.choice import choose
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.backends.oci.warm import wait_claimed
 from quinebox.box.backends.registry import backend, of_shape
 from quinebox.box.policy import oci_refusal

@@ -7,7 +7,7 @@ import threading
 import docker
 import pytest
 
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.policy import ContainerConfig
 from quinebox.errors import EngineError
 

@@ -16,13 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from quinebox.box.images import archives
-from quinebox.box.images import eviction
-from quinebox.box.images import rootfs, seal
+from quinebox.box.images import archives, eviction, rootfs, seal
 from quinebox.box.policy import native_machine
 from quinebox.box.spec import ImageInfo
-from quinebox.processes import owner_tag
 from quinebox.errors import EngineError, ImageError
+from quinebox.processes import owner_tag
 
 ROOT = os.geteuid() == 0
 
@@ -457,7 +455,7 @@ def test_an_engine_that_stops_sending_mid_export_is_an_engine_error_and_leaves_n
 
     import docker
 
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
 
     seen = []
 

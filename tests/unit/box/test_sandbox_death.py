@@ -2,8 +2,8 @@
 
 import pytest
 
-from quinebox.box.backends.oci import PANIC_LOG, sandbox_death
 from quinebox.box.backends.oci.box import died
+from quinebox.box.backends.oci.runtime import PANIC_LOG, sandbox_death
 
 TRACE = "\ngoroutine 113 [running]:\npanic({0xe7f040, 0xc0000ca940})\n\truntime/panic.go:987 +0x3ba\n"
 

@@ -4,8 +4,8 @@ import pytest
 
 from quinebox.box.backends.boxes import Box
 from quinebox.box.backends.docker.box import DockerBox
-from quinebox.box.backends.oci import Runtime
 from quinebox.box.backends.oci.listed import RuntimeBox
+from quinebox.box.backends.oci.runtime import Runtime
 from quinebox.box.live.snapshot_rules import Facts, held_refusal, links_refusal, refusal, world_refusal
 
 CRIU = "`criu check` fails on this kernel: vdso: Unexpected rt vDSO area bounds"

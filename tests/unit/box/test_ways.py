@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from quinebox.box.backends import reach
-from quinebox.box.backends.oci import runtime_hint
+from quinebox.box.backends.oci.runtime import runtime_hint
 from quinebox.box.backends.reach import Unreachable
 from quinebox.box.backends.rootless import RUNSC, Refusal, cgroup_hierarchy
 from quinebox.box.backends.ways import ENGINE, Way, engine_way, runtime_way

@@ -18,7 +18,7 @@ from typing import Any
 
 from quinebox.box.backends.boxes import Box, Capabilities, Way
 from quinebox.box.backends.choice import ENGINE
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.backends.exec_cgroups import EXIT_KILLED, ExecCgroup, cgroup_of, watchdog
 from quinebox.box.policy import GUEST_PYTHON
 from quinebox.box.streams import relay

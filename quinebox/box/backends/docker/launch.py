@@ -22,7 +22,7 @@ import requests.exceptions
 import urllib3.exceptions
 
 from quinebox.box.backends import watch
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.configure import configure
 from quinebox.box.net.broker import Broker
 from quinebox.box.net.secrets import engine_reader

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from quinebox import fdpass
-from quinebox.box.backends.docker import DockerBackend
+from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.net.broker import box_socket
 from quinebox.box.pool.claim import WarmBox
 from quinebox.box.pool.warm import holds, take_lifeline

@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from quinebox.box.backends.oci import QUICK_TIMEOUT, Runtime, boxroot, container_id, idmap, reaper, sandbox_death
+from quinebox.box.backends.oci import boxroot, idmap, reaper
 from quinebox.box.backends.oci.boxroot import IMAGE_ROOT, bundle_of, remove_box, remove_bundle
+from quinebox.box.backends.oci.runtime import QUICK_TIMEOUT, Runtime, container_id, sandbox_death
 from quinebox.box.policy import LABEL_PREFIX
 from quinebox.box.streams.console import ConsoleSocket, console_path
 from quinebox.errors import EngineError

@@ -61,7 +61,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from quinebox.box.backends.oci import deleted, idmap, idview
+from quinebox.box.backends.oci import idmap, idview
+from quinebox.box.backends.oci.runtime import deleted
 from quinebox.box.policy import LABEL_PREFIX, ROOT_LAYER
 from quinebox.errors import EngineError
 from quinebox.state import run_dir

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quinebox import fdpass
-from quinebox.box.backends.oci import made_as
 from quinebox.box.backends.oci.boxroot import bundle_of
+from quinebox.box.backends.oci.runtime import made_as
 from quinebox.box.net.broker import Broker, Channel
 from quinebox.box.pool.claim import CLAIM_TIMEOUT, pool_wanted, settle
 from quinebox.box.shape import oci_shape_of, why_cold

@@ -2,7 +2,7 @@
 
 Whoever lists the boxes (ps, kill, gc, `exec --in`, pause, snapshots) sees these; the process that made a box holds
 its OciBox (oci/box.py), which ends the same way: kill through the runtime, and removal through boxroot.remove_box.
-What each runtime can do is its Runtime's `capabilities` (oci.py):
+What each runtime can do is its Runtime's `capabilities` (runtime.py):
 
 - runc, crun: paused by the cgroup freezer (freezer.py); an exec is the runtime's own `exec`, started in a pids
   cgroup of its own (`exec --cgroup`), its stdin, stdout and stderr the caller's own descriptors, as a box's
@@ -23,11 +23,11 @@ from pathlib import Path
 
 from quinebox.box.backends.boxes import Box, Capabilities, IdRanges, Way
 from quinebox.box.backends.exec_cgroups import ExecCgroup, box_cgroup, watchdog
-from quinebox.box.backends.oci import Runtime, made_as, say_unfiltered
 from quinebox.box.backends.oci.box import held, oci_runtime
 from quinebox.box.backends.oci.boxroot import IMAGE_ROOT, bundle_of, remove_box
 from quinebox.box.backends.oci.criu import criu_fails
 from quinebox.box.backends.oci.freezer import set_freezer
+from quinebox.box.backends.oci.runtime import Runtime, made_as, say_unfiltered
 from quinebox.box.policy import LABEL_SESSION
 from quinebox.errors import EngineError, QuineboxError
 from quinebox.state import state_dir

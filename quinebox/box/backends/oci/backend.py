@@ -1,6 +1,6 @@
 """The OCI backend as shared code sees it (seam.Backend): runc, crun and gVisor's runsc are runtimes of it, each a
-box's Runtime (oci.py) with its own Capabilities. Its launch, its warm boxes and shapes, its boxes reopened, and
-its way in `quinebox doctor`, each from the runtimes' own modules. Registered in registry.py."""
+box's Runtime (runtime.py) with its own Capabilities. Its launch, its warm boxes and shapes, its boxes reopened, and
+its way in `quinebox doctor`, each from the runtimes' own modules. Registered in backends/registry.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from quinebox.box.backends.choice import DEFAULT_RUNTIME, Choice
 from quinebox.box.backends.seam import Engine
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.backends.ways import Way
     from quinebox.box.pool.warm import Kept
     from quinebox.box.run.ending import Ends

@@ -1,5 +1,5 @@
 """The Docker backend as shared code sees it (seam.Backend): its launch, its warm boxes and shapes, its boxes
-reopened, and its way in `quinebox doctor`, each from the engine's own modules. Registered in registry.py."""
+reopened, and its way in `quinebox doctor`, each from the engine's own modules. Registered in backends/registry.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from quinebox.box.backends.choice import ENGINE, Choice
 from quinebox.box.backends.seam import Engine
 
 if TYPE_CHECKING:
-    from quinebox.box.backends.docker import DockerBackend
+    from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.backends.ways import Way
     from quinebox.box.pool.warm import Kept
     from quinebox.box.run.ending import Ends
@@ -31,14 +31,14 @@ class Docker:
     def boxes(self, engine: DockerBackend | None, *, connect: bool) -> list[Box]:
         if engine is None and not connect:
             return []
-        from quinebox.box.backends.docker import DockerBackend
         from quinebox.box.backends.docker.box import boxes
+        from quinebox.box.backends.docker.engine import DockerBackend
 
         return list(boxes(engine or DockerBackend.connect()))
 
     def reopen(self, name: str, container: str, labels: Mapping[str, str], engine: DockerBackend | None) -> Box:
-        from quinebox.box.backends.docker import DockerBackend
         from quinebox.box.backends.docker.box import DockerBox
+        from quinebox.box.backends.docker.engine import DockerBackend
 
         return DockerBox(engine or DockerBackend.shared(), {"Id": container, "Labels": dict(labels)})
 
