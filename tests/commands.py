@@ -11,7 +11,7 @@ QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
 #: CI's pass as a user who is not root and may not use the engine (scripts/test.sh; tests/conftest.py).
 ROOTLESS = os.environ.get("QUINEBOX_TEST_ROOTLESS") == "1"
 #: The uid a box's command runs as: the agent image's user when root makes the box; in a rootless box (CI's
-#: pass as a user who is not root) its namespace's uid 0, which is the caller (policy_oci.Rootless).
+#: pass as a user who is not root) its namespace's uid 0, which is the caller (oci.policy.Rootless).
 BOX_UID = 0 if ROOTLESS else 1000
 
 

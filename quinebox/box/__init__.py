@@ -1,10 +1,10 @@
 """One hardened box: what it may do, and running it.
 
 The box's rules, flat here and pure: what a caller asks for (options.py), what to run (spec.py), the one function
-from a spec to the container configuration (policy.py, policy_oci.py for
+from a spec to the container configuration (policy.py, backends/oci/policy.py for
 an OCI runtime's config.json, policy_bwrap.py for bubblewrap's command line), what a box of `--image host` sees of the host's
 root (policy_host.py), and a request's shape (shape.py). Beside them:
-configure.py (image + guest runtime + policy), `BoxProcess` (process.py) and
+configure.py (what each backend's configure step shares), `BoxProcess` (process.py) and
 `quinebox doctor` (doctor.py). The rest is in rooms, from the bottom up:
 
     streams/   a box's bytes and its terminal

@@ -88,7 +88,7 @@ def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> b
     from quinebox.box.backends.choice import choose
 
     try:
-        choice = choose(None)
+        choice = choose(None, known=registry.NAMES)
     except QuineboxError as exc:
         say("FAIL", f"default: {exc}", "name a runtime that works here, or none (--runtime, QUINEBOX_RUNTIME or runtime: in config.yaml)")
         return False

@@ -4,7 +4,7 @@ A pure function, in the spirit of nsjail's single config: no Docker, no
 filesystem, so every control can be checked by a table test. The safe defaults
 live here and nowhere else; grants only ever widen them by name. Each backend
 renders the same decisions: the engine's HostConfig here (`container_config`),
-an OCI runtime's config.json in policy_oci.py, both from the constants and the
+an OCI runtime's config.json in backends/oci/policy.py, both from the constants and the
 neutral mount list (`box_mounts`) below.
 """
 

@@ -1,6 +1,6 @@
 """The box policy.py describes, as a `bwrap` command line (Debian's bubblewrap 0.8), and its seccomp filter as BPF.
 
-A pure function beside policy_oci.oci_config, rendering the same decisions control by control from the same
+A pure function beside oci.policy.oci_config, rendering the same decisions control by control from the same
 inputs (constants, `box_mounts`, `full_environment`, `seccomp_profile`), so a table test can hold the two side by
 side. What bwrap holds itself:
 
@@ -28,7 +28,7 @@ Differences that take nothing from the box's isolation, said here once:
 - no /sys and no /sys/fs/cgroup: bwrap 0.8 cannot mount a sysfs; binding the host's would show the host's network
   devices and firmware, so the box has none (narrower than runc's read-only sysfs);
 - the device cgroup: bwrap's /dev holds only the nodes above, and a user namespace refuses mknod of any device, as
-  policy_oci says of a rootless box;
+  backends/oci/policy.py says of a rootless box;
 - tmpfs roots are the box user's (bwrap mounts them as that user), not root's; /dev/shm and /dev/mqueue are not
   noexec (a box's /tmp and /world are executable anyway; an mqueue holds no files to run); mounts are slaves of
   the host's (bwrap's propagation), not private: nothing of the box's reaches the host;
@@ -51,6 +51,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from quinebox.box.backends.oci.policy import oci_seccomp
 from quinebox.box.policy import (
     CPU_PERIOD,
     DEFAULT_MEM,
@@ -72,7 +73,6 @@ from quinebox.box.policy import (
     workdir_for,
     writes_host_paths,
 )
-from quinebox.box.policy_oci import oci_seccomp
 from quinebox.box.spec import HOST_IMAGE, BoxSpec, ImageInfo
 from quinebox.errors import ErrorKind, QuineboxError
 from quinebox.grants import parse_size

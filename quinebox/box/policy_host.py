@@ -1,6 +1,6 @@
 """What a box of `--image host` sees of the host's own root: its programs and their configuration, nobody's data.
 
-A pure function beside policy.py and policy_oci.py. The box's root is the host's `/` as the read-only lower layer
+A pure function beside policy.py and backends/oci/policy.py. The box's root is the host's `/` as the read-only lower layer
 of the box's own overlay (backends/oci/boxroot.py), so the developer's toolchain (compilers, interpreters, package
 managers) is there at the paths it was installed to. What the host's root holds beyond that is hidden, and the
 rule fails closed: every top-level directory not named in SHOWN is covered by an empty tmpfs, so a directory

@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 from quinebox.audit.approvals import Decision
 from quinebox.box.backends import watch
 from quinebox.box.backends.choice import ENGINE, Choice, choose
-from quinebox.box.backends.registry import launch_for
+from quinebox.box.backends.registry import NAMES, launch_for
 from quinebox.box.live.execs import Process
 from quinebox.box.net.broker import Broker, Handler, Spawner
 from quinebox.box.net.egress import Egress
@@ -109,7 +109,7 @@ class BoxProcess(Process):
         self._closed = False
         self._finishing = threading.Lock()
         #: Where the box runs, and why there (`--verbose` and `doctor` say it).
-        self.choice = Choice(ENGINE, None, "a Docker backend was handed over") if backend else choose(oci_refusal(spec), backend=spec.backend, runtime=spec.runtime)
+        self.choice = Choice(ENGINE, None, "a Docker backend was handed over") if backend else choose(oci_refusal(spec), known=NAMES, backend=spec.backend, runtime=spec.runtime)
         self._launch = launch_for(self.choice, backend, self._ends, session=self.session, reader_gone=self._reader_gone)
         self.spec, image, config = self._launch.configure(spec)
         self.args = self.spec.argv

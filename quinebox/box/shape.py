@@ -20,6 +20,7 @@ import hashlib
 import json
 from typing import Any, TypeGuard
 
+from quinebox.box.backends.oci.policy import own_userns
 from quinebox.box.policy import (
     CGROUP_PREFIX,
     DEFAULT_MEM,
@@ -36,7 +37,6 @@ from quinebox.box.policy import (
     ContainerConfig,
     proxied,
 )
-from quinebox.box.policy_oci import own_userns
 from quinebox.box.spec import BoxSpec
 
 #: On a warm box: the digest of its shape (it holds no session until claimed).
@@ -172,7 +172,7 @@ OWN_IDS = "quinebox.own-ids"
 
 
 def oci_shape_of(spec: BoxSpec, config: dict[str, Any], runtime: str) -> dict[str, Any] | None:
-    """The shape of the box `config` (an OCI runtime's config.json, policy_oci.py) describes for `spec` on
+    """The shape of the box `config` (an OCI runtime's config.json, backends/oci/policy.py) describes for `spec` on
     `runtime`, or None when only a cold box can serve it: the config less who the box is (its annotations but its
     user's, its cgroup's name) and what it runs (its args and environment, which the claim gives the init), with
     its lifeline's and empty world's sources as stand-ins. Its limits stay in it: a warm box is made with them."""

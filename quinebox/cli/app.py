@@ -170,10 +170,10 @@ def check_backend(backend: str | None) -> None:
     """A --backend that names no backend is a usage error (exit 2), said in one line before anything starts. Only
     checked here: the command hands --backend and --runtime down in its box's options, never through this process's
     environment (QUINEBOX_BACKEND / QUINEBOX_RUNTIME are the user's default, read by box/backends/choice.py alone)."""
-    from quinebox.box.spec import BACKENDS
+    from quinebox.box.backends.registry import NAMES
 
-    if backend is not None and backend not in BACKENDS:
-        say(f"bad --backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if backend is not None and backend not in NAMES:
+        say(f"bad --backend {backend!r}: use one of {', '.join(NAMES)}")
         raise typer.Exit(2)
 
 

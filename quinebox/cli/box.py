@@ -102,12 +102,12 @@ def box_options(**flags: Any) -> BoxOptions:
     """A command's box, from its flags: the one BoxOptions the layers below take (--backend and --runtime included:
     they reach the box through it, never through this process's environment). A --backend that names no backend
     is a usage error (exit 2), said before anything starts."""
+    from quinebox.box.backends.registry import NAMES
     from quinebox.box.options import BoxOptions
-    from quinebox.box.spec import BACKENDS
 
     backend = flags.get("backend")
-    if backend is not None and backend not in BACKENDS:
-        say(f"bad --backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if backend is not None and backend not in NAMES:
+        say(f"bad --backend {backend!r}: use one of {', '.join(NAMES)}")
         raise typer.Exit(2)
     return BoxOptions(**flags)
 

@@ -8,7 +8,7 @@ read-only root, only loopback, the same limits.
 import pytest
 
 import quinebox
-from quinebox.box import policy_oci
+from quinebox.box.backends.oci import policy as policy_oci
 
 
 @pytest.fixture(autouse=True)

@@ -30,10 +30,11 @@ ROOMS = [
     # box/, its rooms from the bottom up; its flat modules in three tiers (see quinebox/box/__init__.py)
     ("box.streams", ("quinebox.box.streams",)),
     ("box.net", ("quinebox.box.net",)),
-    ("box rules", ("quinebox.box.options", "quinebox.box.spec", "quinebox.box.policy", "quinebox.box.policy_oci", "quinebox.box.policy_host", "quinebox.box.shape")),
+    # A backend's rendering of the policy (backends/oci/policy.py) is ranked with the rules; its configure step with configure.
+    ("box rules", ("quinebox.box.options", "quinebox.box.spec", "quinebox.box.policy", "quinebox.box.backends.oci.policy", "quinebox.box.policy_host", "quinebox.box.shape")),
     ("box.backends", ("quinebox.box.backends",)),
     ("box.images", ("quinebox.box.images",)),
-    ("box.configure", ("quinebox.box.configure",)),
+    ("box.configure", ("quinebox.box.configure", "quinebox.box.backends.docker.configure", "quinebox.box.backends.oci.configure")),
     # A backend is one room (box/backends/docker/, box/backends/oci/), its modules ranked where they reach: its
     # warm boxes and claims at the pool's tier, its launch at run's, the rest (thin layer, box) at backends'.
     ("box.pool", ("quinebox.box.pool", "quinebox.box.backends.docker.warm", "quinebox.box.backends.oci.warm", "quinebox.box.backends.oci.claim")),

@@ -16,13 +16,12 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from quinebox.box.backends.oci.policy import Rootless
 from quinebox.box.backends.oci.runtime import Runtime
 from quinebox.box.backends.rootless import local_rootless, refusal
-from quinebox.box.policy_oci import Rootless
-from quinebox.box.spec import BACKENDS
 from quinebox.documents import load_config
 from quinebox.errors import GrantError, QuineboxError
 from quinebox.state import state_dir
@@ -52,23 +51,24 @@ class Choice:
         return on_engine(self.backend)
 
 
-def requested(backend: str | None = None, runtime: str | None = None) -> tuple[str, str | None]:
-    """(the backend asked for, the runtime asked for or None), from the arguments, the environment, config.yaml."""
+def requested(backend: str | None = None, runtime: str | None = None, *, known: Collection[str]) -> tuple[str, str | None]:
+    """(the backend asked for, the runtime asked for or None), from the arguments, the environment, config.yaml;
+    `known`: every name a backend may be asked for by (registry.NAMES: `auto` and each backend registered)."""
     config: dict = {}
     if not backend and not os.environ.get("QUINEBOX_BACKEND") or not runtime and not os.environ.get("QUINEBOX_RUNTIME"):
         config = load_config()
     chosen = backend or os.environ.get("QUINEBOX_BACKEND") or str(config.get("backend") or "auto")
-    if chosen not in BACKENDS:
-        raise GrantError(f"bad backend {chosen!r}: use one of {', '.join(BACKENDS)} (--backend, QUINEBOX_BACKEND or backend: in config.yaml)")
+    if chosen not in known:
+        raise GrantError(f"bad backend {chosen!r}: use one of {', '.join(known)} (--backend, QUINEBOX_BACKEND or backend: in config.yaml)")
     named = runtime or os.environ.get("QUINEBOX_RUNTIME") or config.get("runtime")
     return chosen, str(named) if named else None
 
 
-def choose(refusal: str | None, *, backend: str | None = None, runtime: str | None = None, probe: Callable[[str], str | None] | None = None) -> Choice:
+def choose(refusal: str | None, *, known: Collection[str], backend: str | None = None, runtime: str | None = None, probe: Callable[[str], str | None] | None = None) -> Choice:
     """The backend for one box. `refusal`: why this box cannot run on an OCI runtime (policy.oci_refusal), if it cannot.
 
     `probe(runtime)` → None when the runtime can run boxes here, else why not (default: `usable`)."""
-    asked, named = requested(backend, runtime)
+    asked, named = requested(backend, runtime, known=known)
     if on_engine(asked):
         return Choice(ENGINE, None, "the Docker backend was asked for")
     name = named or DEFAULT_RUNTIME

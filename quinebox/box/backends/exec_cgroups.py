@@ -76,8 +76,8 @@ class ExecCgroup:
 def box_cgroup(session: str) -> str:
     """The cgroup every OCI box of quinebox's gets (policy.oci_config's cgroupsPath): a rootless box's lies in
     the cgroup delegated to its user (backends/rootless.py)."""
+    from quinebox.box.backends.oci.policy import Rootless
     from quinebox.box.backends.rootless import local_rootless
-    from quinebox.box.policy_oci import Rootless
 
     who = local_rootless()
     parent = who.cgroup.rstrip("/") if isinstance(who, Rootless) else ""

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from quinebox.box.backends.oci.box import hold, release
+from quinebox.box.backends.oci.policy import Rootless, rootless_linux
 from quinebox.box.backends.oci.runtime import Runtime, runtime_timeout
-from quinebox.box.policy_oci import Rootless, rootless_linux
 
 _BINDS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
 
 
 def probe_config(rootfs: str, cgroup: str, rootless: Rootless | None = None) -> dict[str, Any]:
-    """The probe's config.json; `rootless`: as a user who is not root makes it (policy_oci.Rootless), its user
+    """The probe's config.json; `rootless`: as a user who is not root makes it (oci.policy.Rootless), its user
     the namespace's uid 0 and its cgroup the user's."""
     mounts = [{"destination": "/proc", "type": "proc", "source": "proc"},
               {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}]

@@ -1,5 +1,6 @@
-"""Every backend, by name: one registration line each. The next backend is one new module (its seam.Backend) and
-one line here; shared code asks `backend(name)` with the name it was given (a choice's, a record's, a shape's).
+"""Every backend, by name: one registration line each. The next backend is one new sub-room (backends/NAME/, its
+seam.Backend in NAME/backend.py) and one line here, which also makes NAME a name a box's backend is asked by
+(NAMES); shared code asks `backend(name)` with the name it was given (a choice's, a record's, a shape's).
 
 Ranked above the backends' own launch and warm modules (tests/unit/test_layout.py), since each backend's object
 reaches them; lower shared code (run/launch.py, pool/warm.py) is handed what a backend made, never this.
@@ -26,6 +27,9 @@ BACKENDS: dict[str, Backend] = {
     DOCKER.name: DOCKER,
     OCI.name: OCI,
 }
+#: Every name a box's backend may be asked for by (--backend, BoxOptions.backend, QUINEBOX_BACKEND, config.yaml):
+#: `auto` (choice.py decides) and each backend registered above, so a new backend's one line adds its name too.
+NAMES: tuple[str, ...] = ("auto", *BACKENDS)
 
 
 def backend(name: str) -> Backend:

@@ -1,6 +1,6 @@
 """Boxes for a user who is not root: whether this machine lets them have one, and the cgroup that holds them.
 
-A rootless box is a runtime run by the user, in a user namespace of the box's own (policy_oci.Rootless). What it
+A rootless box is a runtime run by the user, in a user namespace of the box's own (oci.policy.Rootless). What it
 needs of the machine, each told apart here because each has its own fix:
 
 - user namespaces: not switched off (`user.max_user_namespaces` 0, Debian's old `kernel.unprivileged_userns_clone`
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from quinebox.box.policy_oci import Rootless
+from quinebox.box.backends.oci.policy import Rootless
 from quinebox.errors import ErrorKind, QuineboxError
 from quinebox.processes import user_name
 

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 from quinebox.box.backends.boxes import Box
 from quinebox.box.backends.oci import idmap
 from quinebox.box.backends.oci.boxroot import bundle_of, bundles, remove_bundle, sweep_layers
+from quinebox.box.backends.oci.policy import Rootless
 from quinebox.box.backends.oci.reaper import keeper_runs
 from quinebox.box.backends.rootless import delegated_name, local_rootless
 from quinebox.box.owners.listing import every_box, info, reachable_engine
 from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER
-from quinebox.box.policy_oci import Rootless
 from quinebox.box.shape import POOL_SESSION
 from quinebox.errors import EngineError, QuineboxError
 from quinebox.processes import owner_alive

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from quinebox.audit import log
 from quinebox.box.backends.boxes import Box, created_at
 from quinebox.box.backends.choice import ENGINE
-from quinebox.box.backends.registry import BACKENDS
+from quinebox.box.backends.registry import BACKENDS, NAMES
 from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
 from quinebox.box.pool.claim import claimed_as
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
@@ -87,7 +87,7 @@ def _boxes_need_no_engine() -> bool:
     from quinebox.box.backends.choice import choose
 
     try:
-        return not choose(None).engine
+        return not choose(None, known=NAMES).engine
     except QuineboxError:
         return False
 

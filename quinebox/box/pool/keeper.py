@@ -19,7 +19,7 @@ from quinebox import fdpass
 from quinebox.box.backends.choice import choose
 from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.backends.oci.warm import wait_claimed
-from quinebox.box.backends.registry import backend, of_shape
+from quinebox.box.backends.registry import NAMES, backend, of_shape
 from quinebox.box.policy import oci_refusal
 from quinebox.box.pool.warm import Kept, Pool, Settings, refused
 from quinebox.box.spec import build_spec
@@ -65,7 +65,7 @@ def default_shape(makers: Makers) -> dict[str, Any] | None:
     """The shape of `quinebox exec -- CMD` and `quinebox run MISSION` with no options (one shape: both are the
     same box), on the backend such a command would choose here."""
     spec = build_spec(["true"])
-    choice = choose(oci_refusal(spec), backend=spec.backend, runtime=spec.runtime)
+    choice = choose(oci_refusal(spec), known=NAMES, backend=spec.backend, runtime=spec.runtime)
     return backend(choice.backend).default_shape(spec, choice, makers.engine)
 
 

@@ -130,7 +130,6 @@ def test_options_by_name_and_options_given_whole_make_the_same_spec(tmp_path):
     "options, words",
     [
         (BoxOptions(pull="sometimes"), "bad --pull 'sometimes'"),
-        (BoxOptions(backend="qemu"), "bad backend 'qemu'"),
         (BoxOptions(workdir="rel"), "bad workdir 'rel'"),
         (BoxOptions(tags={"owner": "me"}), "bad box labels"),
         (BoxOptions(world="/x", world_tar="/y"), "give one of --world"),

@@ -12,7 +12,7 @@ from test_policy_oci import oci
 
 from quinebox.box.backends.oci import idmap
 from quinebox.box.backends.oci.boxroot import mount_points
-from quinebox.box.policy_oci import oci_config
+from quinebox.box.backends.oci.policy import oci_config
 from quinebox.box.shape import oci_shape_of, own_ids, shape_key, warm_oci_config
 from quinebox.box.spec import seccomp_base
 

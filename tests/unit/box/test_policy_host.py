@@ -1,13 +1,12 @@
 """What a box of `--image host` sees of the host's root: the pure rule, and where its mounts land among the box's."""
 
 import pytest
+from test_policy import ARCH, RUNTIME_DIR, spec
 
+from quinebox.box.backends.oci.policy import oci_config
 from quinebox.box.policy import HOST_SOCKET, RUNTIME, BoxMount
 from quinebox.box.policy_host import ETC_SECRETS, HIDDEN_OPTIONS, OWN, SHOWN, host_view
-from quinebox.box.policy_oci import oci_config
 from quinebox.box.spec import HOST_IMAGE, ImageInfo, seccomp_base
-
-from test_policy import ARCH, RUNTIME_DIR, spec
 
 EMPTY = "/state/run/empty"
 HOST = ImageInfo(name=HOST_IMAGE, id=HOST_IMAGE)

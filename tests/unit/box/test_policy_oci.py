@@ -7,10 +7,24 @@ import pytest
 from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, USER_IMAGE, spec  # the same images, runtime and specs as the engine's table
 
 from quinebox.audit.asks import Asks
+from quinebox.box.backends.oci.policy import GVISOR_TASKS_BASE, GVISOR_TASKS_PER_PID, Rootless, gvisor_seccomp, oci_config, oci_seccomp
 from quinebox.box.net.secrets import TLS_DIR
-from quinebox.box.policy import AGENT_COMMAND, DEFAULT_MEM, DEFAULT_PIDS, DEFAULT_TMP, EGRESS_SOCKET, GUEST_PREFIX, HOST_SOCKET, LABEL_SESSION, ROOT_LAYER, RUNTIME, container_config, oci_command, oci_refusal
+from quinebox.box.policy import (
+    AGENT_COMMAND,
+    DEFAULT_MEM,
+    DEFAULT_PIDS,
+    DEFAULT_TMP,
+    EGRESS_SOCKET,
+    GUEST_PREFIX,
+    HOST_SOCKET,
+    LABEL_SESSION,
+    ROOT_LAYER,
+    RUNTIME,
+    container_config,
+    oci_command,
+    oci_refusal,
+)
 from quinebox.box.policy_host import HOST_ROOT_LAYER
-from quinebox.box.policy_oci import GVISOR_TASKS_BASE, GVISOR_TASKS_PER_PID, Rootless, gvisor_seccomp, oci_config, oci_seccomp
 from quinebox.box.spec import HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
 from quinebox.errors import GrantError
 from quinebox.grants import Grants

@@ -1,14 +1,14 @@
 """A box made by a user who is not root, as tables: what the machine must allow (rootless.py) and how the same
-box is rendered for the runtime (policy_oci.Rootless): a user namespace, its uid 0 the caller, no more."""
+box is rendered for the runtime (oci.policy.Rootless): a user namespace, its uid 0 the caller, no more."""
 
 import pytest
 from test_policy import spec
 from test_policy_oci import oci
 
+from quinebox.box.backends.oci.policy import Rootless
 from quinebox.box.backends.probe import probe_config
 from quinebox.box.backends.rootless import RUNSC, Refusal, delegated_name, no_cgroup, refusal, setup_user, subordinate, userns_refusal, v1_delegated, v1_hierarchies, v2_delegated
 from quinebox.box.policy import DEFAULT_MEM, DEFAULT_PIDS
-from quinebox.box.policy_oci import Rootless
 from quinebox.errors import ErrorKind, QuineboxError
 
 SINGLE = Rootless(uid=1000, gid=1000, cgroup="/quinebox.user-1000")
@@ -128,7 +128,7 @@ def rootless(box, who=SINGLE):
     from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR
     from test_policy_oci import ROOTFS
 
-    from quinebox.box.policy_oci import oci_config
+    from quinebox.box.backends.oci.policy import oci_config
     from quinebox.box.spec import seccomp_base
 
     return oci_config(box, image=AGENT_IMAGE, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH, rootfs=ROOTFS, rootless=who)

@@ -2,7 +2,8 @@
 
 engine.py is its thin layer over the Engine API (docker-py's low-level client, `DockerBackend`), where the engine's
 failures become quinebox's own in one place; box.py a box on the engine (its Box: pause, exec, kill, remove);
-launch.py its launch (ranked at run's tier); warm.py its warm boxes (at the pool's); backend.py its seam object
+configure.py its configure step (the image on the engine, the guest runtime, the
+container configuration: at configure's tier); launch.py its launch (ranked at run's tier); warm.py its warm boxes (at the pool's); backend.py its seam object
 (seam.Backend), registered in backends/registry.py by one line. This package's own import is light: docker-py
 loads only with engine.py, for a box on the engine.
 """

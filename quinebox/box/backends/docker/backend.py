@@ -61,7 +61,7 @@ class Docker:
         return start_warm(engine(), shape)
 
     def default_shape(self, spec: BoxSpec, choice: Choice, engine: Engine) -> dict[str, Any] | None:
-        from quinebox.box.configure import configure
+        from quinebox.box.backends.docker.configure import configure
         from quinebox.box.shape import shape_of
 
         spec, _, config = configure(spec, engine())

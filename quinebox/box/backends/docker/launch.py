@@ -22,8 +22,8 @@ import requests.exceptions
 import urllib3.exceptions
 
 from quinebox.box.backends import watch
+from quinebox.box.backends.docker.configure import configure
 from quinebox.box.backends.docker.engine import DockerBackend
-from quinebox.box.configure import configure
 from quinebox.box.net.broker import Broker
 from quinebox.box.net.secrets import engine_reader
 from quinebox.box.policy import ContainerConfig

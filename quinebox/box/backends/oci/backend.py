@@ -62,7 +62,7 @@ class Oci:
         return WarmOci(shape)
 
     def default_shape(self, spec: BoxSpec, choice: Choice, engine: Engine) -> dict[str, Any] | None:
-        from quinebox.box.configure import configure_oci, release_ids
+        from quinebox.box.backends.oci.configure import configure_oci, release_ids
         from quinebox.box.shape import oci_shape_of
 
         runtime = choice.runtime or DEFAULT_RUNTIME

@@ -336,7 +336,7 @@ def remove_box(runtime: list[str], cid: str, bundle: Path | None) -> bool:
 
 
 def _remove_cgroups(cid: str) -> None:
-    """The box's own cgroups (named as its container: policy_oci's cgroupsPath), where its runtime left them: one
+    """The box's own cgroups (named as its container: oci/policy.py's cgroupsPath), where its runtime left them: one
     that no longer knows the box (its state went with a state dir a job removed) neither kills its processes nor
     deletes its cgroups. What is still in them is the box's alone, killed; then each goes, once empty. At the top
     of each hierarchy, or below a user's delegated v1 one (setup-user's); a v2 subtree systemd delegates is

@@ -27,7 +27,7 @@ as podman's `--userns=auto` and Kubernetes' user-namespaced pods do:
   for long, and a child that outlives its parent keeps its ids its own.
 
 gVisor's boxes need none (their processes are the sandbox's, not the host's), and a rootless box has the
-namespace its user's own ids make (policy_oci.Rootless).
+namespace its user's own ids make (oci.policy.Rootless).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import IO, Any
 from quinebox.box.backends.oci import idmap
 from quinebox.box.backends.oci.box import OciBox, oci_runtime
 from quinebox.box.backends.oci.claim import ClaimedOci, claim_oci
-from quinebox.box.configure import configure_oci
+from quinebox.box.backends.oci.configure import configure_oci
 from quinebox.box.images.rootfs import in_rootfs
 from quinebox.box.net.broker import Broker
 from quinebox.box.net.secrets import rootfs_reader

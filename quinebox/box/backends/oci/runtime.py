@@ -34,7 +34,7 @@ QUICK_TIMEOUT = 10.0
 #: Runtimes quinebox knows by name, with the global flags each needs here. runsc: the ptrace platform (Debian's
 #: 2022 build cannot use systrap), no network stack of its own (a box has only loopback), and connecting to the
 #: Unix sockets its mounts show (the box's host socket and egress socket are such mounts; as under runc), and
-#: the box's own seccomp profile loaded inside the sandbox, in front of gVisor's kernel (as policy_oci's
+#: the box's own seccomp profile loaded inside the sandbox, in front of gVisor's kernel (as oci/policy.py's
 #: `gvisor_seccomp` renders it for runsc; the host sees only the sentry's calls, under gVisor's own filter).
 KNOWN = {
     "runc": (),

@@ -1,4 +1,5 @@
 """The box policy.py describes, as an OCI runtime's config.json (runc, crun, runsc): the engine's controls, said out.
+The OCI backend's rendering of the policy, in its room and ranked with the rules (tests/unit/test_layout.py).
 
 A pure function beside `policy.container_config`, rendering the same decisions
 (constants, `box_mounts`, limits) in the runtime's schema. What the engine adds
