@@ -138,12 +138,10 @@ class Sandbox:
             spec, stdin=DEVNULL, stdout=DEVNULL, stderr=self._diagnostics.append, backend=docker, place=Node.root(spec), lasting=True,
         )
         self._box: BoxProcess | None = box
-        choice = box.choice
-        docker = getattr(box, "_backend", None) if choice.engine else None
+        docker = box._backend  # the engine's client, for a box on the engine (None on another backend)
         try:
-            where = choice.backend if choice.engine else choice.runtime or "runc"
             record = sandboxes.Record(
-                self.id, box.id or "", where, owner_id(), time.time(), name=name, holder=_holder, ttl=box.spec.grants.time, idle=_idle,
+                self.id, box.id or "", box.choice.where, owner_id(), time.time(), name=name, holder=_holder, ttl=box.spec.grants.time, idle=_idle,
             )
             sandboxes.write_record(record)
             self._record = record

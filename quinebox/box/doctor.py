@@ -147,14 +147,15 @@ def _snapshots(say: Say, ways: list[Way], backend: DockerBackend | None) -> None
     """Where a long-lived box can be snapshotted (`quinebox box checkpoint`): runsc here; runc through CRIU, if
     `criu check` passes; the engine in its experimental mode, whose checkpoints quinebox does not take."""
     from quinebox.box.backends.oci.criu import criu_fails
+    from quinebox.box.backends.oci.runtime import Runtime
     from quinebox.errors import EngineError
 
     say("note", "snapshots (box checkpoint, restore, fork):")
     for way in ways:
         if not way.works:
             continue
-        if way.name == "runsc":
-            say("ok", f"{way.label}: runsc checkpoint and restore")
+        if way.name != ENGINE and Runtime(way.name, "").capabilities.checkpoint:
+            say("ok", f"{way.label}: {way.name} checkpoint and restore")
         elif way.name == ENGINE:
             try:
                 experimental = backend.experimental() if backend is not None else False

@@ -50,6 +50,12 @@ class Choice:
     def engine(self) -> bool:
         return on_engine(self.backend)
 
+    @property
+    def where(self) -> str:
+        """The name a box of this choice is recorded and listed by, which registry.backend finds its backend by:
+        the engine's, or the OCI runtime's own."""
+        return self.backend if self.engine else self.runtime or DEFAULT_RUNTIME
+
 
 def requested(backend: str | None = None, runtime: str | None = None, *, known: Collection[str]) -> tuple[str, str | None]:
     """(the backend asked for, the runtime asked for or None), from the arguments, the environment, config.yaml;

@@ -34,6 +34,8 @@ class Backend(Protocol):
     name: str
     #: Whether its boxes' roots are images unpacked on this machine (images/rootfs.py), not kept by an engine.
     unpacks_images: bool
+    #: Whether its boxes are the Docker engine's containers: an engine that cannot be reached may hold some.
+    needs_engine: bool
 
     def serves(self, name: str) -> bool:
         """Whether a box recorded or listed as on `name` (a choice's backend, a record's, a listed box's) is its."""

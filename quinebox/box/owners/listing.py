@@ -83,11 +83,13 @@ def every_box(engine: DockerBackend | None, *, connect: bool = True) -> list[Box
 
 
 def _boxes_need_no_engine() -> bool:
-    """Whether this user's boxes run on an OCI runtime (choice.py): then an engine they cannot reach holds none."""
+    """Whether this user's boxes run on a backend the engine does not hold (choice.py chooses it): then an engine
+    they cannot reach holds none."""
+    from quinebox.box.backends import registry
     from quinebox.box.backends.choice import choose
 
     try:
-        return not choose(None, known=NAMES).engine
+        return not registry.backend(choose(None, known=NAMES).backend).needs_engine
     except QuineboxError:
         return False
 

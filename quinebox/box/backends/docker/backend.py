@@ -24,6 +24,7 @@ class Docker:
 
     name = ENGINE
     unpacks_images = False
+    needs_engine = True
 
     def serves(self, name: str) -> bool:
         return name == self.name

@@ -25,6 +25,7 @@ class Oci:
 
     name = "oci"
     unpacks_images = True
+    needs_engine = False
 
     def serves(self, name: str) -> bool:
         """Any name the registry's other backends do not serve: an OCI runtime goes by its own (runc, runsc, a path's)."""
