@@ -28,7 +28,7 @@ ROOMS = [
     ("audit", ("quinebox.audit",)),
     ("worlds", ("quinebox.worlds",)),
     # box/, its rooms from the bottom up; its flat modules in three tiers (see quinebox/box/__init__.py)
-    ("box.streams", ("quinebox.box.streams",)),
+    ("box.streams", ("quinebox.box.streams", "quinebox.box.backends.docker.attached")),  # the engine's stdio, in its room
     ("box.net", ("quinebox.box.net",)),
     # A backend's rendering of the policy (backends/oci/policy.py) is ranked with the rules; its configure step with configure.
     ("box rules", ("quinebox.box.options", "quinebox.box.spec", "quinebox.box.policy", "quinebox.box.backends.oci.policy", "quinebox.box.policy_host", "quinebox.box.shape")),

@@ -22,6 +22,7 @@ import requests.exceptions
 import urllib3.exceptions
 
 from quinebox.box.backends import watch
+from quinebox.box.backends.docker.attached import AttachedStdio
 from quinebox.box.backends.docker.configure import configure
 from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.net.broker import Broker
@@ -32,7 +33,6 @@ from quinebox.box.run.ending import EXIT_KILLED, Ends, How
 from quinebox.box.shape import claim_frame
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, ImageInfo
 from quinebox.box.streams import relay
-from quinebox.box.streams.attached import AttachedStdio
 from quinebox.box.streams.direct import Stream
 from quinebox.errors import ImageError
 

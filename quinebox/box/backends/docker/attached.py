@@ -1,7 +1,8 @@
 """A box's stdin, stdout and stderr relayed over the engine's attach connection (the Docker backend's way).
 
-The mirror of direct.py: the same `subprocess.Popen`-style stream arguments, here turned into sinks the
-connection's frames are routed to (relay.demux) and a pump that feeds the box's stdin into the connection.
+The mirror of streams/direct.py, ranked at streams' tier (tests/unit/test_layout.py): the same
+`subprocess.Popen`-style stream arguments, here turned into sinks the connection's frames are routed to
+(relay.demux) and a pump that feeds the box's stdin into the connection.
 A reader that went away stops the box, as SIGPIPE would stop a process.
 """
 
