@@ -152,7 +152,10 @@ def status_command(as_json: bool = typer.Option(False, "--json", help="What the 
     print(f"serving: pid {answer.get('pid')}, since {since}, {answer.get('served')} command(s) served, {exits}")
     pool = answer.get("pool")
     if not pool and answer.get("pool_after") is not None:
-        print(f"pool: not started: it starts once the server has run {answer['pool_after']} commands within a minute (`serve --pool N`, or `pool: {{after: 0}}` in config.yaml, start it with the server)")
+        print(
+            f"pool: not started: it starts once the server has run {answer['pool_after']} commands within a minute"
+            " (`serve --pool N`, or `pool: {after: 0}` in config.yaml, start it with the server)"
+        )
         return
     if not pool:
         print("pool: none (`quinebox serve --pool N` keeps N warm boxes per shape)")
