@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import os
 import select
+import shutil
 import socket
 import statistics
 import sys
@@ -106,6 +107,16 @@ def holds(lifeline: socket.socket) -> bool:
         return True
     except OSError:
         return False
+
+
+def let_go(socket_path: str, world: str | None) -> None:
+    """What a warm box let go unclaimed leaves on the host, removed, on every backend: its socket and its empty world."""
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    if world is not None:
+        shutil.rmtree(os.path.dirname(world), ignore_errors=True)
 
 
 def refused(conn: socket.socket) -> bool:

@@ -19,7 +19,7 @@ from quinebox import fdpass
 from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.net.broker import box_socket
 from quinebox.box.pool.claim import WarmBox
-from quinebox.box.pool.warm import holds, take_lifeline
+from quinebox.box.pool.warm import holds, let_go, take_lifeline
 from quinebox.box.shape import POOL_SESSION, box_user, has_world, warm_config
 from quinebox.box.spec import new_session_id
 from quinebox.processes import owner_id
@@ -41,12 +41,7 @@ class Warm(WarmBox):
     def discard(self) -> None:
         """Let it go unclaimed: without its lifeline it kills itself and the engine removes it."""
         self.close_sockets()
-        try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
-        if self.world is not None:
-            shutil.rmtree(os.path.dirname(self.world), ignore_errors=True)
+        let_go(self.socket_path, self.world)
 
 
     def hand_over(self, conn: socket.socket) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import socket
 import threading
 import time
@@ -31,7 +30,7 @@ from quinebox.box.backends.oci import idmap
 from quinebox.box.backends.oci.box import OciBox, finish_removals, oci_runtime
 from quinebox.box.net.broker import box_socket
 from quinebox.box.pool.claim import forget
-from quinebox.box.pool.warm import holds, take_lifeline
+from quinebox.box.pool.warm import holds, let_go, take_lifeline
 from quinebox.box.shape import POOL_SESSION, oci_box_user, oci_has_world, own_ids, warm_oci_config
 from quinebox.box.spec import new_session_id
 from quinebox.errors import EngineError
@@ -131,12 +130,7 @@ class WarmOci:
     def discard(self) -> None:
         """Let it go unclaimed: without its lifeline its init kills everything and exits, and `_end` follows."""
         self._close_ours()
-        try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
-        if self.world is not None:
-            shutil.rmtree(os.path.dirname(self.world), ignore_errors=True)
+        let_go(self.socket_path, self.world)
         if self._oci is not None and self.lifeline is None:
             self._oci.kill()  # it never held its lifeline: nothing else would end it
         if self._oci is None and self.ids is not None:  # a box made gives its ids back with its remains
