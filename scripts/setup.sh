@@ -54,7 +54,7 @@ fi
 runtimes=()
 command -v runc >/dev/null || [ -x /usr/sbin/runc ] || runtimes+=(runc)
 command -v runsc >/dev/null || [ -x /usr/bin/runsc ] || runtimes+=(runsc)
-command -v bwrap >/dev/null || runtimes+=(bubblewrap)  # not an OCI runtime: the kernel's floor, a box's argv (box/policy_bwrap.py)
+command -v bwrap >/dev/null || runtimes+=(bubblewrap)  # not an OCI runtime: the kernel's floor, a box's argv (box/backends/bwrap/policy.py)
 if [ "${#runtimes[@]}" -gt 0 ]; then
     if is_root && have_apt; then
         say "installing ${runtimes[*]} (OCI runtimes)"; apt_install "${runtimes[@]}"

@@ -2,14 +2,14 @@
 
 The box's rules, flat here and pure: what a caller asks for (options.py), what to run (spec.py), the one function
 from a spec to the container configuration (policy.py, backends/oci/policy.py for
-an OCI runtime's config.json, policy_bwrap.py for bubblewrap's command line), what a box of `--image host` sees of the host's
+an OCI runtime's config.json, backends/bwrap/policy.py for bubblewrap's command line), what a box of `--image host` sees of the host's
 root (policy_host.py), and a request's shape (shape.py). Beside them:
 configure.py (what each backend's configure step shares), `BoxProcess` (process.py) and
 `quinebox doctor` (doctor.py). The rest is in rooms, from the bottom up:
 
     streams/   a box's bytes and its terminal
     net/       its socket to the host, the model broker, egress and secrets
-    backends/  the seam and its registry; one room per backend (docker/, oci/)
+    backends/  the seam and its registry; one room per backend (docker/, oci/, bwrap/)
     images/    images found, built, unpacked and sealed; the guest's runtime
     pool/      warm boxes and claiming one
     run/       a box's launch on its backend, and its one ending

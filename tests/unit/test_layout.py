@@ -31,17 +31,17 @@ ROOMS = [
     ("box.streams", ("quinebox.box.streams", "quinebox.box.backends.docker.attached")),  # the engine's stdio, in its room
     ("box.net", ("quinebox.box.net",)),
     # A backend's rendering of the policy (backends/oci/policy.py) is ranked with the rules; its configure step with configure.
-    ("box rules", ("quinebox.box.options", "quinebox.box.spec", "quinebox.box.policy", "quinebox.box.backends.oci.policy", "quinebox.box.policy_host", "quinebox.box.shape")),
+    ("box rules", ("quinebox.box.options", "quinebox.box.spec", "quinebox.box.policy", "quinebox.box.backends.oci.policy", "quinebox.box.backends.bwrap.policy", "quinebox.box.backends.bwrap.root", "quinebox.box.policy_host", "quinebox.box.shape")),
     ("box.backends", ("quinebox.box.backends",)),
     ("box.images", ("quinebox.box.images",)),
-    ("box.configure", ("quinebox.box.configure", "quinebox.box.backends.docker.configure", "quinebox.box.backends.oci.configure")),
+    ("box.configure", ("quinebox.box.configure", "quinebox.box.backends.docker.configure", "quinebox.box.backends.oci.configure", "quinebox.box.backends.bwrap.configure")),
     # A backend is one room (box/backends/docker/, box/backends/oci/), its modules ranked where they reach: its
     # warm boxes and claims at the pool's tier, its launch at run's, the rest (thin layer, box) at backends'.
     ("box.pool", ("quinebox.box.pool", "quinebox.box.backends.docker.warm", "quinebox.box.backends.oci.warm", "quinebox.box.backends.oci.claim")),
-    ("box.run", ("quinebox.box.run", "quinebox.box.backends.docker.launch", "quinebox.box.backends.oci.launch")),
+    ("box.run", ("quinebox.box.run", "quinebox.box.backends.docker.launch", "quinebox.box.backends.oci.launch", "quinebox.box.backends.bwrap.launch")),
     # Each backend's object (seam.Backend) reaches its own launch (run/) and warm (pool/) modules: it and the one
     # registry of them rank above those; the pool's keeper, which makes every backend's warm boxes, above it.
-    ("box.backends registry", ("quinebox.box.backends.registry", "quinebox.box.backends.docker.backend", "quinebox.box.backends.oci.backend")),
+    ("box.backends registry", ("quinebox.box.backends.registry", "quinebox.box.backends.docker.backend", "quinebox.box.backends.oci.backend", "quinebox.box.backends.bwrap.backend")),
     ("box.pool keeper", ("quinebox.box.pool.keeper",)),
     ("box.owners", ("quinebox.box.owners",)),
     ("box.live", ("quinebox.box.live",)),

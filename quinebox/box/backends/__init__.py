@@ -1,4 +1,4 @@
-"""Where boxes run: the Docker engine and the OCI runtimes, each behind one seam, and which one.
+"""Where boxes run: the Docker engine, the OCI runtimes and bubblewrap, each behind one seam, and which one.
 
 The seam: a backend as shared code sees it (seam.py: its launch, warm boxes,
 shapes, reopened boxes and doctor's way), one box as every backend lists it
@@ -11,7 +11,8 @@ Each backend is one room, its seam object (backend.py) inside it: the engine's
 (docker/: its thin layer engine.py, box, launch, warm boxes) and the OCI
 runtimes' (oci/: runc, crun and gVisor's runsc, with their thin layer
 runtime.py, boxes, roots, ids, freezer, CRIU check, reaper, launch, warm boxes
-and claims). Shared by both: each exec's own cgroup
+and claims) and bubblewrap's (bwrap/: each box one bwrap process, its policy as
+bwrap's argv, its root, its cgroups, its boxes as listed). Shared by all: each exec's own cgroup
 (exec_cgroups.py), which backend a box runs on (choice.py, probe.py), a plain
 user's boxes (rootless.py), each way a box could run here and its fix
 (ways.py, reach.py), and noticing an engine gone quiet (watch.py).

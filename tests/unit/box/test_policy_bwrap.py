@@ -1,4 +1,4 @@
-"""policy_bwrap.bwrap_box as a table: the safe defaults as bwrap's options, the same box as oci_config, what is
+"""backends/bwrap/policy.py's bwrap_box as a table: the safe defaults as bwrap's options, the same box as oci_config, what is
 refused, and the seccomp profile compiled by libseccomp and held by the kernel under a real bwrap."""
 
 import json
@@ -13,7 +13,7 @@ from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, spec
 from test_policy_oci import BOXES, DIR_WORLD, OVERLAY_WORLD, env_of, oci, own_mounts
 
 from quinebox.box.policy import DEFAULT_TMP, GUEST_PREFIX, HOST_SOCKET, RUNTIME
-from quinebox.box.policy_bwrap import BwrapBox, bwrap_box, compile_seccomp, proc_kinds
+from quinebox.box.backends.bwrap.policy import BwrapBox, bwrap_box, compile_seccomp, proc_kinds
 from quinebox.box.spec import HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
 from quinebox.errors import ErrorKind, QuineboxError
 
