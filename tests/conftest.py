@@ -122,6 +122,7 @@ def _left_behind(state: str) -> list[str]:
     from quinebox.processes import owner_alive
 
     found = [f"box {c['Id']} on {c['Runtime']} ({c['State']})" for c in oci_containers()]
+    found += [f"bwrap box record {path}" for path in glob.glob(os.path.join(state, "bwrap", "*.json"))]  # bwrap/box.py's records
     try:
         found += [f"engine box {b.container[:12]} (session {b.session}) whose owner is gone" for b in live_boxes() if b.backend == "docker" and not owner_alive(b.owner)]
     except Exception:  # noqa: BLE001 - no engine: the tests that needed one failed already
@@ -170,15 +171,22 @@ def tempfile_root() -> str:
 def pytest_collection_modifyitems(config, items):
     """The rootless pass (QUINEBOX_TEST_ROOTLESS=1) leaves out what only root has here: a test marked root_only,
     one of the images the engine builds (`test_images`), and each case of a test run once per backend or runtime
-    for the Docker backend or gVisor (refused to a rootless user here: rootless.RUNSC). Deselected, said so in the summary, never skipped: those tests ran in the passes as root."""
-    if os.environ.get("QUINEBOX_TEST_ROOTLESS") != "1":
+    for the Docker backend or gVisor (refused to a rootless user here: rootless.RUNSC). Deselected, said so in the summary, never skipped: those tests ran in the passes as root.
+
+    The bubblewrap passes (QUINEBOX_BACKEND=bwrap) leave out the host box's tests (test_host_image.py), which ask bwrap
+    for the one box it refuses by design (backend_under_test.py): that file's bwrap tests assert the refusal, for every
+    way of asking, in every pass; the rest ran on runc and gVisor."""
+    rootless = os.environ.get("QUINEBOX_TEST_ROOTLESS") == "1"
+    bwrap = os.environ.get("QUINEBOX_BACKEND") == "bwrap"
+    if not (rootless or bwrap):
         return
     keep, drop = [], []
     for item in items:
         params = getattr(item, "callspec", None)
         engine_case = params is not None and bool({"docker", "runsc"} & {str(v) for v in params.params.values()})  # gVisor: root's here
         built = "test_images" in getattr(item, "fixturenames", ())
-        (drop if item.get_closest_marker("root_only") or engine_case or built else keep).append(item)
+        host_box = item.path.name == "test_host_image.py" and "bwrap" not in item.name
+        (drop if (rootless and (item.get_closest_marker("root_only") or engine_case or built)) or (bwrap and host_box) else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -2,7 +2,10 @@
 
 Each box is a real one on this machine's root; what it shows is asked of the box's own kernel view (its mount
 table, what its processes can open), never of the config we wrote. Run on runc in the main pass and on gVisor in
-its own (scripts/test.sh); listings are Python's, as this runsc refuses coreutils' statx.
+its own (scripts/test.sh); listings are Python's, as this runsc refuses coreutils' statx. bubblewrap refuses a host
+box by design (its hidden view needs noexec tmpfs mounts of bounded inodes, which bwrap 0.8 cannot make): each way
+of asking one of it is refused in one line, nothing started (the last test); in the bwrap pass, that test is this
+file's answer and the others, which ask for the box bwrap refuses, are deselected (tests/conftest.py).
 """
 
 import json
@@ -144,3 +147,33 @@ def test_the_python_api_and_a_lasting_box_take_it_too():
         assert (done.returncode, done.stdout) == (0, b"[] True\n"), done.stderr
     finally:
         qb("box", "rm", box)
+
+
+#: Each way the CLI asks for a host box: an exec, an agent's run, a lasting box.
+ASKED = {
+    "exec": ["exec", "--image", "host", "--", "true"],
+    "run": ["run", "-q", "--image", "host", "-m", "script:{model}", "look around"],
+    "box create": ["box", "create", "--image", "host", "--ttl", "5m"],
+}
+
+
+@pytest.mark.parametrize("way", sorted(ASKED))
+def test_the_bwrap_backend_refuses_it_in_one_line_and_starts_nothing(way, tmp_path):
+    """bubblewrap cannot hold a host box's hidden view: refused (UNSUPPORTED, 125) before any box starts, never run weaker."""
+    model = scripts(tmp_path, look=[{"sh": "true"}, {"exit": "success"}]) / "look.yaml"
+    env = {**os.environ, "QUINEBOX_BACKEND": "bwrap"}
+    done = subprocess.run([QUINEBOX, *(arg.format(model=model) for arg in ASKED[way])], capture_output=True, timeout=60, env=env)
+    said = done.stderr.decode()
+    assert (done.returncode, done.stdout, said.count("\n")) == (125, b"", 1), said
+    assert "refused on bwrap: --image host" in said and said.endswith("use --backend oci\n"), said
+    records = os.path.join(os.environ["QUINEBOX_STATE_DIR"], "bwrap")  # a bwrap box's record is written before it starts
+    assert not os.path.isdir(records) or os.listdir(records) == []
+
+
+def test_the_bwrap_backend_refuses_it_to_the_python_api_as_unsupported():
+    import quinebox
+    from quinebox.errors import ErrorKind, QuineboxError
+
+    with pytest.raises(QuineboxError) as refused:
+        quinebox.exec(["true"], image="host", backend="bwrap")
+    assert refused.value.kind == ErrorKind.UNSUPPORTED and "--image host" in str(refused.value), refused.value

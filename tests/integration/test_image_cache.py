@@ -1,5 +1,5 @@
 """What one box was granted is no later box's business: the image every box starts from never changes, on every
-backend (runc, gVisor's runsc, the engine), and `gc` removes an unpacked image that something else changed."""
+backend (runc, gVisor's runsc, bubblewrap, the engine), and `gc` removes an unpacked image that something else changed."""
 
 import json
 import os
@@ -19,7 +19,7 @@ from quinebox.box.spec import DEFAULT_IMAGE
 from quinebox.processes import process_start_ticks
 from quinebox.state import run_dir, state_dir
 
-BACKENDS = {"runc": ("oci", "runc"), "runsc": ("oci", "runsc"), "engine": ("docker", "")}
+BACKENDS = {"runc": ("oci", "runc"), "runsc": ("oci", "runsc"), "bwrap": ("bwrap", ""), "engine": ("docker", "")}
 #: What a later box finds where the earlier box's grants were.
 PROBE = "import json, os; print(json.dumps({p: os.path.lexists(p) for p in ('/notes.txt', '/tmp/x', '/opt/newdir')}))"
 NO_TRACE = b'{"/notes.txt": false, "/tmp/x": false, "/opt/newdir": false}\n'

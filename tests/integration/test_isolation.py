@@ -2,7 +2,9 @@
 
 The same suite runs on gVisor (scripts/test.sh), whose kernel answers some questions its own way: it has no
 /sys/class/net and no cgroupfs, checks a user's permission before a mount's read-only flag, and says
-NoNewPrivs only through prctl. There each case asserts gVisor's own answer, never skipped.
+NoNewPrivs only through prctl. There each case asserts gVisor's own answer, never skipped. And on bubblewrap,
+the host's kernel with no /sys in the box at all (tests/backend_under_test.py): its interfaces are /proc's, its
+limits its cgroup's as the host reads them, and `net:bridge` is refused in one line.
 """
 
 import os
@@ -11,14 +13,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-import quinebox
+from backend_under_test import BWRAP, GVISOR, host_cgroup
 from commands import QUINEBOX, ROOTLESS
 
-#: The box runs on gVisor's kernel (`--runtime runsc` on the OCI backend).
-GVISOR = os.environ.get("QUINEBOX_RUNTIME") == "runsc" and os.environ.get("QUINEBOX_BACKEND") != "docker"
-#: The network interfaces a box has: gVisor's sysfs has no /sys/class/net, its /proc/net/dev says the same.
-INTERFACES = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '" if GVISOR else "ls /sys/class/net"
+import quinebox
+
+#: The network interfaces a box has: gVisor's sysfs has no /sys/class/net, bwrap's box no /sys; /proc/net/dev says the same.
+INTERFACES = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '" if GVISOR or BWRAP else "ls /sys/class/net"
 
 
 def sh(script: str, **kw) -> quinebox.ExecResult:
@@ -27,6 +28,8 @@ def sh(script: str, **kw) -> quinebox.ExecResult:
 
 def test_only_loopback_exists(engine):
     assert sh(INTERFACES).stdout == b"lo\n"
+    if BWRAP:  # and no sysfs to find the host's devices in
+        assert sh("test -e /sys/class/net || echo no-sysfs").stdout == b"no-sysfs\n"
 
 
 @pytest.mark.root_only  # net:bridge is the engine's network, which a rootless user may not reach
@@ -35,6 +38,10 @@ def test_net_bridge_gives_a_real_interface_and_other_net_grants_do_not(engine):
         refused = subprocess.run([QUINEBOX, "exec", "-g", "net:bridge", "--", "true"], capture_output=True, timeout=60)
         assert (refused.returncode, refused.stdout) == (125, b"")
         assert refused.stderr.count(b"\n") == 1 and b"net:bridge needs the engine's bridge network" in refused.stderr
+    elif BWRAP:  # bwrap has no engine network: refused in one line, nothing started
+        refused = subprocess.run([QUINEBOX, "exec", "-g", "net:bridge", "--", "true"], capture_output=True, timeout=60)
+        assert (refused.returncode, refused.stdout) == (125, b""), refused.stderr
+        assert refused.stderr.count(b"\n") == 1 and b"net:bridge" in refused.stderr and b"bwrap" in refused.stderr, refused.stderr
     else:
         assert b"eth0" in sh(INTERFACES, grants=["net:bridge"]).stdout
     assert sh(INTERFACES, grants=["net"]).stdout == b"lo\n"
@@ -128,10 +135,13 @@ def test_env_grant_passes_exactly_the_named_variable(engine):
 
 
 #: The box's memory and process limits as it sees them: its cgroup; on gVisor (no cgroupfs), gVisor's own
-#: memory size (the limit) and its process limit (RLIMIT_NPROC, which gVisor's kernel holds).
+#: memory size (the limit) and its process limit (RLIMIT_NPROC, which gVisor's kernel holds). bwrap's box has no
+#: cgroupfs to see them in (it prints blank lines): its own cgroup holds them, read from the host while it runs.
 LIMITS = (
     f"grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2 | sed 's/$/ kB/'; python3 -c 'import resource; print(resource.getrlimit(resource.RLIMIT_NPROC)[0])'"
     if GVISOR
+    else "test -e /sys/fs/cgroup || { echo; echo; }"
+    if BWRAP
     else "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max"
 )
 
@@ -140,13 +150,22 @@ def memory(size: int) -> str:
     return f"{size >> 10} kB" if GVISOR else str(size)
 
 
+def host_limits(session: str) -> list[str]:
+    """The memory, process and CPU limits in a running box's own cgroup, as the host reads them."""
+    files = (("memory", "memory.limit_in_bytes"), ("pids", "pids.max"), ("cpu", "cpu.cfs_quota_us"))
+    return [Path(host_cgroup(session, controller), name).read_text().strip() for controller, name in files]
+
+
 def test_limits_reach_the_cgroup(engine):
-    script = f"{LIMITS}; {'echo' if GVISOR else 'cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us'}; df -k /tmp | tail -1; sleep 30"
+    script = f"{LIMITS}; {'cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us' if not (GVISOR or BWRAP) else 'echo'}; df -k /tmp | tail -1; sleep 30"
     proc = quinebox.Popen(["sh", "-c", script], grants=["mem:96m", "pids:40", "cpus:0.5", "tmp:32m"], stdin=quinebox.DEVNULL, stdout=quinebox.PIPE)
     try:
         out = [proc.stdout.readline().decode().strip() for _ in range(4)]
         if GVISOR:  # the CPU quota is the host's, on the cgroup the sandbox runs in
             out[2] = Path(f"/sys/fs/cgroup/cpu/quinebox-{proc.session}/cpu.cfs_quota_us").read_text().strip()
+        if BWRAP:
+            assert out[:3] == ["", "", ""], out  # the box sees no cgroupfs
+            out[:3] = host_limits(proc.session)
     finally:
         proc.kill()
         proc.wait(10)
@@ -155,6 +174,16 @@ def test_limits_reach_the_cgroup(engine):
 
 
 def test_policy_preset_applies(engine):
+    if BWRAP:  # read from the host while the box runs
+        proc = quinebox.Popen(["sh", "-c", f"{LIMITS}; echo up; sleep 30"], policy="strict", stdin=quinebox.DEVNULL, stdout=quinebox.PIPE)
+        try:
+            out = [proc.stdout.readline() for _ in range(3)]
+            limits = host_limits(proc.session)[:2]
+        finally:
+            proc.kill()
+            proc.wait(10)
+        assert (out, limits) == ([b"\n", b"\n", b"up\n"], [str(256 << 20), "64"])
+        return
     out = sh(LIMITS, policy="strict").stdout
     assert out == f"{memory(256 << 20)}\n64\n".encode()
 

@@ -6,10 +6,10 @@ probes getting through, so the denials are the profile's and not the kernel's.
 """
 
 import json
-import os
 import platform
 
 import pytest
+from backend_under_test import GVISOR
 
 import quinebox
 
@@ -67,8 +67,8 @@ print(json.dumps(out))
 """
 
 
-#: On gVisor the profile is loaded in front of gVisor's kernel: a call let through gets gVisor's own answer.
-GVISOR = os.environ.get("QUINEBOX_RUNTIME") == "runsc" and os.environ.get("QUINEBOX_BACKEND") != "docker"
+#: On gVisor (GVISOR) the profile is loaded in front of gVisor's kernel: a call let through gets gVisor's own answer.
+#: On bubblewrap the same profile, compiled to BPF by libseccomp, is loaded in front of the host's kernel, as on runc.
 
 
 def probe(grants=()):
