@@ -109,7 +109,8 @@ class BoxProcess(Process):
         self._closed = False
         self._finishing = threading.Lock()
         #: Where the box runs, and why there (`--verbose` and `doctor` say it).
-        self.choice = Choice(ENGINE, None, "a Docker backend was handed over") if backend else choose(oci_refusal(spec), known=NAMES, backend=spec.backend, runtime=spec.runtime)
+        self.choice = (Choice(ENGINE, None, "a Docker backend was handed over") if backend
+                       else choose(oci_refusal(spec), known=NAMES, backend=spec.backend, runtime=spec.runtime, spec=spec))
         self._launch = launch_for(self.choice, backend, self._ends, session=self.session, reader_gone=self._reader_gone)
         self.spec, image, config = self._launch.configure(spec)
         self.args = self.spec.argv

@@ -249,12 +249,18 @@ def build_spec(
     )
 
 
+#: The backend whose boxes run on an OCI runtime (backends/oci/): the one a policy's `runtime:` requires.
+RUNTIME_BACKEND = "oci"
+
+
 def required_backend(policy: Mapping[str, Any], backend: str | None, runtime: str | None) -> tuple[str | None, str | None]:
-    """The backend and runtime asked for, a policy's requirement included; asking for another than a policy requires is an error."""
+    """The backend and runtime asked for, a policy's requirement included; asking for another than a policy requires is an error.
+    A policy's `runtime:` requires the backend that runs boxes on an OCI runtime (RUNTIME_BACKEND); any other asked for is refused."""
     for key, asked in (("backend", backend), ("runtime", runtime)):
         required = policy.get(key)
         if required and asked and asked != required:
             raise GrantError(f"the policy requires {key} {required}, and {asked} was asked for: drop --{key} or use another policy")
-    if policy.get("runtime") and (policy.get("backend") or backend) == "docker":
-        raise GrantError(f"the policy requires the OCI runtime {policy['runtime']}, which the Docker backend does not use")
-    return policy.get("backend") or backend or ("oci" if policy.get("runtime") else None), policy.get("runtime") or runtime
+    chosen = policy.get("backend") or backend
+    if policy.get("runtime") and chosen not in (None, "auto", RUNTIME_BACKEND):
+        raise GrantError(f"the policy requires the OCI runtime {policy['runtime']}, which the {chosen} backend does not use: drop --backend, or use another policy")
+    return chosen or (RUNTIME_BACKEND if policy.get("runtime") else None), policy.get("runtime") or runtime

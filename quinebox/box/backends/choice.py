@@ -1,6 +1,6 @@
-"""Which backend a box runs on, and why: an OCI runtime wherever one can run boxes here, else the Docker engine.
+"""Which backend a box runs on, and why: the fastest backend that holds this box's whole policy and can run boxes here.
 
-Asked for by `--backend auto|oci|docker` and `--runtime NAME|PATH` (or a policy file's `backend:`/`runtime:`), by
+Asked for by `--backend NAME` (registry.NAMES: auto and each backend registered) and `--runtime NAME|PATH` (or a policy file's `backend:`/`runtime:`), by
 QUINEBOX_BACKEND / QUINEBOX_RUNTIME, or by `backend:`/`runtime:` in config.yaml, in that order. `auto` probes,
 it does not assume: the OCI runtime is used when this process may create boxes with it (root, or a user this
 machine gives user namespaces and a delegated cgroup: rootless.py), its binary is
@@ -8,6 +8,12 @@ there, the images live on this machine (no remote engine), and a probe box of th
 is kept per runtime binary in the state dir: a pass until the binary changes, a failure for PROBE_RETRY seconds,
 as a runtime may fail one box under load and run the next). A box the runtime cannot give the same way (policy.oci_refusal)
 runs on the engine, and `why` says so in one line; nothing is ever silently weaker.
+
+`auto` ranks the backends fastest first (LADDER: bubblewrap's one process a box, then an OCI runtime's `runc run`,
+then the engine's container) and takes the first that holds the box's whole policy and is usable here. Whether
+bubblewrap is on that ladder is one constant (BWRAP_IN_AUTO, with its reason); off it, bwrap is asked for by name.
+A box bubblewrap cannot hold (bwrap.policy.bwrap_refusal) asked of it by name is refused in one line, UNSUPPORTED,
+before anything starts; bwrap asked for by name is not probed (as a runtime asked for outright is not).
 """
 
 from __future__ import annotations
@@ -18,13 +24,17 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quinebox.box.backends.oci.policy import Rootless
 from quinebox.box.backends.oci.runtime import Runtime
 from quinebox.box.backends.rootless import local_rootless, refusal
 from quinebox.documents import load_config
-from quinebox.errors import GrantError, QuineboxError
+from quinebox.errors import ErrorKind, GrantError, QuineboxError
 from quinebox.state import state_dir
+
+if TYPE_CHECKING:
+    from quinebox.box.spec import BoxSpec
 
 DEFAULT_RUNTIME = "runc"
 #: A runtime that failed its probe is probed again after this long.
@@ -33,6 +43,14 @@ PROBE_RETRY = 600.0
 
 #: The Docker engine's name among the backends; the OCI runtimes go by their own.
 ENGINE = "docker"
+#: bubblewrap's name among the backends (`--backend bwrap`).
+BWRAP = "bwrap"
+#: Whether `auto` may pick bubblewrap, and why (the lead sets it by the bwrap passes' results; bwrap/backend.py will hold it).
+BWRAP_IN_AUTO = False
+BWRAP_IN_AUTO_WHY = "bwrap is not yet on auto's ladder: it runs when asked for by name (--backend bwrap) until its CI passes have run whole"
+#: `auto`'s ladder, fastest first (declared, and measured in bench/: a bwrap box ~10 ms, `runc run` ~45 ms of CPU, the
+#: engine's container slower still): the first that holds the box's whole policy and is usable here runs it.
+LADDER = (BWRAP, "oci", ENGINE)
 
 
 def on_engine(backend: str) -> bool:
@@ -42,8 +60,8 @@ def on_engine(backend: str) -> bool:
 
 @dataclass(frozen=True)
 class Choice:
-    backend: str  # "oci" or ENGINE
-    runtime: str | None  # the OCI runtime's name or path, with backend "oci"
+    backend: str  # "oci", ENGINE or BWRAP
+    runtime: str | None  # the OCI runtime's name or path, with backend "oci"; None otherwise
     why: str
 
     @property
@@ -53,8 +71,8 @@ class Choice:
     @property
     def where(self) -> str:
         """The name a box of this choice is recorded and listed by, which registry.backend finds its backend by:
-        the engine's, or the OCI runtime's own."""
-        return self.backend if self.engine else self.runtime or DEFAULT_RUNTIME
+        the OCI runtime's own, or the backend's (the engine's, bwrap's)."""
+        return self.runtime or (DEFAULT_RUNTIME if self.backend == "oci" else self.backend)
 
 
 def requested(backend: str | None = None, runtime: str | None = None, *, known: Collection[str]) -> tuple[str, str | None]:
@@ -70,26 +88,67 @@ def requested(backend: str | None = None, runtime: str | None = None, *, known: 
     return chosen, str(named) if named else None
 
 
-def choose(refusal: str | None, *, known: Collection[str], backend: str | None = None, runtime: str | None = None, probe: Callable[[str], str | None] | None = None) -> Choice:
-    """The backend for one box. `refusal`: why this box cannot run on an OCI runtime (policy.oci_refusal), if it cannot.
+def choose(refusal: str | None, *, known: Collection[str], backend: str | None = None, runtime: str | None = None, probe: Callable[[str], str | None] | None = None,
+           spec: BoxSpec | None = None, bwrap_refused: str | None = None, bwrap_probe: Callable[[], str | None] | None = None, in_auto: bool | None = None) -> Choice:
+    """The backend for one box. `refusal`: why this box cannot run on an OCI runtime (policy.oci_refusal), if it cannot;
+    `bwrap_refused`: why bubblewrap cannot hold it (bwrap.policy.bwrap_refusal of `spec`, when `spec` is given).
 
-    `probe(runtime)` → None when the runtime can run boxes here, else why not (default: `usable`)."""
+    `probe(runtime)` → None when the runtime can run boxes here, else why not (default: `usable`); `bwrap_probe()`
+    the same for bubblewrap (default: `bwrap_usable`); `in_auto`: whether bwrap is on auto's ladder (BWRAP_IN_AUTO)."""
     asked, named = requested(backend, runtime, known=known)
     if on_engine(asked):
         return Choice(ENGINE, None, "the Docker backend was asked for")
+
+    def refused_by_bwrap() -> str | None:
+        return bwrap_refused if bwrap_refused is not None or spec is None else bwrap_refusal(spec)
+
+    if asked == BWRAP:
+        why = refused_by_bwrap()
+        if why:
+            raise QuineboxError(f"the bwrap backend cannot hold this box: {why}; use --backend oci (or auto)", kind=ErrorKind.UNSUPPORTED, backend=BWRAP)
+        return Choice(BWRAP, None, "the bwrap backend was asked for")
+    passed = ""  # why auto passed bwrap over, when bwrap is on its ladder
+    if asked == "auto" and not named and (BWRAP_IN_AUTO if in_auto is None else in_auto):
+        why = refused_by_bwrap()
+        problem = None if why else (bwrap_probe or bwrap_usable)()
+        if not why and problem is None:
+            return Choice(BWRAP, None, "boxes run on bwrap (bubblewrap), the fastest backend that holds this box here")
+        passed = f"; not on bwrap, which cannot hold this box: {why}" if why else f"; not on bwrap, which is faster but not usable here: {problem}"
     name = named or DEFAULT_RUNTIME
     if refusal:
         if named and name != DEFAULT_RUNTIME:  # a runtime asked for by name (a policy may require gVisor) is never swapped for the engine's runc
             raise QuineboxError(f"the OCI runtime {name} cannot run this box: {refusal}; drop the runtime, or the grant")
-        return Choice(ENGINE, None, f"this box runs on the Docker engine: {refusal}")
+        return Choice(ENGINE, None, f"this box runs on the Docker engine: {refusal}{passed}")
     if asked == "oci":
         return Choice("oci", name, f"the OCI backend was asked for ({name})")
     problem = (probe or usable)(name)
     if problem:
         if named:  # a runtime named outright that cannot run boxes is an error, never a quiet fallback
             raise QuineboxError(f"OCI runtime {name} cannot run boxes here: {problem}")
-        return Choice(ENGINE, None, f"boxes run on the Docker engine: {problem}")
-    return Choice("oci", name, f"boxes run on the OCI runtime {name}")
+        return Choice(ENGINE, None, f"boxes run on the Docker engine: {problem}{passed}")
+    return Choice("oci", name, f"boxes run on the OCI runtime {name}{passed}")
+
+
+def bwrap_refusal(spec: BoxSpec) -> str | None:
+    """Why bubblewrap cannot hold `spec`'s whole policy, in one line; None when it can (bwrap.policy's)."""
+    from quinebox.box.backends.bwrap import policy
+
+    refuse = getattr(policy, "bwrap_refusal", None)
+    return refuse(spec) if refuse is not None else _bwrap_refusal_stub(spec)
+
+
+def _bwrap_refusal_stub(spec: BoxSpec) -> str | None:
+    """Until bwrap.policy.bwrap_refusal lands (H1): what its module docstring says bwrap refuses."""
+    from quinebox.box.policy import bridged
+    from quinebox.box.spec import HOST_IMAGE
+
+    if spec.image == HOST_IMAGE:
+        return "--image host (its hidden view needs noexec tmpfs mounts of bounded inodes, which bwrap 0.8 cannot make)"
+    if bridged(spec.grants):
+        return "net:bridge (no engine network in bwrap 0.8)"
+    if spec.grants.rootfs_rw:
+        return "rootfs:rw (bwrap 0.8 has no overlay for a writable root)"
+    return None
 
 
 def usable(name: str) -> str | None:
@@ -134,6 +193,47 @@ def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = No
     problem = run_probe(found)
     if problem is not None:  # once more: runc 1.1 can fail a box under load ("unable to store init state") and run the next
         problem = run_probe(found)
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"binary": mark, "problem": problem, "at": now}))
+    except OSError:
+        pass
+    return problem
+
+
+def bwrap_usable() -> str | None:
+    """None when bubblewrap can run boxes here, else why and the one command that fixes it (ways.local_bwrap_way),
+    found once per process and state dir (the probe box once per bwrap binary: bwrap_probed)."""
+    from quinebox.box.backends.ways import local_bwrap_way
+
+    key = (BWRAP, os.getpid(), state_dir())
+    with _probing:
+        if key not in _known:
+            way = local_bwrap_way()
+            _known[key] = None if way.works else f"bwrap {way.what} (fix: {way.fix})"
+    return _known[key]
+
+
+def bwrap_probed(binary: str, *, run_probe: Callable[[str], str | None] | None = None, now: float | None = None) -> str | None:
+    """A probe box's answer for the bwrap at `binary`, kept as a runtime's is (`_usable`): a pass until the binary
+    changes, a failure for PROBE_RETRY seconds."""
+    if run_probe is None:
+        from quinebox.box.backends.probe import probe_bwrap
+
+        run_probe = probe_bwrap
+    now = time.time() if now is None else now
+    try:
+        mark = f"{binary}:{os.stat(binary).st_mtime_ns}"
+    except OSError as exc:
+        return f"cannot run {binary}: {exc.strerror}"
+    record = state_dir() / "bwrap.probe"  # beside bwrap/, which holds the boxes' records alone
+    try:
+        known = json.loads(record.read_text())
+        if known.get("binary") == mark and (known.get("problem") is None or now - float(known.get("at", 0)) < PROBE_RETRY):
+            return known.get("problem")
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    problem = run_probe(binary)
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({"binary": mark, "problem": problem, "at": now}))

@@ -93,3 +93,43 @@ def _rmdir_cgroups(path: str) -> None:
             group.rmdir()
         except OSError:
             pass  # not there, or not empty: gc's sweep takes it once it is
+
+
+#: The probe's seccomp profile: one rule, so libseccomp (the `bwrap` extra) compiles a real filter that bwrap loads.
+BWRAP_PROBE_PROFILE = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [], "syscalls": [{"names": ["ptrace"], "action": "SCMP_ACT_ERRNO"}]}
+#: The unprivileged host id root runs the probe as (nobody's): bwrap never runs a box as host root.
+PROBE_ID = 65534
+#: How long a probe box may take: bwrap starts one in ~10 ms.
+BWRAP_PROBE_TIMEOUT = 20.0
+
+
+def probe_bwrap(binary: str) -> str | None:
+    """None when bubblewrap at `binary` ran a hardened box to exit 0 (every namespace, a user namespace of its own, no
+    capabilities, quinebox's seccomp filter compiled by libseccomp, the host's /usr read-only), run as this user or, as
+    root, as an unprivileged id; else its reason in one line."""
+    from quinebox.box.backends.bwrap.policy import compile_seccomp
+
+    argv = [binary, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000"]
+    for path in _BINDS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", os.path.realpath(path), path]
+    program = os.memfd_create("quinebox-probe-seccomp")
+    try:
+        os.write(program, compile_seccomp(BWRAP_PROBE_PROFILE))
+        os.lseek(program, 0, os.SEEK_SET)
+        argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--seccomp", str(program), "--", "/bin/true"]
+        ids = {"user": PROBE_ID, "group": PROBE_ID, "extra_groups": []} if os.geteuid() == 0 else {}
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=BWRAP_PROBE_TIMEOUT,
+                              pass_fds=(program,), start_new_session=True, cwd="/", **ids)
+    except subprocess.TimeoutExpired:
+        return f"bwrap did not run a probe box in {BWRAP_PROBE_TIMEOUT:g} s"
+    except OSError as exc:
+        return f"cannot run {binary}: {exc.strerror}"
+    finally:
+        os.close(program)
+    if done.returncode != 0:
+        lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
+        return f"bwrap could not run a probe box (exit {done.returncode}): {lines[-1] if lines else 'no reason given'}"
+    return None

@@ -1,12 +1,16 @@
-"""Each way a box could run on this machine — the OCI runtimes runc, crun and runsc, and the Docker engine —
-whether it works here, and for one that does not, why and the one command that fixes it (`quinebox doctor`).
+"""Each way a box could run on this machine — bubblewrap, the OCI runtimes runc, crun and runsc, and the Docker
+engine — whether it works here, and for one that does not, why and the one command that fixes it (`quinebox doctor`).
+
+bubblewrap's fixes: its binary (`apt-get install bubblewrap`), the `bwrap` extra that compiles its seccomp filter
+(`pip install 'quinebox[bwrap]'`), user namespaces for the unprivileged id it runs as (root's boxes too run as one),
+a cgroup a plain user may place boxes in (`sudo quinebox setup-user NAME`), a probe box bwrap would not run.
 
 The reasons are told apart because their fixes differ: a runtime not installed (`apt-get install crun`), a
 user who is not root on a machine that keeps them from boxes (no user namespaces, no delegated cgroup:
 rootless.py), a remote engine, crun refusing a hybrid cgroup
 hierarchy, a probe box the runtime would not run; an engine not installed, not running, running with a
 socket this user may not open (reach.py), or answering without seccomp or cgroup limits. `runtime_way` and
-`engine_way` take what they judge as arguments, so their tables are tested without a machine to match.
+`engine_way` and `bwrap_way` take what they judge as arguments, so their tables are tested without a machine to match.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ if TYPE_CHECKING:
 #: The OCI runtimes quinebox knows, in the order `quinebox doctor` lists them (runc is the default).
 RUNTIME_NAMES = ("runc", "crun", "runsc")
 ENGINE = "engine"
+BWRAP = "bwrap"
+#: The fix for a missing `bwrap` extra (pyseccomp, libseccomp's Python API, which compiles a box's seccomp filter).
+BWRAP_EXTRA = "pip install 'quinebox[bwrap]'"
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,7 @@ class Way:
 
     @property
     def label(self) -> str:
-        return "Docker engine" if self.name == ENGINE else "runsc (gVisor)" if self.name == "runsc" else self.name
+        return {ENGINE: "Docker engine", "runsc": "runsc (gVisor)", BWRAP: "bwrap (bubblewrap)"}.get(self.name, self.name)
 
 
 def runtime_way(name: str, *, binary: str | None, unprivileged: Refusal | None, docker_host: str, hierarchy: str, probe: Callable[[], str | None]) -> Way:
@@ -60,6 +67,25 @@ def runtime_way(name: str, *, binary: str | None, unprivileged: Refusal | None, 
         return Way(name, False, f"crun refuses the hybrid cgroup hierarchy (v1 controllers, v2 beside them): {problem}",
                    "use runc, the default (`--runtime runc`); crun needs a pure cgroup v2 machine (kernel cmdline systemd.unified_cgroup_hierarchy=1)")
     return Way(name, False, problem, "use another runtime (`--runtime runc`), or the Docker engine (`--backend docker`)")
+
+
+def bwrap_way(*, binary: str | None, userns: Refusal | None, extra: bool, cgroup: Refusal | None, probe: Callable[[], str | None]) -> Way:
+    """Whether bubblewrap can run boxes here. `binary`: bwrap's path, or None; `userns`: why the unprivileged id bwrap
+    runs as would get no user namespace (rootless.userns_refusal), or None; `extra`: whether the `bwrap` extra is
+    installed; `cgroup`: why this user, not root, has no cgroup to place boxes in (rootless.py), or None; `probe()`
+    runs a probe box (asked only when nothing else already says no) and gives None or bwrap's reason."""
+    if binary is None:
+        return Way(BWRAP, False, "not installed", as_root("apt-get install bubblewrap"))
+    if userns is not None:
+        return Way(BWRAP, False, userns.reason, userns.fix)
+    if not extra:
+        return Way(BWRAP, False, "the bwrap extra is not installed (pyseccomp: libseccomp's Python API, which compiles a box's seccomp filter)", BWRAP_EXTRA)
+    if cgroup is not None:
+        return Way(BWRAP, False, f"not root, and {cgroup.reason}", cgroup.fix)
+    problem = probe()
+    if problem is None:
+        return Way(BWRAP, True, f"runs boxes here ({binary}; a hardened probe box ran)")
+    return Way(BWRAP, False, problem, "use the OCI backend (`--backend oci`)")
 
 
 def engine_way(*, blocked: Unreachable | None, answer: Callable[[], tuple[dict, dict, str]]) -> Way:
@@ -99,6 +125,21 @@ def local_runtime_way(name: str) -> Way:
     hierarchy = local_hierarchy()
     return runtime_way(name, binary=find_runtime(name), unprivileged=refusal(name, local_rootless()), docker_host=os.environ.get("DOCKER_HOST", ""),
                        hierarchy=hierarchy, probe=lambda: usable(name))
+
+
+def local_bwrap_way(probe: Callable[[str], str | None] | None = None) -> Way:
+    """bwrap_way for this machine: the binary looked up, the probe box run once per binary (choice.bwrap_probed;
+    `probe(binary)`: another, for a test)."""
+    import shutil
+    from importlib.util import find_spec
+
+    from quinebox.box.backends.choice import bwrap_probed
+    from quinebox.box.backends.rootless import _sysctl, userns_refusal
+
+    binary = shutil.which("bwrap")
+    who = local_rootless()
+    return bwrap_way(binary=binary, userns=userns_refusal(_sysctl), extra=find_spec("pyseccomp") is not None, cgroup=who if isinstance(who, Refusal) else None,
+                     probe=lambda: (probe or bwrap_probed)(binary or "bwrap"))
 
 
 def local_engine_way(connect: Callable[[], DockerBackend]) -> Way:

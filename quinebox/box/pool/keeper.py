@@ -65,7 +65,7 @@ def default_shape(makers: Makers) -> dict[str, Any] | None:
     """The shape of `quinebox exec -- CMD` and `quinebox run MISSION` with no options (one shape: both are the
     same box), on the backend such a command would choose here."""
     spec = build_spec(["true"])
-    choice = choose(oci_refusal(spec), known=NAMES, backend=spec.backend, runtime=spec.runtime)
+    choice = choose(oci_refusal(spec), known=NAMES, backend=spec.backend, runtime=spec.runtime, spec=spec)
     return backend(choice.backend).default_shape(spec, choice, makers.engine)
 
 

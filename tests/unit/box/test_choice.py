@@ -91,6 +91,9 @@ def test_the_names_a_backend_is_asked_by_are_the_registrys():
         ({"runtime": "runsc"}, "oci", "runsc", ("oci", "runsc")),
         ({"backend": "oci"}, None, "runc", ("oci", "runc")),
         ({"backend": "docker"}, None, None, ("docker", None)),
+        ({"backend": "bwrap"}, None, None, ("bwrap", None)),
+        ({}, "bwrap", None, ("bwrap", None)),
+        ({"runtime": "runsc"}, "auto", None, ("auto", "runsc")),
     ],
 )
 def test_what_a_policy_requires(policy, backend, runtime, result):
@@ -102,8 +105,10 @@ def test_what_a_policy_requires(policy, backend, runtime, result):
     [
         ({"runtime": "runsc"}, None, "runc", "the policy requires runtime runsc, and runc was asked for"),
         ({"backend": "oci"}, "docker", None, "the policy requires backend oci, and docker was asked for"),
-        ({"runtime": "runsc"}, "docker", None, "the policy requires the OCI runtime runsc, which the Docker backend does not use"),
-        ({"runtime": "runsc", "backend": "docker"}, None, None, "the policy requires the OCI runtime runsc, which the Docker backend does not use"),
+        ({"runtime": "runsc"}, "docker", None, "the policy requires the OCI runtime runsc, which the docker backend does not use: drop --backend"),
+        ({"runtime": "runsc", "backend": "docker"}, None, None, "the policy requires the OCI runtime runsc, which the docker backend does not use"),
+        ({"runtime": "runsc"}, "bwrap", None, "the policy requires the OCI runtime runsc, which the bwrap backend does not use: drop --backend"),
+        ({"runtime": "runsc", "backend": "bwrap"}, None, None, "the policy requires the OCI runtime runsc, which the bwrap backend does not use"),
     ],
 )
 def test_asking_for_other_than_a_policy_requires_is_refused(policy, backend, runtime, message):
