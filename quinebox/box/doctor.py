@@ -1,4 +1,5 @@
-"""`quinebox doctor`: each way a box could run here, whether it works and what fixes it; whether the default way is ready.
+"""`quinebox doctor`: each way a box could run here, whether it works and what fixes it; whether the default way is ready;
+which backend `auto` picks here and why (and where bubblewrap, the fastest where it is usable, stands on its ladder).
 
 Exit 0 when the way boxes get by default (`--backend auto` unless configured) works and has the agent image
 (so at least one way works), 1 otherwise. A way that does not work but is not the default (crun not
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from quinebox.box.backends.ways import ENGINE, RUNTIME_NAMES, Way, local_engine_way, local_runtime_way
+from quinebox.box.backends.ways import BWRAP, ENGINE, RUNTIME_NAMES, Way, local_bwrap_way, local_engine_way, local_runtime_way
 from quinebox.box.spec import DEFAULT_IMAGE
 from quinebox.errors import QuineboxError
 
@@ -47,12 +48,13 @@ def run() -> int:
         return connected[0]
 
     console.print("ways a box can run here:")
-    ways = [local_runtime_way(name) for name in RUNTIME_NAMES] + [local_engine_way(connect)]
+    ways = [local_bwrap_way()] + [local_runtime_way(name) for name in RUNTIME_NAMES] + [local_engine_way(connect)]
     for way in ways:
         say("ok" if way.works else "no", f"{way.label}: {way.what}", "" if way.works else way.fix)
     engine = next(way for way in ways if way.name == ENGINE)
     backend = connected[0] if engine.works else None
     ready = default_ready(say, ways, backend)
+    _auto(say, ways)
     _snapshots(say, ways, backend)
     if backend is not None:
         _orphans(say, backend)
@@ -100,6 +102,26 @@ def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> b
     engine = next(w for w in ways if w.name == ENGINE)
     return _image_ready(say, registry.backend(choice.backend).unpacks_images, backend, build="build it: quinebox image build" if engine.works else
                         f"the engine builds it, and {engine.what}: {engine.fix}; then quinebox image build (or unpack a saved one: quinebox image load FILE)")
+
+
+def _auto(say: Say, ways: list[Way]) -> None:
+    """Which backend `auto` picks here and why; and bubblewrap's place: the fastest backend where it is usable, on
+    auto's ladder or not (choice.BWRAP_IN_AUTO, with its reason)."""
+    from quinebox.box.backends import registry
+    from quinebox.box.backends.choice import BWRAP_IN_AUTO, BWRAP_IN_AUTO_WHY, choose
+
+    try:
+        picked = choose(None, known=registry.NAMES, backend="auto")
+    except QuineboxError as exc:
+        say("note", f"auto: {exc}")
+        return
+    bwrap = next(way for way in ways if way.name == BWRAP)
+    here = "usable here" if bwrap.works else "not usable here"
+    if BWRAP_IN_AUTO or not bwrap.works:
+        say("note", f"auto: {picked.why} (bwrap, the fastest backend where it is usable, is {here})")
+    else:
+        say("note", f"auto: {picked.why} (bwrap, the fastest backend where it is usable, is {here}; {BWRAP_IN_AUTO_WHY})",
+            "for its faster boxes: --backend bwrap, QUINEBOX_BACKEND=bwrap or backend: bwrap in config.yaml")
 
 
 def _image_ready(say: Say, unpacked: bool, backend: DockerBackend | None, *, build: str) -> bool:
@@ -154,7 +176,9 @@ def _snapshots(say: Say, ways: list[Way], backend: DockerBackend | None) -> None
     for way in ways:
         if not way.works:
             continue
-        if way.name != ENGINE and Runtime(way.name, "").capabilities.checkpoint:
+        if way.name == BWRAP:
+            say("no", f"{way.label}: quinebox takes no snapshots of its boxes", "make boxes to snapshot with --runtime runsc")
+        elif way.name != ENGINE and Runtime(way.name, "").capabilities.checkpoint:
             say("ok", f"{way.label}: {way.name} checkpoint and restore")
         elif way.name == ENGINE:
             try:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from quinebox.box.backends.choice import BWRAP_IN_AUTO
+
 pytestmark = pytest.mark.root_only  # it makes users and judges the engine's socket for them
 
 QUINEBOX = str(Path(sys.executable).with_name("quinebox"))
@@ -54,6 +56,13 @@ def test_doctor_passes_here_and_lists_every_way(engine, backend, default):
     if shutil.which("crun") is None and not os.path.exists("/usr/bin/crun"):
         assert crun == "no   crun: not installed\n      → apt-get install crun"
     assert line(lines, "default: ") == f"ok   default: {default}"
+    assert line(lines, "bwrap (bubblewrap): ") == f"ok   bwrap (bubblewrap): runs boxes here ({shutil.which('bwrap')}; a hardened probe box ran)"
+    auto = line(lines, "auto: ")  # which backend auto picks here, whatever the default is, and why; bwrap's place on its ladder
+    if BWRAP_IN_AUTO:
+        assert auto == "note auto: boxes run on bwrap (bubblewrap), the fastest backend that holds this box here (bwrap, the fastest backend where it is usable, is usable here)"
+    else:
+        assert auto.startswith("note auto: boxes run on the OCI runtime runc (bwrap, the fastest backend where it is usable, is usable here; "), auto
+        assert auto.endswith("→ for its faster boxes: --backend bwrap, QUINEBOX_BACKEND=bwrap or backend: bwrap in config.yaml"), auto
     if backend == "docker":
         assert line(lines, "image ").startswith("ok   image quinebox/agent:") and line(lines, "guest runtime ").startswith("ok   guest runtime for any image at /")
 
@@ -140,6 +149,9 @@ def test_a_user_without_the_engines_socket_is_told_permission_not_to_start_it(en
     for name in ("runc", "runsc"):  # a user with no cgroup delegated (CI's rootless pass has its own user, who has one)
         said = line(lines, f"{name}").split(": ", 1)[1]  # with its fix, on the line below
         assert said.startswith("not root, and no cgroup") and f"delegated to {user}" in said and (f"setup-user {user}" in said or "systemd" in said), lines
+    said = line(lines, "bwrap (bubblewrap): ")  # the id bwrap would run as has user namespaces here; no cgroup to place its boxes in
+    assert said.startswith(f"no   bwrap (bubblewrap): not root, and no cgroup is delegated to {user}") and said.count("\n") == 1, said
+    assert f"setup-user {user}" in said or "systemd" in said, said
     assert line(lines, "default: ").startswith("FAIL default: boxes run on the Docker engine: not root, and no cgroup")
     assert "permission denied on /var/run/docker.sock" in line(lines, "default: ")
 
