@@ -19,6 +19,7 @@ from quinebox.cli.app import (
     WORLD_HELP,
     WORLD_TAR_HELP,
     app,
+    backend_metavar,
     otel_installed,
     reported,
     say,
@@ -50,7 +51,7 @@ def run(
     ask_timeout: str | None = typer.Option(None, "--ask-timeout", metavar="DURATION", help=ASK_TIMEOUT_HELP),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr (the agent's own diagnostics still pass)."),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
-    backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    backend: str | None = typer.Option(None, "--backend", metavar=backend_metavar(), help=BACKEND_HELP),
     runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:
@@ -127,7 +128,7 @@ def resume(
     session: str = typer.Argument(..., help="The interrupted session (or a unique prefix): `quinebox ls` marks them."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress on stderr (the agent's own diagnostics still pass)."),
     json_summary: bool = typer.Option(False, "--json", help="Print one JSON summary line on stderr at the end."),
-    backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    backend: str | None = typer.Option(None, "--backend", metavar=backend_metavar(), help=BACKEND_HELP),
     runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
     otel: bool = typer.Option(False, "--otel", help=OTEL_HELP),
 ) -> None:

@@ -162,7 +162,14 @@ ASK_TIMEOUT_HELP = "How long a request waits for a person before it is denied (d
 TTY_HELP = "A pseudo-terminal in the box, wired to this terminal (needs a terminal on stdin)."
 
 
-BACKEND_HELP = "Where boxes run: auto (an OCI runtime where one can run boxes here, else the engine), oci, docker."
+BACKEND_HELP = "Where boxes run: auto (the fastest backend that holds the box's policy and runs here: `quinebox doctor` says which), or a backend by name."
+
+
+def backend_metavar() -> str:
+    """--backend's metavar: every name a backend is asked by (registry.NAMES), so a backend's one registration line adds its own."""
+    from quinebox.box.backends.registry import NAMES
+
+    return "|".join(NAMES)
 RUNTIME_HELP = "The OCI runtime: runc (default), crun, runsc (gVisor), or a path to any OCI runtime binary."
 
 

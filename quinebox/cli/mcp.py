@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from quinebox.cli.app import BACKEND_HELP, RUNTIME_HELP, app, check_backend, reported, say
+from quinebox.cli.app import BACKEND_HELP, RUNTIME_HELP, app, backend_metavar, check_backend, reported, say
 
 TOKEN_ENV = "QUINEBOX_MCP_TOKEN"
 
@@ -27,7 +27,7 @@ def mcp_command(
     token_file: str | None = typer.Option(
         None, "--token-file", metavar="FILE", help=f"With --http: the bearer token, from this file (else ${TOKEN_ENV}, else a random one, printed).",
     ),
-    backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    backend: str | None = typer.Option(None, "--backend", metavar=backend_metavar(), help=BACKEND_HELP),
     runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
 ) -> None:
     check_backend(backend)  # backend and runtime reach the server's boxes in its options (QuineboxMCP's), below

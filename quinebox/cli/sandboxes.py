@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from quinebox.cli.app import BACKEND_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, check_backend, fail, reported, say
+from quinebox.cli.app import BACKEND_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, backend_metavar, check_backend, fail, reported, say
 
 if TYPE_CHECKING:
     from quinebox.box.live.sandboxes import Record
@@ -39,7 +39,7 @@ def box_create_command(
     name: str | None = typer.Option(None, "--name", help="A name `exec --in`, `cp` and `box rm` take instead of the id."),
     ttl: str | None = typer.Option(None, "--ttl", metavar="DURATION", help="Remove the box this long after it is made (30m, 2h)."),
     idle: str = typer.Option(DEFAULT_IDLE, "--idle", metavar="DURATION", help="Remove it after this long with no command run in it (0: never)."),
-    backend: str | None = typer.Option(None, "--backend", metavar="auto|oci|docker", help=BACKEND_HELP),
+    backend: str | None = typer.Option(None, "--backend", metavar=backend_metavar(), help=BACKEND_HELP),
     runtime: str | None = typer.Option(None, "--runtime", metavar="runc|crun|runsc|PATH", help=RUNTIME_HELP),
 ) -> None:
     from quinebox.box.options import BoxOptions

@@ -48,8 +48,9 @@ class QuineboxEnvironmentConfig(BaseModel):
     policy: str | None = None
     """A policy file (relative paths are the config file's) or preset."""
     limits: QuineboxLimits = Field(default_factory=QuineboxLimits)
-    backend: Literal["auto", "oci", "docker"] | None = None
-    """Where the box runs (default: QUINEBOX_BACKEND, else quinebox's choice)."""
+    backend: str | None = None
+    """Where the box runs: "auto" or a backend's name ("oci", "docker", "bwrap", as `quinebox exec --backend` takes;
+    a bad one is refused in one line before the box starts) (default: QUINEBOX_BACKEND, else quinebox's choice)."""
     runtime: str | None = None
     """The OCI runtime: "runc", "runsc", a path (default: QUINEBOX_RUNTIME, else runc)."""
     workdir: str | None = None
