@@ -9,29 +9,30 @@ import tempfile
 from dataclasses import replace
 
 import pytest
+from bwrap_tree import IMAGE_ROOT, LOOK
 from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, spec
 from test_policy_oci import BOXES, DIR_WORLD, OVERLAY_WORLD, env_of, oci, own_mounts
 
-from quinebox.box.policy import DEFAULT_TMP, GUEST_PREFIX, HOST_SOCKET, RUNTIME
 from quinebox.box.backends.bwrap.policy import BwrapBox, bwrap_box, compile_seccomp, proc_kinds
+from quinebox.box.backends.bwrap.root import ROOT_TMPFS, image_look
+from quinebox.box.policy import GUEST_PREFIX, HOST_SOCKET, RUNTIME
 from quinebox.box.spec import HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
 from quinebox.errors import ErrorKind, QuineboxError
 
-ROOT = "/state/oci/s1/root"
 #: A host whose /proc has two masked directories, two masked files and two read-only paths (others absent).
 PROC = {"/proc/acpi": "dir", "/proc/scsi": "dir", "/proc/keys": "file", "/proc/kcore": "file", "/proc/sys": "dir", "/proc/sysrq-trigger": "file"}
 #: How many arguments each bwrap option the renderer uses takes (bwrap 0.8's --help).
 ARITY = {
     "--unshare-all": 0, "--unshare-user": 0, "--die-with-parent": 0, "--as-pid-1": 0, "--new-session": 0, "--clearenv": 0,
     "--cap-drop": 1, "--uid": 1, "--gid": 1, "--hostname": 1, "--chdir": 1, "--seccomp": 1, "--size": 1, "--perms": 1,
-    "--tmpfs": 1, "--proc": 1, "--dev": 1, "--mqueue": 1, "--remount-ro": 1, "--setenv": 2, "--bind": 2, "--ro-bind": 2,
+    "--tmpfs": 1, "--proc": 1, "--dev": 1, "--mqueue": 1, "--remount-ro": 1, "--setenv": 2, "--bind": 2, "--ro-bind": 2, "--symlink": 2,
 }
-MOUNTS = ("--bind", "--ro-bind", "--tmpfs", "--proc", "--dev", "--mqueue", "--remount-ro")
+MOUNTS = ("--bind", "--ro-bind", "--tmpfs", "--proc", "--dev", "--mqueue", "--remount-ro", "--symlink")
 TMP = 256 << 20
 
 
 def bwrap(box: BoxSpec, image: ImageInfo = AGENT_IMAGE, **kw) -> BwrapBox:
-    return bwrap_box(box, image=image, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH, root=ROOT, **({"host_ids": (1000, 1000), "proc": PROC} | kw))
+    return bwrap_box(box, image=image, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH, image_root=IMAGE_ROOT, look=LOOK, **({"host_ids": (1000, 1000), "proc": PROC} | kw))
 
 
 def options(argv: list[str]) -> list[tuple[str, ...]]:
@@ -68,7 +69,20 @@ def own(argv: list[str]) -> list[tuple[str, ...]]:
     """The box's own mounts: after /dev is made read-only, before the root is."""
     every = mounts(argv)
     start = every.index(("--remount-ro", "/dev")) + 1
-    return [m for m in every[start:] if m != ("--remount-ro", "/")]
+    return [m for m in every[start:] if m[0] != "--remount-ro"]
+
+
+def system(argv: list[str]) -> list[tuple[str, ...]]:
+    """/proc and /dev: from /proc to /dev made read-only."""
+    every = mounts(argv)
+    return every[every.index(("--proc", "/proc")):every.index(("--remount-ro", "/dev")) + 1]
+
+
+def root(argv: list[str]) -> list[tuple[str, ...]]:
+    """The root's making (before /proc) and sealing (the read-only remounts after the box's own mounts)."""
+    every = mounts(argv)
+    start = every.index(("--remount-ro", "/dev")) + 1
+    return every[:every.index(("--proc", "/proc"))] + [m for m in every[start:] if m[0] == "--remount-ro"]
 
 
 def env(argv: list[str]) -> dict[str, str]:
@@ -91,18 +105,23 @@ def env(argv: list[str]) -> dict[str, str]:
         ("never uid 0", lambda a: [o for o in options(a) if o[0] in ("--uid", "--gid")], [("--uid", "1000"), ("--gid", "1000")]),
         ("hostname", lambda a: [o for o in options(a) if o[0] == "--hostname"], [("--hostname", "box")]),
         ("the environment cleared before any is set", lambda a: flags(a).index("--clearenv") < flags(a).index("--setenv"), True),
-        ("the box's own root first", lambda a: mounts(a)[0], ("--bind", ROOT, "/")),
+        ("the root: a tmpfs, the image's entries read-only, a directory lacking a mount point a tmpfs; read-only at the end", root, [
+            ("--tmpfs", "/", str(ROOT_TMPFS), "0755"), ("--symlink", "usr/bin", "/bin"), ("--ro-bind", f"{IMAGE_ROOT}/etc", "/etc"),
+            ("--ro-bind", f"{IMAGE_ROOT}/opt", "/opt"), ("--tmpfs", "/run", str(ROOT_TMPFS), "0755"), ("--ro-bind", f"{IMAGE_ROOT}/run/lock", "/run/lock"),
+            ("--ro-bind", f"{IMAGE_ROOT}/usr", "/usr"), ("--ro-bind", f"{IMAGE_ROOT}/var", "/var"),
+            ("--remount-ro", "/run"), ("--remount-ro", "/"),
+        ]),
         ("read-only once its mounts are made", lambda a: mounts(a)[-1], ("--remount-ro", "/")),
-        ("/proc, masked and read-only where this kernel has it", lambda a: mounts(a)[1:8], [
+        ("/proc, masked and read-only where this kernel has it", lambda a: system(a)[:7], [
             ("--proc", "/proc"),
             ("--tmpfs", "/proc/acpi", "4096", "0555"), ("--remount-ro", "/proc/acpi"),
             ("--ro-bind", "/dev/null", "/proc/kcore"),
             ("--ro-bind", "/dev/null", "/proc/keys"),
             ("--tmpfs", "/proc/scsi", "4096", "0555"), ("--remount-ro", "/proc/scsi"),
         ]),
-        ("/proc's read-only paths", lambda a: mounts(a)[8:10], [
+        ("/proc's read-only paths", lambda a: system(a)[7:9], [
             ("--ro-bind", "/proc/sys", "/proc/sys"), ("--ro-bind", "/proc/sysrq-trigger", "/proc/sysrq-trigger")]),
-        ("/dev bwrap's own, then read-only", lambda a: mounts(a)[10:14], [
+        ("/dev bwrap's own, then read-only", lambda a: system(a)[9:], [
             ("--dev", "/dev"), ("--tmpfs", "/dev/shm", str(64 << 20), "1777"), ("--mqueue", "/dev/mqueue"), ("--remount-ro", "/dev")]),
         ("no /sys (bwrap cannot mount a sysfs; the host's is not shown)", lambda a: [m for m in mounts(a) if "/sys" in m[-1] and "/proc" not in m[-1]], []),
         ("then /tmp, the scratch world, the runtime, the lifeline", own, [
@@ -124,7 +143,7 @@ def test_what_the_caller_places_around_bwrap():
     box = bwrap(spec())
     assert box.resources == {"memory": {"limit": 1 << 30, "swap": 1 << 30}, "pids": {"limit": 256}}
     assert box.rlimits == (("core", 0, 0), ("nofile", 1024, 8192))
-    assert (box.oom_score_adj, box.host_ids, box.root_layer, box.seccomp_fd) == (500, (1000, 1000), None, 3)
+    assert (box.oom_score_adj, box.host_ids, box.seccomp_fd) == (500, (1000, 1000), 3)
 
 
 def test_masks_only_what_this_kernel_has():
@@ -173,14 +192,6 @@ def test_a_terminal_keeps_the_session_its_pty_gives_it():
     assert "--new-session" not in flags(argv) and env(argv)["TERM"] == "xterm"
 
 
-@pytest.mark.parametrize("grants, layer", [((), None), (("rootfs:rw",), DEFAULT_TMP), (("rootfs:rw", "tmp:64m"), 64 << 20)])
-def test_rootfs_rw_leaves_the_root_writable_and_nothing_else_differs(grants, layer):
-    box, plain = bwrap(spec(*grants)), bwrap(spec(*(g for g in grants if g != "rootfs:rw")))
-    assert box.root_layer == layer
-    assert (("--remount-ro", "/") in mounts(box.argv)) is (layer is None)
-    assert [m for m in mounts(box.argv)] == [m for m in mounts(plain.argv) if layer is None or m != ("--remount-ro", "/")]
-
-
 # -- the same box as on runc --------------------------------------------------------------------------------------
 
 SAME = {name: box for name, box in BOXES.items() if name != "an overlay world"}
@@ -225,6 +236,7 @@ def test_the_setid_rules_hold_only_where_the_box_writes_a_host_path():
         (replace(spec(), image=HOST_IMAGE), {}, ErrorKind.UNSUPPORTED, ("image", HOST_IMAGE)),
         (spec(world=OVERLAY_WORLD), {}, ErrorKind.UNSUPPORTED, ("mount", "/world")),
         (spec("net:bridge"), {}, ErrorKind.UNSUPPORTED, ("grant", "net:bridge")),
+        (spec("rootfs:rw"), {}, ErrorKind.UNSUPPORTED, ("grant", "rootfs:rw")),
         (spec(), {"host_ids": (0, 0)}, ErrorKind.REFUSED, ("host_ids", (0, 0))),
         (spec(), {"host_ids": (1000, 0)}, ErrorKind.REFUSED, ("host_ids", (1000, 0))),
     ],
@@ -343,17 +355,19 @@ def test_bwrap_runs_the_rendered_box_as_an_unprivileged_host_id():
     try:
         os.chmod(top, 0o755)
         root, runtime, data, out = (os.path.join(top, name) for name in ("root", "runtime", "data", "out"))
-        for path in (root, runtime, data, out):
+        for path in (root, runtime, data, out, os.path.join(root, "usr")):
             os.mkdir(path)
-            os.chown(path, 1000, 1000)  # the box's root is the box's own: bwrap makes its mount points in it
+        os.chown(out, 1000, 1000)
+        for link in ("bin", "lib", "lib64"):  # an image's tree as Debian's: /bin -> usr/bin
+            os.symlink(f"usr/{link}", os.path.join(root, link))
         read, write = os.pipe()
         box = bwrap_box(spec(f"ro:{data}=/data", f"rw:{out}=/out", cwd="/", lifeline=None), image=AGENT_IMAGE, runtime=runtime, seccomp=seccomp_base(),
-                        arch=ARCH, root=root, host_ids=(1000, 1000), proc=proc_kinds(), seccomp_fd=read)
+                        arch=ARCH, image_root=root, look=image_look(root), host_ids=(1000, 1000), proc=proc_kinds(), seccomp_fd=read)
         os.write(write, compile_seccomp(box.seccomp))
         os.close(write)
         opts = box.argv[: box.argv.index("--")]
-        at = opts.index("--bind") + 3  # after the root: the host's programs, read-only, where the guest's runtime would be
-        opts[at:at] = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"]
+        at = opts.index(os.path.join(root, "usr"))  # the image's /usr: the host's programs in its place
+        opts[at] = "/usr"
         try:
             as_host_id = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", "--"]
             ran = subprocess.run([*as_host_id, *opts, "--", "/usr/bin/python3", "-I", "-S", "-c", INSIDE],

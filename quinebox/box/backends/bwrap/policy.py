@@ -8,9 +8,9 @@ side. What bwrap holds itself:
   the network's too: only `lo`, egress through the host socket as on runc;
 - no capability in any set (`--cap-drop ALL`), NoNewPrivs (bwrap sets it for every sandbox it makes), quinebox's
   seccomp profile compiled to BPF by libseccomp (`compile_seccomp`, handed over `--seccomp FD`);
-- the box's own root bound, made read-only once its mounts are made (`--remount-ro /`), as runc remounts it: `root`
-  is the box's own root over the image's tree (backends/oci/boxroot.py), never the image cache itself, since bwrap
-  makes the mount points in it; with `rootfs:rw` it stays writable (its layer's bytes in `BwrapBox.root_layer`);
+- the box's root made of the image's unpacked tree read-only, never writing it (root.py: a small tmpfs at /, the
+  image's entries bound back read-only, the mount points the image lacks made on tmpfs), made read-only once its
+  mounts are made (`--remount-ro`), as runc remounts its root;
 - /proc (nosuid, noexec, nodev) with the masked paths that exist here covered and the read-only ones read-only;
   /dev bwrap's own (null zero full random urandom tty, a new devpts), then read-only; /dev/shm (64 MiB, 1777) and
   /dev/mqueue; /tmp, the granted binds (`--ro-bind`: read-only all the way down), /world, the guest's runtime and
@@ -34,11 +34,12 @@ Differences that take nothing from the box's isolation, said here once:
   the host's (bwrap's propagation), not private: nothing of the box's reaches the host;
 - bwrap's `--chdir` sets PWD, as a shell would.
 
-Refused, never silently dropped (a QuineboxError of kind UNSUPPORTED): `--image host` (its hidden view needs
-noexec, bounded-inode tmpfs mounts bwrap 0.8 cannot say), an overlay world and `net:bridge` (no overlay mount and
-no engine network in bwrap 0.8), a tmpfs option beyond size, mode and the box user's ownership, and in the seccomp
-profile: flags (bwrap loads the filter with none), SCMP_ACT_NOTIFY or an action, operator or architecture
-libseccomp does not know. bwrap run as host root is REFUSED: its box's user would be host root.
+Refused, never silently dropped (a QuineboxError of kind UNSUPPORTED; `bwrap_refusal` says the same of a spec
+before anything starts): `--image host` (its hidden view needs noexec, bounded-inode tmpfs mounts bwrap 0.8 cannot
+say), `rootfs:rw`, an overlay world and `net:bridge` (no overlay mount and no engine network in bwrap 0.8), a tmpfs
+option beyond size, mode and the box user's ownership; a mount reached through one of the image's links (root.py);
+and in the seccomp profile: flags (bwrap loads the filter with none), SCMP_ACT_NOTIFY or an action, operator or
+architecture libseccomp does not know. bwrap run as host root is REFUSED: its box's user would be host root.
 
 The compile needs libseccomp's Python API (`pip install quinebox[bwrap]`: pyseccomp, its ctypes binding over the
 system's libseccomp.so.2), imported only there, so nothing else pays for it.
@@ -46,11 +47,14 @@ system's libseccomp.so.2), imported only there, so nothing else pays for it.
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from quinebox.box.backends.bwrap.root import Look, root_argv, root_seal
 from quinebox.box.backends.oci.policy import oci_seccomp
 from quinebox.box.policy import (
     CPU_PERIOD,
@@ -67,8 +71,6 @@ from quinebox.box.policy import (
     full_environment,
     nano_cpus,
     oci_command,
-    oci_refusal,
-    root_layer,
     seccomp_profile,
     workdir_for,
     writes_host_paths,
@@ -98,8 +100,42 @@ EPERM = 1
 _UNKNOWN_SYSCALL = -1
 
 
-def _unsupported(what: str, **fields: Any) -> QuineboxError:
-    return QuineboxError(f"refused on bwrap: {what}; use --backend oci", kind=ErrorKind.UNSUPPORTED, backend="bwrap", **fields)
+def _unsupported(what: str, fix: str = "use --backend oci", **fields: Any) -> QuineboxError:
+    """A box bwrap cannot hold, in one line: what (the error's `why` field, bwrap_refusal's answer) and the fix."""
+    return QuineboxError(f"refused on bwrap: {what}; {fix}", kind=ErrorKind.UNSUPPORTED, backend="bwrap", why=what, **fields)
+
+
+#: Why a box's spec alone keeps it off bwrap, each (applies, why, the error's fields), in the order they are told.
+_REFUSED: tuple[tuple[Any, str, Any], ...] = (
+    (lambda spec: spec.image == HOST_IMAGE, "--image host (its hidden view needs noexec tmpfs mounts of bounded inodes, which bwrap 0.8 cannot make)",
+     lambda spec: {"image": spec.image}),
+    (lambda spec: bridged(spec.grants), "net:bridge (it needs the engine's bridge network)",
+     lambda spec: {"grant": "net:bridge", "fix": "use --backend docker"}),
+    (lambda spec: spec.grants.rootfs_rw, "rootfs:rw (bwrap 0.8 has no overlay to give a writable root over the image's tree)",
+     lambda spec: {"grant": "rootfs:rw"}),
+    (lambda spec: spec.world is not None and spec.world.kind not in ("dir", "bind"),
+     "an overlay world at /world (bwrap 0.8 has no overlay mount)", lambda spec: {"mount": "/world"}),
+)
+
+
+def _spec_refusal(spec: BoxSpec) -> QuineboxError | None:
+    """The error bwrap_box raises for what `spec` alone says (module docstring), before anything of the host is read."""
+    for applies, why, fields in _REFUSED:
+        if applies(spec):
+            return _unsupported(why, **fields(spec))
+    for mount in box_mounts(spec, runtime=""):  # the runtime's source is no part of what is refused
+        try:
+            _mount(mount, spec)
+        except QuineboxError as refused:
+            return refused
+    return None
+
+
+def bwrap_refusal(spec: BoxSpec) -> str | None:
+    """Why bwrap cannot hold `spec`'s whole policy, in one line (the words bwrap_box's error says after "refused on
+    bwrap: "); None when it can. Pure: backends/choice.py asks it before a box is chosen."""
+    refused = _spec_refusal(spec)
+    return None if refused is None else refused.fields["why"]
 
 
 @dataclass(frozen=True)
@@ -107,8 +143,7 @@ class BwrapBox:
     """A box as bwrap runs it: `argv` (bwrap's, the box's command after `--`), the seccomp profile to compile
     (`compile_seccomp`) and hand bwrap on `seccomp_fd`, and what the caller places before bwrap runs: `resources`
     in the box's own cgroup (memory and swap in bytes, pids, cpu quota per CPU_PERIOD), `rlimits` (name, soft, hard)
-    and `oom_score_adj` on bwrap's process, which its box inherits, run as `host_ids`; `root_layer`: the bytes of a
-    `rootfs:rw` box's writable root, None for a read-only one."""
+    and `oom_score_adj` on bwrap's process, which its box inherits, run as `host_ids`."""
 
     argv: list[str]
     seccomp: dict[str, Any]
@@ -117,7 +152,6 @@ class BwrapBox:
     rlimits: tuple[tuple[str, int, int], ...]
     oom_score_adj: int
     host_ids: tuple[int, int]
-    root_layer: int | None
 
 
 def proc_kinds(paths: Iterable[str] = (*MASKED_PATHS, *READONLY_PATHS)) -> dict[str, str]:
@@ -172,31 +206,31 @@ def bwrap_box(
     runtime: str,
     seccomp: dict[str, Any],
     arch: str,
-    root: str,
+    image_root: str,
+    look: Look,
     host_ids: tuple[int, int],
     proc: Mapping[str, str],
     seccomp_fd: int = SECCOMP_FD,
 ) -> BwrapBox:
     """The same box as oci_config, as bwrap's argv and what its caller places around it (module docstring).
 
-    `root`: the box's own root (boxroot's overlay over the image's tree); `runtime`: the host directory of the guest's
+    `image_root`: the image's unpacked tree, never written (root.py makes the box's root of it); `look`: what the
+    image has at a path (root.image_look(image_root), or a test's own); `runtime`: the host directory of the guest's
     runtime; `seccomp`/`arch`: quinebox's profile and the native architecture, as oci_config takes them;
     `host_ids`: the host uid and gid bwrap runs as, onto which the box's user is mapped (the caller's own when it is
     not root; an unprivileged id of the box's own when it is); `proc`: `proc_kinds()` of this host."""
-    if spec.image == HOST_IMAGE:
-        why = "--image host (its hidden view needs noexec tmpfs mounts of bounded inodes, which bwrap 0.8 cannot make)"
-        raise _unsupported(why, image=spec.image)
-    if bridged(spec.grants):
-        raise _unsupported(oci_refusal(spec) or "net:bridge", grant="net:bridge")
+    if (refused := _spec_refusal(spec)) is not None:
+        raise refused
     if 0 in host_ids:
         why = "refused: bwrap run as host root (uid or gid 0) would map the box's user onto host root; run it as an unprivileged host id"
         raise QuineboxError(why, kind=ErrorKind.REFUSED, backend="bwrap", host_ids=host_ids)
     grants = spec.grants
-    layer = root_layer(grants)
     mem, pids = grants.mem or DEFAULT_MEM, grants.pids or DEFAULT_PIDS
     resources: dict[str, Any] = {"memory": {"limit": mem, "swap": mem}, "pids": {"limit": pids}}
     if grants.cpus is not None:
         resources["cpu"] = {"period": CPU_PERIOD, "quota": nano_cpus(grants.cpus) * CPU_PERIOD // 1_000_000_000}
+    own = sorted(box_mounts(spec, runtime), key=lambda m: os.path.normpath(m.dest).count("/"))
+    dests = ["/proc", "/dev", *(m.dest for m in own)]
     argv = [
         "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--as-pid-1",
         *(() if spec.tty else ("--new-session",)),
@@ -204,16 +238,14 @@ def bwrap_box(
     ]
     for name, value in full_environment(spec, image).items():
         argv += ["--setenv", name, value]
-    argv += ["--bind", root, "/", *_proc(proc)]
+    argv += [*root_argv(image_root, look, dests), *_proc(proc)]
     argv += ["--dev", "/dev", "--size", str(DEV_SHM), "--perms", "1777", "--tmpfs", "/dev/shm", "--mqueue", "/dev/mqueue", "--remount-ro", "/dev"]
-    for mount in sorted(box_mounts(spec, runtime), key=lambda m: os.path.normpath(m.dest).count("/")):
+    for mount in own:
         argv += _mount(mount, spec)
-    if layer is None:
-        argv += ["--remount-ro", "/"]
-    argv += ["--chdir", workdir_for(spec, image), "--seccomp", str(seccomp_fd), "--", *oci_command(spec, image)]
+    argv += [*root_seal(look, dests), "--chdir", workdir_for(spec, image), "--seccomp", str(seccomp_fd), "--", *oci_command(spec, image)]
     profile = oci_seccomp(seccomp_profile(seccomp, grants, arch, setid=not writes_host_paths(grants, spec.world)), arch)
     return BwrapBox(argv=argv, seccomp=profile, seccomp_fd=seccomp_fd, resources=resources, rlimits=RLIMITS,
-                    oom_score_adj=OOM_SCORE_ADJ, host_ids=host_ids, root_layer=layer)
+                    oom_score_adj=OOM_SCORE_ADJ, host_ids=host_ids)
 
 
 def _action(name: str, errno: int | None, seccomp: Any) -> int:
@@ -277,3 +309,17 @@ def compile_seccomp(profile: dict[str, Any]) -> bytes:
         filt.export_bpf(program)
         program.seek(0)
         return program.read()
+
+
+_programs: dict[str, bytes] = {}
+_compiling = threading.Lock()
+
+
+def seccomp_program(profile: dict[str, Any]) -> bytes:
+    """compile_seccomp's program for `profile`, compiled once per process for each profile (keyed by its canonical
+    JSON): a box's profile is one of a few (its grants' syscalls), and libseccomp's compile costs each box ms of CPU."""
+    key = json.dumps(profile, sort_keys=True, separators=(",", ":"))
+    with _compiling:
+        if key not in _programs:
+            _programs[key] = compile_seccomp(profile)
+        return _programs[key]
