@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from quinebox.box.backends.bwrap.backend import BWRAP
 from quinebox.box.backends.docker.backend import DOCKER
 from quinebox.box.backends.oci.backend import OCI
 from quinebox.box.backends.seam import Backend
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 #: runtime's own name, last.
 BACKENDS: dict[str, Backend] = {
     DOCKER.name: DOCKER,
+    BWRAP.name: BWRAP,
     OCI.name: OCI,
 }
 #: Every name a box's backend may be asked for by (--backend, BoxOptions.backend, QUINEBOX_BACKEND, config.yaml):

@@ -1,0 +1,491 @@
+"""One box on bubblewrap: one `bwrap` process, its start placed in its cgroup, its exit and OOM, its record, its removal.
+
+The start, in order (nothing of the box's command runs before its limits hold):
+
+1. the box's record written (`records_dir()/<id>.json`, 0600) and its keeper told of it, its cgroup made with its
+   limits (cgroups.py);
+2. as root, each host path bwrap binds that the box's unprivileged host ids could not reach (the state dir is
+   root's 0700) bound where they can, in the box's own ids' slot (`<slot>/<session>.mnt/N`, idmap.py's 0711
+   directories), and bwrap's argv pointed there: bwrap opens every source itself, as the box's ids;
+3. `bwrap` started with the caller's fds as its 0, 1 and 2 (a terminal's slave instead, with one), its seccomp BPF
+   on a memfd, `--info-fd` and `--block-fd`, as the box's own host ids (root) or the caller (a plain user), in a
+   session of its own, from one long-lived thread of this process: `--die-with-parent` is the kernel's
+   PR_SET_PDEATHSIG, which fires when the *thread* that started bwrap ends, so no caller's short-lived thread may;
+4. bwrap's info read (the host pid of the box's PID 1, which then waits on the block fd with its mounts made),
+   the rlimits and OOM score set on bwrap and on it, both placed in the box's cgroup, the record completed;
+5. one byte to the block fd: only now does the box's command start.
+
+Its exit status is bwrap's (which is its PID 1's, 128+N for a signal's death); an OOM kill is read from its memory
+cgroup (137 and its line, as a runc box's). Its remains (cgroup, slot mounts, ids, record) go right after, on the
+waiting thread; `remove_remains(record)` is the one way they go, for this process, the keeper, listed.py's destroy
+and gc alike. A holder killed by SIGKILL takes its boxes with it (`--die-with-parent`); its keeper, forked as
+oci/reaper.py's is and told each box's record before the box is made, removes their remains when the pipe ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import queue
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from quinebox.box.backends.bwrap.cgroups import BoxCgroup
+from quinebox.box.backends.bwrap.policy import BwrapBox, seccomp_program
+from quinebox.box.backends.oci import idmap
+from quinebox.box.backends.oci.runtime import container_id
+from quinebox.errors import EngineError
+from quinebox.processes import pid_alive, process_start_ticks
+from quinebox.state import private_dir, private_write, state_dir
+
+#: (exit status, OOM-killed, why the sandbox itself died: never, on bwrap)
+Ended = Callable[[int, bool, "str | None"], None]
+#: How long bwrap may take to say its box's pid (its namespaces made), and a removal to finish before exit.
+START_WITHIN = 10.0
+REMOVE_WITHIN = 5.0
+#: bwrap's options that bind a host path (SRC DEST): SRC is opened by bwrap, as whoever runs it.
+_BINDS = frozenset({"--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try", "--dev-bind-try"})
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
+MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
+_libc = ctypes.CDLL(None, use_errno=True)
+
+#: Boxes that have ended and are being removed: a process lets them finish before it exits (finish_removals).
+_leaving: set[BwrapProcess] = set()
+
+
+def records_dir() -> Path:
+    """Where each bwrap box's record lives while it has remains: `<id>.json`."""
+    return state_dir() / "bwrap"
+
+
+def record_path(session: str) -> Path:
+    return records_dir() / f"{container_id(session)}.json"
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A box's record, None when it is gone or not one (a record half-written is never seen: written whole)."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("session"), str) else None
+
+
+def _write_record(record: dict[str, Any]) -> Path:
+    path = record_path(record["session"])
+    private_dir(path.parent)
+    private_write(path, json.dumps(record, separators=(",", ":")).encode())
+    return path
+
+
+def _ids_of(record: dict[str, Any]) -> idmap.IdRange | None:
+    ids = record.get("ids")
+    first = ids.get("first") if isinstance(ids, dict) else None
+    return idmap.holding(first) if isinstance(first, int) else None
+
+
+def remove_remains(record: dict[str, Any]) -> bool:
+    """What a bwrap box leaves, removed: every process still in its cgroup killed, its cgroups removed, the host
+    paths bound for it in its ids' slot detached and the ids given back, its record deleted. Idempotent; True once
+    nothing is left (a cgroup that will not go keeps the record, for the next try or `quinebox gc`)."""
+    session = str(record["session"])
+    cgroup = record.get("cgroup")
+    removed = BoxCgroup.at(str(cgroup)).remove() if isinstance(cgroup, str) and cgroup else True
+    pid, start = record.get("pid"), record.get("start")
+    if isinstance(pid, int) and isinstance(start, str) and pid_alive(pid, start):  # outside its cgroup (never placed): killed by its identity
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    ids = _ids_of(record)
+    if ids is not None and os.geteuid() == 0:
+        _detach(ids, session)
+        idmap.release(ids, session)
+    if removed:
+        with contextlib.suppress(FileNotFoundError):
+            record_path(session).unlink()
+    return removed
+
+
+# -- a root-made box's host paths, where its own ids reach them ---------------------------------------------------
+
+
+def _reaches(path: str, uid: int, gid: int) -> bool:
+    """Whether uid:gid (with no other group) may walk to `path`, as bwrap run as them resolves it."""
+    for candidate in {os.path.abspath(path), os.path.realpath(path)}:
+        parent = os.path.dirname(candidate)
+        while True:
+            try:
+                st = os.stat(parent)
+            except OSError:
+                return False
+            bits = 0o100 if st.st_uid == uid else 0o010 if st.st_gid == gid else 0o001
+            if not st.st_mode & bits:
+                return False
+            if parent == "/":
+                break
+            parent = os.path.dirname(parent)
+    return True
+
+
+def _mounts_dir(ids: idmap.IdRange, session: str) -> Path:
+    return Path(f"{ids.root_for(session)}.mnt")
+
+
+def _bind(source: str, target: str) -> None:
+    for flags, src in ((MS_BIND | MS_REC, source), (MS_PRIVATE | MS_REC, None)):
+        if _libc.mount(src.encode() if src else None, target.encode(), None, flags, None) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), source)
+
+
+def reachable(argv: list[str], ids: idmap.IdRange, session: str, host_ids: tuple[int, int], prefixes: Sequence[str] = ()) -> list[str]:
+    """bwrap's argv with each bound source the box's host ids could not reach bound in its slot and named there.
+    A source below one of `prefixes` (the image's tree) is reached through one mount of that prefix."""
+    out = list(argv)
+    mounted: dict[str, str] = {}
+    end = out.index("--") if "--" in out else len(out)
+    for i in range(1, end - 1):
+        if out[i - 1] not in _BINDS or (i >= 2 and out[i - 2] in _BINDS):
+            continue
+        source = out[i]
+        if _reaches(source, *host_ids):
+            continue
+        base = next((p for p in (*mounted, *prefixes) if source == p or source.startswith(p.rstrip("/") + "/")), source)
+        if base not in mounted:
+            directory = _mounts_dir(ids, session)
+            directory.mkdir(mode=0o711, exist_ok=True)
+            target = directory / str(len(mounted))
+            if os.path.isdir(base):
+                target.mkdir(mode=0o700)
+            else:
+                target.touch(mode=0o600)
+            try:
+                _bind(base, str(target))
+            except OSError as exc:
+                raise EngineError(f"cannot give the box {base}: binding it where its host ids reach it failed ({exc.strerror})") from None
+            mounted[base] = str(target)
+        out[i] = mounted[base] + source[len(base.rstrip("/")):] if source != base else mounted[base]
+    return out
+
+
+def _detach(ids: idmap.IdRange, session: str) -> None:
+    directory = _mounts_dir(ids, session)
+    for name in idmap.entries(directory):
+        target = directory / name
+        if _libc.umount2(str(target).encode(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+            continue  # not ours to detach: the slot stays taken until gc
+        with contextlib.suppress(OSError):
+            target.rmdir() if target.is_dir() else target.unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
+# -- the one thread that starts every bwrap of this process --------------------------------------------------------
+
+
+class _Starter:
+    """Runs each bwrap's Popen on one thread that lives as long as this process: the kernel's parent-death signal
+    (`--die-with-parent`) fires when the thread that forked bwrap ends, which a caller's own thread may do."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[Any]]] = queue.SimpleQueue()
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def popen(self, **kwargs: Any) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child has no thread of its parent's
+                self._pid = os.getpid()
+                self._jobs = queue.SimpleQueue()
+                threading.Thread(target=self._run, args=(self._jobs,), name="bwrap-starter", daemon=True).start()
+            jobs = self._jobs
+        answer: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        jobs.put((kwargs, answer))
+        result = answer.get()
+        if isinstance(result, BaseException):
+            raise result
+        return result  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[Any]]]) -> None:
+        while True:
+            kwargs, answer = jobs.get()
+            try:
+                answer.put(subprocess.Popen(**kwargs))
+            except BaseException as exc:  # noqa: BLE001 handed to the caller, who raises it
+                answer.put(exc)
+
+
+_starter = _Starter()
+
+
+# -- the keeper: what removes this process's boxes' remains when it dies without removing them ---------------------
+
+_keeper: tuple[int, int, int] | None = None  # (this process, its keeper, the pipe to it)
+_keeper_lock = threading.Lock()
+KEEPER_NAME = b"quinebox-keeper"
+PR_SET_NAME = 15
+
+
+def _tell(line: dict[str, Any]) -> None:
+    """One line to this process's keeper, forked the first time (and again in a forked child, which needs its own)."""
+    global _keeper
+    with _keeper_lock:
+        if _keeper is None or _keeper[0] != os.getpid() or not _alive(_keeper[1]):
+            if _keeper is not None and _keeper[0] == os.getpid():
+                os.close(_keeper[2])
+            _keeper = (os.getpid(), *_start_keeper())
+        with contextlib.suppress(OSError):  # a keeper that died leaves these boxes to `quinebox gc`
+            os.write(_keeper[2], json.dumps(line).encode() + b"\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return False
+
+
+def _start_keeper() -> tuple[int, int]:
+    """Forked as oci/reaper.py's keeper is (a new interpreter would cost every exec its start-up): it keeps
+    nothing of its owner's open but its end of the pipe, and leaves with os._exit."""
+    told, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.chdir("/")
+            os.dup2(told, 0)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, signal.SIGCHLD):
+                signal.signal(signum, signal.SIG_DFL)
+            _libc.prctl(PR_SET_NAME, KEEPER_NAME, 0, 0, 0)
+            _keep(0)
+        finally:
+            os._exit(0)
+    os.close(told)
+    return pid, tell
+
+
+def _keep(fd: int) -> None:
+    """Follow the owner's lines until it ends; then remove what each record still held names."""
+    held: set[str] = set()
+    pending = b""
+    while chunk := os.read(fd, 65536):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            try:
+                told = json.loads(line)
+                if "hold" in told:
+                    held.add(str(told["hold"]))
+                else:
+                    held.discard(str(told.get("release")))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    for path in held:
+        record = read_record(Path(path))
+        if record is not None:
+            with contextlib.suppress(Exception):
+                remove_remains(record)
+
+
+@atexit.register
+def finish_removals() -> None:
+    """Wait for the boxes that have ended to be removed, rather than leave them to the keeper."""
+    until = time.monotonic() + REMOVE_WITHIN
+    for box in list(_leaving):
+        box._removed.wait(max(0.0, until - time.monotonic()))
+
+
+# -- one box ---------------------------------------------------------------------------------------------------------
+
+
+def _option(argv: Sequence[str], name: str) -> str | None:
+    end = list(argv).index("--") if "--" in argv else len(argv)
+    return next((argv[i + 1] for i in range(1, end - 1) if argv[i] == name), None)
+
+
+def _with_fds(argv: list[str], seccomp: int, info: int, block: int) -> list[str]:
+    """bwrap's argv with its seccomp fd the one made here, and the info and block fds said first."""
+    out = list(argv)
+    end = out.index("--")
+    for i in range(1, end - 1):
+        if out[i] == "--seccomp":
+            out[i + 1] = str(seccomp)
+    return [out[0], "--info-fd", str(info), "--block-fd", str(block), *out[1:]]
+
+
+def _read_info(fd: int, proc: subprocess.Popen[bytes]) -> dict[str, Any] | None:
+    """bwrap's info JSON (its box's pid and namespaces); None when bwrap ended without saying it."""
+    data = b""
+    until = time.monotonic() + START_WITHIN
+    while time.monotonic() < until:
+        ready, _, _ = select.select([fd], [], [], max(0.0, until - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+        try:
+            info = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(info, dict) and isinstance(info.get("child-pid"), int):
+            return info
+    return None
+
+
+def _binary(name: str, package: str) -> str:
+    found = shutil.which(name) or next((p for p in (f"/usr/bin/{name}", f"/bin/{name}") if os.path.exists(p)), None)
+    if found is None:
+        raise EngineError(f"{name} is not installed here: `apt-get install {package}` (or your system's {package} package)")
+    return found
+
+
+def _limited(argv: list[str], box: BwrapBox) -> list[str]:
+    """bwrap's argv run under util-linux's prlimit, which sets the box's rlimits on itself and then is bwrap: a
+    limit set on another process needs CAP_SYS_RESOURCE (which a container's root may lack), and a child bwrap
+    forks before its limits were set would not have them; set before bwrap runs, both inherit them."""
+    return [_binary("prlimit", "util-linux"), *(f"--{name}={soft}:{hard}" for name, soft, hard in box.rlimits), "--", *argv]
+
+
+def _oom_score(pid: int, box: BwrapBox) -> None:
+    """The box's OOM score on `pid` (bwrap, or its box's PID 1 before it runs the box's command): raised, never lowered."""
+    Path(f"/proc/{pid}/oom_score_adj").write_text(str(box.oom_score_adj))
+
+
+class BwrapProcess:
+    """One running bwrap box (as OciBox is a runtime's); `ended(exit_code, oom_killed, None)` once it has exited,
+    then its remains are removed on the same thread."""
+
+    def __init__(
+        self, session: str, box: BwrapBox, *, labels: dict[str, str], image_root: str, cgroup_path: str, ids: idmap.IdRange | None,
+        stdio: tuple[int, int, int], ended: Ended, terminal: int | None = None, command: Sequence[str] = (),
+    ):
+        """`terminal`: a pty's slave, the box's 0, 1 and 2 instead of `stdio`; `ids`: a root-made box's own host
+        ids (bwrap runs as `box.host_ids`, in that span), None for a plain user's box (run as the caller)."""
+        self.id = container_id(session)
+        self.session = session
+        self.pid: int | None = None
+        self._ended = ended
+        self._removed = threading.Event()
+        self._pidfd: int | None = None
+        self._pidfd_lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.record: dict[str, Any] = {
+            "id": self.id, "session": session, "labels": labels, "pid": None, "start": None, "holder_pid": os.getpid(),
+            "cgroup": cgroup_path, "image_root": image_root, "made": time.time(), "command": list(command),
+            "user": f"{_option(box.argv, '--uid') or 0}:{_option(box.argv, '--gid') or 0}", "cwd": _option(box.argv, "--chdir") or "/",
+            "host_ids": list(box.host_ids), "ids": {"first": ids.first, "count": ids.span} if ids is not None else None,
+        }
+        self._path = _write_record(self.record)
+        _tell({"hold": str(self._path)})
+        self.cgroup: BoxCgroup | None = None
+        fds: list[int] = []
+        try:
+            self.cgroup = BoxCgroup.make(cgroup_path, box.resources)
+            argv = reachable(box.argv, ids, session, box.host_ids, prefixes=(image_root,)) if ids is not None else box.argv
+            seccomp = os.memfd_create("quinebox-seccomp", os.MFD_CLOEXEC)
+            fds.append(seccomp)
+            os.write(seccomp, seccomp_program(box.seccomp))
+            os.lseek(seccomp, 0, os.SEEK_SET)
+            info_r, info_w = os.pipe()
+            block_r, block_w = os.pipe()
+            fds += [info_r, info_w, block_r, block_w]
+            stdin, stdout, stderr = (terminal, terminal, terminal) if terminal is not None else stdio
+            as_root = os.geteuid() == 0
+            self._proc = _starter.popen(
+                args=_limited([_binary("bwrap", "bubblewrap"), *_with_fds(argv, seccomp, info_w, block_r)[1:]], box), stdin=stdin, stdout=stdout, stderr=stderr,
+                pass_fds=(seccomp, info_w, block_r), close_fds=True, cwd="/", env={}, start_new_session=True,
+                **({"user": box.host_ids[0], "group": box.host_ids[1], "extra_groups": []} if as_root else {}),
+            )
+            for fd in (info_w, block_r, seccomp):
+                os.close(fd)
+                fds.remove(fd)
+            info = _read_info(info_r, self._proc)
+            if info is None:
+                code = self._proc.wait(START_WITHIN)
+                raise EngineError(f"bwrap did not start the box (it exited {code}; its own line says why, above)")
+            self.pid = int(info["child-pid"])
+            for pid in (self._proc.pid, self.pid):
+                _oom_score(pid, box)
+                self.cgroup.place(pid)
+            self.record.update(pid=self.pid, start=process_start_ticks(self.pid))
+            _write_record(self.record)
+            if ids is not None:
+                idmap.settle(ids, session, self.pid)
+            self._pidfd = os.pidfd_open(self.pid)
+            os.write(block_w, b"\0")  # the box's command runs from here on, placed
+        except BaseException:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            fds = []
+            if self._proc is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(START_WITHIN)
+            self.remove()
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        threading.Thread(target=self._wait, name=f"bwrap-wait:{session}", daemon=True).start()
+
+    def _wait(self) -> None:
+        assert self._proc is not None
+        code = self._proc.wait()
+        oom = self.cgroup is not None and self.cgroup.oom_kills() > 0
+        code = code if code >= 0 else 128 - code
+        with self._pidfd_lock:
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+        _leaving.add(self)
+        try:
+            self._ended(code, oom, None)
+        finally:
+            self.remove()
+
+    @property
+    def host_pid(self) -> int | None:
+        """The box's PID 1 as the host sees it, while it runs."""
+        return self.pid if self._pidfd is not None else None
+
+    def kill(self) -> None:
+        """SIGKILL the box's PID 1: the kernel then kills everything else in its pid namespace."""
+        self.signal(signal.SIGKILL)
+
+    def signal(self, signum: int) -> None:
+        """`signum` to the box's PID 1 alone (its init passes the usual ones on); nothing once it has ended."""
+        with self._pidfd_lock:
+            if self._pidfd is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self._pidfd, signum)
+
+    def remove(self) -> bool:
+        """The box and its remains removed (`remove_remains`); True only then."""
+        try:
+            removed = remove_remains(self.record)
+            if removed:
+                _tell({"release": str(self._path)})
+            return removed
+        finally:
+            self._removed.set()
+            _leaving.discard(self)
