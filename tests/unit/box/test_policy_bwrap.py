@@ -13,7 +13,7 @@ from bwrap_tree import IMAGE_ROOT, LOOK
 from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, spec
 from test_policy_oci import BOXES, DIR_WORLD, OVERLAY_WORLD, env_of, oci, own_mounts
 
-from quinebox.box.backends.bwrap.policy import BwrapBox, bwrap_box, compile_seccomp, proc_kinds
+from quinebox.box.backends.bwrap.policy import BwrapBox, bwrap_box, bwrap_refusal, compile_seccomp, proc_kinds, seccomp_program
 from quinebox.box.backends.bwrap.root import ROOT_TMPFS, image_look
 from quinebox.box.policy import GUEST_PREFIX, HOST_SOCKET, RUNTIME
 from quinebox.box.spec import HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
@@ -246,6 +246,15 @@ def test_what_bwrap_cannot_hold_is_refused_in_one_line(box, kw, kind, field):
         bwrap(box, **kw)
     assert refused.value.kind == kind and refused.value.fields[field[0]] == field[1] and refused.value.fields["backend"] == "bwrap"
     assert refused.value.exit_code == 125 and "\n" not in str(refused.value)
+    if kind == ErrorKind.UNSUPPORTED:  # what the spec alone says: bwrap_refusal, before anything starts, in the same words
+        assert str(refused.value).startswith(f"refused on bwrap: {bwrap_refusal(box)}; use --backend ")
+    else:
+        assert bwrap_refusal(box) is None
+
+
+@pytest.mark.parametrize("name", SAME)
+def test_a_box_bwrap_holds_is_not_refused(name):
+    assert bwrap_refusal(SAME[name][0]) is None
 
 
 # -- the seccomp filter: libseccomp's BPF, held by the kernel -------------------------------------------------------
@@ -426,3 +435,13 @@ def test_the_profiles_architectures_and_no_other():
     assert run_under(compile_seccomp(allow | {"architectures": ["SCMP_ARCH_X86", "SCMP_ARCH_X86_64"]}), "/bin/true").returncode == 0
     both, native = (compile_seccomp(allow | {"architectures": arches}) for arches in (["SCMP_ARCH_X86", "SCMP_ARCH_X86_64"], ["SCMP_ARCH_X86_64"]))
     assert len(both) > len(native)
+
+
+def test_a_profile_is_compiled_once_per_process():
+    """seccomp_program keys by the profile's canonical JSON: the same profile (its keys in any order) is the same
+    program, compiled once; another profile its own."""
+    plain, writes = profile(), profile("rw:/src=/work")
+    first = seccomp_program(plain)
+    assert first == compile_seccomp(plain)
+    assert seccomp_program(dict(reversed(list(plain.items())))) is first
+    assert seccomp_program(writes) == compile_seccomp(writes) != first
