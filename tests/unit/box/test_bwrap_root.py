@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 
 import pytest
-from bwrap_tree import IMAGE_ROOT, LOOK
+from bwrap_argv import IMAGE_ROOT, LOOK
 
 from quinebox.box.backends.bwrap.root import ROOT_TMPFS, image_look, root_argv, root_seal
 from quinebox.errors import ErrorKind, QuineboxError
