@@ -48,7 +48,9 @@ def run() -> int:
         return connected[0]
 
     console.print("ways a box can run here:")
-    ways = [local_bwrap_way()] + [local_runtime_way(name) for name in RUNTIME_NAMES] + [local_engine_way(connect)]
+    from quinebox.box.backends.choice import usable
+
+    ways = [local_bwrap_way()] + [local_runtime_way(name, usable) for name in RUNTIME_NAMES] + [local_engine_way(connect)]
     for way in ways:
         say("ok" if way.works else "no", f"{way.label}: {way.what}", "" if way.works else way.fix)
     engine = next(way for way in ways if way.name == ENGINE)
@@ -108,7 +110,7 @@ def _auto(say: Say, ways: list[Way]) -> None:
     """Which backend `auto` picks here and why; and bubblewrap's place: the fastest backend where it is usable, on
     auto's ladder or not (choice.BWRAP_IN_AUTO, with its reason)."""
     from quinebox.box.backends import registry
-    from quinebox.box.backends.choice import BWRAP_IN_AUTO, BWRAP_IN_AUTO_WHY, choose
+    from quinebox.box.backends.choice import BWRAP_IN_AUTO, BWRAP_IN_AUTO_WHY, choose, requested
 
     try:
         picked = choose(None, known=registry.NAMES, backend="auto")
@@ -117,7 +119,7 @@ def _auto(say: Say, ways: list[Way]) -> None:
         return
     bwrap = next(way for way in ways if way.name == BWRAP)
     here = "usable here" if bwrap.works else "not usable here"
-    if BWRAP_IN_AUTO or not bwrap.works:
+    if BWRAP_IN_AUTO or not bwrap.works or requested(known=registry.NAMES)[0] == BWRAP:  # nothing to tell one who has it
         say("note", f"auto: {picked.why} (bwrap, the fastest backend where it is usable, is {here})")
     else:
         say("note", f"auto: {picked.why} (bwrap, the fastest backend where it is usable, is {here}; {BWRAP_IN_AUTO_WHY})",

@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     from quinebox.box.spec import BoxSpec
 
 DEFAULT_RUNTIME = "runc"
-#: A runtime that failed its probe is probed again after this long.
-PROBE_RETRY = 600.0
 
 
 #: The Docker engine's name among the backends; the OCI runtimes go by their own.
@@ -100,7 +98,11 @@ def choose(refusal: str | None, *, known: Collection[str], backend: str | None =
         return Choice(ENGINE, None, "the Docker backend was asked for")
 
     def refused_by_bwrap() -> str | None:
-        return bwrap_refused if bwrap_refused is not None or spec is None else bwrap_refusal(spec)
+        if bwrap_refused is not None or spec is None:
+            return bwrap_refused
+        from quinebox.box.backends.bwrap.policy import bwrap_refusal  # imported only when bwrap is asked, or on auto's ladder
+
+        return bwrap_refusal(spec)
 
     if asked == BWRAP:
         why = refused_by_bwrap()
@@ -129,28 +131,6 @@ def choose(refusal: str | None, *, known: Collection[str], backend: str | None =
     return Choice("oci", name, f"boxes run on the OCI runtime {name}{passed}")
 
 
-def bwrap_refusal(spec: BoxSpec) -> str | None:
-    """Why bubblewrap cannot hold `spec`'s whole policy, in one line; None when it can (bwrap.policy's)."""
-    from quinebox.box.backends.bwrap import policy
-
-    refuse = getattr(policy, "bwrap_refusal", None)
-    return refuse(spec) if refuse is not None else _bwrap_refusal_stub(spec)
-
-
-def _bwrap_refusal_stub(spec: BoxSpec) -> str | None:
-    """Until bwrap.policy.bwrap_refusal lands (H1): what its module docstring says bwrap refuses."""
-    from quinebox.box.policy import bridged
-    from quinebox.box.spec import HOST_IMAGE
-
-    if spec.image == HOST_IMAGE:
-        return "--image host (its hidden view needs noexec tmpfs mounts of bounded inodes, which bwrap 0.8 cannot make)"
-    if bridged(spec.grants):
-        return "net:bridge (no engine network in bwrap 0.8)"
-    if spec.grants.rootfs_rw:
-        return "rootfs:rw (bwrap 0.8 has no overlay for a writable root)"
-    return None
-
-
 def usable(name: str) -> str | None:
     """None when the OCI runtime `name` can run boxes here, else the reason, found once per runtime binary
     (and asked of the state dir once per process: a command server's worker asks it anew)."""
@@ -176,6 +156,8 @@ def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = No
         found = Runtime.named(name)
     except QuineboxError as exc:
         return str(exc)
+    from quinebox.box.backends.probe import PROBE_RETRY
+
     now = time.time() if now is None else now
     mark = f"{found.binary}:{os.stat(found.binary).st_mtime_ns}"
     record = state_dir() / "oci" / f"{found.name}.probe"
@@ -203,7 +185,7 @@ def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = No
 
 def bwrap_usable() -> str | None:
     """None when bubblewrap can run boxes here, else why and the one command that fixes it (ways.local_bwrap_way),
-    found once per process and state dir (the probe box once per bwrap binary: bwrap_probed)."""
+    found once per process and state dir (the probe box once per bwrap binary: probe.bwrap_probed)."""
     from quinebox.box.backends.ways import local_bwrap_way
 
     key = (BWRAP, os.getpid(), state_dir())
@@ -212,31 +194,3 @@ def bwrap_usable() -> str | None:
             way = local_bwrap_way()
             _known[key] = None if way.works else f"bwrap {way.what} (fix: {way.fix})"
     return _known[key]
-
-
-def bwrap_probed(binary: str, *, run_probe: Callable[[str], str | None] | None = None, now: float | None = None) -> str | None:
-    """A probe box's answer for the bwrap at `binary`, kept as a runtime's is (`_usable`): a pass until the binary
-    changes, a failure for PROBE_RETRY seconds."""
-    if run_probe is None:
-        from quinebox.box.backends.probe import probe_bwrap
-
-        run_probe = probe_bwrap
-    now = time.time() if now is None else now
-    try:
-        mark = f"{binary}:{os.stat(binary).st_mtime_ns}"
-    except OSError as exc:
-        return f"cannot run {binary}: {exc.strerror}"
-    record = state_dir() / "bwrap.probe"  # beside bwrap/, which holds the boxes' records alone
-    try:
-        known = json.loads(record.read_text())
-        if known.get("binary") == mark and (known.get("problem") is None or now - float(known.get("at", 0)) < PROBE_RETRY):
-            return known.get("problem")
-    except (OSError, ValueError, TypeError, AttributeError):
-        pass
-    problem = run_probe(binary)
-    try:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"binary": mark, "problem": problem, "at": now}))
-    except OSError:
-        pass
-    return problem

@@ -13,14 +13,19 @@ import json
 import os
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from quinebox.box.backends.oci.box import hold, release
 from quinebox.box.backends.oci.policy import Rootless, rootless_linux
 from quinebox.box.backends.oci.runtime import Runtime, runtime_timeout
+from quinebox.state import state_dir
 
 _BINDS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
+#: A runtime (or bwrap) that failed its probe is probed again after this long: one may fail a box under load and run the next.
+PROBE_RETRY = 600.0
 
 
 def probe_config(rootfs: str, cgroup: str, rootless: Rootless | None = None) -> dict[str, Any]:
@@ -120,9 +125,9 @@ def probe_bwrap(binary: str) -> str | None:
         os.write(program, compile_seccomp(BWRAP_PROBE_PROFILE))
         os.lseek(program, 0, os.SEEK_SET)
         argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--seccomp", str(program), "--", "/bin/true"]
-        ids = {"user": PROBE_ID, "group": PROBE_ID, "extra_groups": []} if os.geteuid() == 0 else {}
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=BWRAP_PROBE_TIMEOUT,
-                              pass_fds=(program,), start_new_session=True, cwd="/", **ids)
+        root = os.geteuid() == 0
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=BWRAP_PROBE_TIMEOUT, pass_fds=(program,),
+                              start_new_session=True, cwd="/", user=PROBE_ID if root else None, group=PROBE_ID if root else None, extra_groups=[] if root else None)
     except subprocess.TimeoutExpired:
         return f"bwrap did not run a probe box in {BWRAP_PROBE_TIMEOUT:g} s"
     except OSError as exc:
@@ -133,3 +138,28 @@ def probe_bwrap(binary: str) -> str | None:
         lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
         return f"bwrap could not run a probe box (exit {done.returncode}): {lines[-1] if lines else 'no reason given'}"
     return None
+
+
+def bwrap_probed(binary: str, *, run_probe: Callable[[str], str | None] | None = None, now: float | None = None) -> str | None:
+    """A probe box's answer for the bwrap at `binary`, kept as a runtime's is (choice._usable): a pass until the binary
+    changes, a failure for PROBE_RETRY seconds."""
+    run_probe = run_probe or probe_bwrap
+    now = time.time() if now is None else now
+    try:
+        mark = f"{binary}:{os.stat(binary).st_mtime_ns}"
+    except OSError as exc:
+        return f"cannot run {binary}: {exc.strerror}"
+    record = state_dir() / "bwrap.probe"  # beside bwrap/, which holds the boxes' records alone
+    try:
+        known = json.loads(record.read_text())
+        if known.get("binary") == mark and (known.get("problem") is None or now - float(known.get("at", 0)) < PROBE_RETRY):
+            return known.get("problem")
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    problem = run_probe(binary)
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"binary": mark, "problem": problem, "at": now}))
+    except OSError:
+        pass
+    return problem

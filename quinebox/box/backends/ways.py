@@ -118,22 +118,21 @@ def find_runtime(name: str) -> str | None:
         return None
 
 
-def local_runtime_way(name: str) -> Way:
-    """runtime_way for this machine: the binary looked up, the probe box run once per binary (choice.usable)."""
-    from quinebox.box.backends.choice import usable
-
+def local_runtime_way(name: str, usable: Callable[[str], str | None]) -> Way:
+    """runtime_way for this machine: the binary looked up, the probe box run once per binary (`usable`: choice.usable,
+    handed in so that choice.py, which asks this room for bwrap's way, is never imported from here)."""
     hierarchy = local_hierarchy()
     return runtime_way(name, binary=find_runtime(name), unprivileged=refusal(name, local_rootless()), docker_host=os.environ.get("DOCKER_HOST", ""),
                        hierarchy=hierarchy, probe=lambda: usable(name))
 
 
 def local_bwrap_way(probe: Callable[[str], str | None] | None = None) -> Way:
-    """bwrap_way for this machine: the binary looked up, the probe box run once per binary (choice.bwrap_probed;
+    """bwrap_way for this machine: the binary looked up, the probe box run once per binary (probe.bwrap_probed;
     `probe(binary)`: another, for a test)."""
     import shutil
     from importlib.util import find_spec
 
-    from quinebox.box.backends.choice import bwrap_probed
+    from quinebox.box.backends.probe import bwrap_probed
     from quinebox.box.backends.rootless import _sysctl, userns_refusal
 
     binary = shutil.which("bwrap")

@@ -68,8 +68,9 @@ def test_arguments_win_over_the_environment_which_wins_over_config_yaml(monkeypa
 
 def test_a_bad_backend_is_one_line_naming_the_choices(monkeypatch):
     monkeypatch.setenv("QUINEBOX_BACKEND", "podman")
-    with pytest.raises(GrantError, match=r"^bad backend 'podman': use one of auto, docker, oci \(--backend"):
+    with pytest.raises(GrantError) as caught:
         requested(known=NAMES)
+    assert str(caught.value) == f"bad backend 'podman': use one of {', '.join(NAMES)} (--backend, QUINEBOX_BACKEND or backend: in config.yaml)"
 
 
 def test_the_names_a_backend_is_asked_by_are_the_registrys():
@@ -77,9 +78,10 @@ def test_the_names_a_backend_is_asked_by_are_the_registrys():
     A name no backend registered is refused in one line by the box's choice, before anything starts."""
     from quinebox.box.backends.registry import BACKENDS
 
-    assert NAMES == ("auto", *BACKENDS) and {"oci", "docker"} <= set(NAMES)
-    with pytest.raises(GrantError, match=r"^bad backend 'qemu': use one of auto, docker, oci"):
+    assert NAMES == ("auto", *BACKENDS) and {"oci", "docker", "bwrap"} <= set(NAMES)
+    with pytest.raises(GrantError) as caught:
         choose(None, known=NAMES, backend="qemu")
+    assert str(caught.value).startswith(f"bad backend 'qemu': use one of {', '.join(NAMES)} (")
 
 
 @pytest.mark.parametrize(

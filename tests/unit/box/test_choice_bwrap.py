@@ -185,7 +185,9 @@ def test_bwraps_probe_box_is_kept_per_binary(tmp_path, monkeypatch, recorded, an
         record.parent.mkdir(parents=True)
         record.write_text(json.dumps({"binary": mark, **recorded}))
     asked = []
-    assert choice.bwrap_probed(str(binary), run_probe=lambda b: asked.append(b) or answer, now=1000.0) == problem
+    from quinebox.box.backends.probe import bwrap_probed
+
+    assert bwrap_probed(str(binary), run_probe=lambda b: asked.append(b) or answer, now=1000.0) == problem
     assert asked == [str(binary)] * probes
     if probes:
         assert json.loads(record.read_text()) == {"binary": mark, "problem": problem, "at": 1000.0}

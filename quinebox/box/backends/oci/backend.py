@@ -72,9 +72,10 @@ class Oci:
         return oci_shape_of(spec, oci, runtime)
 
     def doctor_way(self, choice: Choice, ways: list[Way]) -> Way:
+        from quinebox.box.backends.choice import usable
         from quinebox.box.backends.ways import local_runtime_way
 
-        return next((w for w in ways if w.name == choice.runtime), None) or local_runtime_way(str(choice.runtime))
+        return next((w for w in ways if w.name == choice.runtime), None) or local_runtime_way(str(choice.runtime), usable)
 
 
 OCI = Oci()
