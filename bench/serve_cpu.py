@@ -1,6 +1,9 @@
 """A served `quinebox exec -- true`'s CPU, client to exit, with its parts: CPU time, not wall (load moves it less).
 
-    .venv/bin/python bench/serve_cpu.py [--execs 100] [--batch 10] [--pool 4]
+    .venv/bin/python bench/serve_cpu.py [--execs 100] [--batch 10] [--pool 4] [--backend NAME]
+
+`--backend` (QUINEBOX_BACKEND for the server and its clients: bwrap, oci, docker) measures that backend's boxes, whatever
+`auto` picks here; `--pool 0` keeps no warm box (each command's box starts cold in its worker: bwrap keeps none).
 
 A state dir of its own, and `quinebox serve --pool N` in the foreground as this process's child, with this process a
 child subreaper: every process the server's tree starts and orphans (a box's init, a runtime's helpers) is reaped
@@ -14,7 +17,8 @@ the pool is given time to refill (each command is a warm claim, and its refill i
     runtime+box   the rest of the server's tree: `runc` run/init/exec/delete, the warm box's init, `true` itself
 
 Medians over the batches of each batch's CPU per exec (the client's: over single execs); the machine's core count
-is printed. `PYTHONDONTWRITEBYTECODE` is dropped: the client runs from cached bytecode, as installed. A figure of CPU, not a ratio: compare two trees by running this in each, one after the other.
+is printed. `PYTHONDONTWRITEBYTECODE` is dropped: the client runs from cached bytecode, as installed. A figure of CPU,
+not a ratio: compare two trees (or two backends) by running this in each, one after the other.
 """
 
 from __future__ import annotations
@@ -110,6 +114,9 @@ def ask(env: dict[str, str]) -> dict:
 
 
 def refilled(env: dict[str, str], size: int, timeout: float = 120.0) -> dict:
+    """What the server says once its pool holds `size` warm boxes of every shape (at once with no pool)."""
+    if not size:
+        return ask(env)
     until = time.monotonic() + timeout
     while time.monotonic() < until:
         said = ask(env)
@@ -146,6 +153,7 @@ def main() -> None:
     parser.add_argument("--execs", type=int, default=100)
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--pool", type=int, default=4)
+    parser.add_argument("--backend", help="QUINEBOX_BACKEND for the server and its clients (default: as set, else auto)")
     parser.add_argument("--hooked-serve", metavar="RECORDS", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hooked_serve:
@@ -158,6 +166,8 @@ def main() -> None:
     log = os.path.join(state, "records")
     env = {**os.environ, "QUINEBOX_STATE_DIR": os.path.join(state, "state"), "QUINEBOX_SERVE": "manual"}
     env.pop("QUINEBOX_POOL", None)
+    if args.backend:
+        env["QUINEBOX_BACKEND"] = args.backend
     # As a user's install runs: with its modules' bytecode cached. Without, every thin client compiles client.py, fdpass.py
     # and state.py from source, ~8 ms of its ~18 (PYTHONDONTWRITEBYTECODE=1 in a session's environment, and a pyc older
     # than its source: stale, read never).
@@ -175,7 +185,7 @@ def main() -> None:
         for _ in range(max(args.batch, 5)):  # the pool starts after a few commands; its shape is known after the first
             client(env)
         said = refilled(env, args.pool)
-        keeper = int(said["pool"]["pid"])
+        keeper = int(said["pool"]["pid"]) if args.pool else None
         clients: list[float] = []
         parts: dict[str, list[float]] = {"server": [], "pool keeper": [], "runtime+box": [], "total (no client)": []}
         done = len(records(log))
@@ -183,7 +193,7 @@ def main() -> None:
             n = min(args.batch, args.execs - len(clients))
             orphans.reap()
             tree0, orphan0 = tree_cpu(me), orphans.cpu
-            server0, keeper0 = stat(server.pid)[1], stat(keeper)[1]
+            server0, keeper0 = stat(server.pid)[1], stat(keeper)[1] if keeper else 0.0
             for _ in range(n):
                 clients.append(client(env))
             until = time.monotonic() + 60
@@ -192,16 +202,17 @@ def main() -> None:
             ours = records(log)[done:done + n]
             done += n
             refilled(env, args.pool)
-            time.sleep(0.3)  # the last refill's box settles
+            time.sleep(0.3)  # the last refill's box settles (with no pool: the last box's remains go)
             orphans.reap()
             total = tree_cpu(me) - tree0 + orphans.cpu - orphan0
             server_cpu = stat(server.pid)[1] - server0 + sum(own for own, _ in ours)
-            keeper_cpu = stat(keeper)[1] - keeper0
+            keeper_cpu = stat(keeper)[1] - keeper0 if keeper else 0.0
             parts["server"].append(server_cpu / n)
             parts["pool keeper"].append(keeper_cpu / n)
             parts["runtime+box"].append((total - server_cpu - keeper_cpu) / n)
             parts["total (no client)"].append(total / n)
-        print(f"cores: {os.cpu_count()}; {args.execs} × `quinebox exec -- true` through the server, pool {args.pool}, batches of {args.batch}")
+        print(f"cores: {os.cpu_count()}; {args.execs} × `quinebox exec -- true` through the server, pool {args.pool}, batches of {args.batch}, "
+              f"backend {env.get('QUINEBOX_BACKEND', 'auto')}")
         print(f"{'part':<20}{'CPU ms/exec (median)':>22}{'min':>8}{'max':>8}")
         rows = {"client": clients, **parts}
         for name, values in rows.items():
