@@ -96,7 +96,7 @@ def test_a_box_bwrap_cannot_hold_asked_of_it_is_one_line_and_nothing_starts(tmp_
     done = qb(*args, "--", "true", env=env, timeout=60)
     assert done.returncode == 125, done.stderr
     assert done.stderr.count(b"\n") == 1, done.stderr
-    assert done.stderr.startswith(b"quinebox: the bwrap backend cannot hold this box: --image host"), done.stderr
+    assert done.stderr.startswith(b"quinebox: refused on bwrap: --image host") and done.stderr.endswith(b"; use --backend oci\n"), done.stderr
     assert not list((tmp_path / "state").glob("bwrap/*.json"))  # no box record: bwrap never started
 
 

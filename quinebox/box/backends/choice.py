@@ -107,7 +107,8 @@ def choose(refusal: str | None, *, known: Collection[str], backend: str | None =
     if asked == BWRAP:
         why = refused_by_bwrap()
         if why:
-            raise QuineboxError(f"the bwrap backend cannot hold this box: {why}; use --backend oci (or auto)", kind=ErrorKind.UNSUPPORTED, backend=BWRAP)
+            # in bwrap_box's own words (bwrap/policy.py), said here before anything is made
+            raise QuineboxError(f"refused on bwrap: {why}; use --backend oci", kind=ErrorKind.UNSUPPORTED, backend=BWRAP, why=why)
         return Choice(BWRAP, None, "the bwrap backend was asked for")
     passed = ""  # why auto passed bwrap over, when bwrap is on its ladder
     if asked == "auto" and not named and (BWRAP_IN_AUTO if in_auto is None else in_auto):

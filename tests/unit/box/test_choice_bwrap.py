@@ -76,8 +76,8 @@ def test_choose(asked, refused, usable, who, in_auto):
     if want is QuineboxError:
         with pytest.raises(QuineboxError) as caught:
             run()
-        assert caught.value.kind == ErrorKind.UNSUPPORTED and caught.value.fields["backend"] == "bwrap"
-        assert str(caught.value) == f"the bwrap backend cannot hold this box: {HOST}; use --backend oci (or auto)"
+        assert caught.value.kind == ErrorKind.UNSUPPORTED and (caught.value.fields["backend"], caught.value.fields["why"]) == ("bwrap", HOST)
+        assert str(caught.value) == f"refused on bwrap: {HOST}; use --backend oci"
         assert "\n" not in str(caught.value)
     else:
         assert run() == want
@@ -126,7 +126,7 @@ def test_a_spec_is_judged_by_bwraps_own_refusal():
     host = build_spec(["true"], image="host")
     with pytest.raises(QuineboxError) as caught:
         choose(None, known=KNOWN, backend="bwrap", spec=host)
-    assert caught.value.kind == ErrorKind.UNSUPPORTED and str(caught.value).startswith("the bwrap backend cannot hold this box: --image host")
+    assert caught.value.kind == ErrorKind.UNSUPPORTED and str(caught.value).startswith("refused on bwrap: --image host")
     assert choose(None, known=KNOWN, backend="bwrap", spec=build_spec(["true"])) == Choice("bwrap", None, "the bwrap backend was asked for")
 
 
