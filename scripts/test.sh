@@ -41,8 +41,8 @@ say "mypy (the whole package, the guest too)"
 .venv/bin/mypy || { say "mypy's findings above fail the run (each type: ignore[code] left says why)"; exit 1; }
 #: The bubblewrap backend's passes (as root, and as the rootless user): the isolation, seccomp, hidden-box (`--image host`,
 #: which bwrap refuses in one line), adversarial, exec, file-stream and agent suites, each case asserting bwrap's own answer
-#: where its kernel view differs (tests/backend_under_test.py). Their Docker cases ran in the main pass, and leaving them
-#: out here (and the engine's own request-timeout case) keeps this lane's boxes off the shared engine, where the other lane lists every box.
+#: where its kernel view differs (tests/backend_under_test.py). Their Docker cases (and the engine's own request-timeout
+#: case) ran in the main pass; the rootless pass has no engine to run them on.
 bwrap_files="tests/integration/test_isolation.py tests/integration/test_seccomp.py tests/integration/test_host_image.py
     tests/integration/test_hostile_box.py tests/integration/test_exec_api.py tests/integration/test_file_streams.py tests/integration/test_agent.py"
 
@@ -171,12 +171,15 @@ rootless_bwrap_pass() {
     # shellcheck disable=SC2086
     as_rootless QUINEBOX_BACKEND=bwrap -- $bwrap_files -k 'not docker and not quiet_spell_longer' --basetemp "$work/b"
 }
-# The lane of the passes that list every box on the shared engine (e2e's wait_for_box, test_terminals', test_sandbox's):
-# one at a time, since each also puts boxes there that another would see.
+# The lane of every pass as root: each lists every box on the shared engine (e2e's wait_for_box and its `== []` checks,
+# test_terminals', test_sandbox's) or puts some there (their Docker cases; and any pass's first box of an image, as root,
+# unpacks it from the engine through a labelled scratch container: the frameworks' and bwrap's too), so one at a time.
 lane_engine() {
     pass serve serve_pass
     pass docker docker_pass
     pass gvisor gvisor_pass
+    pass bwrap bwrap_pass
+    pass frameworks frameworks_pass
     if [ -x /usr/bin/python3 ] && [ "$(/usr/bin/python3 -c 'import sys; print(sys.version)')" != "$(.venv/bin/python -c 'import sys; print(sys.version)')" ]; then
         pass debian-oci debian_oci_pass
         pass debian-docker debian_docker_pass
@@ -184,11 +187,9 @@ lane_engine() {
         say ".venv is the distribution's own python3 already (or there is none): no second pass under it"
     fi
 }
-# The lane of the passes that put no box on the shared engine and list none of it: the frameworks (mini-swe-agent's own
-# DockerEnvironment's container carries no quinebox label), bubblewrap's, and the rootless user's (no engine at all).
+# Beside it, the passes that never reach the engine: the rootless user's (no engine at all; its boxes in its own state
+# dir and its delegated cgroups), on the OCI runtime and on bubblewrap.
 lane_apart() {
-    pass frameworks frameworks_pass
-    pass bwrap bwrap_pass
     if [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]; then
         pass rootless-setup rootless_setup
         if [ "$(cat "$passes/rootless-setup.status")" = 0 ]; then
@@ -201,8 +202,8 @@ lane_apart() {
 
 # Each pass's wall time is printed (`test: pass NAME took N s`); a pass's status is kept in $passes/NAME.status and any
 # pass that failed (pytest's 5, nothing collected, too) fails the run. The main pass runs first and alone; the others then
-# run in two lanes side by side, each pass with its own --basetemp (concurrent pytest sessions would prune each other's)
-# and its own log, printed whole when the pass ends.
+# run in two lanes side by side (lane_engine, lane_apart), each pass with its own --basetemp (concurrent pytest sessions
+# would prune each other's) and its own log, printed whole when the pass ends.
 work=
 passes=$(mktemp -d /tmp/qbt-XXXX)  # short: a box's Unix sockets live under a pass's --basetemp
 chmod 755 "$passes"
