@@ -164,7 +164,26 @@ def test_a_lasting_bwrap_box_execs_by_its_init_pauses_and_goes(bwrap):
         assert resumed.returncode == 0, resumed.stderr
         assert freezer_state(record) == "THAWED"
         assert qb("exec", "--in", session, "--", "echo", "again").stdout == b"again\n"
+        assert qb("box", "pause", session).returncode == 0  # removed while paused: its kill thaws it first
     finally:
         removed = qb("box", "rm", session)
     assert (removed.returncode, removed.stdout) == (0, f"{session}\n".encode()), removed.stderr
     assert gone(session, record, 2.0) == []
+
+
+def test_a_sandbox_on_bwrap_execs_by_its_init_and_pauses(bwrap):
+    """In-process: the Sandbox holds the box's lifeline, so its execs are its init's forks (each in a pids cgroup of
+    its own below the box's); pause stops them where they are, as the host's freezer says."""
+    with quinebox.Sandbox(backend="bwrap") as sb:
+        record = records()[sb.id]
+        ran = sb.exec(["sh", "-c", "grep -E '^(NoNewPrivs|Seccomp|CapEff):' /proc/self/status; id -u"])
+        uid = record["user"].split(":")[0]
+        assert (ran.returncode, ran.stdout) == (0, f"CapEff:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n{uid}\n".encode()), ran.stderr
+        slow = sb.Popen(["sleep", "30"])
+        sb.pause()
+        assert freezer_state(record) == "FROZEN" and sb.paused
+        sb.resume()
+        assert freezer_state(record) == "THAWED"
+        slow.kill()
+        assert slow.wait(10) == 137
+    assert gone(sb.id, record, 2.0) == []
