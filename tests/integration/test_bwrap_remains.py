@@ -48,7 +48,20 @@ def remains(session: str, record: dict) -> list[str]:
     left += cgroups_of(session)
     if record.get("pid") and pid_alive(int(record["pid"]), str(record["start"])):
         left.append(f"process {record['pid']}")
-    return left
+    return left + processes_naming(session)
+
+
+def processes_naming(session: str) -> list[str]:
+    """Processes on the host whose command line or cgroup names the box (bwrap's own argv binds its session's paths)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            seen = Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/cgroup").read_bytes()
+        except OSError:
+            continue
+        if session.encode() in seen and int(pid) != os.getpid():
+            found.append(f"process {pid}: {seen[:120]!r}")
+    return found
 
 
 def gone(session: str, record: dict, within: float) -> list[str]:
@@ -101,7 +114,7 @@ def test_ps_lists_a_running_bwrap_box_and_kill_ends_it(bwrap):
 
 def test_sigkill_of_the_holder_leaves_nothing_after_the_keeper(bwrap):
     proc, session, record = sleeper()
-    assert cgroups_of(session)
+    assert cgroups_of(session) and len(processes_naming(session)) >= 2  # bwrap and the box's PID 1, at least
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert gone(session, record, 3.0) == []
