@@ -357,11 +357,18 @@ def _binary(name: str, package: str) -> str:
     return found
 
 
-def _limited(argv: list[str], box: BwrapBox) -> list[str]:
-    """bwrap's argv run under util-linux's prlimit, which sets the box's rlimits on itself and then is bwrap: a
-    limit set on another process needs CAP_SYS_RESOURCE (which a container's root may lack), and a child bwrap
-    forks before its limits were set would not have them; set before bwrap runs, both inherit them."""
-    return [_binary("prlimit", "util-linux"), *(f"--{name}={soft}:{hard}" for name, soft, hard in box.rlimits), "--", *argv]
+def _wrapped(argv: list[str], box: BwrapBox, *, tty: bool) -> list[str]:
+    """bwrap's argv as it is started. Under util-linux's prlimit, which sets the box's rlimits on itself and then is
+    bwrap: a limit set on another process needs CAP_SYS_RESOURCE (a container's root may lack it), and a child bwrap
+    forked before its limits were set would lack them. On a terminal, the pty's slave made bwrap's controlling
+    terminal (`setsid --ctty`), so that ^C and ^\\ reach the box's foreground processes as the kernel sends them,
+    as on a runtime's console; bwrap itself ignores them (`env --ignore-signal`), or its death would kill the box,
+    and its box's init takes them back (guest/lifeline.py forwards SIGINT and SIGQUIT, its command starts with both
+    at their defaults)."""
+    limits = [_binary("prlimit", "util-linux"), *(f"--{name}={soft}:{hard}" for name, soft, hard in box.rlimits), "--"]
+    if tty:
+        limits += [_binary("env", "coreutils"), "--ignore-signal=INT", "--ignore-signal=QUIT", _binary("setsid", "util-linux"), "--ctty"]
+    return [*limits, *argv]
 
 
 def _oom_score(pid: int, box: BwrapBox) -> None:
@@ -410,8 +417,9 @@ class BwrapProcess:
             stdin, stdout, stderr = (terminal, terminal, terminal) if terminal is not None else stdio
             as_root = os.geteuid() == 0
             self._proc = _starter.popen(
-                args=_limited([_binary("bwrap", "bubblewrap"), *_with_fds(argv, seccomp, info_w, block_r)[1:]], box), stdin=stdin, stdout=stdout, stderr=stderr,
-                pass_fds=(seccomp, info_w, block_r), close_fds=True, cwd="/", env={}, start_new_session=True,
+                args=_wrapped([_binary("bwrap", "bubblewrap"), *_with_fds(argv, seccomp, info_w, block_r)[1:]], box, tty=terminal is not None),
+                stdin=stdin, stdout=stdout, stderr=stderr,
+                pass_fds=(seccomp, info_w, block_r), close_fds=True, cwd="/", env={}, start_new_session=terminal is None,
                 **({"user": box.host_ids[0], "group": box.host_ids[1], "extra_groups": []} if as_root else {}),
             )
             for fd in (info_w, block_r, seccomp):

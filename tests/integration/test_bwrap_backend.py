@@ -1,0 +1,218 @@
+"""The bubblewrap backend on the real bwrap, kernel and cgroups (backends/bwrap/): what a user of `--backend bwrap`
+depends on, as root and (CI's rootless pass, QUINEBOX_TEST_ROOTLESS=1) as a plain user.
+
+Exact bytes on every channel and the exit status, the caller's own pipe held by the box, an OOM kill as 137 and its
+line, the pids limit refused by the kernel, the box's own cgroup in every hierarchy from its first instruction, never
+host root (read from the host's /proc for every process of the box, bwrap's own included), no byte written into the
+image cache, a terminal (its size, ^C), the world, and an agent's run.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from commands import QUINEBOX, ROOTLESS
+from live_boxes import cgroups_of
+from openai_server import exit_, sh
+
+import quinebox
+from quinebox.box.backends.oci.idmap import BASE, SLOTS, SPAN
+from quinebox.box.configure import unpacked_image
+from quinebox.box.spec import DEFAULT_IMAGE
+from quinebox.state import state_dir
+
+#: The hierarchies a box's cgroup is made in (cgroups.py); a plain user's unified one is systemd's, not delegated on v1.
+HIERARCHIES = ("memory", "pids", "cpu", "freezer")
+
+
+@pytest.fixture
+def bwrap(monkeypatch, engine):
+    """Boxes on bwrap; the engine (none in the rootless pass) unpacks the agent image the first time only."""
+    monkeypatch.setenv("QUINEBOX_BACKEND", "bwrap")
+    monkeypatch.delenv("QUINEBOX_RUNTIME", raising=False)
+    done = quinebox.exec(["true"])
+    assert done.returncode == 0, done.stderr
+
+
+def cli(*argv: str, input: bytes = b"", timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([QUINEBOX, "exec", "--backend", "bwrap", *argv], input=input, capture_output=True, timeout=timeout)
+
+
+def records() -> list[Path]:
+    directory = state_dir() / "bwrap"
+    return sorted(directory.glob("*.json")) if directory.is_dir() else []
+
+
+def test_the_channels_are_byte_exact_and_the_status_passes(bwrap):
+    data = os.urandom(1 << 20) + b"\0\r\n\xff"
+    result = quinebox.exec(["sh", "-c", "cat; printf 'to stderr' >&2; exit 7"], input=data)
+    assert (result.returncode, result.stdout, result.stderr) == (7, data, b"to stderr")
+    said = cli("--", "sh", "-c", "read line; echo \"got $line\"; echo oops >&2; kill -TERM $$", input=b"hello\n")
+    assert (said.returncode, said.stdout, said.stderr) == (143, b"got hello\n", b"oops\n")
+    assert records() == []  # its remains went with it
+
+
+def test_the_box_holds_the_callers_own_pipe(bwrap):
+    """No relay: the box's stdout is the very pipe the caller gave it (same inode)."""
+    read_end, write_end = os.pipe()
+    proc = quinebox.Popen(["readlink", "/proc/self/fd/1"], stdin=quinebox.DEVNULL, stdout=write_end)
+    os.close(write_end)
+    shown = os.read(read_end, 200)
+    assert proc.wait() == 0
+    assert shown.strip() == f"pipe:[{os.fstat(read_end).st_ino}]".encode()
+    os.close(read_end)
+
+
+def test_an_oom_kill_is_137_and_its_line(bwrap):
+    hog = quinebox.exec(["python3", "-c", "b = bytearray(256 << 20)"], grants=["mem:64m"])
+    assert (hog.returncode, hog.oom_killed) == (137, True)
+    said = cli("-g", "mem:64m", "--", "python3", "-c", "b = bytearray(256 << 20)")
+    assert said.returncode == 137
+    assert said.stderr.endswith(b"quinebox: out of memory: the box hit its memory limit (mem:64m) and the kernel killed a process in it\n"), said.stderr
+
+
+def test_the_kernel_refuses_a_process_past_the_pids_limit(bwrap):
+    script = (
+        "import os, errno\nborn = 0\n"
+        "try:\n    for _ in range(40):\n        if os.fork() == 0:\n            os.pause()\n        born += 1\n"
+        "except OSError as e:\n    print(born, errno.errorcode[e.errno])\n"
+    )
+    result = quinebox.exec(["python3", "-c", script], grants=["pids:12"])
+    born, error = result.stdout.split()
+    assert error == b"EAGAIN" and 0 < int(born) < 12, result.stdout + result.stderr
+
+
+def test_the_box_is_in_its_own_cgroup_from_its_first_instruction(bwrap):
+    """The box's PID 1 and its command, read from inside as they start: every hierarchy holding its limits names the
+    box's own cgroup (bwrap's child waited on its block fd until it was placed); the limits are there on the host."""
+    proc = quinebox.Popen(["sh", "-c", "cat /proc/1/cgroup /proc/self/cgroup; exec sleep 30"], stdout=quinebox.PIPE, grants=["pids:77", "mem:99m"])
+    try:
+        lines = [proc.stdout.readline().decode() for _ in range(2 * len(Path("/proc/self/cgroup").read_text().splitlines()))]
+        for name in HIERARCHIES:
+            placed = [line for line in lines if line.split(":")[1].split(",").count(name)]
+            assert len(placed) == 2 and all(line.rstrip().endswith(f"/quinebox-{proc.session}") for line in placed), (name, lines)
+        pids = next(g for g in cgroups_of(proc.session) if "/pids/" in g)
+        memory = next(g for g in cgroups_of(proc.session) if "/memory/" in g)
+        assert Path(pids, "pids.max").read_text() == "77\n" and Path(memory, "memory.limit_in_bytes").read_text() == f"{99 << 20}\n"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert cgroups_of(proc.session) == []
+
+
+def test_no_process_of_the_box_is_ever_host_root(bwrap):
+    """From the host's /proc: bwrap and every process of the box run as the box's own unprivileged host ids (root) or
+    the caller (a plain user), in every id the kernel keeps, and hold no capability."""
+    proc = quinebox.Popen(["sh", "-c", "sleep 30 & sleep 30 & echo up; wait"], stdout=quinebox.PIPE)
+    try:
+        assert proc.stdout.readline() == b"up\n"
+        [procs] = [g for g in cgroups_of(proc.session) if "/pids/" in g]
+        pids = [int(p) for p in Path(procs, "cgroup.procs").read_text().split()]
+        assert proc.pid in pids and len(pids) >= 5  # bwrap, the box's init (its PID 1), sh and two sleeps
+        for pid in pids:
+            status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+            uids, gids = status["Uid"].split(), status["Gid"].split()
+            assert status["CapEff"] == status["CapPrm"] == "0000000000000000", (pid, status["Name"])
+            if ROOTLESS:
+                assert uids == [str(os.getuid())] * 4 and gids == [str(os.getgid())] * 4, (pid, status["Name"], uids)
+            else:
+                assert len(set(uids)) == len(set(gids)) == 1 and BASE <= int(uids[0]) < BASE + SLOTS * SPAN, (pid, status["Name"], uids, gids)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _dirs(root: str) -> dict[str, tuple[int, int, int]]:
+    """Every directory of a tree with its mtime, ctime and link count: a mount point made in it changes them."""
+    found = {}
+    for path, _, _ in os.walk(root):
+        st = os.lstat(path)
+        found[path] = (st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+    return found
+
+
+def test_nothing_of_a_box_is_written_into_the_image_cache(bwrap, tmp_path):
+    """Mount points the image lacks (a grant deep under a directory it has, a file's, /world) are made on tmpfs, never in
+    the shared image tree; the box's root stays read-only."""
+    _, image_root = unpacked_image(DEFAULT_IMAGE, pull="never")
+    (tmp_path / "notes.txt").write_text("notes\n")
+    (tmp_path / "tool").mkdir()
+    os.chmod(tmp_path, 0o755)
+    before = _dirs(image_root)
+    result = quinebox.exec(
+        ["sh", "-c", "cat /notes.txt; ls -d /opt/newdir/deep; touch /etc/x 2>/dev/null || echo read-only"],
+        grants=[f"ro:{tmp_path}/notes.txt=/notes.txt", f"ro:{tmp_path}/tool=/opt/newdir/deep"], world_from=["empty"],
+    )
+    assert (result.returncode, result.stdout) == (0, b"notes\n/opt/newdir/deep\nread-only\n"), result.stderr
+    assert _dirs(image_root) == before
+    assert not os.path.exists(os.path.join(image_root, "notes.txt")) and not os.path.exists(os.path.join(image_root, "opt/newdir"))
+
+
+def test_the_world_is_the_boxs_users_on_the_host(bwrap, tmp_path):
+    world = tmp_path / "w"
+    world.mkdir()
+    (world / "in").write_bytes(b"from the host\n")
+    os.chmod(world, 0o777)
+    result = quinebox.exec(["sh", "-c", "cat /world/in; echo made > /world/out; pwd"], world=str(world))
+    assert (result.returncode, result.stdout) == (0, b"from the host\n/world\n"), result.stderr
+    made = (world / "out").stat()
+    assert (world / "out").read_bytes() == b"made\n"
+    if ROOTLESS:
+        assert (made.st_uid, made.st_gid) == (os.getuid(), os.getgid())
+    else:
+        assert BASE <= made.st_uid < BASE + SLOTS * SPAN and made.st_uid == made.st_gid  # the box's own host id, never root's
+
+
+def _on_a_terminal(argv: list[str], keys: list[tuple[bytes, bytes]], within: float = 30) -> tuple[bytes, int]:
+    """`quinebox exec --backend bwrap -t ARGV` on a pty of 30 rows and 100 columns: each key sent once the output
+    shows its cue; (everything the terminal showed, the exit status)."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(QUINEBOX, [QUINEBOX, "exec", "--backend", "bwrap", "-t", "--", *argv])
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    shown, until = b"", time.monotonic() + within
+    while time.monotonic() < until:
+        if keys and keys[0][0] in shown:
+            os.write(fd, keys.pop(0)[1])
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail(f"the terminal's box did not end within {within} s: {shown!r}")
+    os.close(fd)
+    return shown, os.waitstatus_to_exitcode(status)
+
+
+def test_a_terminal_has_its_size_and_ctrl_c_reaches_the_command(bwrap):
+    shown, code = _on_a_terminal(["sh", "-c", "stty size; test -t 0 && echo tty; exit 5"], [])
+    assert (shown, code) == (b"30 100\r\ntty\r\n", 5)
+    shown, code = _on_a_terminal(["sh", "-c", "echo ready; sleep 30; echo never"], [(b"ready\r\n", b"\x03")])
+    assert code == 130 and b"never" not in shown, shown
+
+
+def test_an_agents_run(bwrap, fake_openai):
+    fake_openai.steps = [sh("printf 'deliverable\\n' >&4; id -u", usage=(100, 20)), exit_()]
+    result = quinebox.run("write the deliverable", input=b"")
+    assert (result.returncode, result.stdout, result.termination) == (0, b"deliverable\n", "exit_success"), result.stderr
+    [_, second] = fake_openai.requests
+    [said] = [m["content"] for m in second.body["messages"] if m["role"] == "tool"]
+    assert said.startswith(f"exit code 0\nstdout:\n{os.getuid() if ROOTLESS else 1000}\n"), said
