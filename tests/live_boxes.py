@@ -40,6 +40,11 @@ def live_boxes(engine, label: str = "io.quinebox.session") -> list:
         if labels is not None and key in labels and (not value or labels[key] == value):
             status = {"stopped": "exited"}.get(container["State"], container["State"])
             boxes.append(SimpleNamespace(status=status, labels=labels, id=container["Id"], backend=container["Runtime"]))
+    from quinebox.box.backends.bwrap.listed import bwrap_boxes
+
+    for box in bwrap_boxes():  # the bwrap backend's, from this state dir's records (bwrap/listed.py)
+        if key in box.labels and (not value or box.labels[key] == value):
+            boxes.append(SimpleNamespace(status=box.state, labels=dict(box.labels), id=box.id, backend="bwrap"))
     return boxes
 
 
