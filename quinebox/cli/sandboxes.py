@@ -16,6 +16,7 @@ import typer
 from quinebox.cli.app import BACKEND_HELP, PULL_HELP, RUNTIME_HELP, WORLD_FROM_HELP, WORLD_HELP, WORLD_TAR_HELP, app, backend_metavar, check_backend, fail, reported, say
 
 if TYPE_CHECKING:
+    from quinebox.box.live.box_files import Via
     from quinebox.box.live.sandboxes import Record
 
 box_app = typer.Typer(no_args_is_help=True, help="Long-lived boxes: made once, any number of commands run in them (`quinebox exec --in ID`).")
@@ -187,9 +188,9 @@ def cp_command(
 
 def _copy_out(record: Record, path: str, dest: str, cap: int, timeout: float) -> None:
     """The box's file into `dest` as it comes (a new file is renamed into place once whole), or onto stdout."""
-    from quinebox.box.live import box_files, sandboxes
+    from quinebox.box.live import box_files
 
-    where = sandboxes.target(record)
+    where = _via(record)
     target = dest if dest == "-" else os.path.join(dest, os.path.basename(path)) if os.path.isdir(dest) else dest
     out, scratch = _open_here(target)
     failed: list[OSError] = []
@@ -245,13 +246,23 @@ def _discard(out, scratch: str | None) -> None:
         os.unlink(scratch)
 
 
+def _via(record: Record) -> Via:
+    """Where cp's copier runs: handed to the box's owner, which starts it by the box's init (as `exec --in` is; a bwrap
+    box has no other way in), or by the box's backend where no owner answers (an attached Sandbox's Popen)."""
+    from quinebox.box.live import box_files
+    from quinebox.sandbox import Sandbox
+
+    attached = Sandbox._attach(record)
+    return box_files.Via(attached.target, attached.Popen)
+
+
 def _write_in(record: Record, path: str, data: bytes, source: str, timeout: float) -> None:
-    from quinebox.box.live import box_files, sandboxes
+    from quinebox.box.live import box_files
 
     if path.endswith("/"):
         path += os.path.basename(source) if source != "-" else "stdin"
     try:
-        box_files.write_bytes(sandboxes.target(record), path, data, timeout=timeout)
+        box_files.write_bytes(_via(record), path, data, timeout=timeout)
     except OSError as exc:
         say(f"cannot copy into {path} in the box: {exc.strerror or exc}")
         raise typer.Exit(1) from None

@@ -168,6 +168,11 @@ def test_a_lasting_bwrap_box_execs_by_its_init_pauses_and_goes(bwrap):
         record = records()[session]
         ran = qb("exec", "--in", session, "--", "sh", "-c", "echo in; cat; exit 3", input=b"piped")
         assert (ran.returncode, ran.stdout, ran.stderr) == (3, b"in\npiped", b"")
+        data = os.urandom(1 << 16)  # cp in and out: handed to the box's holder, as exec --in is (bwrap has no exec of its own)
+        put = qb("cp", "-", f"{session}:/tmp/blob", input=data)
+        assert put.returncode == 0, put.stderr
+        took = qb("cp", f"{session}:/tmp/blob", "-")
+        assert (took.returncode, took.stdout) == (0, data), took.stderr
         root = qb("exec", "--in", session, "--user", "0", "--", "id")
         assert root.returncode == 125 and root.stderr.count(b"\n") == 1 and b"maps the box's own user" in root.stderr, root.stderr
         paused = qb("box", "pause", session)
