@@ -58,6 +58,13 @@ def test_the_channels_are_byte_exact_and_the_status_passes(bwrap):
     assert records() == []  # its remains went with it
 
 
+def test_an_argument_that_looks_like_an_option_is_the_boxs_own(bwrap, tmp_path, monkeypatch):
+    """bwrap's command line is read as bwrap reads it: an environment variable's value `--ro-bind` is a value."""
+    monkeypatch.chdir(tmp_path)  # a directory the box's host ids may not walk to: a path taken for a source would be bound
+    result = quinebox.exec(["sh", "-c", 'printf %s "$V"'], grants=["env:V=--ro-bind"])
+    assert (result.returncode, result.stdout) == (0, b"--ro-bind"), result.stderr
+
+
 def test_the_box_holds_the_callers_own_pipe(bwrap):
     """No relay: the box's stdout is the very pipe the caller gave it (same inode)."""
     read_end, write_end = os.pipe()
@@ -194,6 +201,9 @@ def _on_a_terminal(argv: list[str], keys: list[tuple[bytes, bytes]], within: flo
                 break
             shown += chunk
     done, status = os.waitpid(pid, os.WNOHANG)
+    while done == 0 and time.monotonic() < until:  # the terminal reads EIO as the client lets go of it, just before it exits
+        time.sleep(0.01)
+        done, status = os.waitpid(pid, os.WNOHANG)
     if done == 0:
         os.kill(pid, 9)
         os.waitpid(pid, 0)

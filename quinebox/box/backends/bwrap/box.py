@@ -37,7 +37,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,17 @@ START_WITHIN = 10.0
 REMOVE_WITHIN = 5.0
 #: bwrap's options that bind a host path (SRC DEST): SRC is opened by bwrap, as whoever runs it.
 _BINDS = frozenset({"--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try", "--dev-bind-try"})
+#: How many arguments each option of bwrap 0.8 takes (its --help), so that its argv is read as bwrap reads it: an
+#: argument (an environment variable's value, a path) is never taken for an option.
+_ARITY = {
+    **dict.fromkeys(("--unshare-all", "--share-net", "--unshare-user", "--unshare-user-try", "--unshare-ipc", "--unshare-pid", "--unshare-net",
+                     "--unshare-uts", "--unshare-cgroup", "--unshare-cgroup-try", "--disable-userns", "--assert-userns-disabled", "--clearenv",
+                     "--new-session", "--die-with-parent", "--as-pid-1"), 0),
+    **dict.fromkeys(("--args", "--userns", "--userns2", "--pidns", "--uid", "--gid", "--hostname", "--chdir", "--unsetenv", "--lock-file", "--sync-fd",
+                     "--remount-ro", "--exec-label", "--file-label", "--proc", "--dev", "--tmpfs", "--mqueue", "--dir", "--seccomp", "--add-seccomp-fd",
+                     "--block-fd", "--userns-block-fd", "--info-fd", "--json-status-fd", "--cap-add", "--cap-drop", "--perms", "--size"), 1),
+    **dict.fromkeys(("--setenv", "--bind-fd", "--ro-bind-fd", "--file", "--bind-data", "--ro-bind-data", "--symlink", "--chmod", *_BINDS), 2),
+}
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
 MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -148,19 +159,30 @@ def _bind(source: str, target: str) -> None:
             raise OSError(code, os.strerror(code), source)
 
 
+def _options(argv: Sequence[str]) -> Iterator[tuple[int, str]]:
+    """(index, name) of each of bwrap's options in its argv (argv[0] its binary), up to `--`."""
+    i = 1
+    while i < len(argv) and argv[i] != "--":
+        if argv[i] not in _ARITY:
+            raise EngineError(f"bwrap's command line names an option quinebox does not know: {argv[i]}")
+        yield i, argv[i]
+        i += 1 + _ARITY[argv[i]]
+
+
 def reachable(argv: list[str], ids: idmap.IdRange, session: str, host_ids: tuple[int, int], prefixes: Sequence[str] = ()) -> list[str]:
     """bwrap's argv with each bound source the box's host ids could not reach bound in its slot and named there.
-    A source below one of `prefixes` (the image's tree) is reached through one mount of that prefix."""
+    A source below one of `prefixes` (the image's tree) is reached through one mount of that prefix, if need be."""
     out = list(argv)
     mounted: dict[str, str] = {}
-    end = out.index("--") if "--" in out else len(out)
-    for i in range(1, end - 1):
-        if out[i - 1] not in _BINDS or (i >= 2 and out[i - 2] in _BINDS):
+    reach = {prefix: _reaches(prefix, *host_ids) for prefix in prefixes}
+    for i, name in list(_options(out)):
+        if name not in _BINDS:
             continue
-        source = out[i]
-        if _reaches(source, *host_ids):
-            continue
-        base = next((p for p in (*mounted, *prefixes) if source == p or source.startswith(p.rstrip("/") + "/")), source)
+        source = out[i + 1]
+        prefix = next((p for p in prefixes if source.startswith(p.rstrip("/") + "/")), None)
+        if reach[prefix] if prefix is not None else _reaches(source, *host_ids):
+            continue  # a path under the image's tree is walked to as its top is: the image's own directories are open
+        base = prefix or next((p for p in mounted if source == p or source.startswith(p.rstrip("/") + "/")), source)
         if base not in mounted:
             directory = _mounts_dir(ids, session)
             directory.mkdir(mode=0o711, exist_ok=True)
@@ -174,7 +196,7 @@ def reachable(argv: list[str], ids: idmap.IdRange, session: str, host_ids: tuple
             except OSError as exc:
                 raise EngineError(f"cannot give the box {base}: binding it where its host ids reach it failed ({exc.strerror})") from None
             mounted[base] = str(target)
-        out[i] = mounted[base] + source[len(base.rstrip("/")):] if source != base else mounted[base]
+        out[i + 1] = mounted[base] + source[len(base.rstrip("/")):] if source != base else mounted[base]
     return out
 
 
@@ -315,16 +337,15 @@ def finish_removals() -> None:
 
 
 def _option(argv: Sequence[str], name: str) -> str | None:
-    end = list(argv).index("--") if "--" in argv else len(argv)
-    return next((argv[i + 1] for i in range(1, end - 1) if argv[i] == name), None)
+    """The (first) argument of bwrap's option `name`, None where it has none."""
+    return next((argv[i + 1] for i, option in _options(argv) if option == name), None)
 
 
 def _with_fds(argv: list[str], seccomp: int, info: int, block: int) -> list[str]:
     """bwrap's argv with its seccomp fd the one made here, and the info and block fds said first."""
     out = list(argv)
-    end = out.index("--")
-    for i in range(1, end - 1):
-        if out[i] == "--seccomp":
+    for i, option in _options(out):
+        if option == "--seccomp":
             out[i + 1] = str(seccomp)
     return [out[0], "--info-fd", str(info), "--block-fd", str(block), *out[1:]]
 
