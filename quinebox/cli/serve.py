@@ -26,7 +26,7 @@ def warm() -> None:
                  "quinebox.tree.agent", "quinebox.tree.fanout", "quinebox.box.owners.listing", "quinebox.audit.approvals", "quinebox.worlds.tracker",
                  "quinebox.agent.diagnostics", "quinebox.agent.providers.script", "quinebox.agent.providers.openai", "typer._click.decorators",
                  "quinebox.box.backends.oci.launch", "quinebox.box.backends.oci.claim", "quinebox.box.images.rootfs", "quinebox.box.images.shared",
-                 "quinebox.box.images.usage", "quinebox.tree.retention"):
+                 "quinebox.box.images.usage", "quinebox.tree.retention", "quinebox.box.backends.bwrap.launch"):
         importlib.import_module(name)
     from quinebox.box.backends.docker.engine import DockerBackend
     from quinebox.box.spec import seccomp_base
@@ -40,6 +40,7 @@ def warm() -> None:
     engine_names()  # read once here; a worker reads the engine's table again only when it has changed
     register()
     command()
+    warm_bwrap()
     from inotify_simple import INotify
 
     INotify().close()  # it finds libc on first use (`ldconfig -p`, a process): once here, not in every worker
@@ -49,6 +50,40 @@ def warm() -> None:
         engine.close()
     except EngineError:
         pass  # no engine yet: each worker asks it
+
+
+#: The host ids warm_bwrap's box is rendered with: any unprivileged pair (a box is never host root); its filter and its
+#: root's looks are the same for every box's own ids.
+NOBODY = (65534, 65534)
+
+
+def warm_bwrap() -> None:
+    """What a bwrap box's worker would compute for every default box, computed once here and inherited: bwrap keeps no
+    warm box (a cold one is cheaper), so each served box is configured in its worker, and libseccomp's compile of the
+    box's filter (~10 ms of CPU) and the looks at its image's tree are cached per process (policy.seccomp_program,
+    root.image_look). Only what is pure: no id is claimed, nothing made; an image not unpacked yet, or no `bwrap`
+    extra, leaves it to the first worker."""
+    from quinebox.box.backends.bwrap.policy import bwrap_box, bwrap_refusal, proc_kinds, seccomp_program
+    from quinebox.box.backends.bwrap.root import image_look
+    from quinebox.box.configure import with_argv
+    from quinebox.box.images.rootfs import lookup, unpacked
+    from quinebox.box.policy import RUNTIME, native_arch
+    from quinebox.box.spec import build_spec, seccomp_base
+
+    try:
+        spec = build_spec(["true"])
+        if bwrap_refusal(spec) is not None:
+            return
+        image = lookup(spec.image)
+        root = unpacked(image.id) if image is not None else None
+        if image is None or root is None:
+            return
+        rootfs = str(root)  # as the worker's configure names it (box/configure.py's unpacked_image): image_look is cached by it
+        box = bwrap_box(with_argv(spec, image), image=image, runtime=f"{rootfs}{RUNTIME}", seccomp=seccomp_base(), arch=native_arch(), image_root=rootfs,
+                        look=image_look(rootfs), host_ids=NOBODY, proc=proc_kinds())
+        seccomp_program(box.seccomp)
+    except Exception:  # noqa: BLE001 (a warm-up never stops the server: the first bwrap box's worker meets the same and says it)
+        pass
 
 
 def status() -> dict[str, Any] | None:

@@ -356,13 +356,21 @@ def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
         code = 130
     sys.stdout.flush()
     sys.stderr.flush()
-    from quinebox.box.backends.oci.box import finish_removals
-
     if code > 128:  # ended by a signal: its box is gone before the client says so, as the CLI's own promises
-        finish_removals()
+        _finish_removals()
     _report(conn, code)
-    finish_removals()  # otherwise after the client has its status: the boxes' remains go before the worker does
+    _finish_removals()  # otherwise after the client has its status: the boxes' remains go before the worker does
     return code
+
+
+def _finish_removals() -> None:
+    """Wait for the removal of the boxes this worker's command ran (a runtime's, bwrap's): a worker leaves by
+    os._exit, so their atexit hooks do not run, and a removal cut short would be left to a keeper (more CPU, later)."""
+    from quinebox.box.backends.bwrap.box import finish_removals as bwrap_removals
+    from quinebox.box.backends.oci.box import finish_removals as oci_removals
+
+    oci_removals()
+    bwrap_removals()
 
 
 def _report(conn: socket.socket, code: int) -> None:

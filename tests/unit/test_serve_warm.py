@@ -1,0 +1,30 @@
+"""The command server's warm-up does once what each bwrap box's worker would do again: compile the default box's
+seccomp filter with libseccomp (~10 ms of CPU a box) and look at its image's tree. A worker is forked from the
+server, so it inherits both caches; a cache filled in a worker dies with it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from quinebox.box.backends.bwrap import policy
+from quinebox.box.backends.bwrap.root import image_look
+from quinebox.box.configure import unpacked_image
+from quinebox.box.spec import build_spec
+from quinebox.cli.serve import warm_bwrap
+
+
+def test_the_default_bwrap_box_is_compiled_and_looked_at_once_in_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    unpacked_image(build_spec(["true"]).image, pull="never")  # as the state dir's first box unpacks it
+    monkeypatch.setattr(policy, "_programs", {})
+    image_look.cache_clear()
+    warm_bwrap()
+    assert len(policy._programs) == 1
+    (key,) = policy._programs
+    assert json.loads(key)["defaultAction"]  # a whole profile, as a box's configure renders it
+    assert image_look.cache_info().currsize == 1
+    compiled = []
+    monkeypatch.setattr(policy, "compile_seccomp", lambda profile: compiled.append(profile) or b"")
+    assert policy.seccomp_program(json.loads(key)) is policy._programs[key]  # the worker's call: no compile
+    assert compiled == []
