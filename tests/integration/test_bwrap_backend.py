@@ -14,6 +14,7 @@ import pty
 import select
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,12 @@ from live_boxes import cgroups_of
 from openai_server import exit_, sh
 
 import quinebox
+from quinebox.box.backends.bwrap.box import BwrapProcess
+from quinebox.box.backends.bwrap.configure import configure_bwrap
 from quinebox.box.backends.oci.idmap import BASE, SLOTS, SPAN
 from quinebox.box.configure import unpacked_image
-from quinebox.box.spec import DEFAULT_IMAGE
+from quinebox.box.spec import DEFAULT_IMAGE, build_spec
+from quinebox.errors import EngineError
 from quinebox.state import state_dir
 
 #: The hierarchies a box's cgroup is made in (cgroups.py); a plain user's unified one is systemd's, not delegated on v1.
@@ -63,6 +67,29 @@ def test_an_argument_that_looks_like_an_option_is_the_boxs_own(bwrap, tmp_path, 
     monkeypatch.chdir(tmp_path)  # a directory the box's host ids may not walk to: a path taken for a source would be bound
     result = quinebox.exec(["sh", "-c", 'printf %s "$V"'], grants=["env:V=--ro-bind"])
     assert (result.returncode, result.stdout) == (0, b"--ro-bind"), result.stderr
+
+
+def test_a_box_bwrap_cannot_make_is_one_error_and_leaves_nothing(bwrap, tmp_path):
+    """bwrap failing to make the box (here a bind source gone between configure and start) is quinebox's failure, an
+    EngineError (exit 125 at the CLI), never the box's exit status; its cgroups, record and ids go with it."""
+    os.chmod(tmp_path, 0o755)
+    spec, _, config = configure_bwrap(replace(build_spec(["true"], world=str(tmp_path)), lifeline=None))  # no broker: no socket to bind
+    argv = list(config.box.argv)
+    at = argv.index("--chdir")
+    argv[at:at] = ["--ro-bind", f"/{spec.session}-gone", "/gone"]  # a path any id may walk to: bwrap's to find missing
+    ended: list[tuple] = []
+    read_end, write_end = os.pipe()
+    try:
+        with pytest.raises(EngineError, match=r"bwrap could not make the box \(it exited 1\): its own line above says why"):
+            BwrapProcess(spec.session, replace(config.box, argv=argv), labels=config.labels, image_root=config.image_root, cgroup_path=config.cgroup,
+                         ids=config.ids, stdio=(0, write_end, write_end), ended=lambda *a: ended.append(a))
+    finally:
+        os.close(write_end)
+        said = os.read(read_end, 4096)
+        os.close(read_end)
+    assert said.startswith(b"bwrap: Can't find source path") and ended == [], said
+    assert (cgroups_of(spec.session), records()) == ([], [])
+    assert config.ids is None or not config.ids.dir.exists() or f"claim.{spec.session}" not in os.listdir(config.ids.dir)
 
 
 def test_the_box_holds_the_callers_own_pipe(bwrap):

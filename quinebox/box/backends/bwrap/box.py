@@ -392,6 +392,29 @@ def _wrapped(argv: list[str], box: BwrapBox, *, tty: bool) -> list[str]:
     return [*limits, *argv]
 
 
+#: The number of read(2) on each architecture bwrap's child may wait on its block fd in (`_waits_on`).
+_READ = {"x86_64": 0, "aarch64": 63, "ppc64le": 3, "s390x": 3, "riscv64": 63}
+
+
+def _waits_on(pid: int, fd: int, pidfd: int) -> bool:
+    """Wait until bwrap's child `pid` waits in read(2) on its block fd `fd` (/proc/PID/syscall), its namespaces,
+    mounts and ids made: True; False once it has exited instead (bwrap said why on the box's stderr). bwrap makes
+    everything of the box before that read; what it does after (its seccomp filter loaded, the working directory,
+    the command's exec) is the box's own start."""
+    number = _READ.get(os.uname().machine)
+    until = time.monotonic() + START_WITHIN
+    while time.monotonic() < until:
+        try:
+            called = Path(f"/proc/{pid}/syscall").read_text().split()
+        except OSError:
+            called = []
+        if len(called) > 1 and called[1] == hex(fd) and (number is None or called[0] == str(number)):
+            return True
+        if select.select([pidfd], [], [], 0.0005)[0]:  # readable once it has exited
+            return False
+    raise EngineError(f"bwrap did not make the box within {START_WITHIN:g} s")
+
+
 def _oom_score(pid: int, box: BwrapBox) -> None:
     """The box's OOM score on `pid` (bwrap, or its box's PID 1 before it runs the box's command): raised, never lowered."""
     Path(f"/proc/{pid}/oom_score_adj").write_text(str(box.oom_score_adj))
@@ -451,14 +474,16 @@ class BwrapProcess:
                 code = self._proc.wait(START_WITHIN)
                 raise EngineError(f"bwrap did not start the box (it exited {code}; its own line says why, above)")
             self.pid = int(info["child-pid"])
-            for pid in (self._proc.pid, self.pid):
-                _oom_score(pid, box)
-                self.cgroup.place(pid)
+            with contextlib.suppress(ProcessLookupError):  # gone already: bwrap failed to make it
+                self._pidfd = os.pidfd_open(self.pid)
+            placed = self._pidfd is not None and self._place(box)
             self.record.update(pid=self.pid, start=process_start_ticks(self.pid))
             _write_record(self.record)
             if ids is not None:
                 idmap.settle(ids, session, self.pid)
-            self._pidfd = os.pidfd_open(self.pid)
+            if not placed or not _waits_on(self.pid, block_r, self._pidfd):  # type: ignore[arg-type]  # placed: it has one
+                code = self._proc.wait(START_WITHIN)
+                raise EngineError(f"bwrap could not make the box (it exited {code}): its own line above says why")
             os.write(block_w, b"\0")  # the box's command runs from here on, placed
         except BaseException:
             for fd in fds:
@@ -476,6 +501,20 @@ class BwrapProcess:
             for fd in fds:
                 os.close(fd)
         threading.Thread(target=self._wait, name=f"bwrap-wait:{session}", daemon=True).start()
+
+    def _place(self, box: BwrapBox) -> bool:
+        """bwrap and its child given the box's OOM score and placed in its cgroup: True; False when the child has
+        exited meanwhile (bwrap failed to make the box); EngineError when the cgroup refuses a running one."""
+        assert self._proc is not None and self.cgroup is not None and self.pid is not None and self._pidfd is not None
+        try:
+            for pid in (self._proc.pid, self.pid):
+                _oom_score(pid, box)
+                self.cgroup.place(pid)
+        except (OSError, EngineError):
+            if not select.select([self._pidfd], [], [], 0)[0]:  # readable once it has exited
+                raise
+            return False
+        return True
 
     def _wait(self) -> None:
         assert self._proc is not None
