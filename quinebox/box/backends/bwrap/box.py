@@ -6,14 +6,18 @@ The start, in order (nothing of the box's command runs before its limits hold):
    limits (cgroups.py);
 2. as root, each host path bwrap binds that the box's unprivileged host ids could not reach (the state dir is
    root's 0700) bound where they can, in the box's own ids' slot (`<slot>/<session>.mnt/N`, idmap.py's 0711
-   directories), and bwrap's argv pointed there: bwrap opens every source itself, as the box's ids;
+   directories; private mounts), and bwrap's argv pointed there: bwrap opens every source itself, as the box's ids.
+   They are detached from the host as soon as bwrap has made the box's mounts (step 5): the box's namespace holds
+   copies of its own, so the host keeps no mount of any box's;
 3. `bwrap` started with the caller's fds as its 0, 1 and 2 (a terminal's slave instead, with one), its seccomp BPF
    on a memfd, `--info-fd` and `--block-fd`, as the box's own host ids (root) or the caller (a plain user), in a
    session of its own, from one long-lived thread of this process: `--die-with-parent` is the kernel's
    PR_SET_PDEATHSIG, which fires when the *thread* that started bwrap ends, so no caller's short-lived thread may;
 4. bwrap's info read (the host pid of the box's PID 1, which then waits on the block fd with its mounts made),
    the rlimits and OOM score set on bwrap and on it, both placed in the box's cgroup, the record completed;
-5. one byte to the block fd: only now does the box's command start.
+5. once bwrap's child waits on the block fd (everything of the box made: /proc/PID/syscall says so; a child that
+   exits instead is bwrap's failure, an EngineError, never the box's status), one byte to it: only now does the
+   box's command start.
 
 Its exit status is bwrap's (which is its PID 1's, 128+N for a signal's death); an OOM kill is read from its memory
 cgroup (137 and its line, as a runc box's). Its remains (cgroup, slot mounts, ids, record) go right after, on the
@@ -236,7 +240,7 @@ class _Starter:
         result = answer.get()
         if isinstance(result, BaseException):
             raise result
-        return result  # type: ignore[no-any-return]
+        return result
 
     @staticmethod
     def _run(jobs: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[Any]]]) -> None:
@@ -484,6 +488,8 @@ class BwrapProcess:
             if not placed or not _waits_on(self.pid, block_r, self._pidfd):  # type: ignore[arg-type]  # placed: it has one
                 code = self._proc.wait(START_WITHIN)
                 raise EngineError(f"bwrap could not make the box (it exited {code}): its own line above says why")
+            if ids is not None:  # the box's namespace holds its own copies now: the host keeps no mount of its
+                _detach(ids, session)
             os.write(block_w, b"\0")  # the box's command runs from here on, placed
         except BaseException:
             for fd in fds:
