@@ -140,12 +140,15 @@ def test_the_box_is_in_its_own_cgroup_from_its_first_instruction(bwrap):
     assert cgroups_of(proc.session) == []
 
 
-def test_no_process_of_the_box_is_ever_host_root(bwrap):
+def test_no_process_of_the_box_is_ever_host_root_and_the_host_holds_none_of_its_mounts(bwrap):
     """From the host's /proc: bwrap and every process of the box run as the box's own unprivileged host ids (root) or
     the caller (a plain user), in every id the kernel keeps, and hold no capability."""
     proc = quinebox.Popen(["sh", "-c", "sleep 30 & sleep 30 & echo up; wait"], stdout=quinebox.PIPE)
     try:
         assert proc.stdout.readline() == b"up\n"
+        # What bwrap was given to bind (the image's tree, the world, the lifeline's socket) is the box's own mounts now:
+        # the host holds none of them while it runs.
+        assert [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if proc.session in line] == []
         [procs] = [g for g in cgroups_of(proc.session) if "/pids/" in g]
         pids = [int(p) for p in Path(procs, "cgroup.procs").read_text().split()]
         assert proc.pid in pids and len(pids) >= 5  # bwrap, the box's init (its PID 1), sh and two sleeps
