@@ -64,11 +64,13 @@ def run_child(
 
 
 def backend() -> str:
-    """Where this run's boxes go ("oci" or "docker"), as `quinebox doctor` says: the targets differ."""
+    """Where this run's boxes go ("oci (runc)", "bwrap" or "docker"), as `quinebox doctor` says (QUINEBOX_BACKEND, else
+    auto): the targets differ, the Docker backend's alone being the engine's."""
     from quinebox.box.backends.choice import choose
+    from quinebox.box.backends.registry import NAMES
 
-    choice = choose(None)
-    return f"oci ({choice.runtime})" if choice.backend == "oci" else "docker"
+    choice = choose(None, known=NAMES)
+    return f"oci ({choice.runtime})" if choice.backend == "oci" else choice.backend
 
 
 @contextlib.contextmanager
