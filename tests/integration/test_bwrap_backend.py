@@ -13,6 +13,7 @@ import os
 import pty
 import select
 import subprocess
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -101,6 +102,23 @@ def test_the_box_holds_the_callers_own_pipe(bwrap):
     assert proc.wait() == 0
     assert shown.strip() == f"pipe:[{os.fstat(read_end).st_ino}]".encode()
     os.close(read_end)
+
+
+def test_a_box_outlives_the_thread_that_started_it(bwrap):
+    """--die-with-parent is the kernel's parent-death signal, sent when the *thread* that forked bwrap ends: a box
+    started from a caller's short-lived thread runs on, and no thread of quinebox's is left once it has ended."""
+    started: list = []
+    starter = threading.Thread(target=lambda: started.append(quinebox.Popen(["sh", "-c", "read go; echo lived"], stdin=quinebox.PIPE, stdout=quinebox.PIPE)))
+    starter.start()
+    starter.join()
+    [proc] = started
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
+    assert (proc.stdout.read(), proc.wait()) == (b"lived\n", 0)
+    until = time.monotonic() + 10
+    while any(t.name == "bwrap-starter" for t in threading.enumerate()) and time.monotonic() < until:
+        time.sleep(0.01)
+    assert [t.name for t in threading.enumerate() if t.name == "bwrap-starter"] == []
 
 
 def test_an_oom_kill_is_137_and_its_line(bwrap):

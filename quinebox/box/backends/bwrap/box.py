@@ -219,33 +219,51 @@ def _detach(ids: idmap.IdRange, session: str) -> None:
 # -- the one thread that starts every bwrap of this process --------------------------------------------------------
 
 
+_Job = tuple[dict[str, Any], "queue.SimpleQueue[Any]"]
+
+
 class _Starter:
-    """Runs each bwrap's Popen on one thread that lives as long as this process: the kernel's parent-death signal
-    (`--die-with-parent`) fires when the thread that forked bwrap ends, which a caller's own thread may do."""
+    """Runs each bwrap's Popen on one thread that lives as long as any bwrap it started runs: the kernel's
+    parent-death signal (`--die-with-parent`) fires when the thread that forked bwrap ends, which a caller's own
+    thread may do. With none of its bwraps left it ends too (`done`), so a process holds no thread for no box."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[Any]]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | None] | None = None
         self._pid = -1
+        self._live = 0  # bwraps started (or being started) by the current thread, not yet reaped
         self._lock = threading.Lock()
 
     def popen(self, **kwargs: Any) -> subprocess.Popen[bytes]:
         with self._lock:
             if self._pid != os.getpid():  # a forked child has no thread of its parent's
-                self._pid = os.getpid()
+                self._pid, self._jobs, self._live = os.getpid(), None, 0
+            if self._jobs is None:
                 self._jobs = queue.SimpleQueue()
                 threading.Thread(target=self._run, args=(self._jobs,), name="bwrap-starter", daemon=True).start()
+            self._live += 1
             jobs = self._jobs
         answer: queue.SimpleQueue[Any] = queue.SimpleQueue()
         jobs.put((kwargs, answer))
         result = answer.get()
         if isinstance(result, BaseException):
+            self.done()
             raise result
         return result
 
+    def done(self) -> None:
+        """A bwrap this starter started has been reaped: with none left, its thread ends (a new one starts the next)."""
+        with self._lock:
+            if self._pid != os.getpid() or self._jobs is None:
+                return
+            self._live -= 1
+            if self._live == 0:
+                self._jobs.put(None)
+                self._jobs = None
+
     @staticmethod
-    def _run(jobs: queue.SimpleQueue[tuple[dict[str, Any], queue.SimpleQueue[Any]]]) -> None:
-        while True:
-            kwargs, answer = jobs.get()
+    def _run(jobs: queue.SimpleQueue[_Job | None]) -> None:
+        while (job := jobs.get()) is not None:
+            kwargs, answer = job
             try:
                 answer.put(subprocess.Popen(**kwargs))
             except BaseException as exc:  # noqa: BLE001 handed to the caller, who raises it
@@ -501,6 +519,7 @@ class BwrapProcess:
                     self._proc.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self._proc.wait(START_WITHIN)
+                _starter.done()
             self.remove()
             raise
         finally:
@@ -525,6 +544,7 @@ class BwrapProcess:
     def _wait(self) -> None:
         assert self._proc is not None
         code = self._proc.wait()
+        _starter.done()
         oom = self.cgroup is not None and self.cgroup.oom_kills() > 0
         code = code if code >= 0 else 128 - code
         with self._pidfd_lock:
