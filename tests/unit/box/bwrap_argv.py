@@ -47,7 +47,7 @@ PROC = {"/proc/acpi": "dir", "/proc/scsi": "dir", "/proc/keys": "file", "/proc/k
 ARITY = {
     "--unshare-all": 0, "--unshare-user": 0, "--die-with-parent": 0, "--as-pid-1": 0, "--new-session": 0, "--clearenv": 0,
     "--cap-drop": 1, "--uid": 1, "--gid": 1, "--hostname": 1, "--chdir": 1, "--seccomp": 1, "--size": 1, "--perms": 1,
-    "--tmpfs": 1, "--proc": 1, "--dev": 1, "--mqueue": 1, "--remount-ro": 1, "--setenv": 2, "--bind": 2, "--ro-bind": 2, "--symlink": 2,
+    "--tmpfs": 1, "--proc": 1, "--dev": 1, "--mqueue": 1, "--remount-ro": 1, "--dir": 1, "--setenv": 2, "--bind": 2, "--ro-bind": 2, "--symlink": 2,
 }
 MOUNTS = ("--bind", "--ro-bind", "--tmpfs", "--proc", "--dev", "--mqueue", "--remount-ro", "--symlink")
 TMP = 256 << 20

@@ -115,6 +115,23 @@ def test_a_mount_inside_the_world_lands_on_it_not_under_it():
     assert dests == ["/tmp", "/world", RUNTIME, "/world/src", "/a/b/c", HOST_SOCKET]
 
 
+@pytest.mark.parametrize(("workdir", "made", "tmpfs"), [
+    ("/opt/new/deep", ("--dir", "/opt/new/deep"), "/opt"),  # under an image directory: that directory a tmpfs, the rest made there
+    ("/nowhere", ("--dir", "/nowhere"), "/"),  # at the top: made on the root's tmpfs
+    ("/opt/a", None, None),  # the image has it
+    ("/world/sub", None, None),  # on a mount: the mount's to have
+    ("/tmp/x", None, None),
+])
+def test_a_working_directory_the_image_lacks_is_made_on_a_tmpfs_as_runc_makes_it(workdir, made, tmpfs):
+    argv = bwrap(spec(workdir=workdir, world=DIR_WORLD)).argv
+    dirs = [o for o in options(argv) if o[0] == "--dir"]
+    assert dirs == ([made] if made else [])
+    assert argv[argv.index("--chdir") + 1] == workdir
+    if made:  # made after every mount, before the root is sealed read-only, and never in the image
+        assert options(argv).index(made) < options(argv).index(("--remount-ro", "/"))
+        assert tmpfs == "/" or ("--tmpfs", tmpfs) in options(argv)
+
+
 def test_a_terminal_keeps_the_session_its_pty_gives_it():
     argv = bwrap(spec(tty=True)).argv
     assert "--new-session" not in flags(argv) and env(argv)["TERM"] == "xterm"

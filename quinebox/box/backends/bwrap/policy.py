@@ -231,6 +231,11 @@ def bwrap_box(
         resources["cpu"] = {"period": CPU_PERIOD, "quota": nano_cpus(grants.cpus) * CPU_PERIOD // 1_000_000_000}
     own = sorted(box_mounts(spec, runtime), key=lambda m: os.path.normpath(m.dest).count("/"))
     dests = ["/proc", "/dev", *(m.dest for m in own)]
+    workdir = workdir_for(spec, image)
+    # A working directory neither the image nor a mount has is made, as runc makes it: on a tmpfs (root.py), never in the image.
+    made = () if _under(workdir, dests) or look(workdir) is not None else ("--dir", workdir)
+    if made:
+        dests.append(workdir)
     argv = [
         "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--as-pid-1",
         *(() if spec.tty else ("--new-session",)),
@@ -242,10 +247,16 @@ def bwrap_box(
     argv += ["--dev", "/dev", "--size", str(DEV_SHM), "--perms", "1777", "--tmpfs", "/dev/shm", "--mqueue", "/dev/mqueue", "--remount-ro", "/dev"]
     for mount in own:
         argv += _mount(mount, spec)
-    argv += [*root_seal(look, dests), "--chdir", workdir_for(spec, image), "--seccomp", str(seccomp_fd), "--", *oci_command(spec, image)]
+    argv += [*made, *root_seal(look, dests), "--chdir", workdir, "--seccomp", str(seccomp_fd), "--", *oci_command(spec, image)]
     profile = oci_seccomp(seccomp_profile(seccomp, grants, arch, setid=not writes_host_paths(grants, spec.world)), arch)
     return BwrapBox(argv=argv, seccomp=profile, seccomp_fd=seccomp_fd, resources=resources, rlimits=RLIMITS,
                     oom_score_adj=OOM_SCORE_ADJ, host_ids=host_ids)
+
+
+def _under(path: str, dests: Iterable[str]) -> bool:
+    """Whether `path` is one of the mount destinations `dests`, or below one (it lies on that mount, not the image)."""
+    path = os.path.normpath(path)
+    return any(path == os.path.normpath(d) or path.startswith(os.path.normpath(d).rstrip("/") + "/") for d in dests)
 
 
 def _action(name: str, errno: int | None, seccomp: Any) -> int:
