@@ -169,7 +169,10 @@ rootless_pass() {
 rootless_bwrap_pass() {
     echo "test: the bubblewrap backend's suites again, as $rootless_user"
     # shellcheck disable=SC2086
-    as_rootless QUINEBOX_BACKEND=bwrap -- $bwrap_files -k 'not docker and not quiet_spell_longer' --basetemp "$work/b"
+    # and the backend's own tests (as root they ran in the main pass): its boxes, their remains, its root, its choice.
+    as_rootless QUINEBOX_BACKEND=bwrap -- $bwrap_files tests/integration/test_bwrap_backend.py tests/integration/test_bwrap_remains.py \
+        tests/unit/box/test_bwrap_root.py tests/unit/box/test_bwrap_listed.py tests/unit/box/test_choice_bwrap.py \
+        -k 'not docker and not quiet_spell_longer' --basetemp "$work/b"
 }
 # The lane of every pass as root: each lists every box on the shared engine (e2e's wait_for_box and its `== []` checks,
 # test_terminals', test_sandbox's) or puts some there (their Docker cases; and any pass's first box of an image, as root,
