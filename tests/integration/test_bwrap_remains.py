@@ -57,7 +57,10 @@ def processes_naming(session: str) -> list[str]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             seen = Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/cgroup").read_bytes()
-        except OSError:
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state == b"Z":  # exited, holding nothing: an orphan the host's own init has yet to reap (its pace, not ours)
             continue
         if session.encode() in seen and int(pid) != os.getpid():
             found.append(f"process {pid}: {seen[:120]!r}")
