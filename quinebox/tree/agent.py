@@ -97,6 +97,7 @@ class Agent:
         try:
             self.proc = BoxProcess(spec, handler=self.session, place=node, stdin=stdin, stdout=stdout, stderr=stderr)
         except QuineboxError as exc:
+            node.box = None  # no box was made: the tree's end has nothing of it to wait for or kill
             if resumption is None:
                 self.session.finish(exc.exit_code)
             else:  # it stays interrupted, to be resumed once what stopped it is put right

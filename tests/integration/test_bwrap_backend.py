@@ -9,6 +9,7 @@ image cache, a terminal (its size, ^C), the world, and an agent's run.
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import select
@@ -274,3 +275,19 @@ def test_an_agents_run(bwrap, fake_openai):
     [_, second] = fake_openai.requests
     [said] = [m["content"] for m in second.body["messages"] if m["role"] == "tool"]
     assert said.startswith(f"exit code 0\nstdout:\n{os.getuid() if ROOTLESS else 1000}\n"), said
+
+
+def test_a_child_bwrap_cannot_hold_is_its_parents_one_line_and_the_tree_ends_whole(bwrap):
+    """An agent's child gets a copy-on-write (overlay) world, which bwrap refuses: the parent hears the refusal in
+    one line as the child's 125, and the tree ends with the root's own status. Before, the refused child was left on
+    the tree as a box without a process, and the tree's end crashed on it (a traceback, exit 1)."""
+    tree = Path(__file__).resolve().parents[2] / "examples" / "tree"
+    done = subprocess.run(
+        [QUINEBOX, "run", "-q", "--json", "-m", f"script:{tree / 'root.yaml'}", "-g", "spawn:35", "-g", "depth:2", "Survey the ten regions"],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=120,
+    )
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr[-2000:]
+    session = json.loads(done.stderr.splitlines()[-1])["session"]
+    tape = (state_dir() / "sessions" / session / "tape.jsonl").read_text()
+    assert "refused on bwrap: an overlay world at /world (bwrap 0.8 has no overlay mount); use --backend oci" in tape
+    assert records() == []
