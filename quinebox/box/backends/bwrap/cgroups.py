@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quinebox.box.backends.oci.box import oom_kills
-from quinebox.box.backends.oci.freezer import FREEZE_WITHIN, freezer_files
+from quinebox.box.backends.oci.freezer import freeze_cgroup
 from quinebox.box.backends.rootless import local_hierarchy
 from quinebox.errors import EngineError
 
@@ -35,8 +35,6 @@ V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 V1_NEEDED = ("memory", "pids")
 #: How long a kill waits for a box's processes to leave its cgroup.
 KILL_WITHIN = 5.0
-#: Each freezer's words for frozen and thawed (oci/freezer.py's).
-_THAWED = {"FROZEN": "THAWED", "1": "0", "frozen 1": "frozen 0"}
 
 
 def hierarchies(root: Path = CGROUPS) -> list[tuple[str, Path]]:
@@ -146,20 +144,7 @@ class BoxCgroup:
         self._freezer(frozen=False)
 
     def _freezer(self, *, frozen: bool) -> None:
-        control, word, done, said = freezer_files(self.path)
-        if not frozen:
-            word, said = _THAWED[word], _THAWED[said]
-        until = time.monotonic() + FREEZE_WITHIN
-        try:
-            control.write_text(word)
-            while said not in done.read_text().splitlines():
-                if time.monotonic() > until:
-                    if frozen:
-                        control.write_text(_THAWED[word])
-                    raise EngineError(f"the box did not {'stop' if frozen else 'go on'} within {FREEZE_WITHIN:g} s: a process of it is stuck in the kernel")
-                time.sleep(0.0005)
-        except OSError as exc:
-            raise EngineError(f"cannot {'pause' if frozen else 'resume'} the box: its cgroup freezer refused ({exc.strerror})") from None
+        freeze_cgroup(self.path, frozen=frozen, who="the box")
 
     def kill(self) -> None:
         """Every process of the box SIGKILLed (thawed first: a frozen v1 process dies only once thawed), until none

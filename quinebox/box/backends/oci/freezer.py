@@ -44,6 +44,12 @@ def set_freezer(bundle: Path, session: str, *, frozen: bool) -> None:
         cgroup = json.loads((bundle / "config.json").read_text())["linux"]["cgroupsPath"]
     except (OSError, ValueError, KeyError, TypeError):
         raise EngineError(f"box {session} is going away: its bundle is gone") from None
+    freeze_cgroup(cgroup, frozen=frozen, who=f"box {session}")
+
+
+def freeze_cgroup(cgroup: str, *, frozen: bool, who: str) -> None:
+    """Every process of `cgroup` frozen (or thawed), waiting until each is; `who` names the box in the one line an
+    EngineError says. A freeze that does not finish in FREEZE_WITHIN is undone, so nothing is left half stopped."""
     control, word, done, said = freezer_files(cgroup)
     if not frozen:
         word, said = _WORDS[word], _WORDS[said]
@@ -54,7 +60,7 @@ def set_freezer(bundle: Path, session: str, *, frozen: bool) -> None:
             if time.monotonic() > until:
                 if frozen:
                     control.write_text(_WORDS[word])
-                raise EngineError(f"box {session} did not {'stop' if frozen else 'go on'} within {FREEZE_WITHIN:g} s: a process of it is stuck in the kernel")
+                raise EngineError(f"{who} did not {'stop' if frozen else 'go on'} within {FREEZE_WITHIN:g} s: a process of it is stuck in the kernel")
             time.sleep(0.0005)
     except OSError as exc:
-        raise EngineError(f"cannot {'pause' if frozen else 'resume'} box {session}: its cgroup freezer refused ({exc.strerror})") from None
+        raise EngineError(f"cannot {'pause' if frozen else 'resume'} {who}: its cgroup freezer refused ({exc.strerror})") from None
