@@ -39,8 +39,10 @@ _OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup"
 Ended = Callable[[int, bool, "str | None"], None]
 #: The exit statuses of a sandbox that died: killed by a limit of the host's (137), or failed (125).
 EXIT_KILLED, EXIT_FAILED = 137, 125
-#: How a sandbox's kernel says the host refused it a resource (a process past the pids cgroup, memory).
-_EXHAUSTED = ("resource temporarily unavailable", "cannot allocate memory", "out of memory", "failed to create new os thread")
+#: How a sandbox's kernel says the host refused it a resource (a process past the pids cgroup, memory). The last is
+#: gVisor's mm panicking on an address space whose stub process the host refused to start (its activation failed
+#: first, and the sentry used it anyway: what the panic log's first line says under a pids limit, at times).
+_EXHAUSTED = ("resource temporarily unavailable", "cannot allocate memory", "out of memory", "failed to create new os thread", "trying to use inactive address space")
 
 _keeper: tuple[int, int, int] | None = None  # (this process, its keeper, the pipe to it)
 _keeper_lock = threading.Lock()
