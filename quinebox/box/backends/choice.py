@@ -18,10 +18,8 @@ before anything starts; bwrap asked for by name is not probed (as a runtime aske
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -157,31 +155,18 @@ def _usable(name: str, *, run_probe: Callable[[Runtime], str | None] | None = No
         found = Runtime.named(name)
     except QuineboxError as exc:
         return str(exc)
-    from quinebox.box.backends.probe import PROBE_RETRY
+    from quinebox.box.backends.probe import kept, probe_runtime
 
-    now = time.time() if now is None else now
-    mark = f"{found.binary}:{os.stat(found.binary).st_mtime_ns}"
-    record = state_dir() / "oci" / f"{found.name}.probe"
-    try:
-        known = json.loads(record.read_text())
-        if known.get("binary") == mark and (known.get("problem") is None or now - float(known.get("at", 0)) < PROBE_RETRY):
-            return known.get("problem")
-    except (OSError, ValueError, TypeError):
-        pass
     if run_probe is None:
-        from quinebox.box.backends.probe import probe_runtime
-
         rootless = who if isinstance(who, Rootless) else None
         run_probe = lambda runtime: probe_runtime(runtime, rootless=rootless)  # noqa: E731
-    problem = run_probe(found)
-    if problem is not None:  # once more: runc 1.1 can fail a box under load ("unable to store init state") and run the next
-        problem = run_probe(found)
-    try:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"binary": mark, "problem": problem, "at": now}))
-    except OSError:
-        pass
-    return problem
+    probe = run_probe
+
+    def twice() -> str | None:  # runc 1.1 can fail a box under load ("unable to store init state") and run the next
+        problem = probe(found)
+        return probe(found) if problem is not None else None
+
+    return kept(state_dir() / "oci" / f"{found.name}.probe", found.binary, twice, now=now)
 
 
 def bwrap_usable() -> str | None:

@@ -140,26 +140,31 @@ def probe_bwrap(binary: str) -> str | None:
     return None
 
 
-def bwrap_probed(binary: str, *, run_probe: Callable[[str], str | None] | None = None, now: float | None = None) -> str | None:
-    """A probe box's answer for the bwrap at `binary`, kept as a runtime's is (choice._usable): a pass until the binary
-    changes, a failure for PROBE_RETRY seconds."""
-    run_probe = run_probe or probe_bwrap
+def kept(record: Path, binary: str, probe: Callable[[], str | None], *, now: float | None = None) -> str | None:
+    """A probe's answer for the backend binary at `binary`, kept in `record`: a pass until the binary changes (its
+    mtime), a failure for PROBE_RETRY seconds; `probe()` runs only when nothing kept answers. A record that cannot be
+    read or written is no answer (probed again), never an error."""
     now = time.time() if now is None else now
     try:
         mark = f"{binary}:{os.stat(binary).st_mtime_ns}"
     except OSError as exc:
         return f"cannot run {binary}: {exc.strerror}"
-    record = state_dir() / "bwrap.probe"  # beside bwrap/, which holds the boxes' records alone
     try:
         known = json.loads(record.read_text())
         if known.get("binary") == mark and (known.get("problem") is None or now - float(known.get("at", 0)) < PROBE_RETRY):
             return known.get("problem")
     except (OSError, ValueError, TypeError, AttributeError):
         pass
-    problem = run_probe(binary)
+    problem = probe()
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({"binary": mark, "problem": problem, "at": now}))
     except OSError:
         pass
     return problem
+
+
+def bwrap_probed(binary: str, *, run_probe: Callable[[str], str | None] | None = None, now: float | None = None) -> str | None:
+    """A probe box's answer for the bwrap at `binary`, kept as a runtime's is (`kept`)."""
+    run = run_probe or probe_bwrap
+    return kept(state_dir() / "bwrap.probe", binary, lambda: run(binary), now=now)  # beside bwrap/, which holds the boxes' records alone
