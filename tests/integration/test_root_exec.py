@@ -136,7 +136,7 @@ def test_root_is_refused_in_one_line_where_the_box_has_no_user_namespace_of_its_
                 box.exec(["id"], user=user)
             said = str(refused.value)
             assert isinstance(refused.value, QuineboxError) and "\n" not in said
-            assert said.startswith(f"refused user {user!r}: nothing in a box runs as root (uid or gid 0) where root would be the host's"), said
+            assert said.startswith(f"refused user {user!r}: nothing in a box runs as root (uid or gid 0) but in a user namespace of its own that maps it"), said
         assert box.exec(["id", "-u"], user="4242").stdout == b"4242\n"  # any other user still
 
 

@@ -151,7 +151,7 @@ def exec_user(user: str | None, default: str, passwd: bytes | None, *, no_root: 
         raise GrantError(f"bad user {user!r}: give the group as a number, as in user='1000:1000'")
     if (int(name) == 0 or int(group) == 0) and no_root is not None:
         raise GrantError(
-            f"refused user {user!r}: nothing in a box runs as root (uid or gid 0) where root would be the host's, and this box's would: {no_root}; "
+            f"refused user {user!r}: nothing in a box runs as root (uid or gid 0) but in a user namespace of its own that maps it, and this box's root cannot: {no_root}; "
             "give another uid, or run the box on runc"
         )
     return f"{int(name)}:{int(group)}"

@@ -86,11 +86,14 @@ def test_root_where_the_box_has_a_user_namespace_of_its_own(user, expected):
     assert exec_user(user, "1000:1000", PASSWD, no_root=None) == expected
 
 
-@pytest.mark.parametrize("why", ["a box on the Docker engine has no user namespace of its own", "gVisor's box has no user namespace"])
+@pytest.mark.parametrize("why", [
+    "a box on the Docker engine has no user namespace of its own", "gVisor's box has no user namespace",
+    "its user namespace maps the box's own user (1000:1000) alone, so no exec in it runs as another user, root included",
+])
 @pytest.mark.parametrize("user", ["root", "0", "1000:0", "0:1000"])
 def test_root_elsewhere_is_refused_in_one_line_saying_why(user, why):
     with pytest.raises(GrantError) as refused:
         exec_user(user, "1000:1000", PASSWD, no_root=why)
     said = str(refused.value)
-    assert said.startswith(f"refused user {user!r}: nothing in a box runs as root (uid or gid 0) where root would be the host's, and this box's would: {why};")
+    assert said.startswith(f"refused user {user!r}: nothing in a box runs as root (uid or gid 0) but in a user namespace of its own that maps it, and this box's root cannot: {why};")
     assert "\n" not in said
