@@ -20,7 +20,6 @@ import errno
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 from quinebox.box.backends.oci.box import oom_kills
@@ -28,7 +27,7 @@ from quinebox.box.backends.oci.freezer import freeze_cgroup
 from quinebox.box.backends.rootless import local_hierarchy
 from quinebox.errors import EngineError
 
-CGROUPS = Path("/sys/fs/cgroup")
+CGROUPS = "/sys/fs/cgroup"
 #: The v1 controllers a box's cgroup is made in: its limits (memory, pids, cpu) and its pause (freezer).
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 #: Of those, the ones a box cannot run without: its limits live there.
@@ -36,22 +35,31 @@ V1_NEEDED = ("memory", "pids")
 #: How long a kill waits for a box's processes to leave its cgroup.
 KILL_WITHIN = 5.0
 
+#: This machine's hierarchies, looked at once a process (a served exec's worker inherits the server's): which
+#: controllers are mounted where does not change while quinebox runs, and each box would read /proc/self/mounts again.
+_found: tuple[tuple[str, str], ...] | None = None
 
-def hierarchies(root: Path = CGROUPS) -> list[tuple[str, Path]]:
+
+def hierarchies() -> tuple[tuple[str, str], ...]:
     """(name, directory) of each hierarchy a box's cgroup is made in here: "unified" alone on v2; on v1 or a hybrid
     host each of V1_CONTROLLERS mounted, and the unified hierarchy when there is one."""
-    if local_hierarchy() == "v2":
-        return [("unified", root)]
-    found = [(name, root / name) for name in V1_CONTROLLERS if (root / name / "cgroup.procs").exists()]
-    if (root / "unified" / "cgroup.procs").exists():
-        found.append(("unified", root / "unified"))
-    return found
+    global _found
+    if _found is None:
+        if local_hierarchy() == "v2":
+            _found = (("unified", CGROUPS),)
+        else:
+            found = [(name, f"{CGROUPS}/{name}") for name in V1_CONTROLLERS if os.path.exists(f"{CGROUPS}/{name}/cgroup.procs")]
+            if os.path.exists(f"{CGROUPS}/unified/cgroup.procs"):
+                found.append(("unified", f"{CGROUPS}/unified"))
+            _found = tuple(found)
+    return _found
 
 
 class BoxCgroup:
-    """One box's cgroup: `path` (relative to each hierarchy's root, e.g. `/quinebox-SESSION`) in each of `dirs`."""
+    """One box's cgroup: `path` (relative to each hierarchy's root, e.g. `/quinebox-SESSION`) in each of `dirs`
+    (name, directory)."""
 
-    def __init__(self, path: str, dirs: list[tuple[str, Path]]):
+    def __init__(self, path: str, dirs: list[tuple[str, str]]):
         self.path = path
         self.dirs = dirs
 
@@ -60,21 +68,22 @@ class BoxCgroup:
         """The box's cgroup made in each hierarchy whose parent is there (a plain user's delegated one, or the
         root), its limits written; EngineError (nothing left made) where a limit's controller refuses or is missing."""
         rel = path.strip("/")
-        made: list[tuple[str, Path]] = []
+        made: list[tuple[str, str]] = []
         group = cls(path, made)
         try:
-            for name, base in hierarchies():
-                directory = base / rel
-                if not directory.parent.is_dir():
-                    if name in V1_NEEDED:
-                        raise EngineError(f"cannot make the box's cgroup: {directory.parent} is not there (`quinebox doctor` says how to get it)")
-                    continue
+            found = hierarchies()
+            for name, base in found:
+                directory = f"{base}/{rel}"
                 try:
-                    directory.mkdir()
+                    os.mkdir(directory)
                 except FileExistsError:
                     pass  # a box of this session whose remains were not removed yet: its cgroup is taken over
                 except OSError as exc:
-                    if name in V1_NEEDED or name == "unified" and len(hierarchies()) == 1:
+                    if not os.path.isdir(os.path.dirname(directory)):
+                        if name in V1_NEEDED:
+                            raise EngineError(f"cannot make the box's cgroup: {os.path.dirname(directory)} is not there (`quinebox doctor` says how to get it)") from None
+                        continue
+                    if name in V1_NEEDED or name == "unified" and len(found) == 1:
                         raise EngineError(f"cannot make the box's cgroup {directory}: {exc.strerror}") from None
                     continue  # a hierarchy the box's limits do not live in, not writable here (a plain user's unified one)
                 made.append((name, directory))
@@ -88,9 +97,9 @@ class BoxCgroup:
     def at(cls, path: str) -> BoxCgroup:
         """The box's cgroup as it is: in each hierarchy where it is there."""
         rel = path.strip("/")
-        return cls(path, [(name, base / rel) for name, base in hierarchies() if (base / rel).is_dir()])
+        return cls(path, [(name, f"{base}/{rel}") for name, base in hierarchies() if os.path.isdir(f"{base}/{rel}")])
 
-    def _dir(self, name: str) -> Path | None:
+    def _dir(self, name: str) -> str | None:
         return next((directory for n, directory in self.dirs if n == name), None)
 
     def _limit(self, resources: dict[str, Any]) -> None:
@@ -98,38 +107,44 @@ class BoxCgroup:
         v1_memory, v1_pids, v1_cpu, unified = self._dir("memory"), self._dir("pids"), self._dir("cpu"), self._dir("unified")
         if v1_memory is not None:
             if memory.get("limit"):
-                _write(v1_memory / "memory.limit_in_bytes", memory["limit"])
-            if memory.get("swap") and (v1_memory / "memory.memsw.limit_in_bytes").exists():
-                _write(v1_memory / "memory.memsw.limit_in_bytes", memory["swap"])
+                _write(f"{v1_memory}/memory.limit_in_bytes", memory["limit"])
+            if memory.get("swap") and os.path.exists(f"{v1_memory}/memory.memsw.limit_in_bytes"):
+                _write(f"{v1_memory}/memory.memsw.limit_in_bytes", memory["swap"])
         elif memory.get("limit"):
             _write(_need(unified, "memory.max"), memory["limit"])
-            if memory.get("swap") and (unified / "memory.swap.max").exists():  # type: ignore[operator]
-                _write(unified / "memory.swap.max", max(0, int(memory["swap"]) - int(memory["limit"])))  # type: ignore[operator]
+            if memory.get("swap") and os.path.exists(f"{unified}/memory.swap.max"):
+                _write(f"{unified}/memory.swap.max", max(0, int(memory["swap"]) - int(memory["limit"])))
         if v1_pids is not None:
             if pids.get("limit"):
-                _write(v1_pids / "pids.max", pids["limit"])
+                _write(f"{v1_pids}/pids.max", pids["limit"])
         elif pids.get("limit"):
             _write(_need(unified, "pids.max"), pids["limit"])
         if cpu:
             if v1_cpu is not None:
-                _write(v1_cpu / "cpu.cfs_period_us", cpu["period"])
-                _write(v1_cpu / "cpu.cfs_quota_us", cpu["quota"])
+                _write(f"{v1_cpu}/cpu.cfs_period_us", cpu["period"])
+                _write(f"{v1_cpu}/cpu.cfs_quota_us", cpu["quota"])
             else:
                 _write(_need(unified, "cpu.max"), f"{cpu['quota']} {cpu['period']}")
 
     def place(self, pid: int) -> None:
         """`pid` moved into the box's cgroup in every hierarchy; EngineError when one refuses."""
         for _, directory in self.dirs:
-            _write(directory / "cgroup.procs", pid)
+            _write(f"{directory}/cgroup.procs", pid)
 
     def pids(self) -> list[int]:
         """Every process in the box's cgroup (in any of its hierarchies)."""
         found: set[int] = set()
         for _, directory in self.dirs:
             try:
-                found.update(int(line) for line in (directory / "cgroup.procs").read_text().split())
+                fd = os.open(f"{directory}/cgroup.procs", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                found.update(int(line) for line in _read_all(fd).split())
             except (OSError, ValueError):
                 continue
+            finally:
+                os.close(fd)
         return sorted(found)
 
     def oom_kills(self) -> int:
@@ -172,7 +187,7 @@ class BoxCgroup:
             until = time.monotonic() + KILL_WITHIN
             while True:
                 try:
-                    directory.rmdir()
+                    os.rmdir(directory)
                     break
                 except FileNotFoundError:
                     break
@@ -185,14 +200,26 @@ class BoxCgroup:
         return not left
 
 
-def _need(directory: Path | None, name: str) -> Path:
-    if directory is None or not (directory / name).exists():
+def _need(directory: str | None, name: str) -> str:
+    if directory is None or not os.path.exists(f"{directory}/{name}"):
         raise EngineError(f"cannot limit the box: no {name} in its cgroup here (its controller is not enabled for it)")
-    return directory / name
+    return f"{directory}/{name}"
 
 
-def _write(path: Path, value: object) -> None:
+def _read_all(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    return data
+
+
+def _write(path: str, value: object) -> None:
+    """`value` written to a cgroup's file in one write(2), as the kernel takes it (no buffered text file's churn)."""
     try:
-        path.write_text(str(value))
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, str(value).encode())
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise EngineError(f"cannot set the box's cgroup: writing {value} to {path} failed ({exc.strerror})") from None
