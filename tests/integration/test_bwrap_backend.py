@@ -13,6 +13,7 @@ import json
 import os
 import pty
 import select
+import stat
 import subprocess
 import threading
 import time
@@ -20,18 +21,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from commands import QUINEBOX, ROOTLESS
+from commands import QUINEBOX, ROOTLESS, scripts
 from live_boxes import cgroups_of
 from openai_server import exit_, sh
 
 import quinebox
+from quinebox.agent.store import read_tape
 from quinebox.box.backends.bwrap.box import BwrapProcess
 from quinebox.box.backends.bwrap.configure import configure_bwrap
 from quinebox.box.backends.oci.idmap import BASE, SLOTS, SPAN
 from quinebox.box.configure import unpacked_image
 from quinebox.box.spec import DEFAULT_IMAGE, build_spec
 from quinebox.errors import EngineError
-from quinebox.state import state_dir
+from quinebox.state import session_dir, state_dir
 
 #: The hierarchies a box's cgroup is made in (cgroups.py); a plain user's unified one is systemd's, not delegated on v1.
 HIERARCHIES = ("memory", "pids", "cpu", "freezer")
@@ -277,17 +279,61 @@ def test_an_agents_run(bwrap, fake_openai):
     assert said.startswith(f"exit code 0\nstdout:\n{os.getuid() if ROOTLESS else 1000}\n"), said
 
 
-def test_a_child_bwrap_cannot_hold_is_its_parents_one_line_and_the_tree_ends_whole(bwrap):
-    """An agent's child gets a copy-on-write (overlay) world, which bwrap refuses: the parent hears the refusal in
-    one line as the child's 125, and the tree ends with the root's own status. Before, the refused child was left on
-    the tree as a box without a process, and the tree's end crashed on it (a traceback, exit 1)."""
+def test_the_36_session_trees_example_runs_whole_on_bwrap(bwrap):
+    """Every agent's child gets a copy-on-write (overlay) world, which bwrap once refused: each of the root's ten
+    children (five of them with five of their own) ends with its own result, and the tree leaves no record and no
+    mount on the host. (Before, each child was its parent's 125 with bwrap's refusal in one line.)"""
     tree = Path(__file__).resolve().parents[2] / "examples" / "tree"
     done = subprocess.run(
         [QUINEBOX, "run", "-q", "--json", "-m", f"script:{tree / 'root.yaml'}", "-g", "spawn:35", "-g", "depth:2", "Survey the ten regions"],
         stdin=subprocess.DEVNULL, capture_output=True, timeout=120,
     )
-    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr[-2000:]
+    assert (done.returncode, done.stdout) == (0, b"surveyed 10 regions with 36 agents\n"), done.stderr[-2000:]
     session = json.loads(done.stderr.splitlines()[-1])["session"]
-    tape = (state_dir() / "sessions" / session / "tape.jsonl").read_text()
-    assert "refused on bwrap: an overlay world at /world (bwrap 0.8 has no overlay mount); use --backend oci" in tape
-    assert records() == []
+    [fork] = [r for r in read_tape(session) if r["kind"] == "tool" and r["name"] == "fork"]
+    children = json.loads(fork["result"])["children"]
+    assert [(c["exit_code"], c["stdout"]) for c in children] == [
+        *((0, f"surveyed region {n} in five districts\n") for n in range(1, 6)), *((0, f"surveyed region {n} alone\n") for n in range(6, 11))]
+    assert _mounts_naming(session, *(c["session"] for c in children)) == [] and records() == []
+
+
+def _mounts_naming(*sessions: str) -> list[str]:
+    """Every mount the host (this process's namespace and init's) has whose line names one of `sessions` (its overlay's
+    layers, its slot's mount point)."""
+    return [line for table in ("/proc/self/mountinfo", "/proc/1/mountinfo") for line in Path(table).read_text().splitlines()
+            if any(session in line for session in sessions)]
+
+
+def test_an_agents_child_writes_changes_and_deletes_in_its_copy_on_write_world(bwrap, tmp_path):
+    """A child's /world is an overlay of its parent's layers (bwrap has no overlay mount: the host mounts it in a mount
+    namespace of the child's own). The parent's world is untouched; the child's layer holds exactly its changes, owned
+    by the box's user's host ids, a deletion as overlay's whiteout, which the parent adopts as a deletion; the host
+    keeps no mount and no record of either box. Before, bwrap refused the child (125)."""
+    child = ("quinebox exec -- sh -c 'cat /world/a.txt; printf child > /world/a.txt; printf \"\\000\\001\\377\" > /world/bin;"
+             " rm /world/gone; rm -r /world/d; mkdir /world/new; ls /world'")
+    scripts(tmp_path, mission=[
+        {"sh": "printf parent > a.txt; printf k > keep; printf g > gone; mkdir d; printf x > d/x"},
+        {"sh": f"{child} >&4; echo --- >&4; ls >&4; cat a.txt >&4"},
+        {"exit": "success"},
+    ])
+    done = subprocess.run([QUINEBOX, "run", "-q", "--json", "-m", f"script:{tmp_path / 'mission.yaml'}", "-g", "spawn:2", "-g", "depth:1", "go"],
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, b"parenta.txt\nbin\nkeep\nnew\n---\na.txt\nd\ngone\nkeep\nparent"), done.stderr[-2000:]
+    session = json.loads(done.stderr.splitlines()[-1])["session"]
+    [kid] = [r["child"] for r in read_tape(session) if r["kind"] == "spawn"]
+    upper = session_dir(kid) / "world" / "upper"
+    owner = json.loads((session_dir(session) / "world" / "meta.json").read_text())["uid"]
+    assert owner == (os.getuid() if ROOTLESS else owner) and (ROOTLESS or BASE <= owner < BASE + SLOTS * SPAN)
+    assert (upper / "a.txt").read_bytes() == b"child" and (upper / "bin").read_bytes() == b"\0\1\xff"
+    assert {(upper / name).lstat().st_uid for name in ("a.txt", "bin", "new")} == {owner}
+    gone = (upper / "gone").lstat()
+    assert stat.S_ISCHR(gone.st_mode) and gone.st_rdev == 0  # overlay's whiteout
+    assert sorted(p.name for p in upper.iterdir()) == ["a.txt", "bin", "d", "gone", "new"]
+    parent = session_dir(session) / "world" / "tree"
+    assert {p.name: p.read_bytes() for p in parent.iterdir() if p.is_file()} == {"a.txt": b"parent", "keep": b"k", "gone": b"g"}
+    assert (parent / "d" / "x").read_bytes() == b"x"
+    adopted = subprocess.run([QUINEBOX, "world", "adopt", kid], capture_output=True, timeout=60)
+    assert (adopted.returncode, adopted.stdout) == (0, b"M a.txt\nA bin\nD d\nD d/x\nD gone\nA new\n"), adopted.stderr
+    assert sorted(p.name for p in parent.iterdir()) == ["a.txt", "bin", "keep", "new"]
+    assert (parent / "a.txt").read_bytes() == b"child" and (parent / "bin").read_bytes() == b"\0\1\xff"
+    assert _mounts_naming(session, kid) == [] and records() == []

@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 from bwrap_argv import IMAGE_ROOT, TMP, bwrap, command, env, flags, mounts, options, own, root, system
 from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, spec
-from test_policy_oci import BOXES, DIR_WORLD, OVERLAY_WORLD, env_of, oci, own_mounts
+from test_policy_oci import BOXES, DIR_WORLD, env_of, oci, own_mounts
 
-from quinebox.box.backends.bwrap.policy import bwrap_box, bwrap_refusal, compile_seccomp, proc_kinds, seccomp_program
+from quinebox.box.backends.bwrap.policy import OVERLAY_SOURCE, bwrap_box, bwrap_refusal, compile_seccomp, proc_kinds, seccomp_program
 from quinebox.box.backends.bwrap.root import ROOT_TMPFS, image_look
 from quinebox.box.policy import GUEST_PREFIX, HOST_SOCKET, RUNTIME
 from quinebox.box.spec import HOST_IMAGE, seccomp_base
@@ -167,6 +167,18 @@ def test_the_same_box_as_oci_config(name):
     assert ("--new-session" in argv) is not cfg["process"]["terminal"]
 
 
+def test_an_overlay_world_is_runcs_overlay_mounted_by_the_caller_and_bound_read_write():
+    """A child's copy-on-write world: the same overlay as oci_config's (its layers, userxattr), which the caller mounts
+    (overlay.py) and binds at /world where the argv names OVERLAY_SOURCE; every other control as oci_config's."""
+    box, image = BOXES["an overlay world"]
+    cfg, rendered = oci(box, image), bwrap(box, image)
+    [world] = [m for m in own_mounts(cfg) if m["destination"] == "/world"]
+    assert (world["type"], rendered.overlay) == ("overlay", tuple(world["options"]))
+    assert [m for m in own(rendered.argv) if m[-1] == "/world"] == [("--bind", OVERLAY_SOURCE, "/world")]
+    assert bwrap_refusal(box) is None and bwrap(spec()).overlay == ()
+    assert rendered.seccomp == cfg["linux"]["seccomp"] and env(rendered.argv) == env_of(cfg)
+
+
 def test_the_setid_rules_hold_only_where_the_box_writes_a_host_path():
     plain, writes = bwrap(spec()).seccomp, bwrap(spec("rw:/src=/work")).seccomp
     assert [r for r in plain["syscalls"] if r["names"] == ["mkdir"]] == [{"names": ["mkdir"], "action": "SCMP_ACT_ALLOW"}]
@@ -179,7 +191,6 @@ def test_the_setid_rules_hold_only_where_the_box_writes_a_host_path():
     "box, kw, kind, field",
     [
         (replace(spec(), image=HOST_IMAGE), {}, ErrorKind.UNSUPPORTED, ("image", HOST_IMAGE)),
-        (spec(world=OVERLAY_WORLD), {}, ErrorKind.UNSUPPORTED, ("mount", "/world")),
         (spec("net:bridge"), {}, ErrorKind.UNSUPPORTED, ("grant", "net:bridge")),
         (spec("rootfs:rw"), {}, ErrorKind.UNSUPPORTED, ("grant", "rootfs:rw")),
         (spec(), {"host_ids": (0, 0)}, ErrorKind.REFUSED, ("host_ids", (0, 0))),

@@ -8,7 +8,9 @@ The start, in order (nothing of the box's command runs before its limits hold):
    root's 0700) bound where they can, in the box's own ids' slot (`<slot>/<session>.mnt/N`, idmap.py's 0711
    directories; private mounts), and bwrap's argv pointed there: bwrap opens every source itself, as the box's ids.
    They are detached from the host as soon as bwrap has made the box's mounts (step 5): the box's namespace holds
-   copies of its own, so the host keeps no mount of any box's;
+   copies of its own, so the host keeps no mount of any box's. A copy-on-write world (an agent's child's) is mounted
+   by the process that becomes bwrap, in a mount namespace of its own (overlay.py), on an empty directory made here
+   (`_world_point`: in the slot, or a plain user's beside the record), removed as those binds are;
 3. `bwrap` started with the caller's fds as its 0, 1 and 2 (a terminal's slave instead, with one), its seccomp BPF
    on a memfd, `--info-fd` and `--block-fd`, as the box's own host ids (root) or the caller (a plain user), in a
    session of its own, from one long-lived thread of this process: `--die-with-parent` is the kernel's
@@ -46,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from quinebox.box.backends.bwrap.cgroups import BoxCgroup
-from quinebox.box.backends.bwrap.policy import BwrapBox, seccomp_program
+from quinebox.box.backends.bwrap.overlay import mounter
+from quinebox.box.backends.bwrap.policy import OVERLAY_SOURCE, BwrapBox, seccomp_program
 from quinebox.box.backends.oci import idmap
 from quinebox.box.backends.oci.runtime import container_id
 from quinebox.errors import EngineError
@@ -125,6 +128,7 @@ def remove_remains(record: dict[str, Any]) -> bool:
     if ids is not None and os.geteuid() == 0:
         _detach(ids, session)
         idmap.release(ids, session)
+    _unpoint(_world_point(None, session))
     if removed:
         with contextlib.suppress(FileNotFoundError):
             record_path(session).unlink()
@@ -201,6 +205,38 @@ def reachable(argv: list[str], ids: idmap.IdRange, session: str, host_ids: tuple
                 raise EngineError(f"cannot give the box {base}: binding it where its host ids reach it failed ({exc.strerror})") from None
             mounted[base] = str(target)
         out[i + 1] = mounted[base] + source[len(base.rstrip("/")):] if source != base else mounted[base]
+    return out
+
+
+def _world_point(ids: idmap.IdRange | None, session: str) -> Path:
+    """Where the box's copy-on-write world is mounted, in its own mount namespace (overlay.py), for bwrap to bind: an
+    empty directory its host ids may walk to, made here: a root-made box's in its slot (`_detach` removes it with the
+    rest there), a plain user's beside its record (`_unpoint`)."""
+    if ids is None:
+        return records_dir() / f"{container_id(session)}.world"
+    return _mounts_dir(ids, session) / "world"
+
+
+def _make_point(point: Path) -> Path:
+    point.parent.mkdir(mode=0o711, exist_ok=True)  # a slot's `.mnt` (0711, as reachable() makes it), or the records' own dir
+    with contextlib.suppress(FileExistsError):  # left by a start that died before its remains were removed
+        point.mkdir(mode=0o700)
+    return point
+
+
+def _unpoint(point: Path) -> None:
+    """A plain user's world mount point removed (from the host's tree: no mount is on it here; removing it detaches
+    what another namespace still has mounted on it, never the box's /world, a bind of its own)."""
+    with contextlib.suppress(FileNotFoundError):
+        point.rmdir()
+
+
+def _overlaid(argv: list[str], point: str) -> list[str]:
+    """bwrap's argv with the copy-on-write world's bind (policy.OVERLAY_SOURCE) from `point`."""
+    out = list(argv)
+    for i, name in _options(out):
+        if name == "--bind" and out[i + 1] == OVERLAY_SOURCE:
+            out[i + 1] = point
     return out
 
 
@@ -472,7 +508,10 @@ class BwrapProcess:
         fds: list[int] = []
         try:
             self.cgroup = BoxCgroup.make(cgroup_path, box.resources)
-            argv = reachable(box.argv, ids, session, box.host_ids, prefixes=(image_root,)) if ids is not None else box.argv
+            as_root = os.geteuid() == 0
+            world = _make_point(_world_point(ids, session)) if box.overlay else None
+            argv = _overlaid(box.argv, str(world)) if world is not None else box.argv
+            argv = reachable(argv, ids, session, box.host_ids, prefixes=(image_root,)) if ids is not None else argv
             seccomp = os.memfd_create("quinebox-seccomp", os.MFD_CLOEXEC)
             fds.append(seccomp)
             os.write(seccomp, seccomp_program(box.seccomp))
@@ -481,12 +520,13 @@ class BwrapProcess:
             block_r, block_w = os.pipe()
             fds += [info_r, info_w, block_r, block_w]
             stdin, stdout, stderr = (terminal, terminal, terminal) if terminal is not None else stdio
-            as_root = os.geteuid() == 0
+            command = _wrapped([_binary("bwrap", "bubblewrap"), *_with_fds(argv, seccomp, info_w, block_r)[1:]], box, tty=terminal is not None)
+            if world is not None:  # mounted by the process that becomes bwrap, which then drops to the box's ids itself
+                command = [*mounter(box.overlay, str(world), box.host_ids, as_root=as_root), *command]
             self._proc = _starter.popen(
-                args=_wrapped([_binary("bwrap", "bubblewrap"), *_with_fds(argv, seccomp, info_w, block_r)[1:]], box, tty=terminal is not None),
-                stdin=stdin, stdout=stdout, stderr=stderr,
+                args=command, stdin=stdin, stdout=stdout, stderr=stderr,
                 pass_fds=(seccomp, info_w, block_r), close_fds=True, cwd="/", env={}, start_new_session=terminal is None,
-                **({"user": box.host_ids[0], "group": box.host_ids[1], "extra_groups": []} if as_root else {}),
+                **({"user": box.host_ids[0], "group": box.host_ids[1], "extra_groups": []} if as_root and world is None else {}),
             )
             for fd in (info_w, block_r, seccomp):
                 os.close(fd)
@@ -508,6 +548,8 @@ class BwrapProcess:
                 raise EngineError(f"bwrap could not make the box (it exited {code}): its own line above says why")
             if ids is not None:  # the box's namespace holds its own copies now: the host keeps no mount of its
                 _detach(ids, session)
+            elif world is not None:  # bwrap has bound /world: the overlay's mount point goes (overlay.py)
+                _unpoint(world)
             os.write(block_w, b"\0")  # the box's command runs from here on, placed
         except BaseException:
             for fd in fds:

@@ -14,7 +14,9 @@ side. What bwrap holds itself:
 - /proc (nosuid, noexec, nodev) with the masked paths that exist here covered and the read-only ones read-only;
   /dev bwrap's own (null zero full random urandom tty, a new devpts), then read-only; /dev/shm (64 MiB, 1777) and
   /dev/mqueue; /tmp, the granted binds (`--ro-bind`: read-only all the way down), /world, the guest's runtime and
-  sockets in `box_mounts`' order by depth, each tmpfs sized (`--size`) and moded (`--perms`), nosuid and nodev;
+  sockets in `box_mounts`' order by depth, each tmpfs sized (`--size`) and moded (`--perms`), nosuid and nodev; a
+  copy-on-write world (an overlay of its parent's layers) mounted by the caller in a mount namespace of the box's
+  own and bound at /world (`BwrapBox.overlay`, overlay.py), as the host mounts and binds it for a root-made runc box;
 - the environment cleared and set (`--clearenv`, `--setenv`), the working directory, the hostname, `--new-session`
   (unless on a terminal: the box's own pty, whose master is quinebox's), `--die-with-parent`, and the box's
   command as its PID 1 (`--as-pid-1`), as on runc, where the lifeline is PID 1.
@@ -36,7 +38,7 @@ Differences that take nothing from the box's isolation, said here once:
 
 Refused, never silently dropped (a QuineboxError of kind UNSUPPORTED; `bwrap_refusal` says the same of a spec
 before anything starts): `--image host` (its hidden view needs noexec, bounded-inode tmpfs mounts bwrap 0.8 cannot
-say), `rootfs:rw`, an overlay world and `net:bridge` (no overlay mount and no engine network in bwrap 0.8), a tmpfs
+say), `rootfs:rw` and `net:bridge` (no overlay for the root and no engine network in bwrap 0.8), a tmpfs
 option beyond size, mode and the box user's ownership; a mount reached through one of the image's links (root.py);
 and in the seccomp profile: flags (bwrap loads the filter with none), SCMP_ACT_NOTIFY or an action, operator or
 architecture libseccomp does not know. bwrap run as host root is REFUSED: its box's user would be host root.
@@ -79,6 +81,9 @@ from quinebox.box.spec import HOST_IMAGE, BoxSpec, ImageInfo
 from quinebox.errors import ErrorKind, QuineboxError
 from quinebox.grants import parse_size
 
+#: The source bwrap's argv names for /world's overlay, which its caller mounts (BwrapBox.overlay) and names in its
+#: place before bwrap runs (box.py); never a path quinebox gives (every source it gives is absolute).
+OVERLAY_SOURCE = "overlay"
 #: The fd bwrap reads the box's BPF program from unless the caller says another.
 SECCOMP_FD = 3
 #: /dev/shm as the engine sizes it (policy.SYSTEM_MOUNTS: 65536k).
@@ -113,8 +118,6 @@ _REFUSED: tuple[tuple[Any, str, Any], ...] = (
      lambda spec: {"grant": "net:bridge", "fix": "use --backend docker"}),
     (lambda spec: spec.grants.rootfs_rw, "rootfs:rw (bwrap 0.8 has no overlay to give a writable root over the image's tree)",
      lambda spec: {"grant": "rootfs:rw"}),
-    (lambda spec: spec.world is not None and spec.world.kind not in ("dir", "bind"),
-     "an overlay world at /world (bwrap 0.8 has no overlay mount)", lambda spec: {"mount": "/world"}),
 )
 
 
@@ -143,7 +146,9 @@ class BwrapBox:
     """A box as bwrap runs it: `argv` (bwrap's, the box's command after `--`), the seccomp profile to compile
     (`compile_seccomp`) and hand bwrap on `seccomp_fd`, and what the caller places before bwrap runs: `resources`
     in the box's own cgroup (memory and swap in bytes, pids, cpu quota per CPU_PERIOD), `rlimits` (name, soft, hard)
-    and `oom_score_adj` on bwrap's process, which its box inherits, run as `host_ids`."""
+    and `oom_score_adj` on bwrap's process, which its box inherits, run as `host_ids`; `overlay`: the options of
+    /world's overlay (a copy-on-write world), which the caller mounts and binds where argv says OVERLAY_SOURCE
+    (bwrap/overlay.py), empty when /world is no overlay."""
 
     argv: list[str]
     seccomp: dict[str, Any]
@@ -152,6 +157,7 @@ class BwrapBox:
     rlimits: tuple[tuple[str, int, int], ...]
     oom_score_adj: int
     host_ids: tuple[int, int]
+    overlay: tuple[str, ...] = ()
 
 
 def proc_kinds(paths: Iterable[str] = (*MASKED_PATHS, *READONLY_PATHS)) -> dict[str, str]:
@@ -181,6 +187,8 @@ def _mount(mount: BoxMount, spec: BoxSpec) -> list[str]:
         return _tmpfs(mount, spec)
     if mount.kind == "bind":
         return ["--bind" if mount.writable else "--ro-bind", mount.source, mount.dest]
+    if mount.kind == "overlay" and mount.dest == "/world":  # the caller mounts it (overlay.py) and names where
+        return ["--bind", OVERLAY_SOURCE, mount.dest]
     raise _unsupported(f"the {mount.kind} mount at {mount.dest} (bwrap 0.8 has no overlay mount)", mount=mount.dest)
 
 
@@ -249,8 +257,9 @@ def bwrap_box(
         argv += _mount(mount, spec)
     argv += [*made, *root_seal(look, dests), "--chdir", workdir, "--seccomp", str(seccomp_fd), "--", *oci_command(spec, image)]
     profile = oci_seccomp(seccomp_profile(seccomp, grants, arch, setid=not writes_host_paths(grants, spec.world)), arch)
+    overlay = next((m.options for m in own if m.kind == "overlay"), ())
     return BwrapBox(argv=argv, seccomp=profile, seccomp_fd=seccomp_fd, resources=resources, rlimits=RLIMITS,
-                    oom_score_adj=OOM_SCORE_ADJ, host_ids=host_ids)
+                    oom_score_adj=OOM_SCORE_ADJ, host_ids=host_ids, overlay=overlay)
 
 
 def _under(path: str, dests: Iterable[str]) -> bool:
