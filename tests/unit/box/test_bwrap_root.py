@@ -39,28 +39,40 @@ def top(*, but: tuple[str, ...] = (), **instead: list[str]) -> list[str]:
     return out
 
 
+#: The image's tree bound at / in one read-only mount: what every box whose top-level points the image has gets.
+WHOLE = ["--ro-bind", IMAGE_ROOT, "/"]
+
+
 @pytest.mark.parametrize(
     "dests, made, sealed",
     [
-        ((), top(), ["/"]),
-        # a destination at the top is made on the root's tmpfs; the image's entry there is left out, link or not
+        ((), WHOLE, []),
+        # every point the image has (a file or a directory, at the top or deeper) is mounted onto: the tree in one bind
+        (("/proc", "/dev", "/tmp"), WHOLE, []),
+        (("/etc/hostname", "/opt/a"), WHOLE, []),
+        # a destination at the top the image lacks is made on the root's tmpfs; the image's entries there are left
+        # out, link or not, and the rest bound back one by one
         (("/proc", "/dev", "/tmp", "/world", "/.quinebox"), top(but=("/proc", "/dev", "/tmp")), ["/"]),
         (("/bin",), top(but=("/bin",)), ["/"]),
-        # a point the image has (a file or a directory) is mounted onto: nothing of the image changes
-        (("/etc/hostname", "/opt/a"), top(), ["/"]),
+        (("/etc/hostname", "/world"), top(), ["/"]),
         # the socket under /run, which lacks /run/quinebox: /run a tmpfs of its mode, its entries bound back
-        (("/run/quinebox/host.sock",), top(run=[*TMPFS, "0755", "--tmpfs", "/run", *bound("/run/lock")]), ["/run", "/"]),
-        # a point under a directory deeper down: its parents stay bound whole, the directory lacking it a tmpfs
-        (("/opt/a/x/y",), top(opt=[*bound("/opt"), *TMPFS, "0755", "--tmpfs", "/opt/a"]), ["/opt/a", "/"]),
+        (("/run/quinebox/host.sock",), [*WHOLE, *TMPFS, "0755", "--tmpfs", "/run", *bound("/run/lock")], ["/run"]),
+        (("/world", "/run/quinebox/host.sock"), top(run=[*TMPFS, "0755", "--tmpfs", "/run", *bound("/run/lock")]), ["/run", "/"]),
+        # a point under a directory deeper down: its parents stay the image's, the directory lacking it a tmpfs
+        (("/opt/a/x/y",), [*WHOLE, *TMPFS, "0755", "--tmpfs", "/opt/a"], ["/opt/a"]),
+        (("/world", "/opt/a/x/y"), top(opt=[*bound("/opt"), *TMPFS, "0755", "--tmpfs", "/opt/a"]), ["/opt/a", "/"]),
         # a file where a directory must be: the file left out of its directory's tmpfs, its siblings bound back
-        (("/opt/b/x",), top(opt=[*TMPFS, "0711", "--tmpfs", "/opt", *bound("/opt/a")]), ["/opt", "/"]),
+        (("/opt/b/x",), [*WHOLE, *TMPFS, "0711", "--tmpfs", "/opt", *bound("/opt/a")], ["/opt"]),
         # a link at the point itself: the mount replaces it, as a mount at the top replaces a top-level link
-        (("/var/run",), top(var=[*TMPFS, "0755", "--tmpfs", "/var"]), ["/var", "/"]),
+        (("/var/run",), [*WHOLE, *TMPFS, "0755", "--tmpfs", "/var"], ["/var"]),
         # under another destination: that mount's, not the image's
         (("/world", "/world/src", "/tmp", "/tmp/a/b"), top(but=("/tmp",)), ["/"]),
+        (("/tmp", "/tmp/a/b"), WHOLE, []),
         # two points: deepest sealed first
-        (("/run/quinebox/host.sock", "/opt/a/x"), top(run=[*TMPFS, "0755", "--tmpfs", "/run", *bound("/run/lock")],
-                                                      opt=[*bound("/opt"), *TMPFS, "0755", "--tmpfs", "/opt/a"]), ["/opt/a", "/run", "/"]),
+        (("/run/quinebox/host.sock", "/opt/a/x"), [*WHOLE, *TMPFS, "0755", "--tmpfs", "/opt/a", *TMPFS, "0755", "--tmpfs", "/run", *bound("/run/lock")],
+         ["/opt/a", "/run"]),
+        (("/world", "/run/quinebox/host.sock", "/opt/a/x"), top(run=[*TMPFS, "0755", "--tmpfs", "/run", *bound("/run/lock")],
+                                                                opt=[*bound("/opt"), *TMPFS, "0755", "--tmpfs", "/opt/a"]), ["/opt/a", "/run", "/"]),
     ],
 )
 def test_the_root_as_bwrap_options(dests, made, sealed):
@@ -79,15 +91,15 @@ def test_a_mount_through_the_images_link_is_refused_in_one_line(dest, link):
 
 # -- a real tree ------------------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def tree():
+def make_tree(*more: str) -> str:
     """An image's tree readable by any uid (not under pytest's 0700 tmp): a static busybox in /usr/bin, /bin -> usr/bin,
-    /etc/hostname, /run/lock, /opt/a/file, /var/run -> /run, and a link out of the tree, /escape -> /."""
+    /etc/hostname, /run/lock, /opt/a/file, /var/run -> /run, a link out of the tree, /escape -> /, and the
+    directories `more`."""
     busybox = shutil.which("busybox")
     assert busybox, "busybox is not installed: apt-get install busybox-static (the test's image's only program)"
     root = tempfile.mkdtemp(prefix="quinebox-bwrap-root-")
     os.chmod(root, 0o755)
-    for directory in ("usr/bin", "etc", "run/lock", "opt/a", "var", "tmp"):
+    for directory in ("usr/bin", "etc", "run/lock", "opt/a", "var", "tmp", *more):
         os.makedirs(os.path.join(root, directory))
     os.chmod(os.path.join(root, "run/lock"), 0o1777)
     os.chmod(os.path.join(root, "opt"), 0o711)
@@ -98,6 +110,23 @@ def tree():
     os.symlink("usr/bin", os.path.join(root, "bin"))
     os.symlink("/run", os.path.join(root, "var/run"))
     os.symlink("/", os.path.join(root, "escape"))
+    return root
+
+
+@pytest.fixture
+def tree():
+    root = make_tree()
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root)
+
+
+@pytest.fixture(params=["tmpfs", "whole"])
+def any_tree(request):
+    """The tree without /proc and /dev (the box's root a tmpfs, the tree's entries bound into it), and with them (every
+    top-level point the tree's own: the box's root is the tree, in one bind)."""
+    root = make_tree(*(("proc", "dev") if request.param == "whole" else ()))
     try:
         yield root
     finally:
@@ -146,6 +175,8 @@ def run_box(tree: str, as_uid: int | None) -> subprocess.CompletedProcess:
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000", "--clearenv",
             *root_argv(tree, look, dests), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--ro-bind", grant, "/opt/tool",
             "--ro-bind", os.path.join(grant, "granted"), "/run/quinebox/host.sock", *root_seal(look, dests), "--", "/bin/busybox", "sh", "-c", INSIDE]
+    made = root_argv(tree, look, dests)
+    assert (made[:3] == ["--ro-bind", tree, "/"]) is os.path.isdir(os.path.join(tree, "proc"))  # the one bind, or a tmpfs root
     who = {} if as_uid is None else {"user": as_uid, "group": as_uid, "extra_groups": []}
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=30, **who)
@@ -175,10 +206,10 @@ ok
 
 
 @pytest.mark.parametrize("as_uid", [None, pytest.param(65534, marks=pytest.mark.root_only)], ids=["self", "nobody"])
-def test_a_box_over_the_tree_writes_nothing_of_it(tree, as_uid):
+def test_a_box_over_the_tree_writes_nothing_of_it(any_tree, as_uid):
     assert shutil.which("bwrap"), "bwrap is not installed: apt-get install bubblewrap (scripts/setup.sh installs it)"
-    before = snapshot(tree)
-    ran = run_box(tree, as_uid)
+    before = snapshot(any_tree)
+    ran = run_box(any_tree, as_uid)
     assert (ran.returncode, ran.stderr) == (0, ""), ran.stderr
     assert ran.stdout == OUT
-    assert snapshot(tree) == before, json.dumps(snapshot(tree), default=str)
+    assert snapshot(any_tree) == before, json.dumps(snapshot(any_tree), default=str)

@@ -1,13 +1,16 @@
 """A bwrap box's read-only root, made of the image's unpacked tree without writing a byte of it (no overlay).
 
 bwrap makes a mount point wherever it mounts, and the image cache is shared by every box: so nothing is mounted
-into the image's own directories unless the point is already there. The root is a small tmpfs (`--tmpfs /`),
+into the image's own directories unless the point is already there. When the image has every top-level point the
+box mounts on (the agent image ships /proc, /dev, /tmp, /world, /.quinebox and /run/quinebox), the root is the
+image's tree bound read-only at / in one mount (`--ro-bind IMAGE /`). Otherwise it is a small tmpfs (`--tmpfs /`),
 each top-level entry of the image bound back read-only (`--ro-bind`) or recreated (`--symlink`, as written: the
-box resolves /bin -> usr/bin as the image does). A mount point the image lacks is made on a tmpfs: at the top
-the root's own; deeper, the image directory that lacks it becomes a tmpfs of its own whose entries are bound back
-the same way (a grant at /opt/tool/bin in an image with /opt but no /opt/tool: /opt is a tmpfs, each of the
-image's /opt/* bound into it, /opt/tool made on it). Each tmpfs made here is made read-only once the box's mounts
-are made (`root_seal`), as `--remount-ro` is one mount's, not its children's.
+box resolves /bin -> usr/bin as the image does), the points it lacks made on it. Deeper, an image directory that
+lacks a point becomes a tmpfs of its own whose entries are bound back the same way (a grant at /opt/tool/bin in an
+image with /opt but no /opt/tool: /opt is a tmpfs, each of the image's /opt/* bound into it, /opt/tool made on it).
+Each tmpfs made here is made read-only once the box's mounts are made (`root_seal`), as `--remount-ro` is one
+mount's, not its children's. Each mount is CPU of every box's start (bwrap reads its mount table again for each
+bind), which is why the one bind is taken wherever the image allows it.
 
 `image_look(image_root)` is the one look at the host (lstat under the image's tree, never following a link: a
 link is what the image says, resolved only inside the box); `root_argv`/`root_seal` are pure over it, so a table
@@ -109,7 +112,7 @@ def _points(look: Look, mount_dests: Iterable[str]) -> tuple[frozenset[str], fro
     refused."""
     dests = {_norm(d) for d in mount_dests}
     points = {d for d in dests if d != "/" and not any(p in dests for p in _parents(d))}
-    left, tmpfs = set(points), {"/"}
+    left, tmpfs = set(points), set()
     for dest in points:
         for parent in _parents(dest):
             kind = look(parent)
@@ -141,8 +144,9 @@ def _show(image_root: str, look: Look, path: str, left: frozenset[str], tmpfs: f
         for name in look.entries(path):
             made += _show(image_root, look, os.path.join(path, name), left, tmpfs)
         return made
-    made = ["--ro-bind", os.path.join(image_root, path.lstrip("/")), path]
-    for below in sorted(t for t in tmpfs if t.startswith(path + "/") and not any(u in tmpfs for u in _parents(t) if u.startswith(path + "/"))):
+    made = ["--ro-bind", image_root if path == "/" else os.path.join(image_root, path.lstrip("/")), path]
+    under = path.rstrip("/") + "/"
+    for below in sorted(t for t in tmpfs if t.startswith(under) and not any(u in tmpfs for u in _parents(t) if u.startswith(under))):
         made += _show(image_root, look, below, left, tmpfs)
     return made
 
@@ -151,6 +155,8 @@ def root_argv(image_root: str, look: Look, mount_dests: Iterable[str]) -> list[s
     """bwrap's options that make the box's root out of the image at `image_root` (module docstring), before the
     box's mounts at `mount_dests` (every destination bwrap mounts: /proc and /dev too); `root_seal` after them."""
     left, tmpfs = _points(look, mount_dests)
+    if "/" not in tmpfs:  # every top-level point is the image's own: its tree at / in one read-only bind
+        return _show(image_root, look, "/", left, tmpfs)
     argv = ["--size", str(ROOT_TMPFS), "--perms", "0755", "--tmpfs", "/"]
     for name in look.entries("/"):
         argv += _show(image_root, look, "/" + name, left, tmpfs)
@@ -158,6 +164,7 @@ def root_argv(image_root: str, look: Look, mount_dests: Iterable[str]) -> list[s
 
 
 def root_seal(look: Look, mount_dests: Iterable[str]) -> list[str]:
-    """What makes the root read-only once the box's mounts are made: each tmpfs `root_argv` made, deepest first, / last."""
+    """What makes the root read-only once the box's mounts are made: each tmpfs `root_argv` made, deepest first, / last
+    (the image's tree bound at / is read-only as bound)."""
     _, tmpfs = _points(look, mount_dests)
     return [arg for path in sorted(tmpfs, key=lambda p: (-p.count("/") if p != "/" else 1, p)) for arg in ("--remount-ro", path)]
