@@ -15,7 +15,8 @@ The server never starts a thread or keeps an engine connection, so every
 worker starts clean: the pool of warm boxes (box/pool/warm.py) lives in a process of its
 own, forked between two commands once commands keep coming (warm.Demand). Workers and the pool die with the
 server, however it dies (SIGKILL included), and their boxes with them; `serve
-stop` lets running commands finish first. A server exits once idle, and once its
+stop` lets running commands finish first. The boxes' keeper (box/backends/keeper.py) is forked once, before
+the first worker: each worker tells it of its boxes, and it removes those of a worker that dies (SIGKILL included). A server exits once idle, and once its
 state dir is gone (freshness.Gone).
 
 It serves only its own user's processes that are as free as itself (fdpass.unfree: the same namespaces, no
@@ -69,7 +70,7 @@ class Server:
         self.fingerprint = ""
         self.changes: Changes | None = None
         #: Workers and the pool's keeper: what the server waits for when it stops. Not every child of this process
-        #: (an OCI backend's keeper lives until its owner has exited: waiting for it never ends).
+        #: (the boxes' keeper, backends/keeper.py, lives until every worker has exited: waiting for it never ends).
         self.children: set[int] = set()
         #: A worker forked ahead, waiting for the next command (its fork is then off that command's path).
         self.spare: Spare | None = None
@@ -121,6 +122,7 @@ class Server:
     def serve_forever(self) -> None:
         import select
 
+        from quinebox.box.backends import keeper
         from quinebox.box.pool.warm import Demand
         from quinebox.cli.freshness import Changes, Gone, fingerprint
 
@@ -131,6 +133,7 @@ class Server:
         gone = Gone(state_root(), str(run_dir()), os.path.basename(self.path))
         self.last = time.monotonic()  # idle from when it answers, not from before its imports
         self.demand = Demand(self.pool.after)
+        keeper.start()  # before any worker or the pool's keeper is forked: each tells this one, and forks none of its own
         if not self.pool.after:
             self.keep_pool()
         # Everything imported so far lives as long as the server: out of the collector's sight, a worker's collections

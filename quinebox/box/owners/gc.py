@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quinebox.box.backends.boxes import Box
+from quinebox.box.backends.keeper import keeper_runs
 from quinebox.box.backends.oci import idmap
 from quinebox.box.backends.oci.boxroot import bundle_of, bundles, remove_bundle, sweep_layers
 from quinebox.box.backends.oci.policy import Rootless
-from quinebox.box.backends.oci.reaper import keeper_runs
 from quinebox.box.backends.rootless import delegated_name, local_rootless
 from quinebox.box.owners.listing import every_box, info, reachable_engine
 from quinebox.box.policy import CGROUP_PREFIX, LABEL_OWNER
@@ -94,7 +94,7 @@ def clear_session(session: str, engine: DockerBackend | None = None, *, settle: 
     """Wait until what a process that is gone left of `session`'s box (the box, where a backend still lists it, and
     its bundle) is gone, so that the session may start a box again under its own name: a resumed session's.
 
-    The lost process's keeper (reaper.py) or the engine is most often removing that box as this runs: they are let
+    The lost process's keeper (backends/keeper.py) or the engine is most often removing that box as this runs: they are let
     finish, so that no late delete of theirs meets the new box of the same name. What nobody is left to remove (no
     keeper runs here: after a reboot, say) or is still there after `settle` seconds is removed here. A box of the
     session whose owner still runs is left alone, and said (QuineboxError)."""

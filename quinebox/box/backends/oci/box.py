@@ -5,7 +5,7 @@ with no relay in between: every channel is byte-exact and runs at pipe speed. `r
 box's init runs, and the init is reparented to this process (a child subreaper while it starts a box), which waits for it: its exit
 status is the box's. An OOM kill is read from the box's memory cgroup before `runtime delete` removes it.
 
-The keeper (reaper.py) is told of each box before it is made, and removes whatever this process still holds
+The keeper (backends/keeper.py) is told of each box before it is made, and removes whatever this process still holds
 when this process dies, SIGKILL included.
 """
 
@@ -18,13 +18,15 @@ import json
 import os
 import queue
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from quinebox.box.backends.oci import boxroot, idmap, reaper
+from quinebox.box.backends import keeper
+from quinebox.box.backends.oci import boxroot, idmap
 from quinebox.box.backends.oci.boxroot import IMAGE_ROOT, bundle_of, remove_box, remove_bundle
 from quinebox.box.backends.oci.runtime import QUICK_TIMEOUT, Runtime, container_id, sandbox_death
 from quinebox.box.policy import LABEL_PREFIX
@@ -44,8 +46,8 @@ EXIT_KILLED, EXIT_FAILED = 137, 125
 #: first, and the sentry used it anyway: what the panic log's first line says under a pids limit, at times).
 _EXHAUSTED = ("resource temporarily unavailable", "cannot allocate memory", "out of memory", "failed to create new os thread", "trying to use inactive address space")
 
-_keeper: tuple[int, int, int] | None = None  # (this process, its keeper, the pipe to it)
-_keeper_lock = threading.Lock()
+#: How long the keeper's kill of a lost holder's box may take.
+SWEEP_TIMEOUT = 10.0
 #: Boxes that have ended and are being removed: a process lets them finish before it exits (finish_removals).
 _leaving: set[OciBox] = set()
 #: The boxes this process made and holds, by container id (`held`).
@@ -82,35 +84,27 @@ def _prctl_subreaper(on: int) -> None:
 
 
 def hold(runtime: Runtime, cid: str, bundle: str) -> None:
-    """Tell this process's keeper of a box about to be made on `runtime`: it removes the box if we die first."""
-    _tell({"hold": cid, "bundle": bundle, "runtime": runtime.argv()})
+    """Tell the keeper of a box about to be made on `runtime`: it removes the box if this process dies first."""
+    keeper.hold("oci", cid, bundle=bundle, runtime=runtime.argv())
 
 
 def release(cid: str) -> None:
     """The box is removed: the keeper forgets it."""
-    _tell({"release": cid})
+    keeper.release(cid)
 
 
-def _tell(line: dict[str, Any]) -> None:
-    """One line to this process's keeper, forked the first time (and again in a forked child, which needs its own)."""
-    global _keeper
-    with _keeper_lock:
-        if _keeper is None or _keeper[0] != os.getpid() or not _alive(_keeper[1]):
-            if _keeper is not None and _keeper[0] == os.getpid():
-                os.close(_keeper[2])
-            _keeper = (os.getpid(), *reaper.start())
-        try:
-            os.write(_keeper[2], json.dumps(line).encode() + b"\n")  # one line, far below PIPE_BUF: written whole
-        except OSError:
-            pass  # a keeper that died leaves these boxes to `quinebox gc`
-
-
-def _alive(pid: int) -> bool:
-    """Whether our keeper still runs (it is our child: one that died is reaped here)."""
+def _sweep(told: dict[str, Any]) -> None:
+    """In the keeper, for a holder that died: kill and remove its box (a box's root it died before detaching
+    included); one the runtime would not delete stays listed, for `quinebox gc`."""
+    runtime, cid, bundle = [str(a) for a in told["runtime"]], str(told["hold"]), str(told.get("bundle") or "")
     try:
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:
-        return False
+        subprocess.run([*runtime, "kill", "--all", cid, "KILL"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=SWEEP_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    remove_box(runtime, cid, Path(bundle) if bundle else None)
+
+
+keeper.sweeps("oci", _sweep)
 
 
 def held(cid: str) -> OciBox | None:
