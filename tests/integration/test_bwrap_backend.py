@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from commands import QUINEBOX, ROOTLESS, scripts
+from commands import QUINEBOX, ROOTLESS, scripts, wait_for
 from live_boxes import cgroups_of
 from openai_server import exit_, sh
 
@@ -29,10 +29,11 @@ import quinebox
 from quinebox.agent.store import read_tape
 from quinebox.box.backends.bwrap.box import BwrapProcess
 from quinebox.box.backends.bwrap.configure import configure_bwrap
-from quinebox.box.backends.oci.idmap import BASE, SLOTS, SPAN
+from quinebox.box.backends.oci.idmap import BASE, BOXES, SLOTS, SPAN
 from quinebox.box.configure import unpacked_image
 from quinebox.box.spec import DEFAULT_IMAGE, build_spec
 from quinebox.errors import EngineError
+from quinebox.processes import pid_alive
 from quinebox.state import session_dir, state_dir
 
 #: The hierarchies a box's cgroup is made in (cgroups.py); a plain user's unified one is systemd's, not delegated on v1.
@@ -337,3 +338,29 @@ def test_an_agents_child_writes_changes_and_deletes_in_its_copy_on_write_world(b
     assert sorted(p.name for p in parent.iterdir()) == ["a.txt", "bin", "keep", "new"]
     assert (parent / "a.txt").read_bytes() == b"child" and (parent / "bin").read_bytes() == b"\0\1\xff"
     assert _mounts_naming(session, kid) == [] and records() == []
+
+
+def test_the_host_holds_no_mount_of_a_childs_world_while_it_runs_nor_after_its_holder_is_killed(bwrap, tmp_path):
+    """The overlay is mounted in a mount namespace of the child's own box: while the child runs the host has no mount
+    naming it (its layers, its mount point), and once the holder (the `quinebox run` whose broker made it) is killed
+    by SIGKILL the box, its record and the empty directory it was mounted on go too."""
+    scripts(tmp_path, mission=[{"sh": "quinebox exec -- sh -c 'echo up > /world/up; sleep 300'"}, {"exit": "success"}])
+    proc = subprocess.Popen([QUINEBOX, "run", "-q", "-m", f"script:{tmp_path / 'mission.yaml'}", "-g", "spawn:1", "-g", "depth:1", "go"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def child() -> dict | None:
+            for path in records():
+                record = json.loads(path.read_text())
+                if record.get("pid") and "sleep 300" in " ".join(record.get("command") or []):
+                    return record
+            return None
+        record = wait_for(child, timeout=60, every=0.05, what="the child's bwrap box")
+        kid = record["session"]
+        wait_for(lambda: (session_dir(kid) / "world" / "upper" / "up").exists(), timeout=30, what="the child's write")
+        assert _mounts_naming(kid) == []
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_for(lambda: records() == [], timeout=10, every=0.05, what="the boxes' removal after their holder's SIGKILL")
+    assert _mounts_naming(kid) == [] and not pid_alive(int(record["pid"]), str(record["start"]))
+    assert [p.name for p in (state_dir() / "bwrap").iterdir()] == [] and not [p for p in Path(BOXES).glob(f"*/{kid}*")]
