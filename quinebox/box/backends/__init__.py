@@ -10,12 +10,13 @@ line; nothing outside this room asks which backend a box is on.
 Each backend is one room, its seam object (backend.py) inside it: the engine's
 (docker/: its thin layer engine.py, box, launch, warm boxes) and the OCI
 runtimes' (oci/: runc, crun and gVisor's runsc, with their thin layer
-runtime.py, boxes, roots, ids, freezer, CRIU check, reaper, launch, warm boxes
+runtime.py, boxes, roots, ids, freezer, CRIU check, launch, warm boxes
 and claims) and bubblewrap's (bwrap/: each box one bwrap process, its policy as
 bwrap's argv, its root, its cgroups, its boxes as listed). Shared by all: each exec's own cgroup
 (exec_cgroups.py), which backend a box runs on (choice.py, probe.py), a plain
 user's boxes (rootless.py), each way a box could run here and its fix
-(ways.py, reach.py), and noticing an engine gone quiet (watch.py).
+(ways.py, reach.py), noticing an engine gone quiet (watch.py), and what removes a runtime's or bwrap's boxes when their
+holder dies (keeper.py).
 
 May import: the box's rules (spec, policy), streams and below; registry.py and
 each backend's backend.py rank above run/ and pool/ (they reach each backend's

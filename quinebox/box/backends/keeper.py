@@ -56,7 +56,8 @@ class _Keeper:
 
 
 _keeper: _Keeper | None = None
-#: The keeper each box held by this process was told of, where it is not the current one (a kind it could not remove).
+#: The keeper each box this process holds was told of (its release goes there: a keeper forked since for a kind the
+#: first could not remove keeps what the first was told).
 _where: dict[str, _Keeper] = {}
 _lock = threading.Lock()
 #: This process as a holder: (pid, its start time), read once per process.
@@ -102,8 +103,7 @@ def _tell(line: dict[str, Any], kind: str | None) -> None:
     data = json.dumps({**line, "by": list(_me)}).encode() + b"\n"  # far below PIPE_BUF: written whole
     key = str(line.get("hold", line.get("release")))
     with _lock:
-        keeper = _where.pop(key, None) if kind is None else None
-        keeper = _usable(keeper or _keeper, kind)
+        keeper = _usable(_where.pop(key, None) if kind is None else _keeper, kind)
         for _ in range(2):  # a keeper that died is replaced once: what it held is left to `quinebox gc`
             if keeper is None:
                 if kind is None:
@@ -115,7 +115,7 @@ def _tell(line: dict[str, Any], kind: str | None) -> None:
             except OSError:
                 _forget(keeper)
                 keeper = None
-        if kind is not None and keeper is not None and keeper is not _keeper:
+        if kind is not None and keeper is not None:
             _where[key] = keeper
 
 
@@ -137,7 +137,8 @@ def _its_pipe(keeper: _Keeper) -> bool:
 def _forget(keeper: _Keeper) -> None:
     """A keeper that is gone: its fd closed, and waited for if this process forked it."""
     global _keeper
-    os.close(keeper.fd)
+    with contextlib.suppress(OSError):
+        os.close(keeper.fd)
     if keeper.forker == os.getpid():
         with contextlib.suppress(ChildProcessError):
             os.waitpid(keeper.pid, os.WNOHANG)

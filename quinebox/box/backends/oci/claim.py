@@ -31,7 +31,7 @@ from quinebox.state import pool_socket
 
 #: (exit status, OOM-killed, why the sandbox itself died, if it did): as backends/oci/box.py's Ended.
 Ended = Callable[[int, bool, "str | None"], None]
-#: How a box ends whose keeper went away while it ran (its reaper kills and removes what it made).
+#: How a box ends whose keeper went away while it ran (the boxes' keeper kills and removes what it made).
 KEEPER_GONE = "the pool's keeper went away while the box ran (`quinebox serve status`)"
 EXIT_KILLED = 137
 

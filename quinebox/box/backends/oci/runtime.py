@@ -272,7 +272,7 @@ def _status(argv: list[str]) -> int | None:
 def deleted(runtime: list[str], cid: str) -> bool:
     """`runtime` (a Runtime's argv) told to delete `cid` by force: whether it is gone, deleted now or before. A
     delete that fails is asked after with `state`: only a runtime that no longer knows the box has removed it;
-    one that does not answer in time has not. Plain argv, so the keeper a process forks (reaper.py) deletes the same way."""
+    one that does not answer in time has not. Plain argv, so the keeper (backends/keeper.py) deletes the same way."""
     done = _status([*runtime, "delete", "--force", cid])
     if done is None:
         return False

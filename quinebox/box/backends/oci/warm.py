@@ -10,8 +10,8 @@ claimer.
 The keeper made the box, so the init is its child: it waits for it, reads an OOM kill from the box's cgroup
 before the runtime deletes it, and tells the claimer how the box ended on the connection the claim came in on;
 then it removes the box, off the claimer's path. A keeper that stops lets its warm boxes go at once and waits
-for the claimed ones to end (each ends with its claimer at the latest); one killed outright leaves them to its
-own reaper (backends/oci/reaper.py), which removes them.
+for the claimed ones to end (each ends with its claimer at the latest); one killed outright leaves them to the
+boxes' keeper it shares with its server (backends/keeper.py), which removes them.
 """
 
 from __future__ import annotations
