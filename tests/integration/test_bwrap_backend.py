@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import resource
 import select
 import stat
 import subprocess
@@ -106,6 +107,24 @@ def test_the_box_holds_the_callers_own_pipe(bwrap):
     assert proc.wait() == 0
     assert shown.strip() == f"pipe:[{os.fstat(read_end).st_ino}]".encode()
     os.close(read_end)
+
+
+def test_a_holder_with_more_than_1024_fds_starts_a_box(bwrap):
+    """A process holding many boxes (an agent's hundred children, each with its pipes, pidfd and sockets) has fds past
+    select(2)'s 1024: bwrap's start waits on them with poll(2). Before, each such start failed (ValueError from select)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may hold only {hard} fds")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if soft != resource.RLIM_INFINITY else soft, hard))
+    null = os.open(os.devnull, os.O_RDONLY)
+    held = [os.dup(null) for _ in range(1100)]
+    try:
+        done = quinebox.exec(["sh", "-c", "echo started"])
+        assert (done.returncode, done.stdout) == (0, b"started\n"), done.stderr
+    finally:
+        for fd in (null, *held):
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_box_outlives_the_thread_that_started_it(bwrap):

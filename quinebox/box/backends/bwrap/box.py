@@ -408,13 +408,20 @@ def _with_fds(argv: list[str], seccomp: int, info: int, block: int) -> list[str]
     return [out[0], "--info-fd", str(info), "--block-fd", str(block), *out[1:]]
 
 
+def _readable(fd: int, within: float) -> bool:
+    """Whether `fd` is readable (a pidfd: its process has exited) within `within` seconds. poll(2), not select(2): a
+    holder of many boxes (an agent's hundred children) has fds past select's 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(within * 1000))
+
+
 def _read_info(fd: int, proc: subprocess.Popen[bytes]) -> dict[str, Any] | None:
     """bwrap's info JSON (its box's pid and namespaces); None when bwrap ended without saying it."""
     data = b""
     until = time.monotonic() + START_WITHIN
     while time.monotonic() < until:
-        ready, _, _ = select.select([fd], [], [], max(0.0, until - time.monotonic()))
-        if not ready:
+        if not _readable(fd, max(0.0, until - time.monotonic())):
             break
         chunk = os.read(fd, 4096)
         if not chunk:
@@ -468,7 +475,7 @@ def _waits_on(pid: int, fd: int, pidfd: int) -> bool:
             called = []
         if len(called) > 1 and called[1] == hex(fd) and (number is None or called[0] == str(number)):
             return True
-        if select.select([pidfd], [], [], 0.0005)[0]:  # readable once it has exited
+        if _readable(pidfd, 0.0005):  # readable once it has exited
             return False
     raise EngineError(f"bwrap did not make the box within {START_WITHIN:g} s")
 
@@ -578,7 +585,7 @@ class BwrapProcess:
                 _oom_score(pid, box)
                 self.cgroup.place(pid)
         except (OSError, EngineError):
-            if not select.select([self._pidfd], [], [], 0)[0]:  # readable once it has exited
+            if not _readable(self._pidfd, 0):  # readable once it has exited
                 raise
             return False
         return True
