@@ -61,6 +61,9 @@ Ended = Callable[[int, bool, "str | None"], None]
 #: How long bwrap may take to say its box's pid (its namespaces made), and a removal to finish before exit.
 START_WITHIN = 10.0
 REMOVE_WITHIN = 5.0
+#: How long a process that refused its placement may take to be seen to exit: an exiting one (bwrap's child failing to
+#: make the box) refuses /proc's writes before its pidfd says so.
+EXITING_WITHIN = 0.2
 #: bwrap's options that bind a host path (SRC DEST): SRC is opened by bwrap, as whoever runs it.
 _BINDS = frozenset({"--bind", "--ro-bind", "--dev-bind", "--bind-try", "--ro-bind-try", "--dev-bind-try"})
 #: How many arguments each option of bwrap 0.8 takes (its --help), so that its argv is read as bwrap reads it: an
@@ -585,7 +588,7 @@ class BwrapProcess:
                 _oom_score(pid, box)
                 self.cgroup.place(pid)
         except (OSError, EngineError):
-            if not _readable(self._pidfd, 0):  # readable once it has exited
+            if not _readable(self._pidfd, EXITING_WITHIN):  # readable once it has exited (an exiting one refuses the write first)
                 raise
             return False
         return True
