@@ -18,7 +18,7 @@ from quinebox.agent.resumption import Resumption
 from quinebox.agent.session import AgentSession, View
 from quinebox.box.process import BoxProcess, Place, Stream
 from quinebox.box.spec import BoxSpec
-from quinebox.errors import QuineboxError
+from quinebox.errors import EXIT_QUINEBOX, QuineboxError
 
 
 class _Tree(Protocol):
@@ -96,10 +96,10 @@ class Agent:
         node.box = self
         try:
             self.proc = BoxProcess(spec, handler=self.session, place=node, stdin=stdin, stdout=stdout, stderr=stderr)
-        except QuineboxError as exc:
+        except BaseException as exc:  # a bug's exception too: the tree's end must not find a box without a process
             node.box = None  # no box was made: the tree's end has nothing of it to wait for or kill
             if resumption is None:
-                self.session.finish(exc.exit_code)
+                self.session.finish(exc.exit_code if isinstance(exc, QuineboxError) else EXIT_QUINEBOX)
             else:  # it stays interrupted, to be resumed once what stopped it is put right
                 self.session.abandon()
             self._release()
