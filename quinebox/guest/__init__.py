@@ -2,6 +2,7 @@
 must never import the host package.
 
     lifeline.py     the first process in every box: it ties the box's life to the host's (its init)
+    init.py         the init's code, which lifeline.py runs (a script is compiled at every start; a module is not)
     protocol.py     the frames between a box and its host, imported by both sides so they agree by construction
     execs.py        commands the host asks the init to start beside the main one, over the lifeline
     checkpoints.py  the init around a checkpoint: its host connections let go of, its lifeline dialled again

@@ -34,7 +34,7 @@ import threading
 
 TYPE_CHECKING = False  # typing's flag, without importing typing (start-up): mypy reads the guest as the package, a box runs it flat
 if TYPE_CHECKING:
-    from quinebox.guest import forwarder, lifeline, material, protocol
+    from quinebox.guest import forwarder, init, material, protocol
     from quinebox.guest.host import Host, Refused
     from quinebox.guest.prompt import FINAL_TOOLS, SYSTEM_PROMPT, TOOLS, network
     from quinebox.guest.tools import DELIVERABLE, DIAGNOSTICS, MATERIAL, fork, run_sh
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the guest directory is not a package on sys.path
     import forwarder
-    import lifeline
+    import init
     import material
     import protocol
     from host import Host, Refused
@@ -79,14 +79,14 @@ def parse_args(argv):
 def hold_lifeline(held):
     """Connect the lifeline (first cycle) or keep the one inherited across exec, and watch it."""
     if held is None:
-        line = lifeline.connect()
+        line = init.connect()
         if line is None:
             say("quinebox: the host is gone; not starting")
             raise SystemExit(137)
     else:
         line = socket.socket(fileno=held)
     os.set_inheritable(line.fileno(), True)  # survives exec; sh children never see it (close_fds)
-    threading.Thread(target=lifeline.watch, args=(line,), daemon=True).start()
+    threading.Thread(target=init.watch, args=(line,), daemon=True).start()
     return line.fileno()
 
 
