@@ -73,7 +73,8 @@ os.register_at_fork(after_in_child=_fresh_lock)
 
 
 def sweeps(kind: str, sweep: Sweep) -> None:
-    """Register how boxes of `kind` go (before any is held: a keeper forked earlier cannot remove them)."""
+    """Register how boxes of `kind` go (at import: a keeper forked before cannot remove them, so the first hold of
+    `kind` a process tells such a keeper forks one that can)."""
     _sweeps[kind] = sweep
 
 
@@ -198,8 +199,10 @@ def keep(fd: int) -> None:
             return True
         try:
             pidfd = os.pidfd_open(holder[0])
-        except OSError:
+        except ProcessLookupError:
             return False
+        except OSError:
+            return True  # no fd left to watch it by (EMFILE): what it holds waits for the pipe's end, never swept early
         if process_start_ticks(holder[0]) != holder[1]:  # a reused pid: that holder is gone
             os.close(pidfd)
             return False
