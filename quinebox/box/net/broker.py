@@ -6,6 +6,13 @@ nothing a guest sends — garbage, oversized frames, unknown kinds — can do mo
 than earn an error frame and, when the stream cannot be trusted to continue,
 a closed connection.
 
+A box holds at most MAX_CONNECTIONS connections that carry no child of its
+own; one that does (a spawn the tree started) is paid for by the box's spawn
+budget, so an agent granted `spawn:100` may have its hundred children alive at
+once. Past the cap the host stops accepting until one is done: the box's next
+connect waits in the kernel's queue, never a connection reset under a spawn
+the box was granted.
+
 While this process lives, the box may live: the guest's init holds a
 connection and kills the box when it breaks. The kernel closes our end however
 we die, SIGKILL included.
@@ -27,7 +34,8 @@ from quinebox.errors import QuineboxError
 from quinebox.guest import protocol
 
 ERROR_EXIT = 1
-#: Connections one box may hold open at once; more are closed on arrival.
+#: Connections one box may hold open at once that carry no child of its own (its spawn budget bounds those); past
+#: it, the next is accepted only when one of them is done.
 MAX_CONNECTIONS = 64
 #: What a box's init answers the host's `drop` with (guest/checkpoints.py): it lets go of the lifeline, or keeps
 #: it, naming what of the host's its processes hold.
@@ -122,7 +130,11 @@ class Broker:
         self.spawner = spawner
         self._listener = listener or box_socket(path, backlog=16, owner=owner)
         self._connections: set[socket.socket] = set()
+        #: Those of them that carry a child this box started (each paid for by its spawn budget).
+        self._carrying = 0
         self._lock = threading.Lock()
+        #: Told when a connection is done or starts carrying a child (room for the next), and when the broker closes.
+        self._room = threading.Condition(self._lock)
         self._closed = False
         #: Connections served so far: only the first may be the init's (it connects before anything else runs).
         self._served = 0
@@ -136,6 +148,8 @@ class Broker:
 
     def _accept(self) -> None:
         while True:
+            with self._room:  # past the cap, the box's next connect waits in the listener's queue (and then in connect)
+                self._room.wait_for(lambda: self._closed or not self._full())
             try:
                 conn, _ = self._listener.accept()
             except OSError:
@@ -150,7 +164,7 @@ class Broker:
         """Serve a connection from this box: one accepted here, or a warm box's lifeline accepted before its claim
         (`init`: its init said then that it serves execs; the pool's keeper read its hello)."""
         with self._lock:
-            if self._closed or len(self._connections) >= MAX_CONNECTIONS:
+            if self._closed or self._full():
                 conn.close()  # a box cannot make the host spend a thread per connection without bound
                 return False
             self._connections.add(conn)
@@ -164,6 +178,10 @@ class Broker:
             self.init_said.set()
         threading.Thread(target=self._serve, args=(conn, channel, first, line), daemon=True).start()
         return True
+
+    def _full(self) -> bool:
+        """Whether the box holds MAX_CONNECTIONS connections that carry no child (the caller holds the lock)."""
+        return len(self._connections) - self._carrying >= MAX_CONNECTIONS
 
     def _serve(self, conn: socket.socket, channel: Channel, first: bool, init: InitLine | None) -> None:
         reader = conn.makefile("rb")
@@ -193,6 +211,10 @@ class Broker:
                     continue
                 if message["kind"] == "spawn":
                     relay = self._spawn(message, channel)
+                    if relay is not None:
+                        with self._room:  # the spawn budget pays for this one now: room for another
+                            self._carrying += 1
+                            self._room.notify_all()
                     continue
                 if message["kind"] in ("restore_world", "adopt") and self.handler is not None:
                     stream = self.handler.restore_world if message["kind"] == "restore_world" else self.handler.adopt
@@ -217,8 +239,11 @@ class Broker:
             if first:
                 self.init_said.set()
             reader.close()
-            with self._lock:
+            with self._room:
                 self._connections.discard(conn)
+                if relay is not None:
+                    self._carrying -= 1
+                self._room.notify_all()
             conn.close()
 
     def _spawn(self, message: dict[str, Any], channel: Channel) -> Relay | None:
@@ -299,9 +324,10 @@ class Broker:
 
     def close(self) -> None:
         """Drop every connection (a box still attached will kill itself) and remove the socket."""
-        with self._lock:
+        with self._room:
             self._closed = True
             connections = list(self._connections)
+            self._room.notify_all()
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
