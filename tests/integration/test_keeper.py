@@ -22,7 +22,7 @@ PROLOGUE = textwrap.dedent("""
         with open(out, "a") as f:
             f.write(line["kind"] + " " + line["hold"] + "\\n")
 
-    def keepers():
+    def children():  # this process's children, by name: a keeper names itself just after its fork
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
@@ -30,9 +30,15 @@ PROLOGUE = textwrap.dedent("""
             except OSError:
                 continue
             name, _, rest = stat.rpartition(") ")
-            if name.endswith("(quinebox-keeper") and int(rest.split()[1]) == os.getpid():
-                found.append(int(pid))
+            if int(rest.split()[1]) == os.getpid():
+                found.append(name.partition("(")[2])
         return found
+
+    def keepers(count):  # how many children, once `count` keepers among them have named themselves (5 s at most)
+        until = time.monotonic() + 5
+        while children().count("quinebox-keeper") < count and time.monotonic() < until:
+            time.sleep(0.01)
+        return len(children())
 """)
 
 
@@ -56,12 +62,14 @@ def test_a_forked_child_tells_its_parents_keeper_and_its_death_removes_only_what
             keeper.hold("test", "child-held")
             keeper.hold("test", "child-released")
             keeper.release("child-released")
+            print(len(children()), flush=True)  # it forked no keeper of its own
             os.kill(os.getpid(), 9)
         os.waitpid(child, 0)
-        print(len(keepers()), flush=True)
+        print(keepers(1), flush=True)
         sys.stdin.read()
     """)
-    assert proc.stdout.readline() == b"1\n"  # the child forked none of its own
+    assert proc.stdout.readline() == b"0\n"  # the child forked none of its own
+    assert proc.stdout.readline() == b"1\n"
     wait_for(lambda: swept(out), timeout=5, what="the dead child's sweep")
     assert swept(out) == ["test child-held"]  # neither what it released nor its parent's
     proc.stdin.close()
@@ -102,7 +110,7 @@ def test_a_kind_registered_after_the_keeper_was_forked_gets_a_keeper_that_remove
         keeper.sweeps("late", swept)
         keeper.hold("late", "c")
         keeper.release("a")  # told to the keeper that holds it, the first
-        print(len(keepers()), flush=True)
+        print(keepers(2), flush=True)
         sys.stdin.read()
     """)
     assert proc.stdout.readline() == b"2\n"
