@@ -18,15 +18,9 @@ from commands import QUINEBOX, wait_for
 from live_boxes import cgroups_of, oci_containers
 
 from quinebox.box.backends import keeper
-from quinebox.box.backends.bwrap import box as bwrap_box
 from quinebox.box.policy import LABEL_SESSION
 
-#: bwrap/box.py tells the shared keeper once /work/brief/keeper-bwrap.patch is applied; until then it forks its own.
-BWRAP_SHARED = "bwrap" in keeper._sweeps and not hasattr(bwrap_box, "_start_keeper")
-BACKENDS = [
-    pytest.param("bwrap", marks=pytest.mark.skipif(not BWRAP_SHARED, reason="bwrap/box.py still forks a keeper of its own")),
-    "oci",
-]
+BACKENDS = ["bwrap", "oci"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -67,6 +61,13 @@ def descendants(root: int) -> dict[int, str]:
         frontier = {pid for pid, (_, parent) in table.items() if parent in frontier and pid not in found}
         found.update({pid: table[pid][0] for pid in frontier})
     return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def keepers(server: int) -> list[int]:
@@ -119,7 +120,8 @@ def test_a_worker_killed_while_its_box_runs_leaves_nothing_and_the_server_serves
     env, server = served
     [own] = keepers(server)
     [proc] = sleepers(env, 1)
-    box = next(pid for pid in descendants(server) if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00300\x00")
+    box = wait_for(lambda: next((pid for pid in descendants(server) if _cmdline(pid) == b"sleep\x00300\x00"), None), timeout=30,
+                   what="the box's sleep")  # its shell said "started" and is exec'ing it
     worker = box
     while (stat := _stat(worker)) is not None and stat[1] != server:
         worker = stat[1]

@@ -144,6 +144,18 @@ def test_a_box_outlives_the_thread_that_started_it(bwrap):
     assert [t.name for t in threading.enumerate() if t.name == "bwrap-starter"] == []
 
 
+def test_a_box_started_from_the_main_thread_takes_no_thread_to_start(bwrap):
+    """The main thread ends only with the process (which --die-with-parent follows), so it starts its bwraps itself:
+    no starter thread is made (a served exec's worker pays for none), and the box runs and ends as ever."""
+    proc = quinebox.Popen(["sh", "-c", "read go; echo lived"], stdin=quinebox.PIPE, stdout=quinebox.PIPE)
+    try:
+        assert [t.name for t in threading.enumerate() if t.name == "bwrap-starter"] == []
+    finally:
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        assert (proc.stdout.read(), proc.wait()) == (b"lived\n", 0)
+
+
 def test_an_oom_kill_is_137_and_its_line(bwrap):
     hog = quinebox.exec(["python3", "-c", "b = bytearray(256 << 20)"], grants=["mem:64m"])
     assert (hog.returncode, hog.oom_killed) == (137, True)
@@ -204,6 +216,13 @@ def test_no_process_of_the_box_is_ever_host_root_and_the_host_holds_none_of_its_
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(ROOTLESS, reason="as root: bwrap becomes the box's own host ids, with none of its caller's groups")
+def test_a_root_made_box_holds_none_of_its_callers_groups(bwrap):
+    """A caller's supplementary group is not the box's (one the box's namespace has no name for would show as 65534)."""
+    done = subprocess.run([QUINEBOX, "exec", "--backend", "bwrap", "--", "grep", "^Groups", "/proc/self/status"], capture_output=True, timeout=60, extra_groups=[4242])
+    assert done.returncode == 0 and done.stdout.split() == [b"Groups:"], done
 
 
 def _dirs(root: str) -> dict[str, tuple[int, int, int]]:

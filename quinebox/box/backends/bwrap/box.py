@@ -13,7 +13,7 @@ The start, in order (nothing of the box's command runs before its limits hold):
    (`_world_point`: in the slot, or a plain user's beside the record), removed as those binds are;
 3. `bwrap` started with the caller's fds as its 0, 1 and 2 (a terminal's slave instead, with one), its seccomp BPF
    on a memfd, `--info-fd` and `--block-fd`, as the box's own host ids (root) or the caller (a plain user), in a
-   session of its own, from one long-lived thread of this process: `--die-with-parent` is the kernel's
+   session of its own, from the main thread or one long-lived thread of this process: `--die-with-parent` is the kernel's
    PR_SET_PDEATHSIG, which fires when the *thread* that started bwrap ends, so no caller's short-lived thread may;
 4. bwrap's info read (the host pid of the box's PID 1, which then waits on the block fd with its mounts made),
    the rlimits and OOM score set on bwrap and on it, both placed in the box's cgroup, the record completed;
@@ -24,8 +24,9 @@ The start, in order (nothing of the box's command runs before its limits hold):
 Its exit status is bwrap's (which is its PID 1's, 128+N for a signal's death); an OOM kill is read from its memory
 cgroup (137 and its line, as a runc box's). Its remains (cgroup, slot mounts, ids, record) go right after, on the
 waiting thread; `remove_remains(record)` is the one way they go, for this process, the keeper, listed.py's destroy
-and gc alike. A holder killed by SIGKILL takes its boxes with it (`--die-with-parent`); its keeper, forked as
-oci/reaper.py's is and told each box's record before the box is made, removes their remains when the pipe ends.
+and gc alike. A holder killed by SIGKILL takes its boxes with it (`--die-with-parent`); the keeper (backends/keeper.py,
+one for a process tree: a command server's workers tell their server's), told each box's record before the box is
+made, removes their remains once that holder has died.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from quinebox.box.backends import keeper
 from quinebox.box.backends.bwrap.cgroups import BoxCgroup
 from quinebox.box.backends.bwrap.overlay import mounter
 from quinebox.box.backends.bwrap.policy import OVERLAY_SOURCE, BwrapBox, seccomp_program
@@ -264,40 +266,52 @@ _Job = tuple[dict[str, Any], "queue.SimpleQueue[Any]"]
 class _Starter:
     """Runs each bwrap's Popen on one thread that lives as long as any bwrap it started runs: the kernel's
     parent-death signal (`--die-with-parent`) fires when the thread that forked bwrap ends, which a caller's own
-    thread may do. With none of its bwraps left it ends too (`done`), so a process holds no thread for no box."""
+    thread may do. With none of its bwraps left it ends too (`done`), so a process holds no thread for no box. The
+    main thread starts its bwraps itself (a served exec's worker, the CLI): it ends only with the process, whose
+    death is the signal's point, and a thread made and handed each start would only cost its CPU."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] | None = None
         self._pid = -1
-        self._live = 0  # bwraps started (or being started) by the current thread, not yet reaped
+        self._mine: set[int] = set()  # the pids of the bwraps the current thread started, not yet reaped
+        self._starting = 0  # and the starts handed to it, not answered yet: they hold it too
         self._lock = threading.Lock()
 
     def popen(self, **kwargs: Any) -> subprocess.Popen[bytes]:
+        if threading.current_thread() is threading.main_thread():
+            return subprocess.Popen(**kwargs)
         with self._lock:
             if self._pid != os.getpid():  # a forked child has no thread of its parent's
-                self._pid, self._jobs, self._live = os.getpid(), None, 0
+                self._pid, self._jobs, self._mine, self._starting = os.getpid(), None, set(), 0
             if self._jobs is None:
                 self._jobs = queue.SimpleQueue()
                 threading.Thread(target=self._run, args=(self._jobs,), name="bwrap-starter", daemon=True).start()
-            self._live += 1
             jobs = self._jobs
+            self._starting += 1
         answer: queue.SimpleQueue[Any] = queue.SimpleQueue()
         jobs.put((kwargs, answer))
         result = answer.get()
+        with self._lock:
+            self._starting -= 1
+            if not isinstance(result, BaseException):
+                self._mine.add(result.pid)
+            self._end_if_idle()
         if isinstance(result, BaseException):
-            self.done()
             raise result
         return result
 
-    def done(self) -> None:
-        """A bwrap this starter started has been reaped: with none left, its thread ends (a new one starts the next)."""
+    def done(self, proc: subprocess.Popen[bytes]) -> None:
+        """`proc` has been reaped: if this starter's thread started it and none of its others is left, the thread
+        ends (a new one starts the next)."""
         with self._lock:
-            if self._pid != os.getpid() or self._jobs is None:
-                return
-            self._live -= 1
-            if self._live == 0:
-                self._jobs.put(None)
-                self._jobs = None
+            if self._pid == os.getpid() and proc.pid in self._mine:
+                self._mine.discard(proc.pid)
+                self._end_if_idle()
+
+    def _end_if_idle(self) -> None:
+        if not self._mine and not self._starting and self._jobs is not None:
+            self._jobs.put(None)
+            self._jobs = None
 
     @staticmethod
     def _run(jobs: queue.SimpleQueue[_Job | None]) -> None:
@@ -312,78 +326,17 @@ class _Starter:
 _starter = _Starter()
 
 
-# -- the keeper: what removes this process's boxes' remains when it dies without removing them ---------------------
-
-_keeper: tuple[int, int, int] | None = None  # (this process, its keeper, the pipe to it)
-_keeper_lock = threading.Lock()
-KEEPER_NAME = b"quinebox-keeper"
-PR_SET_NAME = 15
+# -- the keeper (backends/keeper.py): what removes a holder's boxes' remains when it dies without removing them -----
 
 
-def _tell(line: dict[str, Any]) -> None:
-    """One line to this process's keeper, forked the first time (and again in a forked child, which needs its own)."""
-    global _keeper
-    with _keeper_lock:
-        if _keeper is None or _keeper[0] != os.getpid() or not _alive(_keeper[1]):
-            if _keeper is not None and _keeper[0] == os.getpid():
-                os.close(_keeper[2])
-            _keeper = (os.getpid(), *_start_keeper())
-        with contextlib.suppress(OSError):  # a keeper that died leaves these boxes to `quinebox gc`
-            os.write(_keeper[2], json.dumps(line).encode() + b"\n")
+def _sweep(told: dict[str, Any]) -> None:
+    """In the keeper, for a holder that died: what the box's record (its hold's key) still names goes."""
+    record = read_record(Path(str(told["hold"])))
+    if record is not None:
+        remove_remains(record)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:
-        return False
-
-
-def _start_keeper() -> tuple[int, int]:
-    """Forked as oci/reaper.py's keeper is (a new interpreter would cost every exec its start-up): it keeps
-    nothing of its owner's open but its end of the pipe, and leaves with os._exit."""
-    told, tell = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            os.chdir("/")
-            os.dup2(told, 0)
-            null = os.open(os.devnull, os.O_RDWR)
-            os.dup2(null, 1)
-            os.dup2(null, 2)
-            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, signal.SIGCHLD):
-                signal.signal(signum, signal.SIG_DFL)
-            _libc.prctl(PR_SET_NAME, KEEPER_NAME, 0, 0, 0)
-            _keep(0)
-        finally:
-            os._exit(0)
-    os.close(told)
-    return pid, tell
-
-
-def _keep(fd: int) -> None:
-    """Follow the owner's lines until it ends; then remove what each record still held names."""
-    held: set[str] = set()
-    pending = b""
-    while chunk := os.read(fd, 65536):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            try:
-                told = json.loads(line)
-                if "hold" in told:
-                    held.add(str(told["hold"]))
-                else:
-                    held.discard(str(told.get("release")))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
-    for path in held:
-        record = read_record(Path(path))
-        if record is not None:
-            with contextlib.suppress(Exception):
-                remove_remains(record)
+keeper.sweeps("bwrap", _sweep)
 
 
 @atexit.register
@@ -446,15 +399,20 @@ def _binary(name: str, package: str) -> str:
     return found
 
 
-def _wrapped(argv: list[str], box: BwrapBox, *, tty: bool) -> list[str]:
+def _wrapped(argv: list[str], box: BwrapBox, *, tty: bool, as_ids: tuple[int, int] | None) -> list[str]:
     """bwrap's argv as it is started. Under util-linux's prlimit, which sets the box's rlimits on itself and then is
     bwrap: a limit set on another process needs CAP_SYS_RESOURCE (a container's root may lack it), and a child bwrap
-    forked before its limits were set would lack them. On a terminal, the pty's slave made bwrap's controlling
+    forked before its limits were set would lack them. `as_ids` (root): then util-linux's setpriv, which becomes the
+    box's own host uid and gid with no supplementary group before anything of the box's runs, as subprocess's
+    `user=`/`group=`/`extra_groups=` would; but those make CPython fork the whole interpreter (~2 ms of a worker's
+    CPU, its page tables copied) where it otherwise uses vfork. On a terminal, the pty's slave made bwrap's controlling
     terminal (`setsid --ctty`), so that ^C and ^\\ reach the box's foreground processes as the kernel sends them,
     as on a runtime's console; bwrap itself ignores them (`env --ignore-signal`), or its death would kill the box,
     and its box's init takes them back (guest/lifeline.py forwards SIGINT and SIGQUIT, its command starts with both
     at their defaults)."""
     limits = [_binary("prlimit", "util-linux"), *(f"--{name}={soft}:{hard}" for name, soft, hard in box.rlimits), "--"]
+    if as_ids is not None:
+        limits += [_binary("setpriv", "util-linux"), f"--reuid={as_ids[0]}", f"--regid={as_ids[1]}", "--clear-groups", "--"]
     if tty:
         limits += [_binary("env", "coreutils"), "--ignore-signal=INT", "--ignore-signal=QUIT", _binary("setsid", "util-linux"), "--ctty"]
     return [*limits, *argv]
@@ -513,7 +471,7 @@ class BwrapProcess:
             "host_ids": list(box.host_ids), "ids": {"first": ids.first, "count": ids.span} if ids is not None else None,
         }
         self._path = _write_record(self.record)
-        _tell({"hold": str(self._path)})
+        keeper.hold("bwrap", str(self._path))
         self.cgroup: BoxCgroup | None = None
         fds: list[int] = []
         try:
@@ -530,13 +488,13 @@ class BwrapProcess:
             block_r, block_w = os.pipe()
             fds += [info_r, info_w, block_r, block_w]
             stdin, stdout, stderr = (terminal, terminal, terminal) if terminal is not None else stdio
-            command = _wrapped([_binary("bwrap", "bubblewrap"), *_with_fds(argv, seccomp, info_w, block_r)[1:]], box, tty=terminal is not None)
+            command = _wrapped([_binary("bwrap", "bubblewrap"), *_with_fds(argv, seccomp, info_w, block_r)[1:]], box, tty=terminal is not None,
+                               as_ids=box.host_ids if as_root and world is None else None)
             if world is not None:  # mounted by the process that becomes bwrap, which then drops to the box's ids itself
                 command = [*mounter(box.overlay, str(world), box.host_ids, as_root=as_root), *command]
             self._proc = _starter.popen(
                 args=command, stdin=stdin, stdout=stdout, stderr=stderr,
                 pass_fds=(seccomp, info_w, block_r), close_fds=True, cwd="/", env={}, start_new_session=terminal is None,
-                **({"user": box.host_ids[0], "group": box.host_ids[1], "extra_groups": []} if as_root and world is None else {}),
             )
             for fd in (info_w, block_r, seccomp):
                 os.close(fd)
@@ -571,7 +529,7 @@ class BwrapProcess:
                     self._proc.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self._proc.wait(START_WITHIN)
-                _starter.done()
+                _starter.done(self._proc)
             self.remove()
             raise
         finally:
@@ -596,7 +554,7 @@ class BwrapProcess:
     def _wait(self) -> None:
         assert self._proc is not None
         code = self._proc.wait()
-        _starter.done()
+        _starter.done(self._proc)
         oom = self.cgroup is not None and self.cgroup.oom_kills() > 0
         code = code if code >= 0 else 128 - code
         with self._pidfd_lock:
@@ -630,7 +588,7 @@ class BwrapProcess:
         try:
             removed = remove_remains(self.record)
             if removed:
-                _tell({"release": str(self._path)})
+                keeper.release(str(self._path))
             return removed
         finally:
             self._removed.set()
