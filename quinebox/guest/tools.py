@@ -135,9 +135,17 @@ def fork(children, mode, adopt=False, host=None):
                         pass
         child.sock.close()
 
-    threads = [threading.Thread(target=follow, args=pair) for pair in started]
-    for thread in threads:
-        thread.start()
+    threads: list[threading.Thread] = []
+    for index, child in started:
+        thread = threading.Thread(target=follow, args=(index, child))
+        try:
+            thread.start()
+        except RuntimeError:  # no thread left under the box's pids limit: this child is stopped, not left unread
+            results[index] = {"mission": children[index]["mission"], "session": None, "exit_code": 125, "stdout": "",
+                              "stderr": "quinebox: this box's pids limit leaves no thread to follow this child: fork fewer children at once, or grant it more pids\n"}
+            child.sock.close()  # the host kills a child whose connection is gone
+            continue
+        threads.append(thread)
     for thread in threads:
         thread.join()
     outcome = {"mode": mode, "children": results}

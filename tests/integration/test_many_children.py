@@ -47,3 +47,17 @@ def test_a_parent_forks_more_children_than_the_connection_cap_and_all_run_at_onc
     assert [(r["exit_code"], r["stdout"], r["stderr"]) for r in results] == [(0, f"child-{i}: {CHILDREN} started\n", "") for i in range(CHILDREN)]
     assert len({r["session"] for r in results}) == CHILDREN
     assert len([r for r in tape if r["kind"] == "spawn"]) == CHILDREN
+
+
+def test_a_child_the_parents_pids_limit_leaves_no_thread_for_is_one_line_not_a_crash(engine, tmp_path):
+    """The parent's fork follows each child on a thread of its own; under the parent box's pids limit the threads run
+    out before 45 children are followed. Each child it cannot follow is stopped and is one line and 125 in the fork's
+    result; the parent goes on (before: `RuntimeError: can't start new thread`, the agent crashed, exit 1)."""
+    scripts(tmp_path, child=[{"exit": "success"}], parent=[{"fork": {"mode": "wait", "children": [
+        {"mission": f"c{i}", "model": "script:child.yaml"} for i in range(45)]}}, {"exit": "success"}])
+    done = qb("run", "-q", "--json", "-m", f"script:{tmp_path / 'parent.yaml'}", "-g", "spawn:45", "-g", "depth:1", "-g", "pids:40", "go", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [fork] = [r for r in read_tape(json.loads(done.stderr.splitlines()[-1])["session"]) if r["kind"] == "tool" and r["name"] == "fork"]
+    results = [(r["exit_code"], r["stdout"], r["stderr"]) for r in json.loads(fork["result"])["children"]]
+    line = "quinebox: this box's pids limit leaves no thread to follow this child: fork fewer children at once, or grant it more pids\n"
+    assert (0, "", "") in results and (125, "", line) in results and set(results) == {(0, "", ""), (125, "", line)}
