@@ -58,13 +58,14 @@ serve_pass() {
 docker_pass() {
     # The default backend is an OCI runtime here: the box tests and the e2e suite once more on the Docker
     # backend (its engine-only tests, the pool and the cluster's, already pin it and ran above; the long-lived
-    # boxes' run each backend themselves; the web view reads only the state dir, the same from either backend).
+    # boxes' run each backend themselves, as the server's keeper's do (the engine has none); the web view reads only
+    # the state dir, the same from either backend).
     echo "test: the box and e2e tests again, on the Docker backend"
     QUINEBOX_BACKEND=docker .venv/bin/python -m pytest -q -p no:cacheprovider --basetemp "$passes/d" tests/integration/test_isolation.py \
         tests/integration/test_seccomp.py tests/integration/test_any_image.py tests/integration/test_exec_api.py \
         tests/integration/test_sandbox_files.py tests/integration/test_sandbox_attach.py tests/e2e \
         --ignore=tests/e2e/test_cluster.py --ignore=tests/e2e/test_pool.py --ignore=tests/e2e/test_sandboxes.py \
-        --ignore=tests/e2e/test_view.py
+        --ignore=tests/e2e/test_view.py --ignore=tests/e2e/test_serve_keeper.py
 }
 gvisor_pass() {
     # gVisor's kernel answers the box's system calls itself: the isolation and seccomp suites run whole there,
@@ -160,7 +161,7 @@ rootless_pass() {
         tests/integration/test_host_image.py tests/integration/test_any_image.py tests/integration/test_registry.py \
         tests/integration/test_box_removal.py tests/integration/test_hostile_box.py tests/integration/test_agent.py \
         tests/integration/test_writable_root.py tests/integration/test_root_exec.py tests/integration/test_sandbox_files.py \
-        tests/integration/test_sandbox_attach.py \
+        tests/integration/test_sandbox_attach.py tests/integration/test_keeper.py \
         tests/integration/test_inspect.py tests/integration/test_mcp.py tests/unit/tree/test_pruning.py tests/unit/tree/test_retention.py \
         tests/unit/audit/test_audit_segments.py tests/unit/audit/test_audit_bound_writers.py tests/unit/test_private_modes.py tests/unit/test_state_trust.py tests/unit/test_egress_errors.py \
         tests/unit/box/test_image_usage.py tests/e2e \
