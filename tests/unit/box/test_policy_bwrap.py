@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import replace
 
 import pytest
-from bwrap_argv import IMAGE_ROOT, TMP, bwrap, command, env, flags, mounts, options, own, root, system
+from bwrap_argv import IMAGE, IMAGE_ROOT, PROC, TMP, TreeLook, bwrap, command, env, flags, mounts, options, own, root, system
 from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, spec
 from test_policy_oci import BOXES, DIR_WORLD, env_of, oci, own_mounts
 
@@ -130,6 +130,19 @@ def test_a_working_directory_the_image_lacks_is_made_on_a_tmpfs_as_runc_makes_it
     if made:  # made after every mount, before the root is sealed read-only, and never in the image
         assert options(argv).index(made) < options(argv).index(("--remount-ro", "/"))
         assert tmpfs == "/" or ("--tmpfs", tmpfs) in options(argv)
+
+
+def test_the_images_own_runtime_is_shown_by_the_root_not_bound_again():
+    """A box of the agent image, whose runtime is the image's own /.quinebox: the root made of the image shows it,
+    read-only, so bwrap binds it no second time; a runtime from elsewhere (another image's box) is bound as ever."""
+    look = TreeLook({**IMAGE, RUNTIME: 0o755, "/world": 0o755})  # every top-level point the agent image's
+    agents = bwrap_box(spec(), image=AGENT_IMAGE, runtime=f"{IMAGE_ROOT}{RUNTIME}", seccomp=seccomp_base(), arch=ARCH, image_root=IMAGE_ROOT,
+                       look=look, host_ids=(1000, 1000), proc=PROC)
+    assert [o for o in options(agents.argv) if o[-1] == RUNTIME] == []
+    assert mounts(agents.argv)[0] == ("--ro-bind", IMAGE_ROOT, "/")  # the image's tree, /.quinebox and all, read-only
+    other = bwrap_box(spec(), image=AGENT_IMAGE, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH, image_root=IMAGE_ROOT,
+                      look=look, host_ids=(1000, 1000), proc=PROC)
+    assert [o for o in options(other.argv) if o[-1] == RUNTIME] == [("--ro-bind", RUNTIME_DIR, RUNTIME)]
 
 
 def test_a_terminal_keeps_the_session_its_pty_gives_it():

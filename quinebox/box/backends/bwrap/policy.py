@@ -237,7 +237,7 @@ def bwrap_box(
     resources: dict[str, Any] = {"memory": {"limit": mem, "swap": mem}, "pids": {"limit": pids}}
     if grants.cpus is not None:
         resources["cpu"] = {"period": CPU_PERIOD, "quota": nano_cpus(grants.cpus) * CPU_PERIOD // 1_000_000_000}
-    own = sorted(box_mounts(spec, runtime), key=lambda m: os.path.normpath(m.dest).count("/"))
+    own = sorted((m for m in box_mounts(spec, runtime) if not _the_images_own(m, image_root, look)), key=lambda m: os.path.normpath(m.dest).count("/"))
     dests = ["/proc", "/dev", *(m.dest for m in own)]
     workdir = workdir_for(spec, image)
     # A working directory neither the image nor a mount has is made, as runc makes it: on a tmpfs (root.py), never in the image.
@@ -260,6 +260,15 @@ def bwrap_box(
     overlay = next((m.options for m in own if m.kind == "overlay"), ())
     return BwrapBox(argv=argv, seccomp=profile, seccomp_fd=seccomp_fd, resources=resources, rlimits=RLIMITS,
                     oom_score_adj=OOM_SCORE_ADJ, host_ids=host_ids, overlay=overlay)
+
+
+def _the_images_own(mount: BoxMount, image_root: str, look: Look) -> bool:
+    """Whether `mount` binds the image's own directory read-only at its own place (the agent image's runtime at
+    /.quinebox, in a box of the agent image): the root root.py makes of the image shows it there already, read-only,
+    so bwrap is not asked to bind it again (each bind is CPU of every box's start: bwrap reads its mount table again)."""
+    dest = os.path.normpath(mount.dest)
+    return (mount.kind == "bind" and not mount.writable and look(dest) == "dir"
+            and os.path.normpath(mount.source) == os.path.join(os.path.normpath(image_root), dest.lstrip("/")))
 
 
 def _under(path: str, dests: Iterable[str]) -> bool:
