@@ -66,8 +66,8 @@ def containers(env, runtime: str = "runc") -> list[dict]:
         return []
     for _ in range(5):  # runc 1.1's list fails outright when a box it found goes before it reads its state: once more
         listed = subprocess.run([runtime, "--root", str(root), "list", "--format", "json"], capture_output=True, timeout=30)
-        if listed.returncode == 0 or b"container does not exist" not in listed.stderr:
-            break
+        if listed.returncode == 0 or not (b"container does not exist" in listed.stderr or b"no such file or directory" in listed.stderr):
+            break  # its state directory gone under it (`stat …: no such file or directory`) is that race too
     assert listed.returncode == 0, listed.stderr
     return json.loads(listed.stdout or b"null") or []
 
