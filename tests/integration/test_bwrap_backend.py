@@ -266,6 +266,31 @@ def test_the_world_is_the_boxs_users_on_the_host(bwrap, tmp_path):
         assert BASE <= made.st_uid < BASE + SLOTS * SPAN and made.st_uid == made.st_gid  # the box's own host id, never root's
 
 
+def test_a_chown_to_an_id_not_the_boxs_own_is_eperm_as_on_runc(bwrap):
+    """bwrap maps only the box's own uid and gid: the kernel said EINVAL of any other id, where runc's box (65536 ids
+    mapped) is refused EPERM; tools that keep a file's owner tolerate EPERM alone (GNU patch failed the pipeline
+    example's patch over "Failed to set the owning group ... Invalid argument"). The box's own ids and -1 pass."""
+    script = (
+        "import errno, os\n"
+        "open('f', 'w').close()\n"
+        "said = []\n"
+        "for ids in ((-1, 0), (0, -1), (-1, 65534), (65534, -1), (os.getuid(), os.getgid()), (-1, -1), (-1, os.getgid())):\n"
+        "    try:\n"
+        "        os.chown('f', *ids); said.append('ok')\n"
+        "    except OSError as e:\n"
+        "        said.append(errno.errorcode[e.errno])\n"
+        "fd = os.open('f', os.O_RDONLY)\n"
+        "for call in (lambda: os.fchown(fd, -1, 0), lambda: os.chown('f', -1, 0, follow_symlinks=False), lambda: os.fchown(fd, -1, os.getgid())):\n"
+        "    try:\n"
+        "        call(); said.append('ok')\n"
+        "    except OSError as e:\n"
+        "        said.append(errno.errorcode[e.errno])\n"
+        "print(' '.join(said))\n"
+    )
+    result = quinebox.exec(["sh", "-c", 'cd /tmp && exec python3 -c "$0"', script])
+    assert (result.returncode, result.stdout) == (0, b"EPERM EPERM EPERM EPERM ok ok ok EPERM EPERM ok\n"), result.stderr
+
+
 def _on_a_terminal(argv: list[str], keys: list[tuple[bytes, bytes]], within: float = 30) -> tuple[bytes, int]:
     """`quinebox exec --backend bwrap -t ARGV` on a pty of 30 rows and 100 columns: each key sent once the output
     shows its cue; (everything the terminal showed, the exit status)."""

@@ -482,7 +482,7 @@ class BwrapProcess:
             argv = reachable(argv, ids, session, box.host_ids, prefixes=(image_root,)) if ids is not None else argv
             seccomp = os.memfd_create("quinebox-seccomp", os.MFD_CLOEXEC)
             fds.append(seccomp)
-            os.write(seccomp, seccomp_program(box.seccomp))
+            os.write(seccomp, seccomp_program(box.seccomp, box.own_ids))
             os.lseek(seccomp, 0, os.SEEK_SET)
             info_r, info_w = os.pipe()
             block_r, block_w = os.pipe()

@@ -146,7 +146,8 @@ class BwrapBox:
     """A box as bwrap runs it: `argv` (bwrap's, the box's command after `--`), the seccomp profile to compile
     (`compile_seccomp`) and hand bwrap on `seccomp_fd`, and what the caller places before bwrap runs: `resources`
     in the box's own cgroup (memory and swap in bytes, pids, cpu quota per CPU_PERIOD), `rlimits` (name, soft, hard)
-    and `oom_score_adj` on bwrap's process, which its box inherits, run as `host_ids`; `overlay`: the options of
+    and `oom_score_adj` on bwrap's process, which its box inherits, run as `host_ids`; `own_ids`, the box's uid and
+    gid, the only ids its user namespace maps (seccomp_program narrows the chown calls to them); `overlay`: the options of
     /world's overlay (a copy-on-write world), which the caller mounts and binds where argv says OVERLAY_SOURCE
     (bwrap/overlay.py), empty when /world is no overlay."""
 
@@ -157,6 +158,7 @@ class BwrapBox:
     rlimits: tuple[tuple[str, int, int], ...]
     oom_score_adj: int
     host_ids: tuple[int, int]
+    own_ids: tuple[int, int]
     overlay: tuple[str, ...] = ()
 
 
@@ -259,7 +261,37 @@ def bwrap_box(
     profile = oci_seccomp(seccomp_profile(seccomp, grants, arch, setid=not writes_host_paths(grants, spec.world)), arch)
     overlay = next((m.options for m in own if m.kind == "overlay"), ())
     return BwrapBox(argv=argv, seccomp=profile, seccomp_fd=seccomp_fd, resources=resources, rlimits=RLIMITS,
-                    oom_score_adj=OOM_SCORE_ADJ, host_ids=host_ids, overlay=overlay)
+                    oom_score_adj=OOM_SCORE_ADJ, host_ids=host_ids, own_ids=(spec.uid, spec.gid), overlay=overlay)
+
+
+#: The chown calls, each with the index of its uid argument (its gid's is the next).
+_CHOWNS = {"chown": 1, "fchown": 1, "lchown": 1, "fchownat": 2}
+#: uid_t's bits: a caller may pass -1 as 32 bits or as 64 (Go's uintptr(-1)); the kernel reads 32.
+_ID_MASK = 0xFFFFFFFF
+
+
+def _chown_to_own_ids(profile: dict[str, Any], uid: int, gid: int) -> dict[str, Any]:
+    """`profile` with the chown calls allowed only to the box's own ids (or -1, unchanged): the rest is the default
+    action's EPERM. bwrap's user namespace maps only the box's uid and gid, so the kernel answers a chown to any
+    other id EINVAL (an id it cannot map), where on runc (65536 ids mapped) an unprivileged chown of a mapped id is
+    EPERM; tools that keep a file's owner tolerate EPERM alone (GNU patch gave up on a file owned by nobody: "Failed
+    to set the owning group ... Invalid argument"). EPERM is what either kernel says to a box with no capability."""
+    syscalls = []
+    for rule in profile["syscalls"]:
+        chowns = [name for name in rule["names"] if name in _CHOWNS]
+        if not chowns or rule["action"] != "SCMP_ACT_ALLOW" or rule.get("args"):
+            syscalls.append(rule)
+            continue
+        if others := [name for name in rule["names"] if name not in _CHOWNS]:
+            syscalls.append({**rule, "names": others})
+        for name in chowns:
+            index = _CHOWNS[name]
+            for user in (uid, -1):
+                for group in (gid, -1):
+                    syscalls.append({**rule, "names": [name], "args": [
+                        {"index": index, "value": _ID_MASK, "valueTwo": user & _ID_MASK, "op": "SCMP_CMP_MASKED_EQ"},
+                        {"index": index + 1, "value": _ID_MASK, "valueTwo": group & _ID_MASK, "op": "SCMP_CMP_MASKED_EQ"}]})
+    return {**profile, "syscalls": syscalls}
 
 
 def _the_images_own(mount: BoxMount, image_root: str, look: Look) -> bool:
@@ -344,9 +376,13 @@ _programs: dict[str, bytes] = {}
 _compiling = threading.Lock()
 
 
-def seccomp_program(profile: dict[str, Any]) -> bytes:
+def seccomp_program(profile: dict[str, Any], own_ids: tuple[int, int] | None = None) -> bytes:
     """compile_seccomp's program for `profile`, compiled once per process for each profile (keyed by its canonical
-    JSON): a box's profile is one of a few (its grants' syscalls), and libseccomp's compile costs each box ms of CPU."""
+    JSON): a box's profile is one of a few (its grants' syscalls), and libseccomp's compile costs each box ms of CPU.
+    With `own_ids` (BwrapBox.own_ids), its chown calls are allowed only to them (_chown_to_own_ids): the profile the
+    box is said to hold stays runc's, this is how bwrap's one-id user namespace answers as runc's does."""
+    if own_ids is not None:
+        profile = _chown_to_own_ids(profile, *own_ids)
     key = json.dumps(profile, sort_keys=True, separators=(",", ":"))
     with _compiling:
         if key not in _programs:
