@@ -291,6 +291,22 @@ def test_a_chown_to_an_id_not_the_boxs_own_is_eperm_as_on_runc(bwrap):
     assert (result.returncode, result.stdout) == (0, b"EPERM EPERM EPERM EPERM ok ok ok EPERM EPERM ok\n"), result.stderr
 
 
+def test_a_working_directory_the_box_cannot_enter_is_125_and_one_line_and_leaves_nothing(bwrap, tmp_path):
+    """bwrap's own `--chdir` failing ran after the box was released: its exit 1 and its own line were the box's
+    status, as if the command had failed. Now it is refused before anything of the box runs, as runc refuses it."""
+    inner = tmp_path / "closed" / "inner"  # below a directory the box's user may not search (configure looks at the last one only)
+    inner.mkdir(parents=True)
+    inner.parent.chmod(0o000)  # none for the box's user, root-made (other ids) or a plain user's (their own)
+    os.chmod(tmp_path, 0o755)
+    for workdir, why in (("/etc/passwd", b"not a directory"), (str(inner), b"permission denied")):
+        said = cli("-g", f"ro:{tmp_path}", "--workdir", workdir, "--", "sh", "-c", "echo ran")
+        assert (said.returncode, said.stdout, said.stderr.count(b"\n")) == (125, b"", 1), said.stderr
+        assert said.stderr.startswith(b"quinebox: ") and workdir.encode() in said.stderr and why in said.stderr, said.stderr
+    assert records() == []
+    ran = cli("--workdir", "/bin", "--", "pwd", "-P")  # a link in the image's root (to usr/bin): walked in the box's root
+    assert (ran.returncode, ran.stdout) == (0, b"/usr/bin\n"), ran.stderr
+
+
 def _on_a_terminal(argv: list[str], keys: list[tuple[bytes, bytes]], within: float = 30) -> tuple[bytes, int]:
     """`quinebox exec --backend bwrap -t ARGV` on a pty of 30 rows and 100 columns: each key sent once the output
     shows its cue; (everything the terminal showed, the exit status)."""

@@ -54,7 +54,7 @@ from quinebox.box.backends.bwrap.overlay import mounter
 from quinebox.box.backends.bwrap.policy import OVERLAY_SOURCE, BwrapBox, seccomp_program
 from quinebox.box.backends.oci import idmap
 from quinebox.box.backends.oci.runtime import container_id
-from quinebox.errors import EngineError
+from quinebox.errors import EngineError, ErrorKind
 from quinebox.processes import pid_alive, process_start_ticks
 from quinebox.state import private_dir, private_write, state_dir
 
@@ -441,6 +441,47 @@ def _waits_on(pid: int, fd: int, pidfd: int) -> bool:
     raise EngineError(f"bwrap did not make the box within {START_WITHIN:g} s")
 
 
+#: The raw syscalls setgroups, setresgid and setresuid on each architecture: made by syscall(2), not glibc's wrappers
+#: (which change every thread's), they change the credentials of the calling thread alone.
+_SETIDS = {"x86_64": (116, 119, 117), "aarch64": (159, 149, 147), "riscv64": (159, 149, 147), "ppc64le": (81, 169, 164), "s390x": (206, 210, 208)}
+#: openat2(2), the same number on every architecture; RESOLVE_IN_ROOT: absolute links resolve in the box's root.
+_OPENAT2 = 437
+_RESOLVE_IN_ROOT = 0x10
+
+
+def _cannot_enter(pid: int, workdir: str, as_ids: tuple[int, int] | None) -> int:
+    """0 when the box's user may make `workdir` its working directory in the box of bwrap's child `pid` (blocked on
+    its block fd: its root and mounts made), else the errno bwrap's own `--chdir` would meet (EACCES, ENOTDIR, ENOENT).
+    The path is walked from the child's root (openat2 RESOLVE_IN_ROOT, `workdir/.`: search permission on every
+    directory of it, the last included, as chdir(2) asks) by a thread of ours with the box's host ids `as_ids` (as
+    root; a plain user's box's ids are the caller's own), so the kernel decides as it would for the box's user."""
+    root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    said: list[int] = []
+
+    def walk() -> None:
+        if as_ids is not None:
+            groups, setresgid, setresuid = _SETIDS[os.uname().machine]
+            uid, gid = (ctypes.c_long(i) for i in as_ids)
+            for number, args in ((groups, (ctypes.c_long(0), None)), (setresgid, (gid, gid, gid)), (setresuid, (uid, uid, uid))):
+                if _libc.syscall(ctypes.c_long(number), *args) != 0:
+                    said.append(ctypes.get_errno())
+                    return
+        how = ctypes.create_string_buffer(int.to_bytes(os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 8, "little") + bytes(8)
+                                          + int.to_bytes(_RESOLVE_IN_ROOT, 8, "little"), 24)
+        fd = _libc.syscall(ctypes.c_long(_OPENAT2), ctypes.c_int(root), os.fsencode(workdir.rstrip("/") + "/."), how, ctypes.c_size_t(24))
+        said.append(ctypes.get_errno() if fd < 0 else 0)
+        if fd >= 0:
+            os.close(fd)
+
+    try:
+        looker = threading.Thread(target=walk, name=f"bwrap-workdir:{pid}", daemon=True)  # its ids die with it
+        looker.start()
+        looker.join(START_WITHIN)
+    finally:
+        os.close(root)
+    return said[0] if said else errno.ETIMEDOUT
+
+
 def _oom_score(pid: int, box: BwrapBox) -> None:
     """The box's OOM score on `pid` (bwrap, or its box's PID 1 before it runs the box's command): raised, never lowered."""
     Path(f"/proc/{pid}/oom_score_adj").write_text(str(box.oom_score_adj))
@@ -514,6 +555,11 @@ class BwrapProcess:
             if not placed or not _waits_on(self.pid, block_r, self._pidfd):  # type: ignore[arg-type]  # placed: it has one
                 code = self._proc.wait(START_WITHIN)
                 raise EngineError(f"bwrap could not make the box (it exited {code}): its own line above says why")
+            workdir = _option(box.argv, "--chdir") or "/"
+            if workdir != "/" and (refused := _cannot_enter(self.pid, workdir, box.host_ids if as_root else None)):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)  # type: ignore[arg-type]  # placed: it has one. Killed before its block fd closes: it runs nothing, says nothing
+                raise EngineError(f"bwrap could not start the box: its user cannot enter its working directory {workdir}: {os.strerror(refused).lower()}; "
+                                  "choose another with -w/--workdir, or one the box's user may walk to", kind=ErrorKind.BAD_INPUT, workdir=workdir)
             if ids is not None:  # the box's namespace holds its own copies now: the host keeps no mount of its
                 _detach(ids, session)
             elif world is not None:  # bwrap has bound /world: the overlay's mount point goes (overlay.py)

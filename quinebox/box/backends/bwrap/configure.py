@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from quinebox.box.backends.bwrap.policy import BwrapBox, bwrap_box, bwrap_refusal, proc_kinds
 from quinebox.box.backends.bwrap.root import image_look
-from quinebox.box.backends.oci.configure import inherited_ids, own_ids, rootless_user
+from quinebox.box.backends.oci.configure import enterable, inherited_ids, own_ids, rootless_user
 from quinebox.box.backends.oci.policy import labels_for
 from quinebox.box.configure import unpacked_image, with_argv
-from quinebox.box.policy import CGROUP_PREFIX, RUNTIME, native_arch
+from quinebox.box.policy import CGROUP_PREFIX, RUNTIME, box_mounts, native_arch, workdir_for
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, ImageInfo, seccomp_base
 from quinebox.errors import ErrorKind, QuineboxError
 
@@ -57,6 +57,9 @@ def configure_bwrap(spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, BwrapConfig]:
             spec, image=image, runtime=f"{agent_root}{RUNTIME}", seccomp=seccomp_base(), arch=native_arch(), image_root=rootfs,
             look=image_look(rootfs), host_ids=host_ids, proc=proc_kinds(),
         )
+        if ids is not None:  # a granted host directory its own host uid may not enter: refused in one line, as on runc
+            binds = [{"type": "bind", "source": m.source, "destination": m.dest} for m in box_mounts(spec, runtime="") if m.kind == "bind"]
+            enterable({"process": {"cwd": workdir_for(spec, image)}, "mounts": binds}, host_ids[0])
     except BaseException:
         if ids is not None:
             from quinebox.box.backends.oci.idmap import release
