@@ -307,6 +307,18 @@ def test_a_working_directory_the_box_cannot_enter_is_125_and_one_line_and_leaves
     assert (ran.returncode, ran.stdout) == (0, b"/usr/bin\n"), ran.stderr
 
 
+@pytest.mark.skipif(ROOTLESS, reason="as root: a source the box's own host ids cannot reach is bound in its slot for them")
+def test_a_source_out_of_the_boxs_reach_is_given_under_a_callers_umask_077(bwrap, tmp_path):
+    """The slot's directory bwrap walks to such a source through was made under the caller's umask: 0700 under 077
+    (`quinebox map` of a user with that umask failed every mission: "bwrap: Can't find source path ...: Permission denied")."""
+    (tmp_path / "in").write_bytes(b"seen\n")
+    (tmp_path / "in").chmod(0o644)
+    os.chmod(tmp_path, 0o700)  # root's alone: the box's host ids cannot walk to it
+    done = subprocess.run([QUINEBOX, "exec", "--backend", "bwrap", "-g", f"ro:{tmp_path / 'in'}", "--", "cat", str(tmp_path / "in")],
+                          capture_output=True, timeout=60, preexec_fn=lambda: os.umask(0o077))
+    assert (done.returncode, done.stdout) == (0, b"seen\n"), done.stderr
+
+
 def _on_a_terminal(argv: list[str], keys: list[tuple[bytes, bytes]], within: float = 30) -> tuple[bytes, int]:
     """`quinebox exec --backend bwrap -t ARGV` on a pty of 30 rows and 100 columns: each key sent once the output
     shows its cue; (everything the terminal showed, the exit status)."""

@@ -165,6 +165,14 @@ def _mounts_dir(ids: idmap.IdRange, session: str) -> Path:
     return Path(f"{ids.root_for(session)}.mnt")
 
 
+def _open_dir(directory: Path) -> Path:
+    """`directory` made 0711 whatever the caller's umask (a map run under umask 077 made it 0700: bwrap, run as the
+    box's host ids, could not walk into it to the sources bound there)."""
+    directory.mkdir(exist_ok=True)
+    os.chmod(directory, 0o711)
+    return directory
+
+
 def _bind(source: str, target: str) -> None:
     for flags, src in ((MS_BIND | MS_REC, source), (MS_PRIVATE | MS_REC, None)):
         if _libc.mount(src.encode() if src else None, target.encode(), None, flags, None) != 0:
@@ -197,8 +205,7 @@ def reachable(argv: list[str], ids: idmap.IdRange, session: str, host_ids: tuple
             continue  # a path under the image's tree is walked to as its top is: the image's own directories are open
         base = prefix or next((p for p in mounted if source == p or source.startswith(p.rstrip("/") + "/")), source)
         if base not in mounted:
-            directory = _mounts_dir(ids, session)
-            directory.mkdir(mode=0o711, exist_ok=True)
+            directory = _open_dir(_mounts_dir(ids, session))
             target = directory / str(len(mounted))
             if os.path.isdir(base):
                 target.mkdir(mode=0o700)
@@ -223,7 +230,10 @@ def _world_point(ids: idmap.IdRange | None, session: str) -> Path:
 
 
 def _make_point(point: Path) -> Path:
-    point.parent.mkdir(mode=0o711, exist_ok=True)  # a slot's `.mnt` (0711, as reachable() makes it), or the records' own dir
+    if point.parent != records_dir():
+        _open_dir(point.parent)  # a slot's `.mnt`, as reachable() makes it
+    else:
+        point.parent.mkdir(mode=0o711, exist_ok=True)  # the records' own dir
     with contextlib.suppress(FileExistsError):  # left by a start that died before its remains were removed
         point.mkdir(mode=0o700)
     return point
