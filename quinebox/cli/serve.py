@@ -81,7 +81,7 @@ def warm_bwrap() -> None:
         rootfs = str(root)  # as the worker's configure names it (box/configure.py's unpacked_image): image_look is cached by it
         box = bwrap_box(with_argv(spec, image), image=image, runtime=f"{rootfs}{RUNTIME}", seccomp=seccomp_base(), arch=native_arch(), image_root=rootfs,
                         look=image_look(rootfs), host_ids=NOBODY, proc=proc_kinds())
-        seccomp_program(box.seccomp)
+        seccomp_program(box.seccomp, box.own_ids)  # as the worker compiles it (box.py): narrowed to the box's own ids
     except Exception:  # noqa: BLE001 (a warm-up never stops the server: the first bwrap box's worker meets the same and says it)
         pass
 
