@@ -25,8 +25,8 @@ echo "exit status: $? (the write was refused by a read-only bind mount)"
 rm -rf "$work"
 
 step "4. What the box cannot do"
-show "quinebox exec -- sh -c 'ls /sys/class/net; touch /usr/bin/x; id -u'"
-quinebox exec -- sh -c 'echo "network interfaces: $(ls /sys/class/net)"; touch /usr/bin/x; echo "uid: $(id -u)"'
+show "quinebox exec -- sh -c 'cat /proc/net/dev; touch /usr/bin/x; id -u'"
+quinebox exec -- sh -c 'echo "network interfaces: $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " ")"; touch /usr/bin/x; echo "uid: $(id -u)"'
 show "quinebox exec -- python3 -c 'unshare(0) via ctypes'"
 quinebox exec -- python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); r = libc.unshare(0); print("unshare:", "allowed" if r == 0 else os.strerror(ctypes.get_errno()))'
 show "quinebox exec --timeout 1 -- sleep 60"
