@@ -307,6 +307,13 @@ def test_a_working_directory_the_box_cannot_enter_is_125_and_one_line_and_leaves
     assert (ran.returncode, ran.stdout) == (0, b"/usr/bin\n"), ran.stderr
 
 
+def test_a_working_directory_below_the_boxs_tmp_is_made_for_its_user(bwrap):
+    """One that does not exist yet on the box's own tmpfs is made there, as runc makes it, and its user's to write in
+    (bwrap's --dir, after the tmpfs is mounted): it was 125, "no such file or directory"."""
+    ran = cli("--workdir", "/tmp/new/deep", "--", "sh", "-c", "pwd && stat -c %u . .. && touch x && echo wrote")
+    assert (ran.returncode, ran.stdout) == (0, b"/tmp/new/deep\n1000\n1000\nwrote\n"), ran.stderr
+
+
 @pytest.mark.skipif(ROOTLESS, reason="as root: a source the box's own host ids cannot reach is bound in its slot for them")
 def test_a_source_out_of_the_boxs_reach_is_given_under_a_callers_umask_077(bwrap, tmp_path):
     """The slot's directory bwrap walks to such a source through was made under the caller's umask: 0700 under 077

@@ -119,8 +119,10 @@ def test_a_mount_inside_the_world_lands_on_it_not_under_it():
     ("/opt/new/deep", ("--dir", "/opt/new/deep"), "/opt"),  # under an image directory: that directory a tmpfs, the rest made there
     ("/nowhere", ("--dir", "/nowhere"), "/"),  # at the top: made on the root's tmpfs
     ("/opt/a", None, None),  # the image has it
-    ("/world/sub", None, None),  # on a mount: the mount's to have
-    ("/tmp/x", None, None),
+    ("/world/sub", None, None),  # below a bind: the host's directory, never written
+    ("/tmp/x/y", ("--dir", "/tmp/x/y"), "/tmp"),  # below the box's own tmpfs: made there, its user's
+    ("/tmp", None, None),  # the tmpfs itself
+    ("/proc/sys", None, None),
 ])
 def test_a_working_directory_the_image_lacks_is_made_on_a_tmpfs_as_runc_makes_it(workdir, made, tmpfs):
     argv = bwrap(spec(workdir=workdir, world=DIR_WORLD)).argv

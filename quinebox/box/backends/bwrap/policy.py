@@ -242,10 +242,9 @@ def bwrap_box(
     own = sorted((m for m in box_mounts(spec, runtime) if not _the_images_own(m, image_root, look)), key=lambda m: os.path.normpath(m.dest).count("/"))
     dests = ["/proc", "/dev", *(m.dest for m in own)]
     workdir = workdir_for(spec, image)
-    # A working directory neither the image nor a mount has is made, as runc makes it: on a tmpfs (root.py), never in the image.
-    made = () if _under(workdir, dests) or look(workdir) is not None else ("--dir", workdir)
-    if made:
-        dests.append(workdir)
+    made = _made_workdir(workdir, own, look)
+    if made and not _under(workdir, dests):
+        dests.append(workdir)  # a mount point of root.py's tmpfs root
     argv = [
         "bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--as-pid-1",
         *(() if spec.tty else ("--new-session",)),
@@ -301,6 +300,19 @@ def _the_images_own(mount: BoxMount, image_root: str, look: Look) -> bool:
     dest = os.path.normpath(mount.dest)
     return (mount.kind == "bind" and not mount.writable and look(dest) == "dir"
             and os.path.normpath(mount.source) == os.path.join(os.path.normpath(image_root), dest.lstrip("/")))
+
+
+def _made_workdir(workdir: str, own: list[BoxMount], look: Look) -> tuple[str, ...]:
+    """`--dir WORKDIR` where the box would have no such directory, which runc makes: a path neither the image nor any
+    mount has (made on root.py's tmpfs root, never in the image), or one below a tmpfs of the box's own (its /tmp).
+    Never in /proc or /dev, and never below a bind: that would write the host's directory."""
+    if _under(workdir, ("/proc", "/dev")):
+        return ()
+    holders = [m for m in own if _under(workdir, [m.dest])]
+    if not holders:
+        return () if look(workdir) is not None else ("--dir", workdir)
+    holder = max(holders, key=lambda m: len(os.path.normpath(m.dest)))
+    return ("--dir", workdir) if holder.kind == "tmpfs" and os.path.normpath(workdir) != os.path.normpath(holder.dest) else ()
 
 
 def _under(path: str, dests: Iterable[str]) -> bool:
