@@ -15,8 +15,9 @@ from quinebox.cli.app import app, reported, say
 from quinebox.state import serve_socket
 
 
-def warm() -> None:
-    """Import what commands load, so that workers inherit it instead of importing it each time.
+def warm() -> bool:
+    """Import what commands load, so that workers inherit it instead of importing it each time; whether all of it is
+    done (False: warm_bwrap's is left for the server to try again).
 
     Nothing here may start a thread or keep a connection open (a forked worker would share it), and nothing of quinebox
     may read a setting from the environment at import: settings are read when used, in the worker, from the client's."""
@@ -40,7 +41,7 @@ def warm() -> None:
     engine_names()  # read once here; a worker reads the engine's table again only when it has changed
     register()
     command()
-    warm_bwrap()
+    bwrap_warm = warm_bwrap()
     from inotify_simple import INotify
 
     INotify().close()  # it finds libc on first use (`ldconfig -p`, a process): once here, not in every worker
@@ -50,6 +51,7 @@ def warm() -> None:
         engine.close()
     except EngineError:
         pass  # no engine yet: each worker asks it
+    return bwrap_warm
 
 
 #: The host ids warm_bwrap's box is rendered with: any unprivileged pair (a box is never host root); its filter and its
@@ -57,12 +59,18 @@ def warm() -> None:
 NOBODY = (65534, 65534)
 
 
-def warm_bwrap() -> None:
+def warm_bwrap() -> bool:
     """What a bwrap box's worker would compute for every default box, computed once here and inherited: bwrap keeps no
     warm box (a cold one is cheaper), so each served box is configured in its worker, and libseccomp's compile of the
-    box's filter (~10 ms of CPU) and the looks at its image's tree are cached per process (policy.seccomp_program,
-    root.image_look). Only what is pure: no id is claimed, nothing made; an image not unpacked yet, or no `bwrap`
-    extra, leaves it to the first worker."""
+    box's filter (~10 ms of CPU), pyseccomp's import (two `ldconfig -p` processes, to find its libraries) and the
+    looks at its image's tree are cached per process (policy.seccomp_program, root.image_look). Only what is pure: no
+    id is claimed, nothing made. False while the default image is not unpacked yet (a new state dir's server): the
+    server tries again between commands (Server.warm_later), since every worker it forks before then pays for its own.
+    True once done, or when there is nothing to do (no `bwrap` extra; a default box bwrap refuses)."""
+    try:
+        import pyseccomp  # noqa: F401 (the bwrap extra, when installed: imported once, not in every worker)
+    except ImportError:
+        return True
     from quinebox.box.backends.bwrap.policy import bwrap_box, bwrap_refusal, proc_kinds, seccomp_program
     from quinebox.box.backends.bwrap.root import image_look
     from quinebox.box.configure import with_argv
@@ -73,17 +81,18 @@ def warm_bwrap() -> None:
     try:
         spec = build_spec(["true"])
         if bwrap_refusal(spec) is not None:
-            return
+            return True
         image = lookup(spec.image)
         root = unpacked(image.id) if image is not None else None
         if image is None or root is None:
-            return
+            return False
         rootfs = str(root)  # as the worker's configure names it (box/configure.py's unpacked_image): image_look is cached by it
         box = bwrap_box(with_argv(spec, image), image=image, runtime=f"{rootfs}{RUNTIME}", seccomp=seccomp_base(), arch=native_arch(), image_root=rootfs,
                         look=image_look(rootfs), host_ids=NOBODY, proc=proc_kinds())
         seccomp_program(box.seccomp, box.own_ids)  # as the worker compiles it (box.py): narrowed to the box's own ids
     except Exception:  # noqa: BLE001 (a warm-up never stops the server: the first bwrap box's worker meets the same and says it)
         pass
+    return True
 
 
 def status() -> dict[str, Any] | None:
@@ -144,7 +153,8 @@ def serve(
         configured = config.get("pool")
         server = Server(Settings.from_config(configured, pool), idle_after(idle, config.get("serve")))
         server.bind()
-    warm()
+    if not warm():
+        server.warm_later = warm_bwrap
     if background:
         if os.fork():
             assert server.listener is not None  # bound above

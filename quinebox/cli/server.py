@@ -40,6 +40,8 @@ from quinebox.errors import QuineboxError, StateError
 from quinebox.state import pool_socket, run_dir, serve_socket, state_root
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from quinebox.box.pool.warm import Demand, Settings
     from quinebox.cli.freshness import Changes
 
@@ -47,6 +49,9 @@ if TYPE_CHECKING:
 REQUEST_TIMEOUT = 2.0
 #: How often an idle server looks at whether it has been idle long enough to exit, at most.
 IDLE_CHECK = 5.0
+#: How many times the server tries a warm-up it could not do at its start again, one after each command, before it
+#: leaves it to every worker (Server.warm_later).
+WARM_TRIES = 32
 #: A server nobody stops exits after this long with no command running (`serve --idle`, `serve: {idle: ...}`).
 IDLE_DEFAULT = 15 * 60.0
 
@@ -74,6 +79,10 @@ class Server:
         self.children: set[int] = set()
         #: A worker forked ahead, waiting for the next command (its fork is then off that command's path).
         self.spare: Spare | None = None
+        #: A warm-up that could not be done at the start (serve.warm_bwrap: its image not unpacked yet), tried again
+        #: after each command until it is done, or WARM_TRIES: True once done.
+        self.warm_later: Callable[[], bool] | None = None
+        self.warm_tries = 0
 
     def bind(self) -> None:
         """Listen on the state dir's socket; refuse to take it from a server that answers there."""
@@ -166,6 +175,8 @@ class Server:
                         pass  # a client that went away, or never said what it wanted: the next one
                 if self.pool_due and self.listener is not None:
                     self.keep_pool()  # forked with no client's connection or descriptors open here, and no spare
+                if self.warm_later is not None and self.listener is not None:
+                    self.warm_again()  # before the next spare is forked, which inherits it
                 if self.spare is None and self.listener is not None:
                     # The next command's worker, forked once this one's connection and descriptors are closed here (a
                     # spare holding a client's stdout would keep its reader from ever seeing the end)
@@ -174,6 +185,14 @@ class Server:
             self.stop()
             gone.close()
             _wait_for(self.children)
+
+    def warm_again(self) -> None:
+        """Try the start's warm-up that could not be done then once more: a worker has likely unpacked the image
+        since. Given up after WARM_TRIES (a server of the Docker backend never unpacks one): workers do their own."""
+        assert self.warm_later is not None
+        self.warm_tries += 1
+        if self.warm_later() or self.warm_tries >= WARM_TRIES:
+            self.warm_later = None
 
     def stop(self) -> None:
         """Answer no more; the pool's warm boxes go at once, running commands go on (serve_forever waits for them)."""
