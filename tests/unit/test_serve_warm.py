@@ -30,3 +30,27 @@ def test_the_default_bwrap_box_is_compiled_and_looked_at_once_in_the_server(monk
     monkeypatch.setattr(policy, "compile_seccomp", lambda profile: compiled.append(profile) or b"")
     assert policy.seccomp_program(json.loads(key)) is policy._programs[key]  # the worker's call: no compile
     assert compiled == []
+
+
+def test_a_warm_up_its_start_could_not_do_is_done_by_the_server_after_a_command(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new state dir's server starts before its image is unpacked (its first command's worker unpacks it): it tries
+    the warm-up again after each command, so that the workers forked after the first compile nothing. Before, none
+    did it and every worker of that server compiled its own filter, and imported pyseccomp (two `ldconfig -p`)."""
+    from quinebox.box.pool.warm import Settings
+    from quinebox.cli.server import WARM_TRIES, Server
+
+    monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(policy, "_programs", {})
+    image_look.cache_clear()
+    server = Server(Settings.from_config(None))
+    assert warm_bwrap() is False  # nothing unpacked in this state dir yet
+    server.warm_later = warm_bwrap
+    server.warm_again()  # the first command's worker has not unpacked it yet: tried again after the next
+    assert (server.warm_later, server.warm_tries, policy._programs) == (warm_bwrap, 1, {})
+    unpacked_image(build_spec(["true"]).image, pull="never")  # a worker unpacked it
+    server.warm_again()
+    assert server.warm_later is None and len(policy._programs) == 1 and image_look.cache_info().currsize == 1
+    server.warm_later, server.warm_tries = (lambda: False), 0  # a server that never unpacks (the Docker backend's)
+    for _ in range(WARM_TRIES):
+        server.warm_again()
+    assert server.warm_later is None  # it stops trying: its workers do their own
