@@ -205,6 +205,9 @@ def status_command(as_json: bool = typer.Option(False, "--json", help="What the 
     if not pool:
         print("pool: none (`quinebox serve --pool N` keeps N warm boxes per shape)")
         return
+    if pool.get("busy"):
+        print(f"pool: pid {pool.get('pid')}, busy making its first warm boxes (ask again in a moment)")
+        return
     settings = pool.get("settings", {})
     print(f"pool: pid {pool.get('pid')}, {settings.get('size')} warm per shape, idle shapes dropped after {settings.get('ttl'):g} s")
     print(f"{'SHAPE':<17} {'IMAGE':<13} {'WARM':>4} {'MAKING':>6} {'HITS':>6} {'MISSES':>6} {'CLAIM p50/p95/p99 ms':>22}")

@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 #: A client sends its request as it connects; one that says nothing for this long is dropped (it would hold the server up).
 REQUEST_TIMEOUT = 2.0
+#: How long a status waits for the pool's keeper's figures: well within the client's own wait for the status
+#: (serve.status), or a keeper busy making its first boxes (accepting only once its default shape is known, which may
+#: unpack an image first) made the server look gone.
+POOL_STATS_TIMEOUT = 1.0
 #: How often an idle server looks at whether it has been idle long enough to exit, at most.
 IDLE_CHECK = 5.0
 #: How many times the server tries a warm-up it could not do at its start again, one after each command, before it
@@ -259,10 +263,12 @@ class Server:
                 self.pool_due = True
         elif kind == "status":
             try:
-                pool = fdpass.ask(str(pool_socket()), {"kind": "stats"}, 5) or None
+                pool = fdpass.ask(str(pool_socket()), {"kind": "stats"}, POOL_STATS_TIMEOUT)
             except StateError:  # another user's process answers at the pool's socket: it was sent nothing, and has no say here
                 pool = None
-            fdpass.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool,
+            if pool == {} and self.keeper is not None:  # its keeper, still making its first boxes (an image unpacked first)
+                pool = {"pid": self.keeper, "busy": True}
+            fdpass.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool or None,
                              "pool_after": None if self.keeper is not None or not self.pool.size else self.pool.after})
         elif kind == "stop":
             fdpass.send(conn, {"kind": "stopping"})

@@ -297,3 +297,34 @@ def test_a_long_lived_box_is_made_cold_its_execs_through_its_init(pooled, monkey
         assert box._box.claimed is None and hits(pooled) == before
         parent = box.exec(["sh", "-c", 'tr "\\0" " " </proc/$PPID/cmdline; echo; grep -E ":pids:|^0::" /proc/self/cgroup'])
         assert parent.returncode == 0 and b"/.quinebox/guest/lifeline.py -- " in parent.stdout and b"/quinebox-exec-" in parent.stdout
+
+
+@pytest.mark.root_only  # the image's id from the engine, whose unpacking's lock the test holds
+def test_the_status_answers_while_the_pools_keeper_is_making_its_first_boxes(tmp_path):
+    """A new state dir's pool keeper unpacks its image before it answers anything. The server's status waited 5 s for
+    the keeper's figures, as long as the client waits for the status, so under load `serve status` said no server
+    answered (start_server's wait failed on it). Now the status says the keeper is busy, at once."""
+    import fcntl
+
+    from quinebox.box.images.rootfs import id_hex
+    from quinebox.box.spec import build_spec
+
+    image = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", build_spec(["true"]).image], capture_output=True, timeout=60, check=True)
+    env = {**os.environ, "QUINEBOX_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    env.update(QUINEBOX_SERVE="manual", QUINEBOX_BACKEND="oci", QUINEBOX_RUNTIME="runc")
+    locks = tmp_path / "state" / "run" / "unpacking"
+    locks.mkdir(parents=True, mode=0o700)
+    os.chmod(tmp_path / "state", 0o700)
+    os.chmod(locks.parent, 0o700)
+    try:
+        with open(locks / id_hex(image.stdout.decode().strip()), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # as another unpacking of it: the keeper's waits, for as long as this is held
+            started = quinebox_cli("serve", "--background", "--pool", "1", env=env)
+            assert started.returncode == 0, started.stderr
+            said = status(env)
+            assert said["pool"] == {"pid": said["pool"]["pid"], "busy": True}, said
+            shown = quinebox_cli("serve", "status", env=env)
+            assert shown.returncode == 0 and shown.stdout.splitlines()[-1] == f"pool: pid {said['pool']['pid']}, busy making its first warm boxes (ask again in a moment)".encode()
+        wait_for(lambda: warm_count(env) == 1, "the warm box, once the keeper has unpacked its image")
+    finally:
+        quinebox_cli("serve", "stop", env=env)
