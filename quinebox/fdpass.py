@@ -116,6 +116,13 @@ def peer_uid(sock: Any) -> int:
     return int.from_bytes(creds[_INT : 2 * _INT], sys.byteorder)
 
 
+def peer_pid(sock: Any) -> int:
+    """The pid, in this process's pid namespace, of the process at the other end of a Unix socket as it connected
+    (SO_PEERCRED): only while that process is known to live does it name it."""
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 3 * _INT)
+    return int.from_bytes(creds[:_INT], sys.byteorder)
+
+
 def unfree(sock: Any) -> str | None:
     """Why the process at the other end of `sock` is less free than this one, in a few words, or None when it is as
     free: the same uid, the same mount, pid, user and network namespaces and root, no NoNewPrivs, seccomp mode or

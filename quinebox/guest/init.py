@@ -178,6 +178,23 @@ def take_over(argv, lifeline):
 #: Constant bytes: a frame (protocol.py) with no json import.
 HELLO = b'{"kind":"hello","role":"lifeline","serves":["exec"]}'
 HELLO_FRAME = len(HELLO).to_bytes(4, "big") + bytes(4) + HELLO
+#: Said when the command died of SIGKILL, the kernel OOM killer's signal (killed): constant bytes, as HELLO.
+KILLED = b'{"kind":"killed"}'
+KILLED_FRAME = len(KILLED).to_bytes(4, "big") + bytes(4) + KILLED
+#: Seconds the init waits for the host's word on it before it exits all the same.
+KILLED_WAIT = 2.0
+
+
+def killed(lifeline):
+    """Tell the host the command died of SIGKILL, and wait a little for its word: until the init exits, the box's
+    cgroup stands, and with it the kernel's count of OOM kills there, which the host reads. The Docker engine's own
+    `oom` event may never come: containerd drops one it reads after the box's cgroup is gone. What the host says
+    next ends the wait, whatever it is (a box ending has nothing else to hear)."""
+    try:
+        lifeline.sendall(KILLED_FRAME)
+        select.select([lifeline], [], [], KILLED_WAIT)
+    except OSError:
+        pass
 
 
 def main(argv):
@@ -266,6 +283,8 @@ def main(argv):
             status = status if pid == child else None
         if status is not None:
             code = posix.waitstatus_to_exitcode(status)
+            if code == -signal.SIGKILL and dropped is None:
+                killed(lifeline)
             return code if code >= 0 else 128 - code
         if dropped is not None:
             redialled = dropped.redialled()

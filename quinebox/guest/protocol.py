@@ -5,8 +5,8 @@ object with at least a string `kind`, and an optional binary payload. Both
 lengths are capped before anything is read, so a hostile peer can make us
 refuse a frame but never make us allocate without bound.
 
-Guest → host kinds: hello, chat, event, revise, restore_world, spawn. Host → guest:
-welcome, chat_result, revised, world_plan and world_data, error.
+Guest → host kinds: hello, chat, event, revise, restore_world, spawn, killed (the init's). Host → guest:
+welcome, chat_result, revised, world_plan and world_data, noted, error.
 Stdlib only: this file runs inside untrusted boxes.
 """
 

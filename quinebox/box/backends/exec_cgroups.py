@@ -3,6 +3,9 @@ leave a cgroup (a box sees no cgroupfs it may write), so killing what it lists e
 
 And the watchdog a CLI process leaves beside an exec it runs for a box another process owns (`exec --in`),
 which kills that tree if the CLI dies first: a runtime's exec would otherwise outlive a client killed by SIGKILL.
+
+And what the host reads of any box's cgroups, whichever backend made them: where a process is, and how often the
+kernel killed a process for memory there.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ PIDS_V1 = Path("/sys/fs/cgroup/pids")
 UNIFIED = Path("/sys/fs/cgroup")
 #: An exec's own cgroup, below its box's: the name says it is quinebox's.
 EXEC_PREFIX = "quinebox-exec-"
+#: Where each cgroup hierarchy says how often the kernel killed a process for memory (v1, then v2).
+_OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup", "memory.events"), ("/sys/fs/cgroup/unified", "memory.events"))
 class ExecCgroup:
     """One exec's pids cgroup below its box's; every process it lists is the exec's."""
 
@@ -92,6 +97,30 @@ def cgroup_of(pid: int) -> str:
         if "pids" in controllers.split(",") and PIDS_V1.is_dir():
             return path
     return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
+
+
+def memory_cgroup_of(pid: int) -> str:
+    """The memory cgroup `pid` is in (v1's memory line, else v2's), as the host's path below the hierarchy's root."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return path
+    return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
+
+
+def oom_kills(cgroup: str) -> int:
+    """How many processes the kernel killed for memory in `cgroup` (its path below each hierarchy's root)."""
+    for root, name in _OOM_FILES:
+        try:
+            text = Path(root, cgroup.lstrip("/"), name).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    return 0
 
 
 def watchdog(cgroup: ExecCgroup) -> int:

@@ -25,7 +25,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from quinebox import fdpass
@@ -40,6 +40,8 @@ MAX_CONNECTIONS = 64
 #: What a box's init answers the host's `drop` with (guest/checkpoints.py): it lets go of the lifeline, or keeps
 #: it, naming what of the host's its processes hold.
 LIFELINE_ANSWERS = ("dropping", "kept")
+#: The host's word to a box's init that said its command died of SIGKILL (guest/init.py's `killed`): heard.
+NOTED = {"kind": "noted"}
 
 
 class Handler(Protocol):
@@ -144,6 +146,9 @@ class Broker:
         #: The lifeline asked (`ask_lifeline`), and where its answer goes.
         self._asked: socket.socket | None = None
         self._answers: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        #: Told the init's pid (the host's) when the init says its command died of SIGKILL, while the init waits for
+        #: the broker's word: the box's cgroups stand until then (the Docker backend reads its OOM kills there).
+        self.killed: Callable[[int], None] | None = None
         threading.Thread(target=self._accept, name=f"broker:{os.path.basename(path)}", daemon=True).start()
 
     def _accept(self) -> None:
@@ -200,6 +205,11 @@ class Broker:
                     continue
                 if init is not None and message["kind"] == "exec_exit":
                     init.exited(message)
+                    continue
+                if init is not None and message["kind"] == "killed":
+                    if self.killed is not None:
+                        self.killed(fdpass.peer_pid(conn))
+                    channel.send(NOTED)
                     continue
                 if first and self.init is None and _serves_execs(message):
                     init = self.init = InitLine(channel)

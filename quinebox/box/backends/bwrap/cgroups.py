@@ -11,7 +11,7 @@ memory, pids, cpu and freezer controllers' own, and the unified one's where it i
 controller on a hybrid host, but a box's processes are listed and counted there as runc's are); on v2 alone, the one
 unified cgroup, its controllers enabled by its parent (root's by systemd; a delegated subtree's by rootless.py's check).
 Limits follow OCI's `resources` as policy.py's BwrapBox gives them (memory and memory+swap in bytes, pids, cpu
-quota per period). OOM: the memory cgroup's oom_kill count, read as oci/box.py's oom_kills reads a runc box's.
+quota per period). OOM: the memory cgroup's oom_kill count, read by exec_cgroups.oom_kills, as a runc box's is.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import signal
 import time
 from typing import Any
 
-from quinebox.box.backends.oci.box import oom_kills
+from quinebox.box.backends.exec_cgroups import oom_kills
 from quinebox.box.backends.oci.freezer import freeze_cgroup
 from quinebox.box.backends.rootless import local_hierarchy
 from quinebox.errors import EngineError

@@ -2,6 +2,10 @@
 
 The engine's events, not the box, are the authority on its exit status and on
 an OOM kill: `die` brings the status, `destroy` says the box is gone. The
+engine's `oom` event can be lost (containerd drops one it reads after the box's
+cgroup is gone, as under load on cgroup v1), so the host also reads the box's
+memory cgroup itself when the box's init says its command died of SIGKILL
+(broker.killed): the kernel's count, read while the box still stands. The
 events stream may end because the engine did (or stopped the box on its way
 down): that is an engine incident, told to the box's `Ends` as ENGINE_LOST. A
 programming error in following the events is not: the box is killed, ends as
@@ -25,6 +29,7 @@ from quinebox.box.backends import watch
 from quinebox.box.backends.docker.attached import AttachedStdio
 from quinebox.box.backends.docker.configure import configure
 from quinebox.box.backends.docker.engine import DockerBackend
+from quinebox.box.backends.exec_cgroups import memory_cgroup_of, oom_kills
 from quinebox.box.net.broker import Broker
 from quinebox.box.net.secrets import engine_reader
 from quinebox.box.policy import ContainerConfig
@@ -86,6 +91,8 @@ class DockerLaunch:
         """The box created (or a warm one claimed), its events followed, its streams attached, started."""
         stdin, stdout, stderr = streams
         self._tty = spec.tty
+        if broker is not None:  # before the box runs: a warm box's command starts as its claim arrives
+            broker.killed = self._killed
         claimed = self.claimed
         self.id = claimed.container if claimed else self.backend.create(config)
         if spec.agent and spec.image != DEFAULT_IMAGE and not (claimed.shell if claimed else self.backend.exists(self.id, "/bin/sh")):
@@ -130,6 +137,16 @@ class DockerLaunch:
                 self._ends.cause(How.ENGINE_LOST, "the Docker engine went away while the box ran (it stopped or restarted)")
                 watch.record_incident(f"box {self._session} given up: its event stream ended before it did", session=self._session)
             self._ends.end()
+
+    def _killed(self, pid: int) -> None:
+        """The box's init (host pid `pid`) says its command died of SIGKILL and waits: an OOM kill if the kernel
+        counted one in the box's memory cgroup, whatever the engine's events say."""
+        try:
+            cgroup = memory_cgroup_of(pid)
+        except (OSError, StopIteration, ValueError):
+            return  # the init is gone already (its wait ran out): the engine's event is all there is
+        if self.id and self.id in cgroup and oom_kills(cgroup) > 0:  # the engine names the box's cgroup for its id: a
+            self._ends.oom()  # pid reused once the init's wait ran out is another process's, and is not read
 
     def _fail(self, exc: BaseException) -> None:
         """A bug of ours while the box runs: it ends now, and says so in its stderr; the engine is not blamed."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from quinebox.box.backends import keeper
+from quinebox.box.backends.exec_cgroups import oom_kills
 from quinebox.box.backends.oci import boxroot, idmap
 from quinebox.box.backends.oci.boxroot import IMAGE_ROOT, bundle_of, remove_box, remove_bundle
 from quinebox.box.backends.oci.runtime import QUICK_TIMEOUT, Runtime, container_id, sandbox_death
@@ -34,8 +35,6 @@ from quinebox.box.streams.console import ConsoleSocket, console_path
 from quinebox.errors import EngineError
 
 PR_SET_CHILD_SUBREAPER = 36
-#: Where each cgroup hierarchy says how often the kernel killed a process for memory (v1, then v2).
-_OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup", "memory.events"), ("/sys/fs/cgroup/unified", "memory.events"))
 
 #: (exit status, OOM-killed, why the sandbox itself died, if it did)
 Ended = Callable[[int, bool, "str | None"], None]
@@ -111,20 +110,6 @@ def held(cid: str) -> OciBox | None:
     """The box of container id `cid` if this process made it and it has not been removed: only its maker waits
     for its init, so only its maker may have a checkpoint end its sandbox and a successor take over (`succeed`)."""
     return _held.get(cid)
-
-
-def oom_kills(cgroup: str) -> int:
-    """How many processes the kernel killed for memory in `cgroup` (its path below each hierarchy's root)."""
-    for root, name in _OOM_FILES:
-        try:
-            text = Path(root, cgroup.lstrip("/"), name).read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    return 0
 
 
 _runtimes: dict[str, Runtime] = {}
