@@ -10,6 +10,7 @@ conversation its lost process left, and tells the guest where it was.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import threading
@@ -51,6 +52,21 @@ def check_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict
     return messages, tools
 
 
+def _told(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A handler of the broker's whose StateError goes back to the box, whose guest says it on the box's stderr in one
+    line: the session keeps it, so that its end, failing for the same full state dir, is not said again (finish)."""
+
+    @functools.wraps(method)
+    def handled(self: AgentSession, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except StateError as exc:
+            self._told = exc
+            raise
+
+    return handled
+
+
 class AgentSession:
     def __init__(
         self,
@@ -70,6 +86,8 @@ class AgentSession:
         """`owner`: the process running the session (`host:pid:start`), for the index. `resumption`: the session is
         not new but resumed from there (its tape goes on, and its index row is this process's from now on)."""
         self.session = session
+        #: The state dir's refusal a handler sent back to the box, whose guest said it (_told).
+        self._told: StateError | None = None
         #: A forked session's conversation so far, handed to the guest in its first welcome.
         self.history = history
         self.mission = mission
@@ -164,6 +182,7 @@ class AgentSession:
                 welcome["history"] = self.history
             return welcome
 
+    @_told
     def chat(self, request: dict[str, Any]) -> dict[str, Any]:
         messages, tools = check_chat(request)
         with self._lock:
@@ -199,6 +218,7 @@ class AgentSession:
         self.view({"event": "response", "turn": turn, "message": completion.message, "usage": completion.usage})
         return {"kind": "chat_result", "turn": turn, "message": completion.message, "usage": completion.usage, "tokens_used": self.tokens}
 
+    @_told
     def event(self, event: dict[str, Any]) -> None:
         """What the box's agent reports of its tools: recorded under a kind of the box's, or refused.
 
@@ -231,6 +251,7 @@ class AgentSession:
                 return
         self.tape.append("box_refused", event=str(name)[:64], why=why)
 
+    @_told
     def revise(self, request: dict[str, Any]) -> dict[str, Any]:
         """A revision of the world after a tool changed it: the guest asks after each sh and restore_world."""
         from quinebox.worlds.revisions import WorldError
@@ -324,6 +345,8 @@ class AgentSession:
             failed = failed or exc
         self.tape.close()
         self.index.close()
+        if failed and self._told is not None:  # the box said the state dir is full already: its exit status, no second line
+            raise StateError(str(failed), kind=failed.kind, **failed.fields, said=True) from failed
         if failed:
             raise failed
         return outcome

@@ -79,10 +79,12 @@ def print_chain(exc: BaseException) -> None:
 
 
 def fail(exc: QuineboxError) -> typer.Exit:
-    """quinebox's failure as one line and its exit code; with --traceback, its whole chain before the line."""
+    """quinebox's failure as one line and its exit code; with --traceback, its whole chain before the line. An error
+    whose line was said already (field `said`: the box's guest said it) is its exit code alone."""
     if tracebacks():
         print_chain(exc)
-    say(str(exc))
+    if not exc.fields.get("said"):
+        say(str(exc))
     return typer.Exit(exc.exit_code)
 
 
