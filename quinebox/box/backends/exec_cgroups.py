@@ -28,6 +28,8 @@ UNIFIED = Path("/sys/fs/cgroup")
 EXEC_PREFIX = "quinebox-exec-"
 #: Where each cgroup hierarchy says how often the kernel killed a process for memory (v1, then v2).
 _OOM_FILES = (("/sys/fs/cgroup/memory", "memory.oom_control"), ("/sys/fs/cgroup", "memory.events"), ("/sys/fs/cgroup/unified", "memory.events"))
+
+
 class ExecCgroup:
     """One exec's pids cgroup below its box's; every process it lists is the exec's."""
 
@@ -89,22 +91,13 @@ def box_cgroup(session: str) -> str:
     return f"{parent}/{CGROUP_PREFIX}{session}"
 
 
-def cgroup_of(pid: int) -> str:
-    """The pids cgroup `pid` is in (v1's pids line, else v2's), as the host's path below the hierarchy's root."""
+def cgroup_of(pid: int, controller: str = "pids") -> str:
+    """The `controller` cgroup `pid` is in (its v1 hierarchy's line where this host mounts one, else v2's), as the
+    host's path below the hierarchy's root: an exec's pids cgroup goes below it; a box's OOM count is read in its memory one."""
     lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        if "pids" in controllers.split(",") and PIDS_V1.is_dir():
-            return path
-    return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
-
-
-def memory_cgroup_of(pid: int) -> str:
-    """The memory cgroup `pid` is in (v1's memory line, else v2's), as the host's path below the hierarchy's root."""
-    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
+        if controller in controllers.split(",") and Path("/sys/fs/cgroup", controller).is_dir():
             return path
     return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from quinebox.box.backends.exec_cgroups import memory_cgroup_of
+from quinebox.box.backends.exec_cgroups import cgroup_of
 from quinebox.box.net.broker import Broker
 from quinebox.guest import protocol
 from quinebox.resources import guest_dir
@@ -42,7 +42,7 @@ def test_the_init_says_its_command_was_killed_and_exits_only_once_the_host_has_l
         time.sleep(0.3)  # the host looks slowly: the init must still stand when it has looked
         with open(f"/proc/{pid}/stat") as stat:
             state = stat.read().rpartition(")")[2].split()[0]
-        told.append((pid, state != "Z", memory_cgroup_of(pid)))
+        told.append((pid, state != "Z", cgroup_of(pid, "memory")))
         looked.set()
 
     broker.killed = killed
@@ -55,7 +55,7 @@ def test_the_init_says_its_command_was_killed_and_exits_only_once_the_host_has_l
         broker.close()
     assert (box.returncode, out, err) == (137, b"", b"")
     assert looked.is_set()
-    assert told == [(box.pid, True, memory_cgroup_of(os.getpid()))]  # the init's own pid, alive, in our cgroup
+    assert told == [(box.pid, True, cgroup_of(os.getpid(), "memory"))]  # the init's own pid, alive, in our cgroup
     assert took < 20  # the host's word ended the wait, not the wait's 60 s
 
 

@@ -29,7 +29,7 @@ from quinebox.box.backends import watch
 from quinebox.box.backends.docker.attached import AttachedStdio
 from quinebox.box.backends.docker.configure import configure
 from quinebox.box.backends.docker.engine import DockerBackend
-from quinebox.box.backends.exec_cgroups import memory_cgroup_of, oom_kills
+from quinebox.box.backends.exec_cgroups import cgroup_of, oom_kills
 from quinebox.box.net.broker import Broker
 from quinebox.box.net.secrets import engine_reader
 from quinebox.box.policy import ContainerConfig
@@ -142,7 +142,7 @@ class DockerLaunch:
         """The box's init (host pid `pid`) says its command died of SIGKILL and waits: an OOM kill if the kernel
         counted one in the box's memory cgroup, whatever the engine's events say."""
         try:
-            cgroup = memory_cgroup_of(pid)
+            cgroup = cgroup_of(pid, "memory")
         except (OSError, StopIteration, ValueError):
             return  # the init is gone already (its wait ran out): the engine's event is all there is
         if self.id and self.id in cgroup and oom_kills(cgroup) > 0:  # the engine names the box's cgroup for its id: a
