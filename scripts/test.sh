@@ -39,12 +39,15 @@ say "ruff check quinebox"
 .venv/bin/ruff check --no-cache quinebox || { say "ruff's findings above fail the run (each noqa left says why)"; exit 1; }
 say "mypy (the whole package, the guest too)"
 .venv/bin/mypy || { say "mypy's findings above fail the run (each type: ignore[code] left says why)"; exit 1; }
-#: The bubblewrap backend's passes (as root, and as the rootless user): the isolation, seccomp, hidden-box (`--image host`,
-#: which bwrap refuses in one line), adversarial, exec, file-stream and agent suites, each case asserting bwrap's own answer
-#: where its kernel view differs (tests/backend_under_test.py). Their Docker cases (and the engine's own request-timeout
-#: case) ran in the main pass; the rootless pass has no engine to run them on.
-bwrap_files="tests/integration/test_isolation.py tests/integration/test_seccomp.py tests/integration/test_host_image.py
-    tests/integration/test_hostile_box.py tests/integration/test_exec_api.py tests/integration/test_file_streams.py tests/integration/test_agent.py"
+#: The box suites run on each backend's kernel view: the isolation, seccomp, hidden-box (`--image host`, which bwrap
+#: refuses in one line), adversarial, exec, file-stream, agent and other-local-user suites, each case asserting its backend's own answer
+#: where that view differs (tests/backend_under_test.py). As root the main pass runs them on auto's choice (bubblewrap,
+#: where it is usable) and the runc pass once more on runc; a plain user's auto is runc (choice.PLAIN_USER), so the
+#: rootless pass runs them on runc and the rootless bwrap pass on bubblewrap. Their Docker cases (and the engine's own
+#: request-timeout case) ran in the main pass; the rootless pass has no engine to run them on.
+box_files="tests/integration/test_isolation.py tests/integration/test_seccomp.py tests/integration/test_host_image.py
+    tests/integration/test_hostile_box.py tests/integration/test_exec_api.py tests/integration/test_file_streams.py tests/integration/test_agent.py
+    tests/integration/test_other_users.py"
 
 serve_pass() {
     # The CLI's tests once more, each command through a command server (the thin client's path): same behaviour.
@@ -56,16 +59,18 @@ serve_pass() {
         tests/e2e/test_egress.py::test_an_agents_refused_destination_is_one_line_on_the_runs_stderr
 }
 docker_pass() {
-    # The default backend is an OCI runtime here: the box tests and the e2e suite once more on the Docker
-    # backend (its engine-only tests, the pool and the cluster's, already pin it and ran above; the long-lived
-    # boxes' run each backend themselves, as the server's keeper's do (the engine has none); the web view reads only
-    # the state dir, the same from either backend).
+    # The default backend is bubblewrap or an OCI runtime here: the box tests and the e2e suite once more on the Docker
+    # backend, less what names its own backends and ran whole in the main pass: the engine-only tests (the pool's and
+    # the cluster's pin it); the long-lived boxes', the server keeper's and `resume`'s, which run each backend
+    # themselves; the OCI pool's and gVisor's snapshots'; `prune`'s, whose image cases pin the OCI backend and whose
+    # session cases read only the state dir, as the web view's do.
     echo "test: the box and e2e tests again, on the Docker backend"
     QUINEBOX_BACKEND=docker .venv/bin/python -m pytest -q -p no:cacheprovider --basetemp "$passes/d" tests/integration/test_isolation.py \
         tests/integration/test_seccomp.py tests/integration/test_any_image.py tests/integration/test_exec_api.py \
         tests/integration/test_sandbox_files.py tests/integration/test_sandbox_attach.py tests/e2e \
         --ignore=tests/e2e/test_cluster.py --ignore=tests/e2e/test_pool.py --ignore=tests/e2e/test_sandboxes.py \
-        --ignore=tests/e2e/test_view.py --ignore=tests/e2e/test_serve_keeper.py
+        --ignore=tests/e2e/test_view.py --ignore=tests/e2e/test_serve_keeper.py --ignore=tests/e2e/test_resume.py \
+        --ignore=tests/e2e/test_pool_oci.py --ignore=tests/e2e/test_box_snapshots.py --ignore=tests/e2e/test_prune.py
 }
 gvisor_pass() {
     # gVisor's kernel answers the box's system calls itself: the isolation and seccomp suites run whole there,
@@ -108,7 +113,7 @@ debian_oci_pass() {
     # (test_sandbox.py runs each backend itself).
     debian_venv || return 1
     echo "test: archives, worlds and boxes again under /usr/bin/python3 ($(.venv-debian/bin/python -c 'import platform; print(platform.python_version())')), on the OCI backend"
-    .venv-debian/bin/python -m pytest -q -p no:cacheprovider --basetemp "$passes/o" tests/unit/test_untar.py tests/unit/worlds tests/unit/box/test_rootfs.py \
+    QUINEBOX_BACKEND=oci .venv-debian/bin/python -m pytest -q -p no:cacheprovider --basetemp "$passes/o" tests/unit/test_untar.py tests/unit/worlds tests/unit/box/test_rootfs.py \
         tests/integration/test_rootfs_engine.py tests/integration/test_sandbox.py tests/integration/test_exec_api.py \
         tests/integration/test_registry.py tests/integration/test_file_streams.py tests/integration/test_host_image.py \
         tests/integration/test_sandbox_files.py tests/integration/test_sandbox_attach.py tests/unit/box/test_policy_host.py tests/e2e/test_world_boxes.py tests/unit/tree/test_pruning.py tests/unit/tree/test_retention.py \
@@ -119,10 +124,10 @@ debian_docker_pass() {
     QUINEBOX_BACKEND=docker .venv-debian/bin/python -m pytest -q -p no:cacheprovider --basetemp "$passes/e" \
         tests/integration/test_exec_api.py tests/e2e/test_world_boxes.py -k "$debian_skip"
 }
-bwrap_pass() {
-    echo "test: the isolation, seccomp, hidden-box, adversarial, exec, file-stream and agent tests again, on bubblewrap (as root)"
+runc_pass() {
+    echo "test: the isolation, seccomp, hidden-box, adversarial, exec, file-stream and agent tests again, on runc (as root)"
     # shellcheck disable=SC2086  # the list splits on whitespace
-    QUINEBOX_BACKEND=bwrap .venv/bin/python -m pytest -q -p no:cacheprovider --basetemp "$passes/b" $bwrap_files -k "not docker and not quiet_spell_longer"
+    QUINEBOX_BACKEND=oci QUINEBOX_RUNTIME=runc .venv/bin/python -m pytest -q -p no:cacheprovider --basetemp "$passes/b" $box_files -k "not docker and not quiet_spell_longer"
 }
 rootless_user=quinebox-rootless  # not test_doctor.py's user, which must have no cgroup delegated
 rootless_setup() {
@@ -153,7 +158,7 @@ as_rootless() {
 }
 rootless_pass() {
     # The box tests, Inspect's and MCP's, and the e2e suite (the view in Chromium too) once more, less what only root has
-    # here (tests/conftest.py's rootless pass deselects it).
+    # here (tests/conftest.py's rootless pass deselects it), on auto's choice for a plain user (runc).
     echo "test: the box and e2e tests again, as $rootless_user (not root, no engine: rootless boxes)"
     as_rootless -- tests/unit/box/test_rootless.py tests/integration/test_rootless_boxes.py \
         tests/integration/test_exec_api.py tests/integration/test_sandbox.py tests/integration/test_file_streams.py \
@@ -171,7 +176,7 @@ rootless_bwrap_pass() {
     echo "test: the bubblewrap backend's suites again, as $rootless_user"
     # shellcheck disable=SC2086
     # and the backend's own tests (as root they ran in the main pass): its boxes, their remains, its root, its choice.
-    as_rootless QUINEBOX_BACKEND=bwrap -- $bwrap_files tests/integration/test_bwrap_backend.py tests/integration/test_bwrap_remains.py \
+    as_rootless QUINEBOX_BACKEND=bwrap -- $box_files tests/integration/test_bwrap_backend.py tests/integration/test_bwrap_remains.py \
         tests/unit/box/test_bwrap_root.py tests/unit/box/test_bwrap_listed.py tests/unit/box/test_choice_bwrap.py \
         -k 'not docker and not quiet_spell_longer' --basetemp "$work/b"
 }
@@ -182,7 +187,7 @@ lane_engine() {
     pass serve serve_pass
     pass docker docker_pass
     pass gvisor gvisor_pass
-    pass bwrap bwrap_pass
+    pass runc runc_pass
     pass frameworks frameworks_pass
     if [ -x /usr/bin/python3 ] && [ "$(/usr/bin/python3 -c 'import sys; print(sys.version)')" != "$(.venv/bin/python -c 'import sys; print(sys.version)')" ]; then
         pass debian-oci debian_oci_pass
@@ -192,7 +197,7 @@ lane_engine() {
     fi
 }
 # Beside it, the passes that never reach the engine: the rootless user's (no engine at all; its boxes in its own state
-# dir and its delegated cgroups), on the OCI runtime and on bubblewrap.
+# dir and its delegated cgroups), on auto's choice for a plain user (runc) and on bubblewrap.
 lane_apart() {
     if [ "$(id -u)" = 0 ] && [ "${CI:-}" = true ]; then
         pass rootless-setup rootless_setup

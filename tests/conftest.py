@@ -116,12 +116,12 @@ def _left_behind(state: str) -> list[str]:
     """What quinebox still holds of this test session's state dir: boxes, their cgroups, mounts, processes."""
     import glob
 
-    from live_boxes import oci_containers
+    from live_boxes import local_boxes
 
     from quinebox.box.owners.listing import live_boxes
     from quinebox.processes import owner_alive
 
-    found = [f"box {c['Id']} on {c['Runtime']} ({c['State']})" for c in oci_containers()]
+    found = [f"box {c['Id']} on {c['Runtime']} ({c['State']})" for c in local_boxes()]
     found += [f"bwrap box record {path}" for path in glob.glob(os.path.join(state, "bwrap", "*.json"))]  # bwrap/box.py's records
     try:
         found += [f"engine box {b.container[:12]} (session {b.session}) whose owner is gone" for b in live_boxes() if b.backend == "docker" and not owner_alive(b.owner)]

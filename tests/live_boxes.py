@@ -1,8 +1,9 @@
-"""What the engine and the OCI runtimes hold of quinebox's boxes, as the tests look at it."""
+"""What the engine, the OCI runtimes and bubblewrap hold of quinebox's boxes, as the tests look at it."""
 
 import glob
 from types import SimpleNamespace
 
+from quinebox.box.backends.bwrap.listed import bwrap_boxes
 from quinebox.box.backends.oci.listed import runtime_boxes
 from quinebox.box.policy import LABEL_OWNER, LABEL_PARENT, LABEL_SESSION
 from quinebox.box.pool.claim import claimed_as
@@ -15,9 +16,10 @@ def cgroups_of(session: str) -> list[str]:
     return glob.glob(f"/sys/fs/cgroup/*/quinebox-{session}") + glob.glob(f"/sys/fs/cgroup/*/quinebox.user-*/quinebox-{session}")
 
 
-def oci_containers() -> list[dict]:
-    """The OCI runtimes' boxes (runtimebox.runtime_boxes) in the engine's listing shape, as these tests compare them."""
-    return [{"Id": b.id, "Labels": dict(b.labels), "Command": b.command, "State": b.state, "Runtime": b.backend} for b in runtime_boxes()]
+def local_boxes() -> list[dict]:
+    """The boxes of this state dir's local backends, in the engine's listing shape, as these tests compare them: the OCI
+    runtimes' (runtimebox.runtime_boxes) and bubblewrap's (from its records: bwrap/listed.py)."""
+    return [{"Id": b.id, "Labels": dict(b.labels), "Command": b.command, "State": b.state, "Runtime": b.backend} for b in [*runtime_boxes(), *bwrap_boxes()]]
 
 
 def live_boxes(engine, label: str = "io.quinebox.session") -> list:
@@ -35,16 +37,11 @@ def live_boxes(engine, label: str = "io.quinebox.session") -> list:
         if labels is not None:
             boxes.append(SimpleNamespace(status=container["State"], labels=labels, id=container["Id"], backend="docker"))
     key, _, value = label.partition("=")
-    for container in oci_containers():  # the test session's state dir: every box of the runtimes these tests ran
+    for container in local_boxes():  # the test session's state dir: every box of the runtimes and bwrap these tests ran
         labels = claimed_labels(container)
         if labels is not None and key in labels and (not value or labels[key] == value):
             status = {"stopped": "exited"}.get(container["State"], container["State"])
             boxes.append(SimpleNamespace(status=status, labels=labels, id=container["Id"], backend=container["Runtime"]))
-    from quinebox.box.backends.bwrap.listed import bwrap_boxes
-
-    for box in bwrap_boxes():  # the bwrap backend's, from this state dir's records (bwrap/listed.py)
-        if key in box.labels and (not value or box.labels[key] == value):
-            boxes.append(SimpleNamespace(status=box.state, labels=dict(box.labels), id=box.id, backend="bwrap"))
     return boxes
 
 

@@ -38,7 +38,7 @@ def run() -> int:
 
     for incident in recent_incidents():
         when = datetime.fromtimestamp(incident["t"]).strftime("%Y-%m-%d %H:%M:%S")
-        say("note", f"{when} the engine failed quinebox: {incident.get('what')}")
+        say("note", f"{when} {incident.get('backend') or 'the engine'} failed quinebox: {incident.get('what')}")
     connected: list[DockerBackend] = []
 
     def connect() -> DockerBackend:
@@ -80,10 +80,10 @@ def _own_ids(say: Say, backend: DockerBackend | None) -> None:
         return
     if remapped:  # its boxes' host uids are the engine's remapped ones, which quinebox does not hand its sockets and worlds
         say("no", "the Docker engine remaps users (dockerd --userns-remap): its boxes cannot reach their sockets and worlds, which are uid 1000's",
-            "use the OCI backend (runc, the default here), or run dockerd without --userns-remap for quinebox")
+            "use bwrap or runc (auto's choice wherever either runs), or run dockerd without --userns-remap for quinebox")
     else:
         say("no", "the Docker engine runs boxes without a user namespace: a root-made box on it runs as host uid 1000, which may be an account's",
-            "use the OCI backend (runc, the default here), whose boxes have host ids of their own")
+            "use bwrap or runc (auto's choice wherever either runs), whose boxes have host ids of their own")
 
 
 def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> bool:
@@ -107,10 +107,9 @@ def default_ready(say: Say, ways: list[Way], backend: DockerBackend | None) -> b
 
 
 def _auto(say: Say, ways: list[Way]) -> None:
-    """Which backend `auto` picks here and why; and bubblewrap's place: the fastest backend where it is usable, on
-    auto's ladder or not (choice.BWRAP_IN_AUTO, with its reason)."""
+    """Which backend `auto` picks here and why, and whether bubblewrap, the fastest backend where it is usable, is."""
     from quinebox.box.backends import registry
-    from quinebox.box.backends.choice import BWRAP_IN_AUTO, BWRAP_IN_AUTO_WHY, choose, requested
+    from quinebox.box.backends.choice import choose
 
     try:
         picked = choose(None, known=registry.NAMES, backend="auto")
@@ -119,11 +118,7 @@ def _auto(say: Say, ways: list[Way]) -> None:
         return
     bwrap = next(way for way in ways if way.name == BWRAP)
     here = "usable here" if bwrap.works else "not usable here"
-    if BWRAP_IN_AUTO or not bwrap.works or requested(known=registry.NAMES)[0] == BWRAP:  # nothing to tell one who has it
-        say("note", f"auto: {picked.why} (bwrap, the fastest backend where it is usable, is {here})")
-    else:
-        say("note", f"auto: {picked.why} (bwrap, the fastest backend where it is usable, is {here}; {BWRAP_IN_AUTO_WHY})",
-            "for its faster boxes: --backend bwrap, QUINEBOX_BACKEND=bwrap or backend: bwrap in config.yaml")
+    say("note", f"auto: {picked.why} (bwrap, the fastest backend where it is usable, is {here})")
 
 
 def _image_ready(say: Say, unpacked: bool, backend: DockerBackend | None, *, build: str) -> bool:

@@ -110,7 +110,7 @@ class BoxProcess(Process):
         self._finishing = threading.Lock()
         #: Where the box runs, and why there (`--verbose` and `doctor` say it).
         self.choice = (Choice(ENGINE, None, "a Docker backend was handed over") if backend
-                       else choose(oci_refusal(spec), known=NAMES, backend=spec.backend, runtime=spec.runtime, spec=spec))
+                       else choose(oci_refusal(spec), known=NAMES, backend=spec.backend, runtime=spec.runtime, spec=spec, lasting=lasting))
         self._launch = launch_for(self.choice, backend, self._ends, session=self.session, reader_gone=self._reader_gone)
         self.spec, image, config = self._launch.configure(spec)
         self.args = self.spec.argv
@@ -141,6 +141,10 @@ class BoxProcess(Process):
         if self.place is not None:
             self.place.attach(self)
         self._launch.start(spec, config, streams, broker=self._broker, stop_fd=self._stop_r)
+        if self._ends.caused and not self._ends.exited.is_set():
+            # A cause that came while the box was starting (its world over its grant within its first milliseconds)
+            # found no box id to kill (_end_for): the box runs already, so it is killed now.
+            self._launch.kill()
         launch = self._launch
         self.stdin, self.stdout, self.stderr = launch.stdin, launch.stdout, launch.stderr
         self.started = time.monotonic()
@@ -166,9 +170,11 @@ class BoxProcess(Process):
             self._set_deadline(left)
 
     def _abandon(self, exc: BaseException) -> None:
-        """A start that failed leaves nothing behind: no claim, no box, no world; an engine's failure is an incident."""
+        """A start that failed leaves nothing behind: no claim, no box, no world; a backend's failure is an incident,
+        which names the backend unless it is the engine (doctor says whose it was)."""
         if isinstance(exc, EngineError):
-            watch.record_incident(str(exc), session=self.session)
+            where = {} if self.choice.engine else {"backend": self.choice.where}
+            watch.record_incident(str(exc), session=self.session, **where)
         # Its place may hold it already (a child attached before its runtime refused it): whoever waits on it, as
         # the tree's end does for every box in it, is answered at once, never left waiting for a box that never ran.
         self.returncode = EXIT_QUINEBOX

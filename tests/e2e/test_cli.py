@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from live_boxes import live_boxes, oci_containers
+from live_boxes import live_boxes, local_boxes
 
 from quinebox.box.policy import LABEL_OWNER, LABEL_SESSION
 
@@ -29,7 +29,7 @@ def quinebox_boxes(engine):
 
 def creates_since(engine, since: float) -> list:
     if engine is None:  # the rootless pass: no engine to ask for its events, so the boxes the runtimes hold now
-        return oci_containers()
+        return local_boxes()
     until = time.time() + 0.5
     time.sleep(0.6)
     return list(engine.api.events(since=since, until=until, decode=True, filters={"type": "container", "event": "create", "label": LABEL_SESSION}))

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from quinebox.box.backends.choice import BWRAP_IN_AUTO
 
 pytestmark = pytest.mark.root_only  # it makes users and judges the engine's socket for them
 
@@ -44,7 +43,8 @@ def line(lines: list[str], start: str) -> str:
     raise AssertionError(f"no line starting {start!r} in:\n" + "\n".join(lines))
 
 
-@pytest.mark.parametrize("backend, default", [(None, "boxes run on the OCI runtime runc"), ("docker", "the Docker backend was asked for")])
+@pytest.mark.parametrize("backend, default", [(None, "boxes run on bwrap (bubblewrap), the fastest backend that holds this box here"),
+                                              ("oci", "the OCI backend was asked for (runc)"), ("docker", "the Docker backend was asked for")])
 def test_doctor_passes_here_and_lists_every_way(engine, backend, default):
     code, lines = doctor(**({"QUINEBOX_BACKEND": backend} if backend else {}))
     assert code == 0, lines
@@ -57,12 +57,8 @@ def test_doctor_passes_here_and_lists_every_way(engine, backend, default):
         assert crun == "no   crun: not installed\n      → apt-get install crun"
     assert line(lines, "default: ") == f"ok   default: {default}"
     assert line(lines, "bwrap (bubblewrap): ") == f"ok   bwrap (bubblewrap): runs boxes here ({shutil.which('bwrap')}; a hardened probe box ran)"
-    auto = line(lines, "auto: ")  # which backend auto picks here, whatever the default is, and why; bwrap's place on its ladder
-    if BWRAP_IN_AUTO:
-        assert auto == "note auto: boxes run on bwrap (bubblewrap), the fastest backend that holds this box here (bwrap, the fastest backend where it is usable, is usable here)"
-    else:
-        assert auto.startswith("note auto: boxes run on the OCI runtime runc (bwrap, the fastest backend where it is usable, is usable here; "), auto
-        assert auto.endswith("→ for its faster boxes: --backend bwrap, QUINEBOX_BACKEND=bwrap or backend: bwrap in config.yaml"), auto
+    # which backend auto picks here, whatever the default is, and why
+    assert line(lines, "auto: ") == "note auto: boxes run on bwrap (bubblewrap), the fastest backend that holds this box here (bwrap, the fastest backend where it is usable, is usable here)"
     if backend == "docker":
         assert line(lines, "image ").startswith("ok   image quinebox/agent:") and line(lines, "guest runtime ").startswith("ok   guest runtime for any image at /")
 
@@ -74,7 +70,7 @@ def test_an_engine_not_running_is_told_to_start_and_fails_doctor_only_when_it_is
         code, lines = doctor(DOCKER_HOST=NO_ENGINE, QUINEBOX_STATE_DIR=state, QUINEBOX_SHARED_IMAGES=nowhere)
         said = line(lines, "Docker engine: ")
         assert said.startswith("no   Docker engine: installed but not running (nothing listens on /nonexistent/docker.sock)\n      → start it: `"), said
-        assert code == 1, lines  # runc, the default, works, but the agent image is neither unpacked, nor shared, nor to be had
+        assert code == 1, lines  # bwrap, the default, works, but the agent image is neither unpacked, nor shared, nor to be had
         image = line(lines, "image ")
         assert image.startswith("FAIL image quinebox/agent:") and "the engine builds it, and installed but not running" in image, image
         unpacked = subprocess.run([QUINEBOX, "exec", "--", "true"], capture_output=True, timeout=60, env=chosen(QUINEBOX_STATE_DIR=state))
@@ -164,6 +160,17 @@ def test_exec_as_that_user_says_permission_in_one_line(engine, user, home):
     assert b"docker group" in done.stderr
 
 
+def test_a_box_bwrap_could_not_start_is_remembered_as_bwraps_failure_not_the_engines(engine, tmp_path):
+    env = chosen(QUINEBOX_STATE_DIR=str(tmp_path / "state"), QUINEBOX_BACKEND="bwrap", QUINEBOX_SERVE="off")
+    done = subprocess.run([QUINEBOX, "exec", "-w", "/world/no/such", "--", "true"], capture_output=True, timeout=60, env=env)
+    assert (done.returncode, done.stdout) == (125, b""), done.stderr
+    said = done.stderr.decode()
+    assert said.count("\n") == 1 and "its user cannot enter its working directory /world/no/such" in said, said
+    _, lines = doctor(QUINEBOX_STATE_DIR=str(tmp_path / "state"))
+    [noted] = [text for text in lines if "failed quinebox" in text]
+    assert noted.startswith("note ") and " bwrap failed quinebox: bwrap could not start the box: its user cannot enter" in noted, noted
+
+
 def test_as_root_doctor_says_whose_ids_a_box_runs_as_on_each_backend(engine):
     """A root-made box on runc has host ids of its own (backends/oci/idmap.py); on an engine that does not remap
     users it runs as host uid 1000, which doctor says in one line with the fix (issue 52)."""
@@ -180,4 +187,4 @@ def test_as_root_doctor_says_whose_ids_a_box_runs_as_on_each_backend(engine):
     else:
         said = line(lines, "the Docker engine runs boxes without a user namespace")
         assert said.startswith("no   the Docker engine runs boxes without a user namespace: a root-made box on it runs as host uid 1000"), said
-        assert "→ use the OCI backend (runc, the default here), whose boxes have host ids of their own" in said
+        assert "→ use bwrap or runc (auto's choice wherever either runs), whose boxes have host ids of their own" in said

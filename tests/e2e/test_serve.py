@@ -14,7 +14,7 @@ import time
 import docker
 import pytest
 from commands import QUINEBOX
-from live_boxes import oci_containers
+from live_boxes import local_boxes
 
 from quinebox.box.policy import LABEL_SESSION
 
@@ -87,7 +87,7 @@ def boxes_of(env: dict, session_prefix: str = "") -> list[dict]:
     mine = os.environ["QUINEBOX_STATE_DIR"]
     os.environ["QUINEBOX_STATE_DIR"] = env["QUINEBOX_STATE_DIR"]
     try:
-        listed += oci_containers()
+        listed += local_boxes()
     finally:
         os.environ["QUINEBOX_STATE_DIR"] = mine
     return [box for box in listed if box["Labels"][LABEL_SESSION].startswith(session_prefix)]

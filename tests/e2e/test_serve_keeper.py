@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from commands import QUINEBOX, wait_for
-from live_boxes import cgroups_of, oci_containers
+from live_boxes import cgroups_of, local_boxes
 
 from quinebox.box.backends import keeper
 from quinebox.box.policy import LABEL_SESSION
@@ -108,7 +108,7 @@ def remains(env: dict, session: str) -> list[str]:
     mine = os.environ["QUINEBOX_STATE_DIR"]
     os.environ["QUINEBOX_STATE_DIR"] = env["QUINEBOX_STATE_DIR"]
     try:
-        left = [f"box {box['Id']}" for box in oci_containers() if box["Labels"][LABEL_SESSION] == session]
+        left = [f"box {box['Id']}" for box in local_boxes() if box["Labels"][LABEL_SESSION] == session]
     finally:
         os.environ["QUINEBOX_STATE_DIR"] = mine
     left += [f"bundle {path.name}" for path in (state / "run").glob(f"{session}.oci")]

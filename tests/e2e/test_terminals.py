@@ -180,18 +180,32 @@ def test_shell_in_a_directory_its_box_may_not_enter_is_refused_in_one_line(engin
 # -- quinebox enter ----------------------------------------------------------------------
 
 
-def test_enter_sees_the_agents_world_and_is_recorded_on_its_tape(engine, tmp_path):
+def start_agent(engine, tmp_path, env: dict) -> tuple[subprocess.Popen, str]:
+    """An agent whose box writes /world/note and waits; and its session, once its box runs (a box listed before it
+    started is another's: a previous test's killed agent may not be gone yet)."""
     script = tmp_path / "m.yaml"
     script.write_text(json.dumps({"turns": [{"sh": "echo the-agents-note > /world/note; echo written >&5; sleep 20"}, {"exit": "success"}]}))
-    agent = subprocess.Popen([QUINEBOX, "run", "-m", f"script:{script}", "wait"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    before = {b.labels["io.quinebox.session"] for b in live_boxes(engine)}
+    agent = subprocess.Popen([QUINEBOX, "run", "-m", f"script:{script}", "wait"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    session = None
+    deadline = time.monotonic() + 30
+    while session is None and time.monotonic() < deadline:
+        boxes = [b for b in live_boxes(engine) if b.status == "running" and b.labels["io.quinebox.session"] not in before]
+        session = boxes[0].labels["io.quinebox.session"] if boxes else None
+        time.sleep(0.2)
+    if session is None:
+        agent.kill()
+        agent.wait()
+    assert session
+    return agent, session
+
+
+def test_enter_sees_the_agents_world_and_is_recorded_on_its_tape(engine, tmp_path):
+    # bwrap, auto's choice where usable, enters no running box (the next test): here the pass's backend, or runc
+    env = {**os.environ, "QUINEBOX_BACKEND": os.environ.get("QUINEBOX_BACKEND") or "oci"}
+    agent, session = start_agent(engine, tmp_path, env)
+    deadline = time.monotonic() + 30
     try:
-        session = None
-        deadline = time.monotonic() + 30
-        while session is None and time.monotonic() < deadline:
-            boxes = [b for b in live_boxes(engine) if b.status == "running"]
-            session = boxes[0].labels["io.quinebox.session"] if boxes else None
-            time.sleep(0.2)
-        assert session
         seen = None
         while time.monotonic() < deadline:
             seen = qb("enter", session[:8], "--", "sh", "-c", "cat /world/note; id -u; exit 5")
@@ -204,6 +218,21 @@ def test_enter_sees_the_agents_world_and_is_recorded_on_its_tape(engine, tmp_pat
         agent.wait()
     [entered] = [r for r in read_tape(session) if r["kind"] == "entered"][-1:]
     assert entered["argv"] == ["sh", "-c", "cat /world/note; id -u; exit 5"] and entered["exit_code"] == 5
+
+
+def test_enter_on_bwrap_is_refused_in_one_line_that_says_how_to_get_a_box_to_enter(engine, tmp_path):
+    agent, session = start_agent(engine, tmp_path, {**os.environ, "QUINEBOX_BACKEND": "bwrap"})
+    try:
+        done = qb("enter", session[:8], "--", "true")
+        assert (done.returncode, done.stdout) == (125, b""), done.stderr
+        said = done.stderr.decode()
+        assert said.count("\n") == 1 and said.startswith(f"quinebox: box {session}: bwrap enters no running box") and said.endswith(
+            "a box to enter: start it with --backend oci\n"), said
+        assert agent.poll() is None  # the agent goes on
+    finally:
+        agent.kill()
+        agent.wait()
+    assert [r for r in read_tape(session) if r["kind"] == "entered"] == []
 
 
 def test_enter_a_box_that_is_not_there_is_one_line(engine):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from commands import BOX_UID
-from live_boxes import cgroups_of, oci_containers
+from live_boxes import cgroups_of, local_boxes
 
 import quinebox
 from quinebox.state import run_dir, state_dir
@@ -75,14 +75,14 @@ def test_the_kernel_refuses_what_the_policy_refuses(oci):
 
 
 def boxes_of(session: str) -> list[dict]:
-    return [c for c in oci_containers() if c["Labels"]["io.quinebox.session"] == session]
+    return [c for c in local_boxes() if c["Labels"]["io.quinebox.session"] == session]
 
 
 def sleeper() -> tuple[subprocess.Popen, str]:
     """A `quinebox exec -- sleep 300` of its own, and its box's session once the box is there."""
     proc = subprocess.Popen([QUINEBOX, "exec", "--", "sleep", "300"], stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
-    while not (mine := [c for c in oci_containers() if c["Command"].endswith("-- sleep 300")]) and time.monotonic() < deadline:
+    while not (mine := [c for c in local_boxes() if c["Command"].endswith("-- sleep 300")]) and time.monotonic() < deadline:
         time.sleep(0.05)  # an earlier test's box may still be on its way out meanwhile: its remains go after its end
     if len(mine) != 1:
         proc.kill()  # its keeper removes the box

@@ -10,8 +10,12 @@ as a runtime may fail one box under load and run the next). A box the runtime ca
 runs on the engine, and `why` says so in one line; nothing is ever silently weaker.
 
 `auto` ranks the backends fastest first (LADDER: bubblewrap's one process a box, then an OCI runtime's `runc run`,
-then the engine's container) and takes the first that holds the box's whole policy and is usable here. Whether
-bubblewrap is on that ladder is one constant (BWRAP_IN_AUTO, with its reason); off it, bwrap is asked for by name.
+then the engine's container) and takes the first that holds the box's whole policy and is usable here: bubblewrap
+wherever it is usable (its binary, user namespaces, the `bwrap` extra, a cgroup for a plain user's boxes) and the box
+asks nothing it cannot hold (`--image host`, `net:bridge`, `rootfs:rw`). A lasting box (`box create`, a Sandbox) is
+not bwrap's under auto: it is entered later with a terminal or as another user (root included), which bwrap, with no
+exec of its own and one id mapped, cannot (LASTING). Nor is a plain user's box (PLAIN_USER): bwrap as a plain user
+maps the caller's own id alone, onto itself, so the box's user is not the one its policy names. A runtime named (`--runtime`) keeps auto on that runtime.
 A box bubblewrap cannot hold (bwrap.policy.bwrap_refusal) asked of it by name is refused in one line, UNSUPPORTED,
 before anything starts; bwrap asked for by name is not probed (as a runtime asked for outright is not).
 """
@@ -41,9 +45,10 @@ DEFAULT_RUNTIME = "runc"
 ENGINE = "docker"
 #: bubblewrap's name among the backends (`--backend bwrap`).
 BWRAP = "bwrap"
-#: Whether `auto` may pick bubblewrap, and why (the lead sets it by the bwrap passes' results; bwrap/backend.py will hold it).
-BWRAP_IN_AUTO = False
-BWRAP_IN_AUTO_WHY = "bwrap is not yet on auto's ladder: it runs when asked for by name (--backend bwrap) until its CI passes have run whole"
+#: Why auto puts no lasting box on bwrap (asked for by name, bwrap holds one, and says what it cannot do in it).
+LASTING = "a lasting box is entered later with a terminal or as another user, which bwrap cannot"
+#: Why auto puts no plain user's box on bwrap (asked for by name, bwrap runs it as the caller's own id).
+PLAIN_USER = "as a plain user bwrap maps the caller's own id alone, so the box's user cannot be the one its policy names"
 #: `auto`'s ladder, fastest first (declared, and measured in bench/: a bwrap box ~10 ms, `runc run` ~45 ms of CPU, the
 #: engine's container slower still): the first that holds the box's whole policy and is usable here runs it.
 LADDER = (BWRAP, "oci", ENGINE)
@@ -85,12 +90,15 @@ def requested(backend: str | None = None, runtime: str | None = None, *, known: 
 
 
 def choose(refusal: str | None, *, known: Collection[str], backend: str | None = None, runtime: str | None = None, probe: Callable[[str], str | None] | None = None,
-           spec: BoxSpec | None = None, bwrap_refused: str | None = None, bwrap_probe: Callable[[], str | None] | None = None, in_auto: bool | None = None) -> Choice:
+           spec: BoxSpec | None = None, bwrap_refused: str | None = None, bwrap_probe: Callable[[], str | None] | None = None, lasting: bool = False,
+           plain_user: bool | None = None) -> Choice:
     """The backend for one box. `refusal`: why this box cannot run on an OCI runtime (policy.oci_refusal), if it cannot;
     `bwrap_refused`: why bubblewrap cannot hold it (bwrap.policy.bwrap_refusal of `spec`, when `spec` is given).
 
     `probe(runtime)` → None when the runtime can run boxes here, else why not (default: `usable`); `bwrap_probe()`
-    the same for bubblewrap (default: `bwrap_usable`); `in_auto`: whether bwrap is on auto's ladder (BWRAP_IN_AUTO)."""
+    the same for bubblewrap (default: `bwrap_usable`); `lasting`: the box is a lasting one, which auto puts on no
+    bwrap (LASTING); `plain_user`: the caller is not root (default: this process's euid), whose boxes auto puts on no
+    bwrap (PLAIN_USER)."""
     asked, named = requested(backend, runtime, known=known)
     if on_engine(asked):
         return Choice(ENGINE, None, "the Docker backend was asked for")
@@ -108,9 +116,10 @@ def choose(refusal: str | None, *, known: Collection[str], backend: str | None =
             # in bwrap_box's own words (bwrap/policy.py), said here before anything is made
             raise QuineboxError(f"refused on bwrap: {why}; use --backend oci", kind=ErrorKind.UNSUPPORTED, backend=BWRAP, why=why)
         return Choice(BWRAP, None, "the bwrap backend was asked for")
-    passed = ""  # why auto passed bwrap over, when bwrap is on its ladder
-    if asked == "auto" and not named and (BWRAP_IN_AUTO if in_auto is None else in_auto):
-        why = refused_by_bwrap()
+    passed = ""  # why auto passed bwrap over
+    if asked == "auto" and not named:
+        plain = os.geteuid() != 0 if plain_user is None else plain_user
+        why = LASTING if lasting else PLAIN_USER if plain else refused_by_bwrap()
         problem = None if why else (bwrap_probe or bwrap_usable)()
         if not why and problem is None:
             return Choice(BWRAP, None, "boxes run on bwrap (bubblewrap), the fastest backend that holds this box here")

@@ -111,7 +111,8 @@ def watch(backend: Any, lost: Lost) -> tuple[EngineWatch, int]:
 
 
 def record_incident(what: str, **facts: Any) -> None:
-    """One line in engine.log; never fails (the state dir may be what is full)."""
+    """One line in engine.log (`backend`: whose failure it was, when not the engine's); never fails (the state dir
+    may be what is full)."""
     line = json.dumps({"t": round(time.time(), 3), "what": what, **facts}) + "\n"
     try:
         with open(state_dir() / "engine.log", "a") as log:

@@ -107,7 +107,7 @@ def test_what_it_cannot_do_is_one_line_each(state, sleeper):
     with pytest.raises(Lacking) as lacked:
         box.exec_way("w", tty=True, guard=False)
     assert str(lacked.value) == ("box w: bwrap enters no running box: a command reaches it through its init only, asked by the box's holder "
-                                 "(`quinebox exec --in` asks it), with no terminal and as the box's own user")
+                                 "(`quinebox exec --in` asks it), with no terminal and as the box's own user; a box to enter: start it with --backend oci")
     with pytest.raises(Lacking, match="^box w: bwrap has no checkpoint and restore"):
         box.checkpoint("img", (0, 1, 2), lambda: None)
     assert "\n" not in box.why_not("own_user_namespace") and "1000:1000" in box.why_not("own_user_namespace")

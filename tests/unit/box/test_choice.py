@@ -25,21 +25,30 @@ def refuses(name: str) -> str:
     return f"{name} refuses this machine"
 
 
+def no_bwrap() -> str:
+    """bubblewrap's probe, answering not usable: these tables are auto's choice below bwrap (test_choice_bwrap.py has bwrap's)."""
+    return "bwrap is not installed (fix: apt-get install bubblewrap)"
+
+
+#: What auto's why says after its choice when it passed bwrap over (asked by auto, no runtime named).
+PASSED = f"; not on bwrap, which is faster but not usable here: {no_bwrap()}"
+
+
 @pytest.mark.parametrize(
     "refusal, backend, runtime, probe, chosen",
     [
-        (None, None, None, fine, Choice("oci", "runc", "boxes run on the OCI runtime runc")),
+        (None, None, None, fine, Choice("oci", "runc", f"boxes run on the OCI runtime runc{PASSED}")),
         (None, "auto", "runsc", fine, Choice("oci", "runsc", "boxes run on the OCI runtime runsc")),
-        (None, None, None, refuses, Choice("docker", None, "boxes run on the Docker engine: runc refuses this machine")),
+        (None, None, None, refuses, Choice("docker", None, f"boxes run on the Docker engine: runc refuses this machine{PASSED}")),
         (None, "docker", "runsc", refuses, Choice("docker", None, "the Docker backend was asked for")),
         (None, "oci", None, refuses, Choice("oci", "runc", "the OCI backend was asked for (runc)")),  # asked outright: no probe
-        (BRIDGE, None, None, fine, Choice("docker", None, f"this box runs on the Docker engine: {BRIDGE}")),
+        (BRIDGE, None, None, fine, Choice("docker", None, f"this box runs on the Docker engine: {BRIDGE}{PASSED}")),
         (BRIDGE, "oci", None, fine, Choice("docker", None, f"this box runs on the Docker engine: {BRIDGE}")),
         (BRIDGE, None, "runc", fine, Choice("docker", None, f"this box runs on the Docker engine: {BRIDGE}")),  # the engine runs runc too
     ],
 )
 def test_choose(refusal, backend, runtime, probe, chosen):
-    assert choose(refusal, known=NAMES, backend=backend, runtime=runtime, probe=probe) == chosen
+    assert choose(refusal, known=NAMES, backend=backend, runtime=runtime, probe=probe, bwrap_probe=no_bwrap, plain_user=False) == chosen
 
 
 @pytest.mark.parametrize(
@@ -51,7 +60,7 @@ def test_choose(refusal, backend, runtime, probe, chosen):
 )
 def test_a_runtime_named_outright_is_never_swapped_for_the_engine(refusal, runtime, probe, message):
     with pytest.raises(QuineboxError) as caught:
-        choose(refusal, known=NAMES, runtime=runtime, probe=probe)
+        choose(refusal, known=NAMES, runtime=runtime, probe=probe, bwrap_probe=no_bwrap, plain_user=False)
     assert str(caught.value) == message
 
 

@@ -1,6 +1,6 @@
 """Which backend a box gets once bubblewrap is one (choice.choose): every backend asked for × whether bwrap holds
-the box's policy × whether bwrap is usable here × root or a plain user (with or without a delegated cgroup) × bwrap on
-auto's ladder or not, the probes injected and counted; and bwrap's usable line (ways.bwrap_way) as a table."""
+the box's policy × whether bwrap is usable here × root or a plain user (with or without a delegated cgroup), the
+probes injected and counted; and bwrap's usable line (ways.bwrap_way) as a table."""
 
 import itertools
 import os
@@ -42,10 +42,10 @@ def bwrap_answer(usable: bool, who: str) -> str | None:
     return None if way.works else f"bwrap {way.what} (fix: {way.fix})"
 
 
-CASES = list(itertools.product([None, "auto", "oci", "docker", "bwrap"], [None, HOST], [True, False], list(WHO), [False, True]))
+CASES = list(itertools.product([None, "auto", "oci", "docker", "bwrap"], [None, HOST], [True, False], list(WHO)))
 
 
-def expected(asked, refused, usable, who, in_auto):
+def expected(asked, refused, usable, who):
     """The contract, case by case (the module docstring of choice.py)."""
     if asked == "docker":
         return Choice("docker", None, "the Docker backend was asked for")
@@ -53,8 +53,8 @@ def expected(asked, refused, usable, who, in_auto):
         return QuineboxError if refused else Choice("bwrap", None, "the bwrap backend was asked for")
     if asked == "oci":
         return Choice("oci", "runc", "the OCI backend was asked for (runc)")
-    if not in_auto:  # auto as it was before bwrap: runc wherever runc runs
-        return Choice("oci", "runc", "boxes run on the OCI runtime runc")
+    if who != "root":  # bwrap as a plain user runs the box as the caller's own id: auto leaves it to runc
+        return Choice("oci", "runc", f"boxes run on the OCI runtime runc; not on bwrap, which cannot hold this box: {choice.PLAIN_USER}")
     if refused:
         return Choice("oci", "runc", f"boxes run on the OCI runtime runc; not on bwrap, which cannot hold this box: {HOST}")
     problem = bwrap_answer(usable, who)
@@ -63,16 +63,16 @@ def expected(asked, refused, usable, who, in_auto):
     return Choice("bwrap", None, "boxes run on bwrap (bubblewrap), the fastest backend that holds this box here")
 
 
-@pytest.mark.parametrize("asked, refused, usable, who, in_auto", CASES)
-def test_choose(asked, refused, usable, who, in_auto):
+@pytest.mark.parametrize("asked, refused, usable, who", CASES)
+def test_choose(asked, refused, usable, who):
     asked_probe = []
 
     def bwrap_probe():
         asked_probe.append(1)
         return bwrap_answer(usable, who)
 
-    want = expected(asked, refused, usable, who, in_auto)
-    run = lambda: choose(None, known=KNOWN, backend=asked, bwrap_refused=refused, bwrap_probe=bwrap_probe, probe=fine, in_auto=in_auto)  # noqa: E731
+    want = expected(asked, refused, usable, who)
+    run = lambda: choose(None, known=KNOWN, backend=asked, bwrap_refused=refused, bwrap_probe=bwrap_probe, probe=fine, plain_user=who != "root")  # noqa: E731
     if want is QuineboxError:
         with pytest.raises(QuineboxError) as caught:
             run()
@@ -81,27 +81,25 @@ def test_choose(asked, refused, usable, who, in_auto):
         assert "\n" not in str(caught.value)
     else:
         assert run() == want
-    # bwrap's probe is asked only by auto, with bwrap on its ladder, for a box bwrap can hold
-    assert len(asked_probe) == (asked in (None, "auto") and in_auto and not refused)
+    # bwrap's probe is asked only by auto, for root's box that bwrap can hold
+    assert len(asked_probe) == (asked in (None, "auto") and not refused and who == "root")
 
 
-def test_auto_off_the_ladder_is_todays_choice_whatever_bwrap_answers():
-    """With BWRAP_IN_AUTO False (the default until the bwrap passes have run), auto picks exactly what it picked before."""
-    assert choice.BWRAP_IN_AUTO is False and choice.BWRAP_IN_AUTO_WHY
-    never = lambda: pytest.fail("bwrap probed while off auto's ladder")  # noqa: E731
-    for oci_refusal, want in ((None, Choice("oci", "runc", "boxes run on the OCI runtime runc")),
-                              ("net:bridge needs the engine", Choice("docker", None, "this box runs on the Docker engine: net:bridge needs the engine"))):
-        assert choose(oci_refusal, known=KNOWN, bwrap_probe=never, probe=fine) == want
-    assert choose(None, known=KNOWN, bwrap_probe=never, probe=lambda name: "refused") == Choice("docker", None, "boxes run on the Docker engine: refused")
+def test_where_bwrap_is_not_usable_auto_is_what_it_was_before_bwrap():
+    """bwrap's probe failing leaves auto where it always was: runc where runc runs, else the engine; each says why not bwrap."""
+    unusable = lambda: "bwrap is not installed (fix: apt-get install bubblewrap)"  # noqa: E731
+    passed = "; not on bwrap, which is faster but not usable here: bwrap is not installed (fix: apt-get install bubblewrap)"
+    assert choose(None, known=KNOWN, bwrap_probe=unusable, probe=fine, plain_user=False) == Choice("oci", "runc", f"boxes run on the OCI runtime runc{passed}")
+    assert choose(None, known=KNOWN, bwrap_probe=unusable, probe=lambda name: "refused", plain_user=False) == Choice("docker", None, f"boxes run on the Docker engine: refused{passed}")
 
 
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])
 def test_a_runtime_named_keeps_auto_on_that_runtime(runtime):
-    assert choose(None, known=KNOWN, runtime=runtime, bwrap_probe=lambda: None, probe=fine, in_auto=True) == Choice("oci", runtime, f"boxes run on the OCI runtime {runtime}")
+    assert choose(None, known=KNOWN, runtime=runtime, bwrap_probe=lambda: None, probe=fine) == Choice("oci", runtime, f"boxes run on the OCI runtime {runtime}")
 
 
 def test_bwrap_passed_over_for_an_engine_box_says_both_reasons():
-    got = choose("net:bridge needs the engine", known=KNOWN, bwrap_refused="net:bridge", probe=fine, in_auto=True)
+    got = choose("net:bridge needs the engine", known=KNOWN, bwrap_refused="net:bridge", probe=fine, plain_user=False)
     assert got == Choice("docker", None, "this box runs on the Docker engine: net:bridge needs the engine; not on bwrap, which cannot hold this box: net:bridge")
 
 
@@ -210,3 +208,24 @@ def test_a_probe_box_that_fails_says_why_in_one_line(binary, said):
     from quinebox.box.backends.probe import probe_bwrap
 
     assert probe_bwrap(binary) == said
+
+
+@pytest.mark.parametrize("asked", [None, "auto", "bwrap", "oci"])
+def test_a_lasting_box_is_bwraps_only_when_asked_for_by_name(asked):
+    """A lasting box is entered later (a terminal, another user): auto puts it on runc, saying why, without asking
+    bwrap's probe; bwrap asked for by name holds it (its execs by the box's init)."""
+    never = lambda: pytest.fail("bwrap probed for a lasting box under auto")  # noqa: E731
+    got = choose(None, known=KNOWN, backend=asked, bwrap_refused=None, bwrap_probe=never, probe=fine, lasting=True)
+    want = {"bwrap": Choice("bwrap", None, "the bwrap backend was asked for"),
+            "oci": Choice("oci", "runc", "the OCI backend was asked for (runc)")}.get(
+        asked, Choice("oci", "runc", f"boxes run on the OCI runtime runc; not on bwrap, which cannot hold this box: {choice.LASTING}"))
+    assert got == want
+
+
+def test_a_plain_users_box_is_not_bwraps_under_auto_whatever_bwrap_answers():
+    """bwrap as a plain user maps the caller's own id alone: auto leaves a plain user's box to runc, saying why, and
+    asks bwrap's probe nothing; root's goes on bwrap."""
+    never = lambda: pytest.fail("bwrap probed for a plain user's box under auto")  # noqa: E731
+    assert choose(None, known=KNOWN, bwrap_probe=never, probe=fine, plain_user=True) == Choice(
+        "oci", "runc", f"boxes run on the OCI runtime runc; not on bwrap, which cannot hold this box: {choice.PLAIN_USER}")
+    assert choose(None, known=KNOWN, bwrap_probe=lambda: None, probe=fine, plain_user=False).backend == "bwrap"

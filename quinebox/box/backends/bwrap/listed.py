@@ -110,7 +110,7 @@ class ListedBwrap(Box):
                     "so no exec in it runs as another user, root included")
         if capability == "exec":
             return ("bwrap enters no running box: a command reaches it through its init only, asked by the box's holder "
-                    "(`quinebox exec --in` asks it), with no terminal and as the box's own user")
+                    "(`quinebox exec --in` asks it), with no terminal and as the box's own user; a box to enter: start it with --backend oci")
         return super().why_not(capability)
 
     def freeze(self) -> None:
