@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from commands import QUINEBOX, qb, scripts, wait_for
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from view_browser import go, no_foreign, open_page, view_server
 
 from quinebox.agent.store import Index, read_tape
@@ -96,10 +97,17 @@ def test_clicking_a_node_shows_that_agents_transcript(browser, view, tree):
     context, recorded = browser.context()
     try:
         page = open_page(context, view.page_url(f"#/s/{tree['root']}"), "session")
+        reads: list[str] = []  # the page's transcript reads and how each ended, said if the transcript never comes
+        page.on("response", lambda r: "/transcript" in r.url and reads.append(f"{r.url.rpartition('/api/')[2]}: {r.status}"))
+        page.on("requestfailed", lambda r: "/transcript" in r.url and reads.append(f"{r.url.rpartition('/api/')[2]}: failed {r.failure}"))
         page.wait_for_selector(f'#transcript[data-session="{tree["root"]}"] .entry')
         for chosen in (leaf, other):
             page.click(f'#tree .node[data-session="{chosen}"] .label')
-            page.wait_for_selector(f'#transcript[data-session="{chosen}"] .entry[data-kind="outcome"]')
+            try:
+                page.wait_for_selector(f'#transcript[data-session="{chosen}"] .entry[data-kind="outcome"]')
+            except PlaywrightTimeout:
+                raise AssertionError(f"no transcript of {chosen} came: the page shows {page.inner_text('#transcript')[:500]!r}, "
+                                     f"its reads {reads}, its state {page.inner_text('#live')!r}") from None
             tape = read_tape(chosen)
             kinds = page.eval_on_selector_all("#transcript .entry", "els => els.map(e => e.dataset.kind)")
             tape_kinds = [r["kind"] for r in tape]
