@@ -121,8 +121,11 @@ def _left_behind(state: str) -> list[str]:
     from quinebox.box.owners.listing import live_boxes
     from quinebox.processes import owner_alive
 
-    found = [f"box {c['Id']} on {c['Runtime']} ({c['State']})" for c in local_boxes()]
-    found += [f"bwrap box record {path}" for path in glob.glob(os.path.join(state, "bwrap", "*.json"))]  # bwrap/box.py's records
+    listed = local_boxes()
+    found = [f"box {c['Id']} on {c['Runtime']} ({c['State']})" for c in listed]
+    # bwrap/box.py's records that name no box it lists (unreadable, or with no id)
+    found += [f"bwrap box record {path}" for path in glob.glob(os.path.join(state, "bwrap", "*.json"))
+              if os.path.basename(path).removesuffix(".json") not in {c["Id"] for c in listed}]
     try:
         found += [f"engine box {b.container[:12]} (session {b.session}) whose owner is gone" for b in live_boxes() if b.backend == "docker" and not owner_alive(b.owner)]
     except Exception:  # noqa: BLE001 - no engine: the tests that needed one failed already
@@ -153,7 +156,7 @@ def pytest_sessionfinish(session, exitstatus):
     state = os.environ.get("QUINEBOX_STATE_DIR")
     if not state or not state.startswith(tempfile_root()) or session.testscollected == 0:
         return
-    until = time.monotonic() + 15
+    until = time.monotonic() + 60  # what goes goes in seconds; under CI's load on two cores an engine's removal took more than 15
     while (left := _left_behind(state)) and time.monotonic() < until:
         time.sleep(0.2)
     if left:
