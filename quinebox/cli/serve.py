@@ -42,9 +42,6 @@ def warm() -> bool:
     register()
     command()
     bwrap_warm = warm_bwrap()
-    from inotify_simple import INotify
-
-    INotify().close()  # it finds libc on first use (`ldconfig -p`, a process): once here, not in every worker
     try:  # the engine's API version, so that a worker's first request is its own; the connection is closed before any fork
         engine = DockerBackend.connect(timeout=5)
         DockerBackend.known_version = (os.environ.get("DOCKER_HOST", ""), engine.api.api_version)
@@ -63,7 +60,7 @@ def warm_bwrap() -> bool:
     """What a bwrap box's worker would compute for every default box, computed once here and inherited: bwrap keeps no
     warm box (a cold one is cheaper), so each served box is configured in its worker, and libseccomp's compile of the
     box's filter (~10 ms of CPU), pyseccomp's import (two `ldconfig -p` processes, to find its libraries) and the
-    looks at its image's tree are cached per process (policy.seccomp_program, root.image_look). Only what is pure: no
+    looks at its image's tree are cached per process (programs.seccomp_program, root.image_look). Only what is pure: no
     id is claimed, nothing made. False while the default image is not unpacked yet (a new state dir's server): the
     server tries again between commands (Server.warm_later), since every worker it forks before then pays for its own.
     True once done, or when there is nothing to do (no `bwrap` extra; a default box bwrap refuses)."""
@@ -71,7 +68,8 @@ def warm_bwrap() -> bool:
         import pyseccomp  # noqa: F401 (the bwrap extra, when installed: imported once, not in every worker)
     except ImportError:
         return True
-    from quinebox.box.backends.bwrap.policy import bwrap_box, bwrap_refusal, proc_kinds, seccomp_program
+    from quinebox.box.backends.bwrap.policy import bwrap_box, bwrap_refusal, proc_kinds
+    from quinebox.box.backends.bwrap.programs import seccomp_program
     from quinebox.box.backends.bwrap.root import image_look
     from quinebox.box.configure import with_argv
     from quinebox.box.images.rootfs import lookup, unpacked

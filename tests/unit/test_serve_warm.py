@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from quinebox.box.backends.bwrap import policy
+from quinebox.box.backends.bwrap import policy, programs
 from quinebox.box.backends.bwrap.root import image_look
 from quinebox.box.configure import unpacked_image
 from quinebox.box.spec import build_spec
@@ -17,18 +17,18 @@ from quinebox.cli.serve import warm_bwrap
 
 def test_the_default_bwrap_box_is_compiled_and_looked_at_once_in_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
     unpacked_image(build_spec(["true"]).image, pull="never")  # as the state dir's first box unpacks it
-    monkeypatch.setattr(policy, "_programs", {})
+    monkeypatch.setattr(programs, "_programs", {})
     image_look.cache_clear()
     warm_bwrap()
-    assert len(policy._programs) == 1
-    (key,) = policy._programs
+    assert len(programs._programs) == 1
+    (key,) = programs._programs
     assert json.loads(key)["defaultAction"]  # a whole profile, as a box's configure renders it
     # narrowed to the box's own ids, as the worker's box.py compiles it (or each worker's first box compiles its own)
     assert any(rule["names"] == ["chown"] and rule.get("args") for rule in json.loads(key)["syscalls"])
     assert image_look.cache_info().currsize == 1
     compiled = []
     monkeypatch.setattr(policy, "compile_seccomp", lambda profile: compiled.append(profile) or b"")
-    assert policy.seccomp_program(json.loads(key)) is policy._programs[key]  # the worker's call: no compile
+    assert programs.seccomp_program(json.loads(key)) is programs._programs[key]  # the worker's call: no compile
     assert compiled == []
 
 
@@ -40,16 +40,16 @@ def test_a_warm_up_its_start_could_not_do_is_done_by_the_server_after_a_command(
     from quinebox.cli.server import WARM_TRIES, Server
 
     monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setattr(policy, "_programs", {})
+    monkeypatch.setattr(programs, "_programs", {})
     image_look.cache_clear()
     server = Server(Settings.from_config(None))
     assert warm_bwrap() is False  # nothing unpacked in this state dir yet
     server.warm_later = warm_bwrap
     server.warm_again()  # the first command's worker has not unpacked it yet: tried again after the next
-    assert (server.warm_later, server.warm_tries, policy._programs) == (warm_bwrap, 1, {})
+    assert (server.warm_later, server.warm_tries, programs._programs) == (warm_bwrap, 1, {})
     unpacked_image(build_spec(["true"]).image, pull="never")  # a worker unpacked it
     server.warm_again()
-    assert server.warm_later is None and len(policy._programs) == 1 and image_look.cache_info().currsize == 1
+    assert server.warm_later is None and len(programs._programs) == 1 and image_look.cache_info().currsize == 1
     server.warm_later, server.warm_tries = (lambda: False), 0  # a server that never unpacks (the Docker backend's)
     for _ in range(WARM_TRIES):
         server.warm_again()

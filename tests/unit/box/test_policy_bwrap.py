@@ -13,7 +13,7 @@ from bwrap_argv import IMAGE, IMAGE_ROOT, PROC, TMP, TreeLook, bwrap, command, e
 from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, spec
 from test_policy_oci import BOXES, DIR_WORLD, env_of, oci, own_mounts
 
-from quinebox.box.backends.bwrap.policy import OVERLAY_SOURCE, bwrap_box, bwrap_refusal, compile_seccomp, proc_kinds, seccomp_program
+from quinebox.box.backends.bwrap.policy import OVERLAY_SOURCE, bwrap_box, bwrap_refusal, compile_seccomp, proc_kinds
 from quinebox.box.backends.bwrap.root import ROOT_TMPFS, image_look
 from quinebox.box.policy import GUEST_PREFIX, HOST_SOCKET, RUNTIME
 from quinebox.box.spec import HOST_IMAGE, seccomp_base
@@ -407,12 +407,3 @@ def test_the_profiles_architectures_and_no_other():
     both, native = (compile_seccomp(allow | {"architectures": arches}) for arches in (["SCMP_ARCH_X86", "SCMP_ARCH_X86_64"], ["SCMP_ARCH_X86_64"]))
     assert len(both) > len(native)
 
-
-def test_a_profile_is_compiled_once_per_process():
-    """seccomp_program keys by the profile's canonical JSON: the same profile (its keys in any order) is the same
-    program, compiled once; another profile its own."""
-    plain, writes = profile(), profile("rw:/src=/work")
-    first = seccomp_program(plain)
-    assert first == compile_seccomp(plain)
-    assert seccomp_program(dict(reversed(list(plain.items())))) is first
-    assert seccomp_program(writes) == compile_seccomp(writes) != first

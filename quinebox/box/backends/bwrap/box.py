@@ -51,7 +51,8 @@ from typing import Any
 from quinebox.box.backends import keeper
 from quinebox.box.backends.bwrap.cgroups import BoxCgroup
 from quinebox.box.backends.bwrap.overlay import mounter
-from quinebox.box.backends.bwrap.policy import OVERLAY_SOURCE, BwrapBox, seccomp_program
+from quinebox.box.backends.bwrap.policy import OVERLAY_SOURCE, BwrapBox
+from quinebox.box.backends.bwrap.programs import seccomp_program
 from quinebox.box.backends.oci import idmap
 from quinebox.box.backends.oci.runtime import container_id
 from quinebox.errors import EngineError, ErrorKind

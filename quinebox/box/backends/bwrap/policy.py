@@ -49,9 +49,7 @@ system's libseccomp.so.2), imported only there, so nothing else pays for it.
 
 from __future__ import annotations
 
-import json
 import os
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -269,7 +267,7 @@ _CHOWNS = {"chown": 1, "fchown": 1, "lchown": 1, "fchownat": 2}
 _ID_MASK = 0xFFFFFFFF
 
 
-def _chown_to_own_ids(profile: dict[str, Any], uid: int, gid: int) -> dict[str, Any]:
+def chown_to_own_ids(profile: dict[str, Any], uid: int, gid: int) -> dict[str, Any]:
     """`profile` with the chown calls allowed only to the box's own ids (or -1, unchanged): the rest is the default
     action's EPERM. bwrap's user namespace maps only the box's uid and gid, so the kernel answers a chown to any
     other id EINVAL (an id it cannot map), where on runc (65536 ids mapped) an unprivileged chown of a mapped id is
@@ -383,20 +381,3 @@ def compile_seccomp(profile: dict[str, Any]) -> bytes:
         program.seek(0)
         return program.read()
 
-
-_programs: dict[str, bytes] = {}
-_compiling = threading.Lock()
-
-
-def seccomp_program(profile: dict[str, Any], own_ids: tuple[int, int] | None = None) -> bytes:
-    """compile_seccomp's program for `profile`, compiled once per process for each profile (keyed by its canonical
-    JSON): a box's profile is one of a few (its grants' syscalls), and libseccomp's compile costs each box ms of CPU.
-    With `own_ids` (BwrapBox.own_ids), its chown calls are allowed only to them (_chown_to_own_ids): the profile the
-    box is said to hold stays runc's, this is how bwrap's one-id user namespace answers as runc's does."""
-    if own_ids is not None:
-        profile = _chown_to_own_ids(profile, *own_ids)
-    key = json.dumps(profile, sort_keys=True, separators=(",", ":"))
-    with _compiling:
-        if key not in _programs:
-            _programs[key] = compile_seccomp(profile)
-        return _programs[key]
