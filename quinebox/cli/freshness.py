@@ -58,9 +58,11 @@ class Changes:
     says whether it matters — and a directory that cannot be watched makes every look say so."""
 
     def __init__(self, paths: list[str], config: str | None = None):
-        from inotify_simple import INotify, flags
+        from inotify_simple import flags
 
-        self._inotify = INotify(nonblocking=True)
+        from quinebox.worlds.tracker import inotify
+
+        self._inotify = inotify()
         self._blind = False
         mask = flags.CREATE | flags.DELETE | flags.MODIFY | flags.ATTRIB | flags.MOVED_FROM | flags.MOVED_TO | flags.DELETE_SELF | flags.MOVE_SELF
         for directory in _watched(paths, config or config_path()):
@@ -88,9 +90,11 @@ class Gone:
     cannot be watched (a watch limit) is not."""
 
     def __init__(self, state: str, run: str, socket_name: str):
-        from inotify_simple import INotify, flags
+        from inotify_simple import flags
 
-        self._inotify = INotify(nonblocking=True)
+        from quinebox.worlds.tracker import inotify
+
+        self._inotify = inotify()
         self._name = socket_name
         self._gone = flags.DELETE_SELF | flags.MOVE_SELF | flags.IGNORED
         for path, mask in ((state, flags.DELETE_SELF | flags.MOVE_SELF), (run, flags.DELETE_SELF | flags.MOVE_SELF | flags.DELETE | flags.MOVED_FROM | flags.ONLYDIR)):

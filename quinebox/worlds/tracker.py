@@ -11,11 +11,13 @@ the next revision reads the whole world instead: slower, never wrong.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import threading
 from collections.abc import Callable
 
+import inotify_simple
 from inotify_simple import Event, INotify, flags
 
 from quinebox.worlds import beneath
@@ -28,12 +30,21 @@ _MASK = (
 USAGE_INTERVAL = 0.2
 
 
+def inotify() -> INotify:
+    """A non-blocking INotify, calling the libc this process has loaded already: inotify_simple looks for libc itself
+    on its first use in a process (ctypes.util.find_library, which runs `ldconfig -p`, a process of its own), which every
+    cold command paid for its world's tracker, and every server for its freshness watches."""
+    if getattr(inotify_simple, "_libc", None) is None:
+        inotify_simple._libc = ctypes.CDLL(None, use_errno=True)
+    return INotify(nonblocking=True)
+
+
 class Tracker:
     def __init__(self, root: str, *, limit: int | None = None, on_full: Callable[[str], None] | None = None):
         self.root = root
         self.limit = limit
         self.on_full = on_full
-        self._inotify = INotify(nonblocking=True)
+        self._inotify = inotify()
         self._paths: dict[int, str] = {}
         self._dirty: set[str] = set()
         self._unmeasured: set[str] = set()
