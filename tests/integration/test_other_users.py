@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.root_only]
 ATTACKER = 1000
 #: A root-made box runs as host ids of quinebox's own (idmap.py) in a user namespace of its own: on runc and on bwrap
 #: (auto's choice where usable); not on the engine, nor on gVisor (whose processes are not the host's).
-ON_RUNC = BACKEND == "bwrap" or (BACKEND == "oci" and RUNTIME == "runc")
+OWN_HOST_IDS = BACKEND == "bwrap" or (BACKEND == "oci" and RUNTIME == "runc")
 
 
 def as_attacker(code: str, *args: str) -> subprocess.CompletedProcess:
@@ -88,7 +88,7 @@ attempt("mem", lambda: open(f"/proc/{pid}/mem", "rb").read(1))
 """
 
 
-@pytest.mark.skipif(not ON_RUNC, reason="a root-made box's own user namespace is runc's here (gVisor's processes are not the host's; the engine's: doctor)")
+@pytest.mark.skipif(not OWN_HOST_IDS, reason="a root-made box has a user namespace and host ids of its own on runc and bwrap only (gVisor's processes are not the host's; the engine's: doctor)")
 def test_the_first_account_cannot_reach_into_a_box_root_made(engine, tmp_path):
     marker = f"qb-{uuid.uuid4().hex[:10]}"
     with quinebox.Sandbox(grants=[f"env:SECRET_TOKEN=root-only-{marker}"]) as sb:
@@ -109,7 +109,7 @@ def test_the_first_account_cannot_reach_into_a_box_root_made(engine, tmp_path):
             running.wait()
 
 
-@pytest.mark.skipif(not ON_RUNC, reason="the root-made box's own ids are runc's here")
+@pytest.mark.skipif(not OWN_HOST_IDS, reason="a root-made box has host ids of its own on runc and bwrap only")
 def test_two_boxes_at_once_have_no_host_id_in_common(engine):
     markers = [f"qb-{uuid.uuid4().hex[:10]}" for _ in range(2)]
     boxes = [quinebox.Popen(["sh", "-c", f"sleep 300; echo {m}"]) for m in markers]
@@ -127,7 +127,7 @@ def test_two_boxes_at_once_have_no_host_id_in_common(engine):
     assert not soon(lambda: {ids.slot for ids in first} & taken(), within=5)
 
 
-@pytest.mark.skipif(not ON_RUNC, reason="the root-made box's own ids are runc's here")
+@pytest.mark.skipif(not OWN_HOST_IDS, reason="a root-made box has host ids of its own on runc and bwrap only")
 def test_a_box_socket_turns_away_a_peer_that_is_neither_the_box_nor_the_host(engine, tmp_path):
     """Even were a box's socket reachable (its mode opened up by hand here), a process of another uid that
     connects is dropped at once, unanswered: the broker checks who connected on every accept."""
@@ -161,7 +161,7 @@ def test_a_box_socket_turns_away_a_peer_that_is_neither_the_box_nor_the_host(eng
         box.wait()
 
 
-@pytest.mark.skipif(not ON_RUNC, reason="--image host is a runtime's (the engine cannot root a box in the host's files)")
+@pytest.mark.skipif(not OWN_HOST_IDS, reason="--image host is a runtime's (the engine cannot root a box in the host's files)")
 def test_a_host_image_box_root_made_cannot_read_the_first_accounts_private_files(engine):
     private = Path("/opt") / f"qb-private-{uuid.uuid4().hex[:8]}"
     private.mkdir(mode=0o700)
