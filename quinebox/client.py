@@ -27,6 +27,13 @@ QUINEBOX_SERVE says which: `auto` (the default) uses the user's server and
 starts one when none answers; `manual` uses one only if the user started it
 (`quinebox serve`); `off` keeps every command in-process.
 
+Where scripts/setup.sh could build it, the `quinebox` command is the native
+client (bin/quinebox.c), which does the served path alone without an
+interpreter's start and execs this one (the venv's `quinebox-py`) for
+everything else, with why the server handed the command back, if it did, or
+that another user's process answered on the socket (QUINEBOX_HANDED), so that
+it is not asked again.
+
 Stdlib only, and nothing of quinebox but the state dir's paths and the frames
 its processes speak (fdpass.py: `_socket` and `marshal`, no json, socket or
 enum); quinebox.errors (enum, typing) only once something is refused: this is
@@ -54,6 +61,10 @@ else:
 THIN = ("exec", "run", "map", "batch", "shell")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH, signal.SIGUSR1, signal.SIGUSR2)
 MODES = ("auto", "manual", "off")
+#: Why a server hands a command back unrun (through's words), as the native client passes them on in QUINEBOX_HANDED.
+HANDED_BACK = ("stale", "confined")
+#: QUINEBOX_HANDED's word from the native client for a server socket that answered as another user (`foreign:UID`).
+FOREIGN = "foreign:"
 EXIT_QUINEBOX = 125
 EXIT_USAGE = 2
 #: Once a client has started a server, no client starts another for this long: the first is still importing, or it
@@ -67,6 +78,8 @@ START_AFTER = 2.0
 def main() -> None:
     argv = sys.argv[1:]
     mode = os.environ.get("QUINEBOX_SERVE", "auto")
+    # The native client (bin/quinebox.c) asked a server already, which handed the command back: why, and not again.
+    handed_back = os.environ.pop("QUINEBOX_HANDED", "")
     if argv and argv[0] in THIN and mode not in MODES:
         print(f"quinebox: QUINEBOX_SERVE={mode!r} is none of auto, manual or off; set one of those, or unset it", file=sys.stderr)
         sys.exit(EXIT_USAGE)
@@ -84,13 +97,15 @@ def main() -> None:
             print(f"quinebox: {exc}", file=sys.stderr)
             sys.exit(EXIT_QUINEBOX)
         try:
-            server = fdpass.connect(path, _socket.socket)
+            if handed_back.startswith(FOREIGN) and handed_back[len(FOREIGN):].isdigit():  # the native client found one
+                raise fdpass.foreign(path, int(handed_back[len(FOREIGN):]))
+            server = fdpass.connect(path, _socket.socket) if handed_back not in HANDED_BACK else None
         except Exception as exc:  # another user's server: it got no byte; this command runs in-process, and starts none
             if not refused(exc):
                 raise
             print(f"quinebox: {exc} (this command runs in-process)", file=sys.stderr)
             server, mode = None, "manual"
-        handed: int | str = "none"
+        handed: int | str = handed_back if handed_back in HANDED_BACK else "none"
         if server is not None:
             handed = through(server, argv)
             if isinstance(handed, int):

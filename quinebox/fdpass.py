@@ -103,10 +103,16 @@ def connect(path: str, kind: Any = None) -> Any:
         return None
     if uid != os.geteuid():
         conn.close()
-        from quinebox.errors import StateError
-
-        raise StateError(f"the socket {path} answers as uid {uid}, not as you (uid {os.geteuid()}), and was sent nothing: remove it")
+        raise foreign(path, uid)
     return conn
+
+
+def foreign(path: str, uid: int) -> Exception:
+    """The StateError for a socket of ours that answers as another user's process (`connect`; the native client,
+    bin/quinebox.c, finds it too and has client.py say it)."""
+    from quinebox.errors import StateError
+
+    return StateError(f"the socket {path} answers as uid {uid}, not as you (uid {os.geteuid()}), and was sent nothing: remove it")
 
 
 def peer_uid(sock: Any) -> int:

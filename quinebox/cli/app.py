@@ -119,7 +119,7 @@ def run_app() -> None:
     from quinebox.tree.retention import due
 
     try:
-        command()()
+        command()(prog_name="quinebox")  # the same name in usage lines whichever way it was started (quinebox.py, -m quinebox)
     except QuineboxError as exc:  # a command that did not say it itself
         raise SystemExit(fail(exc).exit_code) from None
     except OSError as exc:  # a full or read-only filesystem under us: one line, as for quinebox's own errors

@@ -157,7 +157,8 @@ def test_a_box_of_an_unpacked_image_starts_with_the_engine_unreachable(oci, monk
 
 
 def test_the_hot_path_imports_no_engine_client(oci):
-    done = subprocess.run([sys.executable, "-X", "importtime", QUINEBOX, "exec", "--", "true"], capture_output=True, timeout=60,
+    # the Python client's path (`quinebox` may be the native client, bin/quinebox.c: no interpreter to ask)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "quinebox", "exec", "--", "true"], capture_output=True, timeout=60,
                           env={**os.environ, "QUINEBOX_SERVE": "off"})
     assert done.returncode == 0, done.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.decode().splitlines() if line.startswith("import time:")}
