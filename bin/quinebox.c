@@ -145,6 +145,16 @@ static void put_int(struct buffer *b, int32_t value) {
     put_i32(b, (uint32_t)value);
 }
 
+/* A frame's 4-byte big-endian length, over the placeholder it began with: 0 when it failed or is too long. */
+static int seal(struct buffer *b) {
+    if (b->failed || b->size - 4 > MAX_FRAME)
+        return 0;
+    uint32_t size = (uint32_t)(b->size - 4);
+    unsigned char be[4] = {size >> 24, (size >> 16) & 0xff, (size >> 8) & 0xff, size & 0xff};
+    memcpy(b->data, be, 4);
+    return 1;
+}
+
 /* {"kind": "run", "argv": [...], "cwd": ..., "env": {...}, "umask": N}: 0 when something in it is not UTF-8. */
 static int run_frame(struct buffer *b, char **argv, const char *cwd, mode_t umask_now) {
     put(b, "\0\0\0\0", 4); /* the length, set below */
@@ -174,12 +184,22 @@ static int run_frame(struct buffer *b, char **argv, const char *cwd, mode_t umas
     ok = ok && put_key(b, "umask");
     put_int(b, (int32_t)umask_now);
     put(b, "0", 1);
-    if (!ok || b->failed || b->size - 4 > MAX_FRAME)
-        return 0;
-    uint32_t size = (uint32_t)(b->size - 4);
-    unsigned char be[4] = {size >> 24, (size >> 16) & 0xff, (size >> 8) & 0xff, size & 0xff};
-    memcpy(b->data, be, 4);
-    return 1;
+    return ok && seal(b);
+}
+
+/* {"kind": "signal", "signal": N}, made once before a handler can run: the handler sets only N's byte (at
+   `signal_byte`), so it neither allocates nor encodes. */
+static struct buffer signal_frame;
+static size_t signal_byte;
+
+static int make_signal_frame(struct buffer *b) {
+    put(b, "\0\0\0\0", 4);
+    put(b, "{", 1);
+    int ok = put_key(b, "kind") && put_key(b, "signal") && put_key(b, "signal");
+    put_int(b, 0);
+    signal_byte = b->size - 4; /* the int's low byte: every signal number fits it */
+    put(b, "0", 1);
+    return ok && seal(b);
 }
 
 /* What an answer says: its "kind" (a str) and its "code" (an int), when it is a dict marshal loads. */
@@ -220,8 +240,6 @@ static int skip(struct reader *r, size_t n) {
     r->p += n;
     return 1;
 }
-
-static void read_value(struct reader *r, struct value *out, int depth, int *is_null);
 
 /* One object of marshal's format (any, its containers' items skipped), into `out` when it is a str or an int. */
 static void read_value(struct reader *r, struct value *out, int depth, int *is_null) {
@@ -379,13 +397,8 @@ static void forward(int signum) {
     int saved = errno;
     if (signum != SIGWINCH && !forwarded)
         forwarded = signum;
-    /* {"kind": "signal", "signal": N} */
-    unsigned char frame[4 + 1 + 9 + 11 + 11 + 5 + 1] = {0, 0, 0, 0, '{', 'u', 4, 0, 0, 0, 'k', 'i', 'n', 'd', 'u', 6, 0, 0, 0, 's', 'i', 'g', 'n', 'a', 'l',
-                                                        'u', 6, 0, 0, 0, 's', 'i', 'g', 'n', 'a', 'l', 'i', 0, 0, 0, 0, '0'};
-    uint32_t size = sizeof frame - 4;
-    frame[3] = (unsigned char)size;
-    frame[sizeof frame - 5] = (unsigned char)signum;
-    ssize_t sent = send(server, frame, sizeof frame, MSG_NOSIGNAL);
+    signal_frame.data[signal_byte] = (unsigned char)signum;
+    ssize_t sent = send(server, signal_frame.data, signal_frame.size, MSG_NOSIGNAL);
     (void)sent;
     errno = saved;
 }
@@ -435,7 +448,7 @@ int main(int argc, char **argv) {
     mode_t umask_now = umask(022);
     umask(umask_now);
     struct buffer frame = {0};
-    if (!run_frame(&frame, argv + 1, cwd, umask_now))
+    if (!run_frame(&frame, argv + 1, cwd, umask_now) || !make_signal_frame(&signal_frame))
         python(NULL);
 
     server = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
