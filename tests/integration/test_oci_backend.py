@@ -6,6 +6,7 @@ the same whatever the suite's default is.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -186,6 +187,48 @@ def test_a_named_runtime_that_cannot_run_boxes_is_one_line_and_125(oci, tmp_path
     assert done.returncode == 125
     assert done.stderr.count(b"\n") == 1 and b"this runtime refuses" in done.stderr
     assert cli("exec", "--backend", "nope", "--", "true").returncode == 2
+
+
+#: What runc 1.1 logs when a box's `runc init` is gone before its first word to runc.
+LOST_LINE = json.dumps({"level": "error", "msg": "runc run failed: unable to start container process: waiting for init preliminary setup: read init-p: connection reset by peer"})
+
+
+def losing_runc(tmp_path: Path, losses: int) -> tuple[Path, Path]:
+    """runc, but for its first `losses` starts, which lose the box's init before its first word as CI saw runc's
+    do under load: runc's own log line, exit 1, nothing made. Named runc (quinebox's flags and state for runc)."""
+    starts = tmp_path / "starts"
+    wrapper = tmp_path / "runc"
+    wrapper.write_text(f"""#!/bin/sh
+log=; prev=
+for arg; do [ "$prev" = --log ] && log=$arg; prev=$arg; done
+for arg; do
+    if [ "$arg" = run ]; then
+        echo start >> {starts}
+        if [ "$(wc -l < {starts})" -le {losses} ]; then
+            echo '{LOST_LINE}' >> "$log"
+            exit 1
+        fi
+    fi
+done
+exec {shutil.which("runc")} "$@"
+""")
+    wrapper.chmod(0o755)
+    return wrapper, starts
+
+
+def test_a_start_whose_init_runc_lost_is_made_again_once(oci, tmp_path):
+    """Nothing of a box ran when runc lost its init before its first word: the box is started anew, once."""
+    wrapper, starts = losing_runc(tmp_path, losses=1)
+    env = {**os.environ, "QUINEBOX_SERVE": "off"}
+    done = cli("exec", "--runtime", str(wrapper), "--", "sh", "-c", "echo made; exit 3", env=env)
+    assert (done.returncode, done.stdout, done.stderr) == (3, b"made\n", b"")
+    assert starts.read_text() == "start\n" * 2
+    (tmp_path / "always").mkdir()
+    wrapper, starts = losing_runc(tmp_path / "always", losses=99)
+    done = cli("exec", "--runtime", str(wrapper), "--", "echo", "never", env=env)
+    assert (done.returncode, done.stdout) == (125, b"")
+    assert done.stderr.count(b"\n") == 1 and b"waiting for init preliminary setup" in done.stderr
+    assert starts.read_text() == "start\n" * 2  # tried twice, no more
 
 
 #: What gVisor's kernel says it is (this host's is 6.x).
