@@ -1,8 +1,8 @@
 """A bwrap box's own cgroup in every hierarchy it needs, written directly: bwrap places no process in a cgroup.
 
 A runtime makes a box's cgroup and puts its init there before the init runs; bwrap does neither, so its starter
-(box.py) makes the cgroup here with its limits written, places bwrap and its child in it while the child waits on
-bwrap's block fd, and only then lets the box's command run. Its name is a runc box's (`quinebox-<session>`, as
+(box.py) makes the cgroup here with its limits written, places bwrap's child (the box's PID 1) in it while it waits
+on bwrap's block fd, and only then lets the box's command run. Its name is a runc box's (`quinebox-<session>`, as
 oci/policy.py's cgroupsPath says it): at the top of each hierarchy as root, below the user's delegated cgroup for a
 plain user (backends/rootless.py: setup-user's `quinebox.user-UID` on v1, systemd's user@UID.service on v2).
 
