@@ -23,10 +23,11 @@ RUN missing=""; \
     && mkdir -p /world /run/quinebox \
     && chown 1000:1000 /world
 
-COPY images/runtime.sh /tmp/quinebox/runtime.sh
+COPY images/ /tmp/quinebox/images/
 COPY quinebox/guest/ /tmp/quinebox/guest/
-# `quinebox` inside a box is the guest's relay to the host, from the mounted runtime.
-RUN sh /tmp/quinebox/runtime.sh /tmp/quinebox/guest \
+# `quinebox` inside a box is the guest's relay to the host, from the mounted runtime. images/init, the native init
+# (images/init.c, built by the host's compiler for the build), is in the context when it could be built.
+RUN sh /tmp/quinebox/images/runtime.sh /tmp/quinebox/guest /tmp/quinebox/images/init \
     && rm -rf /tmp/quinebox \
     && ln -sf /.quinebox/bin/quinebox /usr/local/bin/quinebox
 

@@ -8,11 +8,13 @@
 #   /.quinebox/lib/pythonX.Y/   the standard library, compiled
 #   /.quinebox/guest/           quinebox's guest code, compiled
 #   /.quinebox/bin/quinebox     `quinebox` inside a box (the guest's relay to the host)
+#   /.quinebox/bin/init         the native init of a one-shot box (images/init.c), when the build was given one
 #
 # Run at image build time in the agent image: it needs the image's python3 and ldd.
 set -eu
 R=/.quinebox
-GUEST=${1:?usage: runtime.sh GUEST_DIR}
+GUEST=${1:?usage: runtime.sh GUEST_DIR [NATIVE_INIT]}
+NATIVE_INIT=${2:-}
 python=$(readlink -f /usr/bin/python3)
 version=$(python3 -I -S -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 rm -rf "$R"
@@ -45,6 +47,10 @@ cat > "$R/bin/quinebox" <<'EOF'
 exec /.quinebox/lib/ld.so --library-path /.quinebox/lib /.quinebox/lib/python3 -I -S /.quinebox/guest/cli.py "$@"
 EOF
 chmod 755 "$R/bin/quinebox"
+if [ -n "$NATIVE_INIT" ] && [ -f "$NATIVE_INIT" ]; then
+    cp "$NATIVE_INIT" "$R/bin/init"
+    chmod 755 "$R/bin/init"
+fi
 # The root filesystem is read-only in a box: compile everything now.
 "$R/lib/ld.so" --library-path "$R/lib" "$R/lib/python3" -I -S -m compileall -q -j 0 "$R/lib/python$version" "$R/guest" >/dev/null
 chmod -R a+rX "$R"

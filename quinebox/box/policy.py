@@ -34,6 +34,8 @@ RUNTIME = "/.quinebox"
 GUEST_PYTHON = (f"{RUNTIME}/lib/ld.so", "--library-path", f"{RUNTIME}/lib", f"{RUNTIME}/lib/python3", "-I", "-S")
 #: The guest's init runs first and execs nothing itself: it ties the box to the host and runs argv.
 GUEST_PREFIX = (*GUEST_PYTHON, f"{RUNTIME}/guest/lifeline.py", "--")
+#: The native init of a one-shot box (images/init.c): in the guest runtime where its image's build could compile it.
+NATIVE_INIT = f"{RUNTIME}/bin/init"
 #: What runs a mission: the guest's agent loop, with the mission as its last argument.
 AGENT_COMMAND = (*GUEST_PYTHON, f"{RUNTIME}/guest/agent.py", "--")
 #: PATH and LANG for an image that sets none.
@@ -194,7 +196,12 @@ def command_for(spec: BoxSpec, image: ImageInfo) -> list[str]:
     """What the box runs: the agent loop; or argv (the image's entrypoint and command when none was given) under the lifeline."""
     if spec.agent:
         return list(spec.argv)
-    return [*GUEST_PREFIX, *(spec.argv or (*image.entrypoint, *image.cmd))]
+    return [*GUEST_PREFIX, *boxed_argv(spec, image)]
+
+
+def boxed_argv(spec: BoxSpec, image: ImageInfo) -> tuple[str, ...]:
+    """The box's command: its argv, or the image's entrypoint and command when none was given."""
+    return spec.argv or (*image.entrypoint, *image.cmd)
 
 
 def bridged(grants: Grants) -> bool:

@@ -112,7 +112,7 @@ class BoxProcess(Process):
         self.choice = (Choice(ENGINE, None, "a Docker backend was handed over") if backend
                        else choose(oci_refusal(spec), known=NAMES, backend=spec.backend, runtime=spec.runtime, spec=spec, lasting=lasting))
         self._launch = launch_for(self.choice, backend, self._ends, session=self.session, reader_gone=self._reader_gone)
-        self.spec, image, config = self._launch.configure(spec)
+        self.spec, image, config = self._launch.configure(spec, lasting=lasting)
         self.args = self.spec.argv
         self.image_id = image.id
         self._egress_proxy: Egress | None = None

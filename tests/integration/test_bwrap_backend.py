@@ -14,6 +14,7 @@ import os
 import pty
 import resource
 import select
+import signal
 import stat
 import subprocess
 import threading
@@ -66,6 +67,46 @@ def test_the_channels_are_byte_exact_and_the_status_passes(bwrap):
     said = cli("--", "sh", "-c", "read line; echo \"got $line\"; echo oops >&2; kill -TERM $$", input=b"hello\n")
     assert (said.returncode, said.stdout, said.stderr) == (143, b"got hello\n", b"oops\n")
     assert records() == []  # its remains went with it
+
+
+#: Commands whose every byte and status a one-shot box's native init (images/init.c) gives as init.py gives them:
+#: its status, a command not found (127) or not runnable (126) and its line, a signal's death (128+N), an orphan
+#: reaped by the box's PID 1 (no zombie left a second after it ended).
+PARITY = {
+    "status and channels": ["sh", "-c", "echo out; echo err >&2; exit 7"],
+    "not found": ["no-such-command", "arg"],
+    "not runnable": ["/tmp"],
+    "a signal's death": ["sh", "-c", "kill -TERM $$"],
+    "SIGKILL": ["sh", "-c", "kill -KILL $$"],
+    "an orphan reaped": ["sh", "-c", "(sleep 0.2 &); sleep 1.2; cut -d' ' -f3 /proc/[0-9]*/stat | grep -c Z"],
+}
+
+
+@pytest.mark.parametrize("name", PARITY)
+def test_the_native_init_answers_as_init_py_does(bwrap, name):
+    """The same command in a one-shot box on bwrap (the native init) and on runc (init.py): the same bytes and status."""
+    native = quinebox.exec(PARITY[name])
+    python = quinebox.exec(PARITY[name], backend="oci")
+    assert (native.returncode, native.stdout, native.stderr) == (python.returncode, python.stdout, python.stderr)
+
+
+def test_a_one_shot_box_runs_the_native_init_which_passes_signals_on(bwrap):
+    """Its PID 1 is the guest runtime's native init, which passes the host's SIGTERM on to the command."""
+    proc = quinebox.Popen(["sh", "-c", "trap 'echo caught; exit 3' TERM; tr '\\0' ' ' < /proc/1/cmdline; echo; sleep 30 & wait"], stdout=quinebox.PIPE)
+    try:
+        assert proc.stdout.readline().split()[:2] == [b"/.quinebox/bin/init", b"--"]
+        proc.send_signal(signal.SIGTERM)
+        assert (proc.wait(10), proc.stdout.read()) == (3, b"caught\n")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_box_that_needs_init_py_runs_it(bwrap):
+    """A lasting box starts execs beside its command, which only init.py does: its PID 1 is init.py's."""
+    with quinebox.Sandbox(backend="bwrap") as box:
+        shown = box.exec(["cat", "/proc/1/cmdline"]).stdout.split(b"\0")
+    assert b"/.quinebox/guest/lifeline.py" in shown
 
 
 def test_an_argument_that_looks_like_an_option_is_the_boxs_own(bwrap, tmp_path, monkeypatch):

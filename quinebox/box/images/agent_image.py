@@ -105,15 +105,42 @@ def bootstrap_base(backend: DockerBackend, log: Log = _say) -> None:
 
 
 def build_context() -> io.BytesIO:
-    """The Dockerfile, the runtime's recipe and the guest code, as the tar the engine builds from."""
+    """The Dockerfile, the runtime's recipe, the guest code and the native init (when it builds here), as the tar
+    the engine builds from."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(resource_path("Dockerfile"), arcname="Dockerfile")
         tar.add(resource_path("images", "runtime.sh"), arcname="images/runtime.sh")
         for path in sorted(guest_dir().rglob("*.py")):
             tar.add(path, arcname=f"quinebox/guest/{path.relative_to(guest_dir())}")
+        with tempfile.TemporaryDirectory(prefix="quinebox-init-") as scratch:
+            init = native_init(Path(scratch))
+            if init is not None:
+                tar.add(init, arcname="images/init")
     buf.seek(0)
     return buf
+
+
+#: Compilers that link the native init statically, so it runs in a box of any image (any libc, or none): musl's
+#: wrapper first (a ~40 KB binary), then the system compiler's own static libc.
+STATIC_COMPILERS = (("musl-gcc", "-static"), ("cc", "-static"))
+
+
+def native_init(scratch: Path) -> Path | None:
+    """images/init.c built statically into `scratch`: the guest runtime's /.quinebox/bin/init, which a one-shot
+    box on bwrap runs instead of init.py's interpreter. None where no compiler here builds it: then every box
+    runs init.py, as before there was one."""
+    source, made = resource_path("images", "init.c"), scratch / "init"
+    for compiler, static in STATIC_COMPILERS:
+        if shutil.which(compiler) is None:
+            continue
+        try:
+            done = subprocess.run([compiler, static, "-O2", "-s", "-o", str(made), str(source)], capture_output=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            return made
+    return None
 
 
 def build_image(backend: DockerBackend, *, tag: str = DEFAULT_IMAGE, base: str | None = None, log: Log = _say) -> str:

@@ -36,8 +36,9 @@ class Launch(Protocol):
     def claimed(self) -> Claimed | ClaimedOci | None:
         """The warm box this one is, when the pool had one of its shape."""
 
-    def configure(self, spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, Any]:
-        """(the spec with its argv filled in, its image, the backend's configuration of the box)."""
+    def configure(self, spec: BoxSpec, *, lasting: bool = False) -> tuple[BoxSpec, ImageInfo, Any]:
+        """(the spec with its argv filled in, its image, the backend's configuration of the box). `lasting`: the box
+        stays up until its owner removes it (a Sandbox), its init starting execs beside its command."""
 
     def reader(self, config: Any, image: str) -> Callable[[str], bytes]:
         """What reads a file of the box's image (secrets.py's `prepare_secrets` takes it)."""

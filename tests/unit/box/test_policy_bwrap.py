@@ -15,7 +15,8 @@ from test_policy_oci import BOXES, DIR_WORLD, env_of, oci, own_mounts
 
 from quinebox.box.backends.bwrap.policy import OVERLAY_SOURCE, bwrap_box, bwrap_refusal, compile_seccomp, proc_kinds
 from quinebox.box.backends.bwrap.root import ROOT_TMPFS, image_look
-from quinebox.box.policy import GUEST_PREFIX, HOST_SOCKET, RUNTIME
+from quinebox.audit.asks import Asks
+from quinebox.box.policy import GUEST_PREFIX, HOST_SOCKET, NATIVE_INIT, RUNTIME
 from quinebox.box.spec import HOST_IMAGE, seccomp_base
 from quinebox.errors import ErrorKind, QuineboxError
 
@@ -145,6 +146,32 @@ def test_the_images_own_runtime_is_shown_by_the_root_not_bound_again():
     other = bwrap_box(spec(), image=AGENT_IMAGE, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH, image_root=IMAGE_ROOT,
                       look=look, host_ids=(1000, 1000), proc=PROC)
     assert [o for o in options(other.argv) if o[-1] == RUNTIME] == [("--ro-bind", RUNTIME_DIR, RUNTIME)]
+
+
+#: Which init a box's PID 1 runs (policy.init_command): the native one only where the runtime has it and the box
+#: needs nothing of init.py's but its command.
+INITS = [
+    ("a plain one-shot box", spec(), {}, "native"),
+    ("the runtime has no native init", spec(), {"native_init": False}, "init.py"),
+    ("a lasting box (execs beside it)", spec(), {"lasting": True}, "init.py"),
+    ("a terminal (its size awaited)", spec(tty=True), {}, "init.py"),
+    ("egress (the forwarder)", spec("net:example.com:443"), {}, "init.py"),
+    ("asked-about egress (the forwarder)", spec(asks=Asks.parse(["net:example.com"], cwd="/")), {}, "init.py"),
+    ("an agent (init.py runs its loop, as on runc)", spec(agent=True, argv=("/agent", "--", "m")), {}, "agent"),
+    ("grants that need no init's help", spec("mem:64m", "pids:10", "ro:/etc", "spawn:2", "time:5s", "env:A=b"), {}, "native"),
+]
+
+
+@pytest.mark.parametrize(("name", "box", "kw", "expected"), INITS, ids=[i[0] for i in INITS])
+def test_a_one_shot_box_runs_the_native_init_and_any_other_init_py(name, box, kw, expected):
+    argv = command(bwrap(box, **({"native_init": True} | kw)).argv)
+    started = {"native": [NATIVE_INIT, "--", "echo", "hi"], "init.py": [*GUEST_PREFIX, "echo", "hi"], "agent": [*GUEST_PREFIX, "/agent", "--", "m"]}
+    assert argv == started[expected]
+
+
+def test_the_native_init_runs_the_images_own_command_when_none_is_given():
+    image = replace(AGENT_IMAGE, entrypoint=("/entry",), cmd=("arg",))
+    assert command(bwrap(spec(argv=()), image, native_init=True).argv) == [NATIVE_INIT, "--", "/entry", "arg"]
 
 
 def test_a_terminal_keeps_the_session_its_pty_gives_it():

@@ -39,8 +39,9 @@ class BwrapConfig:
     labels: dict[str, str]
 
 
-def configure_bwrap(spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, BwrapConfig]:
-    """(the spec, its image, its BwrapConfig): refused in one line where bwrap cannot hold the box."""
+def configure_bwrap(spec: BoxSpec, *, lasting: bool = False) -> tuple[BoxSpec, ImageInfo, BwrapConfig]:
+    """(the spec, its image, its BwrapConfig): refused in one line where bwrap cannot hold the box. `lasting`: it
+    stays up for execs beside its command, which only init.py starts (policy.init_command)."""
     why = bwrap_refusal(spec)
     if why is not None:
         raise QuineboxError(f"refused on bwrap: {why}; use --backend oci", kind=ErrorKind.UNSUPPORTED, backend="bwrap", why=why)
@@ -48,14 +49,15 @@ def configure_bwrap(spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, BwrapConfig]:
     image, rootfs = unpacked_image(spec.image, pull=spec.pull)
     spec = with_argv(spec, image)
     agent_root = rootfs if spec.image == DEFAULT_IMAGE else unpacked_image(DEFAULT_IMAGE, pull="never")[1]
+    runtime = f"{agent_root}{RUNTIME}"
     ids = None
     if rootless is None:
         ids = inherited_ids(spec.parent, spec.session) or own_ids(spec.session)
     try:
         host_ids = (ids.host(spec.uid), ids.host(spec.gid)) if ids is not None else (os.getuid(), os.getgid())
         box = bwrap_box(
-            spec, image=image, runtime=f"{agent_root}{RUNTIME}", seccomp=seccomp_base(), arch=native_arch(), image_root=rootfs,
-            look=image_look(rootfs), host_ids=host_ids, proc=proc_kinds(),
+            spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), image_root=rootfs,
+            look=image_look(rootfs), host_ids=host_ids, proc=proc_kinds(), native_init=os.access(f"{runtime}/bin/init", os.X_OK), lasting=lasting,
         )
         if ids is not None:  # a granted host directory its own host uid may not enter: refused in one line, as on runc
             binds = [{"type": "bind", "source": m.source, "destination": m.dest} for m in box_mounts(spec, runtime="") if m.kind == "bind"]

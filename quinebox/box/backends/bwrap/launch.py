@@ -45,8 +45,8 @@ class BwrapLaunch:
         self._config: BwrapConfig | None = None
         self._session: str | None = None
 
-    def configure(self, spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, BwrapConfig]:
-        spec, image, config = configure_bwrap(spec)
+    def configure(self, spec: BoxSpec, *, lasting: bool = False) -> tuple[BoxSpec, ImageInfo, BwrapConfig]:
+        spec, image, config = configure_bwrap(spec, lasting=lasting)
         self._session, self._config = spec.session, config
         idmap.note(spec.session, config.ids)  # its children share them
         return spec, image, config

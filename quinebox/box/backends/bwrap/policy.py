@@ -19,7 +19,8 @@ side. What bwrap holds itself:
   own and bound at /world (`BwrapBox.overlay`, overlay.py), as the host mounts and binds it for a root-made runc box;
 - the environment cleared and set (`--clearenv`, `--setenv`), the working directory, the hostname, `--new-session`
   (unless on a terminal: the box's own pty, whose master is quinebox's), `--die-with-parent`, and the box's
-  command as its PID 1 (`--as-pid-1`), as on runc, where the lifeline is PID 1.
+  command as its PID 1 (`--as-pid-1`), as on runc, where the lifeline is PID 1: init.py, or the native init
+  (`init_command`) where the guest runtime has one and the box needs nothing of init.py's but its command.
 
 What the caller holds, given back in `BwrapBox` rather than dropped: the memory/pids/cpu limits (`resources`,
 placed in the box's own cgroup before bwrap runs), the rlimits and OOM score (set on bwrap, which its box inherits),
@@ -62,11 +63,13 @@ from quinebox.box.policy import (
     DEFAULT_PIDS,
     HOSTNAME,
     MASKED_PATHS,
+    NATIVE_INIT,
     OOM_SCORE_ADJ,
     READONLY_PATHS,
     RLIMITS,
     BoxMount,
     box_mounts,
+    boxed_argv,
     bridged,
     full_environment,
     nano_cpus,
@@ -207,6 +210,17 @@ def _proc(kinds: Mapping[str, str]) -> list[str]:
     return argv
 
 
+def init_command(spec: BoxSpec, image: ImageInfo, environment: Mapping[str, str], *, native_init: bool, lasting: bool) -> list[str]:
+    """What the box's PID 1 runs: the native init (images/init.c) where the guest runtime has one and the box needs
+    nothing of init.py's but its command: no agent (init.py runs its loop, as on runc), no terminal (init.py waits
+    for its size), no egress (init.py's forwarder), not lasting (init.py starts the execs beside its command).
+    Anything else runs init.py, as on runc (oci_command). Both say hello on the lifeline; the native one serves no
+    execs."""
+    if not native_init or lasting or spec.agent or spec.tty or "QUINEBOX_EGRESS" in environment:
+        return oci_command(spec, image)
+    return [NATIVE_INIT, "--", *boxed_argv(spec, image)]
+
+
 def bwrap_box(
     spec: BoxSpec,
     *,
@@ -219,6 +233,8 @@ def bwrap_box(
     host_ids: tuple[int, int],
     proc: Mapping[str, str],
     seccomp_fd: int = SECCOMP_FD,
+    native_init: bool = False,
+    lasting: bool = False,
 ) -> BwrapBox:
     """The same box as oci_config, as bwrap's argv and what its caller places around it (module docstring).
 
@@ -226,7 +242,8 @@ def bwrap_box(
     image has at a path (root.image_look(image_root), or a test's own); `runtime`: the host directory of the guest's
     runtime; `seccomp`/`arch`: quinebox's profile and the native architecture, as oci_config takes them;
     `host_ids`: the host uid and gid bwrap runs as, onto which the box's user is mapped (the caller's own when it is
-    not root; an unprivileged id of the box's own when it is); `proc`: `proc_kinds()` of this host."""
+    not root; an unprivileged id of the box's own when it is); `proc`: `proc_kinds()` of this host; `native_init`:
+    the guest runtime has the native init; `lasting`: the box stays up for execs beside its command (init_command)."""
     if (refused := _spec_refusal(spec)) is not None:
         raise refused
     if 0 in host_ids:
@@ -248,13 +265,15 @@ def bwrap_box(
         *(() if spec.tty else ("--new-session",)),
         "--cap-drop", "ALL", "--uid", str(spec.uid), "--gid", str(spec.gid), "--hostname", HOSTNAME, "--clearenv",
     ]
-    for name, value in full_environment(spec, image).items():
+    environment = full_environment(spec, image)
+    for name, value in environment.items():
         argv += ["--setenv", name, value]
     argv += [*root_argv(image_root, look, dests), *_proc(proc)]
     argv += ["--dev", "/dev", "--size", str(DEV_SHM), "--perms", "1777", "--tmpfs", "/dev/shm", "--mqueue", "/dev/mqueue", "--remount-ro", "/dev"]
     for mount in own:
         argv += _mount(mount, spec)
-    argv += [*made, *root_seal(look, dests), "--chdir", workdir, "--seccomp", str(seccomp_fd), "--", *oci_command(spec, image)]
+    argv += [*made, *root_seal(look, dests), "--chdir", workdir, "--seccomp", str(seccomp_fd), "--",
+             *init_command(spec, image, environment, native_init=native_init, lasting=lasting)]
     profile = oci_seccomp(seccomp_profile(seccomp, grants, arch, setid=not writes_host_paths(grants, spec.world)), arch)
     overlay = next((m.options for m in own if m.kind == "overlay"), ())
     return BwrapBox(argv=argv, seccomp=profile, seccomp_fd=seccomp_fd, resources=resources, rlimits=RLIMITS,

@@ -69,7 +69,7 @@ class DockerLaunch:
         self._closed = False
         self._tty = False
 
-    def configure(self, spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, ContainerConfig]:
+    def configure(self, spec: BoxSpec, *, lasting: bool = False) -> tuple[BoxSpec, ImageInfo, ContainerConfig]:
         return configure(spec, self.backend)
 
     def reader(self, config: ContainerConfig, image: str) -> Callable[[str], bytes]:

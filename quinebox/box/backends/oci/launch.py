@@ -49,7 +49,7 @@ class OciLaunch:
         self._ids: idmap.IdRange | None = None
         self._session: str | None = None
 
-    def configure(self, spec: BoxSpec) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
+    def configure(self, spec: BoxSpec, *, lasting: bool = False) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
         spec, image, config = configure_oci(spec, self.runtime.name)
         self._session = spec.session
         self._ids = idmap.range_of(config["linux"].get("uidMappings")) if os.geteuid() == 0 else None
