@@ -10,7 +10,7 @@
  * to the host, which is waited for up to 2 s (its memory cgroup's OOM count is read while the box stands).
  *
  * Runs inside untrusted boxes of any image: static (musl), no allocation, no state; the policy that picks it
- * (backends/bwrap/policy.py) gives anything else to init.py. Built at image build (images/agent_image.py) into
+ * (box/policy.py's init_command) gives anything else to init.py. Built at image build (images/agent_image.py) into
  * the guest runtime as /.quinebox/bin/init; where no C compiler is, there is none and init.py runs every box.
  */
 #define _GNU_SOURCE

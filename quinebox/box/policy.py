@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -310,6 +311,17 @@ def full_environment(spec: BoxSpec, image: ImageInfo) -> dict[str, str]:
     environment.update(dict(image.env))
     environment.update(environment_for(spec, image))
     return {name: value for name, value in environment.items() if value is not None}
+
+
+def init_command(spec: BoxSpec, image: ImageInfo, environment: Mapping[str, str | None], *, native_init: bool, lasting: bool) -> list[str]:
+    """What a runtime's or bwrap's box runs as its PID 1: the native init (images/init.c) where the guest runtime
+    has one and the box needs nothing of init.py's but its command: no agent (init.py runs its loop), no terminal
+    (init.py waits for its size), no egress (init.py's forwarder), not lasting (init.py starts the execs beside its
+    command). Anything else runs init.py (oci_command). Both say hello on the lifeline; the native one serves no
+    execs. `environment`: the box's (full_environment), which says whether it has egress."""
+    if not native_init or lasting or spec.agent or spec.tty or "QUINEBOX_EGRESS" in environment:
+        return oci_command(spec, image)
+    return [NATIVE_INIT, "--", *boxed_argv(spec, image)]
 
 
 def oci_command(spec: BoxSpec, image: ImageInfo) -> list[str]:

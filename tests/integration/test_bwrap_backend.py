@@ -82,17 +82,21 @@ PARITY = {
 }
 
 
+@pytest.mark.parametrize("backend", ["bwrap", "oci"])
 @pytest.mark.parametrize("name", PARITY)
-def test_the_native_init_answers_as_init_py_does(bwrap, name):
-    """The same command in a one-shot box on bwrap (the native init) and on runc (init.py): the same bytes and status."""
-    native = quinebox.exec(PARITY[name])
-    python = quinebox.exec(PARITY[name], backend="oci")
+def test_the_native_init_answers_as_init_py_does(bwrap, name, backend):
+    """The same command in a one-shot box on bwrap or runc (the native init) and in one that reaches the network
+    through the host (init.py, for its egress forwarder): the same bytes and status."""
+    native = quinebox.exec(PARITY[name], backend=backend)
+    python = quinebox.exec(PARITY[name], backend=backend, grants=["net:example.com:443"])
     assert (native.returncode, native.stdout, native.stderr) == (python.returncode, python.stdout, python.stderr)
 
 
-def test_a_one_shot_box_runs_the_native_init_which_passes_signals_on(bwrap):
+@pytest.mark.parametrize("backend", ["bwrap", "oci"])
+def test_a_one_shot_box_runs_the_native_init_which_passes_signals_on(bwrap, backend):
     """Its PID 1 is the guest runtime's native init, which passes the host's SIGTERM on to the command."""
-    proc = quinebox.Popen(["sh", "-c", "trap 'echo caught; exit 3' TERM; tr '\\0' ' ' < /proc/1/cmdline; echo; sleep 30 & wait"], stdout=quinebox.PIPE)
+    proc = quinebox.Popen(["sh", "-c", "trap 'echo caught; exit 3' TERM; tr '\\0' ' ' < /proc/1/cmdline; echo; sleep 30 & wait"], stdout=quinebox.PIPE,
+                          backend=backend)
     try:
         assert proc.stdout.readline().split()[:2] == [b"/.quinebox/bin/init", b"--"]
         proc.send_signal(signal.SIGTERM)
@@ -102,9 +106,10 @@ def test_a_one_shot_box_runs_the_native_init_which_passes_signals_on(bwrap):
         proc.wait()
 
 
-def test_a_box_that_needs_init_py_runs_it(bwrap):
+@pytest.mark.parametrize("backend", ["bwrap", "oci"])
+def test_a_box_that_needs_init_py_runs_it(bwrap, backend):
     """A lasting box starts execs beside its command, which only init.py does: its PID 1 is init.py's."""
-    with quinebox.Sandbox(backend="bwrap") as box:
+    with quinebox.Sandbox(backend=backend) as box:
         shown = box.exec(["cat", "/proc/1/cmdline"]).stdout.split(b"\0")
     assert b"/.quinebox/guest/lifeline.py" in shown
 

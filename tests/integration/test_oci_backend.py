@@ -141,7 +141,7 @@ def test_ps_enter_and_kill_see_a_runtime_box(oci):
         assert proc.session.encode() in listed.stdout and b"sleep 60" in listed.stdout
         entered = cli("enter", proc.session, "--", "sh", "-c", "id -u; cat /proc/1/cmdline | tr '\\0' ' '")
         assert entered.returncode == 0, entered.stderr
-        assert entered.stdout.startswith(f"{BOX_UID}\n".encode()) and b"lifeline.py -- sleep 60" in entered.stdout
+        assert entered.stdout.startswith(f"{BOX_UID}\n".encode()) and b"/.quinebox/bin/init -- sleep 60" in entered.stdout  # its native init
         assert cli("kill", proc.session).returncode == 0
         assert proc.wait(10) == 137
     finally:

@@ -19,7 +19,7 @@ from quinebox.audit import log
 from quinebox.box.backends.boxes import Box, created_at
 from quinebox.box.backends.choice import ENGINE
 from quinebox.box.backends.registry import BACKENDS, NAMES
-from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER
+from quinebox.box.policy import AGENT_COMMAND, GUEST_PREFIX, LABEL_CREATED, LABEL_OWNER, LABEL_PARENT, LABEL_SESSION, LABEL_USER, NATIVE_INIT
 from quinebox.box.pool.claim import claimed_as
 from quinebox.box.shape import LABEL_POOL, POOL_SESSION
 from quinebox.errors import EngineError, QuineboxError
@@ -56,7 +56,7 @@ def info(box: Box) -> BoxInfo:
         record = claimed_as(box.id) or {}
         command = record.get("command", command)
         labels.update({label: record[key] for key, label in _RECORDED.items() if key in record})
-    for prefix, shown in ((" ".join(GUEST_PREFIX) + " ", ""), (" ".join(AGENT_COMMAND) + " ", "run: ")):
+    for prefix, shown in ((" ".join(GUEST_PREFIX) + " ", ""), (f"{NATIVE_INIT} -- ", ""), (" ".join(AGENT_COMMAND) + " ", "run: ")):
         if command.startswith(prefix):
             command = shown + command[len(prefix) :]
     return BoxInfo(

@@ -20,6 +20,7 @@ from quinebox.box.policy import (
     DEFAULT_TMP,
     EGRESS_SOCKET,
     GUEST_PREFIX,
+    NATIVE_INIT,
     HOST_SOCKET,
     LABEL_SESSION,
     ROOT_LAYER,
@@ -641,3 +642,21 @@ def test_the_shipped_profile_on_gvisor_keeps_every_refusal():
     assert allowed - {n for r in runc["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]} == {"pselect"}
     assert not allowed & {"ptrace", "unshare", "setns", "mount", "io_uring_setup", "clone3", "bpf", "keyctl"}
     assert [r["action"] for r in ours["syscalls"] if "clone3" in r["names"]] == ["SCMP_ACT_TRACE"]
+
+
+#: Which init a runtime's box runs (policy.init_command): the native one for a one-shot box where the guest runtime
+#: has it, never under gVisor; init.py for a lasting box, a terminal, egress, and wherever there is none.
+RUNTIME_INITS = [
+    ("a one-shot box", spec(), {}, True),
+    ("under gVisor", spec(), {"gvisor": True}, False),
+    ("a lasting box", spec(), {"lasting": True}, False),
+    ("a terminal", spec(tty=True), {}, False),
+    ("egress", spec("net:example.com:443"), {}, False),
+    ("no native init in the runtime", spec(), {"native_init": False}, False),
+]
+
+
+@pytest.mark.parametrize(("name", "box", "kw", "native"), RUNTIME_INITS, ids=[i[0] for i in RUNTIME_INITS])
+def test_a_one_shot_runtime_box_runs_the_native_init(name, box, kw, native):
+    config = oci_config(box, image=AGENT_IMAGE, runtime=RUNTIME_DIR, seccomp=seccomp_base(), arch=ARCH, rootfs=ROOTFS, **({"native_init": True} | kw))
+    assert config["process"]["args"] == ([NATIVE_INIT, "--", "echo", "hi"] if native else [*GUEST_PREFIX, "echo", "hi"])

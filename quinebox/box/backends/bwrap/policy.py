@@ -20,7 +20,7 @@ side. What bwrap holds itself:
 - the environment cleared and set (`--clearenv`, `--setenv`), the working directory, the hostname, `--new-session`
   (unless on a terminal: the box's own pty, whose master is quinebox's), `--die-with-parent`, and the box's
   command as its PID 1 (`--as-pid-1`), as on runc, where the lifeline is PID 1: init.py, or the native init
-  (`init_command`) where the guest runtime has one and the box needs nothing of init.py's but its command.
+  (policy.init_command) where the guest runtime has one and the box needs nothing of init.py's but its command.
 
 What the caller holds, given back in `BwrapBox` rather than dropped: the memory/pids/cpu limits (`resources`,
 placed in the box's own cgroup before bwrap runs), the rlimits and OOM score (set on bwrap, which its box inherits),
@@ -63,17 +63,15 @@ from quinebox.box.policy import (
     DEFAULT_PIDS,
     HOSTNAME,
     MASKED_PATHS,
-    NATIVE_INIT,
     OOM_SCORE_ADJ,
     READONLY_PATHS,
     RLIMITS,
     BoxMount,
     box_mounts,
-    boxed_argv,
     bridged,
     full_environment,
+    init_command,
     nano_cpus,
-    oci_command,
     seccomp_profile,
     workdir_for,
     writes_host_paths,
@@ -208,17 +206,6 @@ def _proc(kinds: Mapping[str, str]) -> list[str]:
         if path in kinds:
             argv += ["--ro-bind", path, path]
     return argv
-
-
-def init_command(spec: BoxSpec, image: ImageInfo, environment: Mapping[str, str], *, native_init: bool, lasting: bool) -> list[str]:
-    """What the box's PID 1 runs: the native init (images/init.c) where the guest runtime has one and the box needs
-    nothing of init.py's but its command: no agent (init.py runs its loop, as on runc), no terminal (init.py waits
-    for its size), no egress (init.py's forwarder), not lasting (init.py starts the execs beside its command).
-    Anything else runs init.py, as on runc (oci_command). Both say hello on the lifeline; the native one serves no
-    execs."""
-    if not native_init or lasting or spec.agent or spec.tty or "QUINEBOX_EGRESS" in environment:
-        return oci_command(spec, image)
-    return [NATIVE_INIT, "--", *boxed_argv(spec, image)]
 
 
 def bwrap_box(

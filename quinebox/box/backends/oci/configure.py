@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from quinebox.box.backends.oci.idmap import IdRange
 
 
-def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
-    """The same for an OCI runtime: (the spec, the image, its config.json), the image unpacked on first use."""
+def configure_oci(spec: BoxSpec, runtime_name: str, *, lasting: bool = False) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
+    """The same for an OCI runtime: (the spec, the image, its config.json), the image unpacked on first use.
+    `lasting`: it stays up for execs beside its command, which only init.py starts (policy.init_command)."""
     hidden: list[BoxMount] = []
     rootless = rootless_user()
     if spec.image == HOST_IMAGE:
@@ -40,6 +41,7 @@ def configure_oci(spec: BoxSpec, runtime_name: str) -> tuple[BoxSpec, ImageInfo,
         config = oci_config(
             spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs, gvisor=gvisor, hidden=hidden,
             rootless=rootless, userns=(ids.first, ids.span) if ids is not None else None,
+            native_init=os.access(f"{runtime}/bin/init", os.X_OK), lasting=lasting,
         )
         if ids is not None:
             enterable(config, ids.host(spec.uid))

@@ -50,7 +50,7 @@ class OciLaunch:
         self._session: str | None = None
 
     def configure(self, spec: BoxSpec, *, lasting: bool = False) -> tuple[BoxSpec, ImageInfo, dict[str, Any]]:
-        spec, image, config = configure_oci(spec, self.runtime.name)
+        spec, image, config = configure_oci(spec, self.runtime.name, lasting=lasting)
         self._session = spec.session
         self._ids = idmap.range_of(config["linux"].get("uidMappings")) if os.geteuid() == 0 else None
         idmap.note(spec.session, self._ids)  # its children share them

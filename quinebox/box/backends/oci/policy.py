@@ -32,9 +32,9 @@ from quinebox.box.policy import (
     box_mounts,
     full_environment,
     image_arch,
+    init_command,
     labels_for,
     nano_cpus,
-    oci_command,
     root_layer,
     seccomp_profile,
     workdir_for,
@@ -176,6 +176,8 @@ def oci_config(
     hidden: Sequence[BoxMount] = (),
     rootless: Rootless | None = None,
     userns: tuple[int, int] | None = None,
+    native_init: bool = False,
+    lasting: bool = False,
 ) -> dict[str, Any]:
     """The same box as container_config, as an OCI runtime config (config.json) for runc/crun/runsc.
 
@@ -191,7 +193,9 @@ def oci_config(
     `userns`: for a box root makes, (first, count): the host ids its user namespace maps its ids 0… onto, the
     box's user (`spec.uid`) among them, none of them an account's (backends/oci/idmap.py). A box granted `rootfs:rw`
     has its root writable, the bytes of its own layer in the ROOT_LAYER annotation (backends/oci/boxroot.py); never
-    over the host's own root (HOST_ROOT_LAYER).
+    over the host's own root (HOST_ROOT_LAYER). `native_init`: the guest runtime has the native init, which a
+    one-shot box runs as its PID 1 where it needs nothing of init.py's (policy.init_command; never under gVisor,
+    whose kernel it was not made for); `lasting`: the box stays up for execs beside its command.
     """
     if spec.grants.rootfs_rw and spec.image == HOST_IMAGE:
         raise GrantError(HOST_ROOT_LAYER)
@@ -215,6 +219,7 @@ def oci_config(
     recursive_ro = not gvisor
     layer = root_layer(grants)
     annotations = labels_for(spec) | ({} if layer is None else {ROOT_LAYER: str(layer)})
+    environment = full_environment(spec, image)
     config: dict[str, Any] = {
         "ociVersion": OCI_VERSION,
         "root": {"path": rootfs, "readonly": layer is None},
@@ -222,8 +227,8 @@ def oci_config(
         "process": {
             "terminal": spec.tty,
             "user": {"uid": spec.uid, "gid": spec.gid, "umask": 0o022},
-            "args": oci_command(spec, image),
-            "env": [f"{name}={value}" for name, value in full_environment(spec, image).items()],
+            "args": init_command(spec, image, environment, native_init=native_init and not gvisor, lasting=lasting),
+            "env": [f"{name}={value}" for name, value in environment.items()],
             "cwd": workdir_for(spec, image),
             "capabilities": {name: [] for name in ("bounding", "effective", "inheritable", "permitted", "ambient")},
             "noNewPrivileges": True,
