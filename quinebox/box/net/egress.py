@@ -51,6 +51,10 @@ Record = Callable[[dict[str, Any]], None]
 Approve = Callable[[str, str, dict[str, Any]], Decision]
 
 
+#: How long a box's end waits for its connections still open to end, each then put on the audit log: the box's own
+#: end closes its side of each, so they end within milliseconds unless the far side holds one open.
+CLOSE_WAIT = 2.0
+
 class Egress:
     """One box's connections to the outside: decided, made, relayed, counted and recorded."""
 
@@ -77,6 +81,7 @@ class Egress:
         self._record = record
         self._lock = threading.Lock()
         self._open = 0
+        self._none_open = threading.Condition(self._lock)
         self.moved = 0
         self.max_bytes = int(os.environ.get("QUINEBOX_EGRESS_MAX_BYTES", str(16 << 30)))
         self._over = False
@@ -89,9 +94,13 @@ class Egress:
         self._handover = Handover(path, self._serve, owner)
 
     def close(self) -> None:
+        """No connection taken any more, and those still open given up to CLOSE_WAIT to end: each is put on the
+        audit log as it ends (`_note`), which the box's end usually is, and this process may exit right after."""
         if self._handover is not None:
             self._handover.close()
             self._handover = None
+        with self._none_open:
+            self._none_open.wait_for(lambda: self._open == 0, CLOSE_WAIT)
 
     def _serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("rb")
@@ -128,6 +137,7 @@ class Egress:
         finally:
             with self._lock:
                 self._open -= not full
+                self._none_open.notify_all()
 
     # -- deciding and connecting --------------------------------------------------------------
 

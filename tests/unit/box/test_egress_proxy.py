@@ -279,6 +279,39 @@ def test_a_box_past_its_byte_cap_is_cut_off_and_told_once(servers, monkeypatch):
     assert box.said == ["egress stopped: the box moved more than 20000 bytes"]
 
 
+class Late(socketserver.BaseRequestHandler):
+    """Answers at once, then holds its side of the connection open a while before it closes it, as a slow server
+    does: the box has what it asked for, and may end, before its connection does."""
+
+    def handle(self):
+        self.request.recv(65536)
+        self.request.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        time.sleep(0.5)
+
+
+def test_a_box_whose_connection_outlives_it_has_it_on_record_once_the_proxy_is_closed(servers):
+    """The box ends (its side of the tunnel closed) while the far side still holds the connection: the proxy's
+    close waits for it to end, so its record is there when the box's end is told (the process may exit next)."""
+    late = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Late)
+    threading.Thread(target=late.serve_forever, daemon=True).start()
+    try:
+        box = Box("net:127.0.0.1")
+        sock = box.connect()
+        sock.sendall(f"CONNECT 127.0.0.1:{late.server_address[1]} HTTP/1.1\r\n\r\n".encode())
+        assert sock.recv(39) == b"HTTP/1.1 200 Connection established\r\n\r\n"
+        sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"ok"):
+            answer += sock.recv(100)
+        sock.close()  # the box is gone; the server is not done with the connection
+        box.egress.close()
+        [record] = box.records
+        assert record["allowed"] and record["up"] > 0 and record["down"] == len(answer)
+    finally:
+        late.shutdown()
+        late.server_close()
+
+
 def audited(kind: str) -> list[dict]:
     return [r["facts"] for r in AuditLog().records() if r["kind"] == kind]
 
