@@ -131,11 +131,11 @@ class AuditLog:
             raise StateError(unwritable("the audit log", exc), what="the audit log") from exc
         try:
             last, torn = _tail(fd)
+            if last is None:  # a log just sealed (its only line, if any, torn): the chain goes on from its segment's last record
+                last = self._sealed_head()
             if torn:
                 os.ftruncate(fd, os.fstat(fd).st_size - torn)
                 last = self._write(fd, last, "audit_repaired", None, {"torn_bytes": torn, "why": "a writer was stopped mid-record"})
-            if last is None:  # a log just sealed: the chain goes on from its segment's last record
-                last = self._sealed_head()
             record = self._write(fd, last, kind, session, facts)
             self._checkpoint(record)
             if os.fstat(fd).st_size >= segment_bytes():

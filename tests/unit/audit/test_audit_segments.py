@@ -50,6 +50,20 @@ def test_an_empty_log_after_a_seal_goes_on_from_the_segments_last_record(tmp_pat
     assert verify(log).line() == "intact: 3 record(s)"
 
 
+def test_a_torn_first_record_after_a_seal_is_repaired_on_from_the_segments_last_record(tmp_path, monkeypatch):
+    """A writer killed mid-record right after a seal leaves a log of one torn line: the repair goes on from the
+    segment's last record, as any first record after a seal does (it started the chain again at 0: tampering)."""
+    monkeypatch.setenv("QUINEBOX_AUDIT_SEGMENT", "1")
+    log = filled(tmp_path, 3)
+    log.path.write_bytes(b'{"seq":3,"time":"2026-12-07T')  # the next writer's record, cut short by SIGKILL
+    monkeypatch.setenv("QUINEBOX_AUDIT_SEGMENT", str(64 << 20))
+    log.append("box_ended", "s9", exit=0)
+    records = list(log.records())
+    assert [(r["seq"], r["kind"]) for r in records[3:]] == [(3, "audit_repaired"), (4, "box_ended")]
+    assert records[3]["prev"] == records[2]["hash"]
+    assert verify(log).line() == "intact: 5 record(s)"
+
+
 def edit_one_byte(path):
     os.chmod(path, 0o600)
     data = bytearray(path.read_bytes())
