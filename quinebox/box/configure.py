@@ -9,10 +9,12 @@ both agree by construction on what a box of a given request looks like.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from quinebox.box.images.lookup import resolve_image
+from quinebox.box.policy import NATIVE_INIT
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, ImageInfo
 from quinebox.errors import EngineError, ErrorKind, GrantError, ImageError
 
@@ -65,3 +67,9 @@ def with_argv(spec: BoxSpec, image: ImageInfo) -> BoxSpec:
     if not image.entrypoint and not image.cmd:
         raise GrantError(f"nothing to run: image {spec.image} has no entrypoint or command; give one, as in `quinebox exec --image {spec.image} -- CMD`")
     return replace(spec, argv=(*image.entrypoint, *image.cmd))
+
+
+def has_native_init(agent_root: str) -> bool:
+    """Whether the guest runtime of the agent image unpacked at `agent_root` holds the native init (policy.NATIVE_INIT),
+    which the image's build compiles where a C compiler is (agent_image.native_init)."""
+    return os.access(f"{agent_root}{NATIVE_INIT}", os.X_OK)

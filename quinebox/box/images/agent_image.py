@@ -128,8 +128,8 @@ STATIC_COMPILERS = (("musl-gcc", "-static"), ("cc", "-static"))
 
 def native_init(scratch: Path) -> Path | None:
     """images/init.c built statically into `scratch`: the guest runtime's /.quinebox/bin/init, which a one-shot
-    box on bwrap runs instead of init.py's interpreter. None where no compiler here builds it: then every box
-    runs init.py, as before there was one."""
+    box on bwrap or runc runs instead of init.py's interpreter (policy.init_command). None where no compiler here
+    builds it: then every box runs init.py, as before there was one."""
     source, made = resource_path("images", "init.c"), scratch / "init"
     for compiler, static in STATIC_COMPILERS:
         if shutil.which(compiler) is None:

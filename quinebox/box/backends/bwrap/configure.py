@@ -18,7 +18,7 @@ from quinebox.box.backends.bwrap.policy import BwrapBox, bwrap_box, bwrap_refusa
 from quinebox.box.backends.bwrap.root import image_look
 from quinebox.box.backends.oci.configure import enterable, inherited_ids, own_ids, rootless_user
 from quinebox.box.backends.oci.policy import labels_for
-from quinebox.box.configure import unpacked_image, with_argv
+from quinebox.box.configure import has_native_init, unpacked_image, with_argv
 from quinebox.box.policy import CGROUP_PREFIX, RUNTIME, box_mounts, native_arch, workdir_for
 from quinebox.box.spec import DEFAULT_IMAGE, BoxSpec, ImageInfo, seccomp_base
 from quinebox.errors import ErrorKind, QuineboxError
@@ -49,15 +49,14 @@ def configure_bwrap(spec: BoxSpec, *, lasting: bool = False) -> tuple[BoxSpec, I
     image, rootfs = unpacked_image(spec.image, pull=spec.pull)
     spec = with_argv(spec, image)
     agent_root = rootfs if spec.image == DEFAULT_IMAGE else unpacked_image(DEFAULT_IMAGE, pull="never")[1]
-    runtime = f"{agent_root}{RUNTIME}"
     ids = None
     if rootless is None:
         ids = inherited_ids(spec.parent, spec.session) or own_ids(spec.session)
     try:
         host_ids = (ids.host(spec.uid), ids.host(spec.gid)) if ids is not None else (os.getuid(), os.getgid())
         box = bwrap_box(
-            spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), image_root=rootfs,
-            look=image_look(rootfs), host_ids=host_ids, proc=proc_kinds(), native_init=os.access(f"{runtime}/bin/init", os.X_OK), lasting=lasting,
+            spec, image=image, runtime=f"{agent_root}{RUNTIME}", seccomp=seccomp_base(), arch=native_arch(), image_root=rootfs,
+            look=image_look(rootfs), host_ids=host_ids, proc=proc_kinds(), native_init=has_native_init(agent_root), lasting=lasting,
         )
         if ids is not None:  # a granted host directory its own host uid may not enter: refused in one line, as on runc
             binds = [{"type": "bind", "source": m.source, "destination": m.dest} for m in box_mounts(spec, runtime="") if m.kind == "bind"]

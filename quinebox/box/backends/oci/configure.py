@@ -10,7 +10,7 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from quinebox.box.backends.oci.policy import Rootless, oci_config
-from quinebox.box.configure import unpacked_image, with_argv
+from quinebox.box.configure import has_native_init, unpacked_image, with_argv
 from quinebox.box.policy import RUNTIME, BoxMount, native_arch
 from quinebox.box.spec import DEFAULT_IMAGE, HOST_IMAGE, BoxSpec, ImageInfo, seccomp_base
 from quinebox.errors import EngineError, GrantError
@@ -41,7 +41,7 @@ def configure_oci(spec: BoxSpec, runtime_name: str, *, lasting: bool = False) ->
         config = oci_config(
             spec, image=image, runtime=runtime, seccomp=seccomp_base(), arch=native_arch(), rootfs=rootfs, gvisor=gvisor, hidden=hidden,
             rootless=rootless, userns=(ids.first, ids.span) if ids is not None else None,
-            native_init=os.access(f"{runtime}/bin/init", os.X_OK), lasting=lasting,
+            native_init=has_native_init(agent_root), lasting=lasting,
         )
         if ids is not None:
             enterable(config, ids.host(spec.uid))
