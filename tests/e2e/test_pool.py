@@ -15,8 +15,13 @@ import pytest
 from commands import QUINEBOX
 
 import quinebox
+from quinebox.box.backends.docker.engine import DockerBackend
+from quinebox.box.backends.docker.warm import start_warm
 from quinebox.box.policy import HOST_SOCKET, LABEL_OWNER, LABEL_SESSION, LABEL_USER
+from quinebox.box.pool.keeper import Makers, default_shape
 from quinebox.box.shape import LABEL_POOL, POOL_COMMAND
+from quinebox.errors import EngineError
+from quinebox.processes import process_start_ticks
 from quinebox.state import SERVE_SOCKET
 
 pytestmark = pytest.mark.root_only  # boxes on the engine; the pool on an OCI runtime is test_pool_oci.py's
@@ -52,21 +57,36 @@ def hits(env) -> int:
     return sum(shape["hits"] for shape in shapes(env))
 
 
-def wait_for(condition, what: str, timeout: float = 60.0) -> None:
+def wait_for(condition, what: str, timeout: float = 60.0, shown=lambda: "") -> None:
+    """Until `condition()`; past `timeout`, fails saying `what` and what `shown()` says of the state then."""
     until = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < until, f"timed out waiting for {what}"
+        assert time.monotonic() < until, f"timed out waiting for {what} {shown()}".rstrip()
         time.sleep(0.2)
 
 
-def pool_boxes(engine, keeper: int) -> list[dict]:
-    """The boxes one pool made (its keeper's pid is in their owner label), claimed or not."""
+def pool_boxes(engine, keeper: str) -> list[dict]:
+    """The boxes one pool made (its keeper's `pid:start` ends their owner label), claimed or not. The start too: pids
+    wrap here (pid_max 32768), and a box of another keeper with the same pid is not this one's."""
     made = engine.api.containers(all=True, filters={"label": LABEL_POOL})
-    return [box for box in made if box["Labels"][LABEL_OWNER].split(":")[1] == str(keeper)]
+    return [box for box in made if box["Labels"][LABEL_OWNER].split(":", 1)[1] == keeper]
 
 
-def keeper(env) -> int:
-    return status(env)["pool"]["pid"]
+def keeper_of(said: dict) -> str:
+    """The `pid:start` of the keeper that `serve status` said, read while it runs."""
+    pid = said["pool"]["pid"]
+    return f"{pid}:{process_start_ticks(pid)}"
+
+
+def keeper(env) -> str:
+    return keeper_of(status(env))
+
+
+def leftovers(engine, keeper: str, env: dict) -> str:
+    """What a failed wait for a pool's boxes to go shows: each box left, as the engine has it, and the server's log."""
+    boxes = [f"{box['Names']} {box['State']} ({box['Status']}), created {box['Created']}" for box in pool_boxes(engine, keeper)]
+    log = os.path.join(env["QUINEBOX_STATE_DIR"], "serve.log")
+    return f"left: {boxes}; serve.log ends: {open(log).read()[-3000:] if os.path.exists(log) else None!r}"
 
 
 @pytest.fixture
@@ -241,18 +261,38 @@ def test_a_server_that_ends_while_its_pool_fills_leaves_no_box_behind(tmp_path, 
     for _ in range(3):  # a create is in flight about half the time while the pool fills: three ends, one or more mid-create
         assert quinebox_cli("serve", "--background", env=env).returncode == 0
         said = status(env)
+        pool = keeper_of(said)
         wait_for(lambda: 1 <= warm_count(env) < 12, "the pool filling")
         if end == "kill -9":
             os.kill(said["pid"], signal.SIGKILL)
         else:
             assert quinebox_cli("serve", "stop", env=env).returncode == 0
-        wait_for(lambda: not pool_boxes(engine, said["pool"]["pid"]), "every box of the pool to go", timeout=60)
+        wait_for(lambda: not pool_boxes(engine, pool), "every box of the pool to go", timeout=60, shown=lambda: leftovers(engine, pool, env))
         time.sleep(3)  # a create the engine finishes late would show by now
-        assert pool_boxes(engine, said["pool"]["pid"]) == []
+        assert pool_boxes(engine, pool) == [], leftovers(engine, pool, env)
         wait_for(lambda: not os.path.exists(f"/proc/{said['pool']['pid']}"), "the keeper gone", timeout=60)
     state = env["QUINEBOX_STATE_DIR"]
     left = {"claimed"} | ({SERVE_SOCKET} if end == "kill -9" else set())  # a killed server cannot unlink its socket: the next one binds over it
     assert os.listdir(os.path.join(state, "pool")) == [] and set(os.listdir(os.path.join(state, "run"))) <= left
+
+
+def test_a_warm_box_whose_create_failed_by_its_deadline_but_was_made_is_removed(tmp_path, monkeypatch, engine):
+    """A create the engine finishes after the keeper stopped waiting for it makes a box nobody knows the id of, which,
+    never started, the engine would never remove: it is removed by its name."""
+    monkeypatch.setenv("QUINEBOX_STATE_DIR", str(tmp_path / "state"))
+    backend = DockerBackend.connect()
+    shape = default_shape(Makers())
+    made = []
+
+    def late(config):  # the engine made it, but answered after the request's deadline
+        made.append(real(config))
+        raise EngineError("the Docker engine did not answer the request to create a box in time")
+
+    real, backend.create = backend.create, late
+    with pytest.raises(EngineError):
+        start_warm(backend, shape)
+    assert len(made) == 1 and engine.api.containers(all=True, filters={"id": made[0]}) == []
+    assert os.listdir(tmp_path / "state" / "run") == []
 
 
 def test_idle_shapes_and_their_warm_boxes_are_reaped_after_the_ttl(tmp_path, engine):

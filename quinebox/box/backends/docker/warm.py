@@ -65,7 +65,7 @@ def start_warm(backend: DockerBackend, shape: dict[str, Any]) -> Warm:
     path = str(run_dir() / f"{POOL_SESSION}{box}.sock")
     listener = box_socket(path, backlog=16, owner=box_user(shape))
     world = None
-    container = None
+    config = container = None
     try:
         if has_world(shape):
             world = str(pool_dir() / box / "tree")
@@ -83,6 +83,8 @@ def start_warm(backend: DockerBackend, shape: dict[str, Any]) -> Warm:
     except BaseException:
         if container is not None:
             backend.remove(container)
+        elif config is not None:  # the create failed; failed by its deadline, it may yet have made the box, which has this name
+            backend.remove(config.create["name"])
         listener.close()
         os.unlink(path)
         if world is not None:
