@@ -18,7 +18,7 @@ import quinebox
 from quinebox.box.backends.docker.engine import DockerBackend
 from quinebox.box.backends.docker.warm import start_warm
 from quinebox.box.policy import HOST_SOCKET, LABEL_OWNER, LABEL_SESSION, LABEL_USER
-from quinebox.box.pool.keeper import Makers, default_shape
+from quinebox.box.pool.keeper import SETTLE_TIMEOUT, Makers, default_shape
 from quinebox.box.shape import LABEL_POOL, POOL_COMMAND
 from quinebox.errors import EngineError
 from quinebox.processes import process_start_ticks
@@ -267,10 +267,11 @@ def test_a_server_that_ends_while_its_pool_fills_leaves_no_box_behind(tmp_path, 
             os.kill(said["pid"], signal.SIGKILL)
         else:
             assert quinebox_cli("serve", "stop", env=env).returncode == 0
-        wait_for(lambda: not pool_boxes(engine, pool), "every box of the pool to go", timeout=60, shown=lambda: leftovers(engine, pool, env))
+        # A make under way is waited for up to SETTLE_TIMEOUT (an engine slow under load), then its box goes
+        wait_for(lambda: not pool_boxes(engine, pool), "every box of the pool to go", timeout=SETTLE_TIMEOUT + 30, shown=lambda: leftovers(engine, pool, env))
         time.sleep(3)  # a create the engine finishes late would show by now
         assert pool_boxes(engine, pool) == [], leftovers(engine, pool, env)
-        wait_for(lambda: not os.path.exists(f"/proc/{said['pool']['pid']}"), "the keeper gone", timeout=60)
+        wait_for(lambda: not os.path.exists(f"/proc/{said['pool']['pid']}"), "the keeper gone", timeout=SETTLE_TIMEOUT + 30)
     state = env["QUINEBOX_STATE_DIR"]
     left = {"claimed"} | ({SERVE_SOCKET} if end == "kill -9" else set())  # a killed server cannot unlink its socket: the next one binds over it
     assert os.listdir(os.path.join(state, "pool")) == [] and set(os.listdir(os.path.join(state, "run"))) <= left
