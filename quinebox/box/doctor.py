@@ -57,6 +57,7 @@ def run() -> int:
     backend = connected[0] if engine.works else None
     ready = default_ready(say, ways, backend)
     _auto(say, ways)
+    _moves(say)
     _snapshots(say, ways, backend)
     if backend is not None:
         _orphans(say, backend)
@@ -119,6 +120,22 @@ def _auto(say: Say, ways: list[Way]) -> None:
     bwrap = next(way for way in ways if way.name == BWRAP)
     here = "usable here" if bwrap.works else "not usable here"
     say("note", f"auto: {picked.why} (bwrap, the fastest backend where it is usable, is {here})")
+
+
+def _moves(say: Say) -> None:
+    """Whether a box's start waits on the kernel to move its first process into the box's cgroup, and what stops it."""
+    from quinebox.box.backends.exec_cgroups import waiting_moves
+
+    try:
+        with open("/proc/self/mounts") as mounts:
+            fix = waiting_moves(mounts.read(), os.uname().release)
+    except OSError:
+        return
+    if fix is None:
+        say("ok", "cgroup moves: a box's start does not wait for the kernel to move its first process into its cgroup")
+    else:
+        say("no", "cgroup moves: each box's start waits ~10 ms for the kernel to move its first process into its cgroup (an RCU grace period)",
+            f"{fix}; forks and exits then cost a little more")
 
 
 def _image_ready(say: Say, unpacked: bool, backend: DockerBackend | None, *, build: str) -> bool:

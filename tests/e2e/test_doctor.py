@@ -59,6 +59,16 @@ def test_doctor_passes_here_and_lists_every_way(engine, backend, default):
     assert line(lines, "bwrap (bubblewrap): ") == f"ok   bwrap (bubblewrap): runs boxes here ({shutil.which('bwrap')}; a hardened probe box ran)"
     # which backend auto picks here, whatever the default is, and why
     assert line(lines, "auto: ") == "note auto: boxes run on bwrap (bubblewrap), the fastest backend that holds this box here (bwrap, the fastest backend where it is usable, is usable here)"
+    # whether a box's start waits for its move into its cgroup here, and the one command that stops it
+    mounts = [fields for fields in (text.split() for text in open("/proc/self/mounts")) if fields[2] in ("cgroup", "cgroup2")]
+    if any("favordynmods" in fields[3].split(",") for fields in mounts):
+        assert line(lines, "cgroup moves: ") == "ok   cgroup moves: a box's start does not wait for the kernel to move its first process into its cgroup"
+    else:
+        [unified] = [fields[1] for fields in mounts if fields[2] == "cgroup2"]
+        assert line(lines, "cgroup moves: ") == (
+            "no   cgroup moves: each box's start waits ~10 ms for the kernel to move its first process into its cgroup (an RCU grace period)\n"
+            f"      → as root: mount -o remount,favordynmods {unified}  (until the next boot; or boot with cgroup_favordynmods=true, Linux 6.7 on); "
+            "forks and exits then cost a little more")
     if backend == "docker":
         assert line(lines, "image ").startswith("ok   image quinebox/agent:") and line(lines, "guest runtime ").startswith("ok   guest runtime for any image at /")
 

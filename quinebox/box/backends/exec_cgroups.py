@@ -4,8 +4,8 @@ leave a cgroup (a box sees no cgroupfs it may write), so killing what it lists e
 And the watchdog a CLI process leaves beside an exec it runs for a box another process owns (`exec --in`),
 which kills that tree if the CLI dies first: a runtime's exec would otherwise outlive a client killed by SIGKILL.
 
-And what the host reads of any box's cgroups, whichever backend made them: where a process is, and how often the
-kernel killed a process for memory there.
+And what the host reads of any box's cgroups, whichever backend made them: where a process is, how often the
+kernel killed a process for memory there, and whether moving a box's first process into them waits here.
 """
 
 from __future__ import annotations
@@ -138,3 +138,20 @@ def watchdog(cgroup: ExecCgroup) -> int:
             os._exit(0)
     os.close(read_end)
     return write_end
+
+
+def waiting_moves(mounts: str, release: str) -> str | None:
+    """When a move into a cgroup waits here for an RCU grace period (~10 ms; the first move of a box's start, on bwrap
+    and runc alike: the kernel takes its threadgroup lock for writing), how to stop it; None when it does not wait.
+
+    From /proc/self/mounts' text and the kernel's release: it waits from Linux 6.0 on unless a cgroup hierarchy is
+    mounted with `favordynmods` (the lock is global: cgroup2's option serves the v1 hierarchies beside it too), which
+    costs each fork and exit a little instead. v1's mounts take the option only at boot (Linux 6.7 on)."""
+    version = tuple(int(part) if part.isdigit() else 0 for part in release.split("-")[0].split(".")[:2])
+    cgroups = [fields for fields in (line.split() for line in mounts.splitlines()) if len(fields) > 3 and fields[2] in ("cgroup", "cgroup2")]
+    if version < (6, 0) or not cgroups or any("favordynmods" in fields[3].split(",") for fields in cgroups):
+        return None
+    unified = next((fields[1] for fields in cgroups if fields[2] == "cgroup2"), None)
+    if unified is not None:
+        return f"as root: mount -o remount,favordynmods {unified}  (until the next boot; or boot with cgroup_favordynmods=true, Linux 6.7 on)"
+    return "boot with cgroup_favordynmods=true (Linux 6.7 on)"

@@ -6,6 +6,7 @@ import socket
 import pytest
 
 from quinebox.box.backends import reach
+from quinebox.box.backends.exec_cgroups import waiting_moves
 from quinebox.box.backends.oci.runtime import runtime_hint
 from quinebox.box.backends.reach import Unreachable
 from quinebox.box.backends.rootless import RUNSC, Refusal, cgroup_hierarchy
@@ -20,6 +21,32 @@ V2 = "proc /proc proc rw 0 0\ncgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noe
 @pytest.mark.parametrize("mounts, hierarchy", [(V2, "v2"), (HYBRID, "hybrid"), (V1, "v1"), ("proc /proc proc rw 0 0\n", "none"), ("", "none"), ("garbage\n\n", "none")])
 def test_cgroup_hierarchy(mounts, hierarchy):
     assert cgroup_hierarchy(mounts) == hierarchy
+
+
+REMOUNT = "as root: mount -o remount,favordynmods {}  (until the next boot; or boot with cgroup_favordynmods=true, Linux 6.7 on)"
+BOOT = "boot with cgroup_favordynmods=true (Linux 6.7 on)"
+FAVOURED_V2 = V2.replace("relatime 0 0", "relatime,favordynmods 0 0")
+FAVOURED_HYBRID = HYBRID.replace("cgroup2 rw,relatime", "cgroup2 rw,relatime,favordynmods")
+
+
+@pytest.mark.parametrize("mounts, release, fix", [
+    (V2, "6.18.0-1-amd64", REMOUNT.format("/sys/fs/cgroup")),
+    (HYBRID, "6.18.0", REMOUNT.format("/sys/fs/cgroup/unified")),  # cgroup2's option frees the v1 hierarchies' moves too: one lock
+    (V1, "6.1.0-27-amd64", BOOT),  # v1's mounts take no new option on remount
+    (FAVOURED_V2, "6.18.0", None),
+    (FAVOURED_HYBRID, "6.18.0", None),
+    (V1.replace("memory 0 0", "memory,favordynmods 0 0"), "6.8.0", None),
+    (V2, "6.0.0", REMOUNT.format("/sys/fs/cgroup")),
+    (V2, "5.19.17", None),  # before 6.0 the lock never waited (and there is no option to give)
+    (V2, "4.19.0-27-amd64", None),
+    (V2.replace("favordynmods", ""), "6.18", REMOUNT.format("/sys/fs/cgroup")),
+    ("cgroup2 /sys/fs/cgroup cgroup2 rw,nofavordynmodsx 0 0\n", "6.18", REMOUNT.format("/sys/fs/cgroup")),  # a whole option, not a substring
+    ("proc /proc proc rw 0 0\n", "6.18", None),  # no cgroup mounted: no box is placed in one
+    ("", "6.18", None),
+    ("garbage\n\n", "6.18", None),
+])
+def test_a_move_into_a_cgroup_waits_for_a_grace_period_unless_favordynmods(mounts, release, fix):
+    assert waiting_moves(mounts, release) == fix
 
 
 def fine():
