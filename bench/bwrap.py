@@ -41,7 +41,7 @@ from pathlib import Path
 from autostart import answering, no_server, until
 from oci import DOCKER, IN_PROCESS, QUINEBOX, Failed, Measured, Row, command, compare, deadline, docker_py, median_s, stopped, verdicts
 
-from quinebox.box.backends.exec_cgroups import waiting_moves
+from quinebox.box.backends.exec_cgroups import local_waiting_moves
 from quinebox.box.spec import DEFAULT_IMAGE
 
 PARALLEL = 8
@@ -99,8 +99,7 @@ def main() -> int:
     docker_run = [DOCKER, "run", "--rm", "--network", "none", DEFAULT_IMAGE, "true"]
     exec_true = [QUINEBOX, "exec", "--", "true"]
     rows: list[Row] = []
-    with open("/proc/self/mounts") as mounts:
-        waits = waiting_moves(mounts.read(), os.uname().release)
+    waits = local_waiting_moves()
     print(f"image {DEFAULT_IMAGE}, {os.cpu_count()} cores, {runs} runs, {rounds} round(s) of {boxes} boxes; measured: {name}")
     print(f"cgroup moves: {'each waits a grace period (no favordynmods)' if waits else 'no grace period waited (favordynmods)'}\n")
     try:

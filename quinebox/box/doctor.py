@@ -124,11 +124,10 @@ def _auto(say: Say, ways: list[Way]) -> None:
 
 def _moves(say: Say) -> None:
     """Whether a box's start waits on the kernel to move its first process into the box's cgroup, and what stops it."""
-    from quinebox.box.backends.exec_cgroups import waiting_moves
+    from quinebox.box.backends.exec_cgroups import local_waiting_moves
 
     try:
-        with open("/proc/self/mounts") as mounts:
-            fix = waiting_moves(mounts.read(), os.uname().release)
+        fix = local_waiting_moves()
     except OSError:
         return
     if fix is None:

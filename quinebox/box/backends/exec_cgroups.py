@@ -16,6 +16,7 @@ import signal
 import time
 from pathlib import Path
 
+from quinebox.box.backends.rootless import MOUNTS
 from quinebox.box.policy import CGROUP_PREFIX
 from quinebox.errors import EngineError
 
@@ -155,3 +156,9 @@ def waiting_moves(mounts: str, release: str) -> str | None:
     if unified is not None:
         return f"as root: mount -o remount,favordynmods {unified}  (until the next boot; or boot with cgroup_favordynmods=true, Linux 6.7 on)"
     return "boot with cgroup_favordynmods=true (Linux 6.7 on)"
+
+
+def local_waiting_moves() -> str | None:
+    """waiting_moves of this machine (OSError when its mounts cannot be read)."""
+    with open(MOUNTS) as mounts:
+        return waiting_moves(mounts.read(), os.uname().release)

@@ -55,6 +55,7 @@ Approve = Callable[[str, str, dict[str, Any]], Decision]
 #: end closes its side of each, so they end within milliseconds unless the far side holds one open.
 CLOSE_WAIT = 2.0
 
+
 class Egress:
     """One box's connections to the outside: decided, made, relayed, counted and recorded."""
 

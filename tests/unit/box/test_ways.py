@@ -39,7 +39,7 @@ FAVOURED_HYBRID = HYBRID.replace("cgroup2 rw,relatime", "cgroup2 rw,relatime,fav
     (V2, "6.0.0", REMOUNT.format("/sys/fs/cgroup")),
     (V2, "5.19.17", None),  # before 6.0 the lock never waited (and there is no option to give)
     (V2, "4.19.0-27-amd64", None),
-    (V2.replace("favordynmods", ""), "6.18", REMOUNT.format("/sys/fs/cgroup")),
+    (V2, "6.18", REMOUNT.format("/sys/fs/cgroup")),  # a release without its patch number
     ("cgroup2 /sys/fs/cgroup cgroup2 rw,nofavordynmodsx 0 0\n", "6.18", REMOUNT.format("/sys/fs/cgroup")),  # a whole option, not a substring
     ("proc /proc proc rw 0 0\n", "6.18", None),  # no cgroup mounted: no box is placed in one
     ("", "6.18", None),
