@@ -66,6 +66,28 @@ def pid_alive(pid: int, start: str) -> bool:
     return process_start_ticks(pid) == start and not _zombie(pid)
 
 
+def signal_owner(owner: str, signum: int) -> bool:
+    """Send `signum` to the `host:pid:start` process of this host, held first by a pidfd and its start read again
+    after, so that a pid handed out anew meanwhile is never signalled. Whether it was sent."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        pidfd = os.pidfd_open(int(pid))
+    except OSError:
+        return False
+    try:
+        if not pid_alive(int(pid), start):
+            return False
+        signal.pidfd_send_signal(pidfd, signum)
+        return True
+    except OSError:  # gone meanwhile, or not ours to signal
+        return False
+    finally:
+        os.close(pidfd)
+
+
 def _zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:

@@ -44,6 +44,7 @@ import io
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tarfile
@@ -75,7 +76,7 @@ from quinebox.box.spec import BoxSpec, build_spec
 from quinebox.box.streams.direct import DEVNULL, Stream
 from quinebox.errors import QuineboxError
 from quinebox.grants import parse_duration
-from quinebox.processes import owner_alive, owner_id
+from quinebox.processes import owner_alive, owner_id, signal_owner
 from quinebox.tree.supervisor import Node
 
 if TYPE_CHECKING:
@@ -85,7 +86,11 @@ if TYPE_CHECKING:
 HOLD = (*GUEST_PYTHON, "-c", "import signal\nsignal.pause()")
 #: How long a box's init may take to say, once started, that it runs execs (gVisor's Python takes longest).
 INIT_TIMEOUT = 10.0
-#: How long `destroy` waits for an attached box to go (its owner removes it; on a loaded machine that takes seconds).
+#: How long `destroy` waits for an attached box's owner to take its request, and then for the box to go by the
+#: owner's hand (on a loaded machine that takes seconds) before it helps: a holder told to stop, the box killed.
+OWNER_ANSWERS_WITHIN = 10.0
+OWNER_REMOVES_WITHIN = 10.0
+#: How long `destroy` then waits for the box to go.
 GONE_WITHIN = 30.0
 #: What `exec` keeps of each of stdout and stderr unless its caller says otherwise; the rest is dropped.
 MAX_OUTPUT = 64 << 20
@@ -377,10 +382,16 @@ class Sandbox:
         if self._gone():
             return
         try:  # its owner removes it the one way every box is removed (a holder then exits): no listing to go wrong
-            self._ask("destroy")
-        except QuineboxError:  # no owner answers (gone, or of an older quinebox): killed as `quinebox box rm` does
+            controls.ask(self.id, {"op": "destroy"}, OWNER_ANSWERS_WITHIN)
+            gone = sandboxes.wait_gone(self.id, OWNER_REMOVES_WITHIN)
+        except QuineboxError:  # no owner answers (gone, stopped, or of an older quinebox)
+            gone = False
+        if not gone:  # a holder is told to stop (its own way out removes the box), and the box killed as `box rm` does
+            if self._record.holder:
+                signal_owner(self._record.owner, signal.SIGTERM)
             listing.kill_subtree(self.id)
-        if not sandboxes.wait_gone(self.id, GONE_WITHIN):  # one that stays keeps its record: `box ls` still shows it
+            gone = sandboxes.wait_gone(self.id, GONE_WITHIN)
+        if not gone:  # one that stays keeps its record: `box ls` still shows it
             raise QuineboxError(f"box {self.id} did not go in time: `quinebox gc` removes it once its runtime answers")
         sandboxes.remove_record(self.id)
 

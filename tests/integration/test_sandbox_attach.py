@@ -15,7 +15,8 @@ from live_boxes import live_boxes, soon
 
 import quinebox
 from quinebox import QuineboxError
-from quinebox.box.live import holders
+from quinebox.audit.log import AuditLog
+from quinebox.box.live import controls, holders
 
 PY = sys.executable
 
@@ -104,13 +105,33 @@ def test_connect_refuses_what_is_not_there():
 
 
 def test_destroy_ends_a_detached_box_and_its_holder_process(running):
-    """Its owner (the holder) removes the box the one way every box is removed, then exits: nothing is left running."""
+    """Its owner (the holder) removes the box the one way every box is removed, then exits: nothing is left running,
+    and nothing was killed through the runtime's listing (which a loaded machine can miss a box in)."""
     sb = quinebox.Sandbox.detached(ttl="3m")
-    holder = sb._record.owner  # "host:pid:start" of the process that holds the box
-    pid = int(holder.split(":")[1])
+    pid = int(sb._record.owner.split(":")[1])  # "host:pid:start" of the process that holds the box
+    before = sum(1 for _ in AuditLog().records())
     sb.destroy()
     assert not running(sb.id)
     assert not soon(lambda: _alive(pid), within=10), f"the holder {pid} still runs"
+    assert _killed(sb.id, before) == [], "destroy killed the box itself: its owner was never asked"
+
+
+def test_destroy_of_a_box_whose_owner_cannot_be_asked_stops_its_holder_and_kills_it(running):
+    """An owner that cannot be asked (its control socket gone, as a box made by an older quinebox has none): its
+    holder is told to stop and the box killed as `quinebox box rm` does; both go."""
+    sb = quinebox.Sandbox.detached(ttl="3m")
+    pid = int(sb._record.owner.split(":")[1])
+    controls.control_path(sb.id).unlink()
+    before = sum(1 for _ in AuditLog().records())
+    sb.destroy()
+    assert not running(sb.id)
+    assert not soon(lambda: _alive(pid), within=10), f"the holder {pid} still runs"
+    assert [r["facts"]["asked_for"] for r in _killed(sb.id, before)] == [sb.id]
+
+
+def _killed(session: str, since: int) -> list[dict]:
+    """The kill records of `session` the audit log took after its first `since` records."""
+    return [r for r in list(AuditLog().records())[since:] if r["kind"] == "kill" and r["session"] == session]
 
 
 def _alive(pid: int) -> bool:
