@@ -42,22 +42,26 @@ PR_SET_CHILD_SUBREAPER = 36
 
 
 def hooked_serve(records: str, pool: str) -> None:
-    """The server, with each worker writing its own CPU (and its reaped children's) to `records` as it ends."""
-    import quinebox.cli.server as server
+    """The server, with each worker writing the CPU of each command it ran (its own, and its reaped children's, since
+    the last one it ran or since its fork) to `records` as the command ends: a free worker runs another."""
+    import quinebox.cli.workers as workers
     from quinebox.cli import main
 
-    plain = server.worker
+    plain = workers.worker
+    last = [0.0, 0.0]  # in each forked worker, its own copy
 
     def worker(*args, **kwargs):  # type: ignore[no-untyped-def]
         code = plain(*args, **kwargs)
         own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        line = f"{own.ru_utime + own.ru_stime} {kids.ru_utime + kids.ru_stime}\n".encode()
+        now = [own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime]
+        line = f"{now[0] - last[0]} {now[1] - last[1]}\n".encode()
+        last[:] = now
         fd = os.open(records, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.write(fd, line)
         os.close(fd)
         return code
 
-    server.worker = worker
+    workers.worker = worker
     sys.argv = ["quinebox", "serve", "--pool", pool]
     main()
 

@@ -11,7 +11,8 @@
     snapshots.py  box pause, resume, checkpoint, restore, fork, snapshots (a long-lived box's time)
     mcp.py      mcp: the MCP server (quinebox[mcp])
     view.py     view: the web view of sessions, trees, transcripts, worlds, runs and the audit log (quinebox[view])
-    server.py   the command server: a warm process forking one worker per command (its thin client is ../client.py)
+    server.py   the command server: a warm process handing each command to a worker it forked (its thin client is ../client.py)
+    workers.py  a worker's life: a client's command run as the CLI runs it, then the next while each leaves it clean
     freshness.py  whether a command server still runs the code and config a fresh `quinebox` would
 
 The CLI may import every layer below it; nothing below imports it. Each module registers its commands on the

@@ -193,6 +193,8 @@ def status_command(as_json: bool = typer.Option(False, "--json", help="What the 
     idle = answer.get("idle_exit")
     exits = "until `quinebox serve stop`" if idle is None else f"exits after {idle:g} s with no command"
     print(f"serving: pid {answer.get('pid')}, since {since}, {answer.get('served')} command(s) served, {exits}")
+    workers = answer.get("workers") or {}
+    print(f"workers: {workers.get('running', 0)} running a command, {len(workers.get('free', []))} free for the next")
     pool = answer.get("pool")
     if not pool and answer.get("pool_after") is not None:
         print(

@@ -1,15 +1,16 @@
 """`quinebox serve`: a per-user command server that runs thin clients' commands in warm, already-imported processes.
 
 The server imports the CLI and everything a command loads (typer, docker,
-openai, the policy and seccomp data) once (serve.py's `warm`), then forks one worker per command,
-as Mercurial's chg server does. The worker takes the client's stdin, stdout
+openai, the policy and seccomp data) once (serve.py's `warm`), then forks workers that run the commands,
+as Mercurial's chg server does (workers.py). A worker takes the client's stdin, stdout
 and stderr as its own, its cwd and environment, and runs the very same CLI
 code a cold `quinebox` would, so options, errors, exit codes, `--json` and
 terminals are the same by construction; only the start-up is gone. Each
 worker holds its client's connection: a signal the client forwards is raised
 in the worker, and a client that goes away (SIGKILL included) is a SIGTERM,
 which kills its boxes. Workers are processes of their own: stopping the server
-ends no command that runs.
+ends no command that runs. A worker its command left clean says it is free, and the server hands it the next
+command before any other (the one freed last first: its pages are the warmest); up to KEEP_FREE wait so.
 
 The server never starts a thread or keeps an engine connection, so every
 worker starts clean: the pool of warm boxes (box/pool/warm.py) lives in a process of its
@@ -31,11 +32,11 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from quinebox import fdpass
+from quinebox.cli.workers import Worker
 from quinebox.errors import QuineboxError, StateError
 from quinebox.state import pool_socket, run_dir, serve_socket, state_root
 
@@ -58,6 +59,8 @@ IDLE_CHECK = 5.0
 WARM_TRIES = 32
 #: A server nobody stops exits after this long with no command running (`serve --idle`, `serve: {idle: ...}`).
 IDLE_DEFAULT = 15 * 60.0
+#: How many free workers wait for a command at most (each a few MB of its own); one freed beyond them exits.
+KEEP_FREE = 8
 
 
 class Server:
@@ -82,7 +85,11 @@ class Server:
         #: (the boxes' keeper, backends/keeper.py, lives until every worker has exited: waiting for it never ends).
         self.children: set[int] = set()
         #: A worker forked ahead, waiting for the next command (its fork is then off that command's path).
-        self.spare: Spare | None = None
+        self.spare: Worker | None = None
+        #: Every worker that has taken a command and runs on (by its pair's fd: the server hears each say it is free,
+        #: or go), and those free now, the one freed last at the end.
+        self.workers: dict[int, Worker] = {}
+        self.free: list[Worker] = []
         #: A warm-up that could not be done at the start (serve.warm_bwrap: its image not unpacked yet), tried again
         #: after each command until it is done, or WARM_TRIES: True once done.
         self.warm_later: Callable[[], bool] | None = None
@@ -124,8 +131,8 @@ class Server:
             try:
                 assert self.listener is not None
                 self.listener.close()
-                if self.spare is not None:
-                    self.spare.dismiss()  # the keeper's copy of its end: the spare hears only the server's
+                for worker in self._every_worker():
+                    worker.dismiss()  # the keeper's copy of its end: a worker hears only the server's
                 keep(self.pool, parent)
             finally:
                 os._exit(code)
@@ -152,12 +159,14 @@ class Server:
         # Everything imported so far lives as long as the server: out of the collector's sight, a worker's collections
         # do not write to (and so copy) the pages it shares with the server.
         gc.freeze()
-        self.spare = Spare(self.listener)
+        self.spare = Worker(self.listener)
         self.listener.setblocking(False)  # select says when to accept; a client gone meanwhile is no wait
         try:
             while (listener := self.listener) is not None:  # the one this turn: a SIGTERM's stop() may close it meanwhile
                 try:
-                    ready, _, _ = select.select([listener.fileno(), gone.fileno()], [], [], None if self.idle is None else min(self.idle, IDLE_CHECK))
+                    ready, _, _ = select.select([listener.fileno(), gone.fileno(), *self.workers], [], [], None if self.idle is None else min(self.idle, IDLE_CHECK))
+                    for fd in set(ready) & self.workers.keys():
+                        self._heard(self.workers[fd])
                     if gone.fileno() in ready and gone.happened():
                         print(f"quinebox serve: the state dir {state_root()} is gone (or this server's socket in it): exiting", file=sys.stderr, flush=True)
                         break
@@ -181,10 +190,10 @@ class Server:
                     self.keep_pool()  # forked with no client's connection or descriptors open here, and no spare
                 if self.warm_later is not None and self.listener is not None:
                     self.warm_again()  # before the next spare is forked, which inherits it
-                if self.spare is None and self.listener is not None:
+                if self.spare is None and not self.free and self.listener is not None:
                     # The next command's worker, forked once this one's connection and descriptors are closed here (a
                     # spare holding a client's stdout would keep its reader from ever seeing the end)
-                    self.spare = Spare(self.listener)
+                    self.spare = Worker(self.listener, others=self._every_worker())
         finally:
             self.stop()
             gone.close()
@@ -207,9 +216,9 @@ class Server:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
-        spare, self.spare = self.spare, None
-        if spare is not None:
-            spare.dismiss()
+        for worker in self._every_worker():
+            worker.dismiss()  # a free one exits; one running a command finishes it, then exits
+        self.spare, self.workers, self.free = None, {}, []
         keeper, self.keeper = self.keeper, None
         if keeper is not None:
             try:
@@ -221,7 +230,7 @@ class Server:
         """Whether no command has run for `idle` seconds (the pool's keeper is not a command)."""
         if _reap(self.children):
             self.last = time.monotonic()
-        if self.children - {self.keeper}:
+        if self.children - {self.keeper} - {worker.pid for worker in self.free}:
             self.last = time.monotonic()
             return False
         return self.idle is not None and time.monotonic() - self.last >= self.idle
@@ -255,10 +264,9 @@ class Server:
         elif kind == "run" and len(fds) in (3, 4):
             self.last = time.monotonic()  # a command, not a status or a stop, is what keeps the server from idling out
             self.served += 1
-            spare, self.spare = self.spare, None
-            if spare is None or not spare.take(conn, message, fds):
-                spare = Spare(self.listener, (conn, message, fds))  # none was ready: one forked for this command
-            self.children.add(spare.pid)
+            worker = self._worker_for(conn, message, fds)
+            self.children.add(worker.pid)
+            self.workers[worker.fileno()] = worker
             if self.keeper is None and self.demand is not None and self.demand.command():
                 self.pool_due = True
         elif kind == "status":
@@ -268,7 +276,9 @@ class Server:
                 pool = None
             if pool == {} and self.keeper is not None:  # its keeper, still making its first boxes (an image unpacked first)
                 pool = {"pid": self.keeper, "busy": True}
+            free = [worker.pid for worker in self.free]
             fdpass.send(conn, {"kind": "status", "pid": os.getpid(), "since": self.started, "served": self.served, "idle_exit": self.idle, "pool": pool or None,
+                             "workers": {"free": free, "running": len(self.children - {self.keeper, *free})},
                              "pool_after": None if self.keeper is not None or not self.pool.size else self.pool.after})
         elif kind == "stop":
             fdpass.send(conn, {"kind": "stopping"})
@@ -277,53 +287,36 @@ class Server:
             os.close(fd)
 
 
-class Spare:
-    """A worker forked ahead: it waits on a socket pair for the command it is to run (the request, and the client's
-    connection and descriptors riding along), so that the fork — a few milliseconds of a large process — is off the
-    command's path. Given `request` it runs that one at once. Dismissed (its pair closed) it exits, having run
-    nothing; it dies with the server, as every worker does."""
+    def _worker_for(self, conn: socket.socket, message: dict[str, Any], fds: list[int]) -> Worker:
+        """The worker that runs this command, handed it: a free one (the one freed last), else the spare, else one
+        forked for it."""
+        while self.free:
+            worker = self.free.pop()
+            if worker.take(conn, message, fds):
+                return worker
+            self._forget(worker)
+        spare, self.spare = self.spare, None
+        if spare is not None and spare.take(conn, message, fds):
+            return spare
+        if spare is not None:
+            spare.dismiss()
+        return Worker(self.listener, (conn, message, fds), others=self._every_worker())  # none was ready: one forked for this command
 
-    def __init__(self, listener: socket.socket | None, request: tuple[socket.socket, dict[str, Any], list[int]] | None = None):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        parent = os.getpid()
-        ours, theirs = socket.socketpair()
-        self.pid = os.fork()
-        if self.pid == 0:
-            code = 125  # unless the worker gets as far as the command's own status
-            try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                ours.close()
-                if listener is not None:
-                    listener.close()  # the worker's copy: only the server accepts
-                os.setsid()
-                from quinebox.processes import die_with_parent
+    def _heard(self, worker: Worker) -> None:
+        """A worker said it is free (kept, up to KEEP_FREE), or went."""
+        if worker.heard() and self.listener is not None and len(self.free) < KEEP_FREE:
+            self.free.append(worker)
+        else:
+            self._forget(worker)
 
-                die_with_parent(parent)
-                if request is None:
-                    message, fds = fdpass.receive(theirs, None)
-                    if not message or len(fds) not in (4, 5):
-                        os._exit(0)  # dismissed
-                    request = (socket.socket(fileno=fds[0]), message, fds[1:])
-                theirs.close()
-                code = worker(*request)
-            finally:
-                os._exit(code)
-        theirs.close()
-        self._sock = ours
+    def _forget(self, worker: Worker) -> None:
+        self.workers.pop(worker.fileno(), None)
+        if worker in self.free:
+            self.free.remove(worker)
+        worker.dismiss()
 
-    def take(self, conn: socket.socket, message: dict[str, Any], fds: list[int]) -> bool:
-        """Hand it a command; False when it is gone (then the server forks one for it)."""
-        try:
-            fdpass.send(self._sock, message, [conn.fileno(), *fds])
-            return True
-        except OSError:
-            return False
-        finally:
-            self._sock.close()
-
-    def dismiss(self) -> None:
-        self._sock.close()
+    def _every_worker(self) -> list[Worker]:
+        return [*self.workers.values(), *([self.spare] if self.spare is not None else [])]
 
 
 def _reap(children: set[int]) -> bool:
@@ -347,79 +340,3 @@ def _wait_for(children: set[int]) -> None:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
-
-
-def worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
-    """In the forked process: become the client's command, run it as the CLI would, report its exit status."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    for target, fd in zip((0, 1, 2), fds, strict=False):  # a fourth fd, the terminal, stays where it is
-        os.dup2(fd, target)
-        os.close(fd)
-    sys.stdin = open(0, closefd=False)
-    sys.stdout = open(1, "w", buffering=1 if os.isatty(1) else -1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
-    os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
-    umask = request.get("umask")
-    os.umask(umask & 0o777 if isinstance(umask, int) and not isinstance(umask, bool) else 0o022)  # the files it makes are made as the client's
-    if len(fds) == 4:  # the client's controlling terminal, for questions to a person
-        os.set_inheritable(fds[3], False)
-        os.environ["QUINEBOX_TERMINAL_FD"] = str(fds[3])
-    try:
-        os.chdir(str(request.get("cwd") or "/"))
-    except OSError as exc:
-        print(f"quinebox: cannot work in {request.get('cwd')}: {exc.strerror}", file=sys.stderr)
-        _report(conn, 125)
-        return 125
-    threading.Thread(target=_follow_client, args=(conn,), daemon=True).start()
-    sys.argv = ["quinebox", *[str(a) for a in request.get("argv") or []]]
-    from quinebox.cli.app import run_app  # its commands were registered when `quinebox serve` started this server
-
-    try:
-        run_app()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except KeyboardInterrupt:
-        code = 130
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code > 128:  # ended by a signal: its box is gone before the client says so, as the CLI's own promises
-        _finish_removals()
-    _report(conn, code)
-    _finish_removals()  # otherwise after the client has its status: the boxes' remains go before the worker does
-    return code
-
-
-def _finish_removals() -> None:
-    """Wait for the removal of the boxes this worker's command ran (a runtime's, bwrap's): a worker leaves by
-    os._exit, so their atexit hooks do not run, and a removal cut short would be left to a keeper (more CPU, later)."""
-    from quinebox.box.backends.bwrap.box import finish_removals as bwrap_removals
-    from quinebox.box.backends.oci.box import finish_removals as oci_removals
-
-    oci_removals()
-    bwrap_removals()
-
-
-def _report(conn: socket.socket, code: int) -> None:
-    try:
-        fdpass.send(conn, {"kind": "exit", "code": code})
-    except OSError:
-        pass
-
-
-def _follow_client(conn: socket.socket) -> None:
-    """Signals the client forwards are raised here; the client gone (killed, even) is a SIGTERM: its boxes die with it."""
-    while True:
-        try:
-            message, fds = fdpass.receive(conn, None)
-        except OSError:
-            break
-        for fd in fds:
-            os.close(fd)
-        if not message:
-            break
-        signum = message.get("signal")
-        if isinstance(signum, int) and signum in {s.value for s in signal.Signals} and signum not in (signal.SIGKILL, signal.SIGSTOP):
-            os.kill(os.getpid(), signum)
-    os.kill(os.getpid(), signal.SIGTERM)
