@@ -54,7 +54,7 @@ def engine_timeout() -> float:
     return float(os.environ.get("QUINEBOX_ENGINE_TIMEOUT", "30"))
 
 
-_shared: DockerBackend | None = None
+_shared: tuple[str, DockerBackend] | None = None
 
 
 def timed_out(exc: BaseException | None) -> bool:
@@ -114,11 +114,14 @@ class DockerBackend:
 
     @classmethod
     def shared(cls) -> DockerBackend:
-        """One client per process: each connect costs a version round trip and a connection pool."""
+        """One client per process and engine: each connect costs a version round trip and a connection pool. Per
+        engine and deadline (DOCKER_HOST, QUINEBOX_ENGINE_TIMEOUT): a command server's worker runs one client's
+        command after another, each with its own environment."""
         global _shared
-        if _shared is None:
-            _shared = cls.connect()
-        return _shared
+        key = f"{os.environ.get('DOCKER_HOST', '')} {engine_timeout()}"
+        if _shared is None or _shared[0] != key:
+            _shared = key, cls.connect()
+        return _shared[1]
 
     @classmethod
     def connect(cls, timeout: float | None = None) -> DockerBackend:
