@@ -155,7 +155,8 @@ def test_pause_works_everywhere_and_a_checkpoint_is_refused_in_one_line_where_it
         "docker": "runs on the Docker engine, whose checkpoints need its experimental mode (off here: `dockerd --experimental`) and CRIU",
     }["runc" if options["backend"] == "oci" else "docker"]
     with quinebox.Sandbox(**options) as sb:
-        sb.exec(["sh", "-c", "(i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.02; done) > /dev/null 2>&1 < /dev/null &"])
+        # each count written aside and renamed over /tmp/n: a read never meets the file truncated and not yet written
+        sb.exec(["sh", "-c", "(i=0; while true; do i=$((i+1)); echo $i > /tmp/n.next; mv /tmp/n.next /tmp/n; sleep 0.02; done) > /dev/null 2>&1 < /dev/null &"])
         time.sleep(0.3)
         sb.pause()
         with pytest.raises(QuineboxError, match=r"is paused: `quinebox box resume "):
