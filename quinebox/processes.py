@@ -88,6 +88,19 @@ def signal_owner(owner: str, signum: int) -> bool:
         os.close(pidfd)
 
 
+def reap_children() -> tuple[list[int], bool]:
+    """Collect every child of this process that has exited: (their pids, whether a child still runs)."""
+    reaped: list[int] = []
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped, False
+        if pid == 0:
+            return reaped, True
+        reaped.append(pid)
+
+
 def _zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:

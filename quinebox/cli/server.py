@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from quinebox import fdpass
 from quinebox.cli.workers import Worker
 from quinebox.errors import QuineboxError, StateError
+from quinebox.processes import reap_children
 from quinebox.state import pool_socket, run_dir, serve_socket, state_root
 
 if TYPE_CHECKING:
@@ -321,16 +322,9 @@ class Server:
 
 def _reap(children: set[int]) -> bool:
     """Collect the workers that ended (the server waits on them only when it stops); whether one of them had."""
-    ended = False
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return ended
-        if pid == 0:
-            return ended
-        ended = ended or pid in children
-        children.discard(pid)
+    ended = set(reap_children()[0]) & children
+    children -= ended
+    return bool(ended)
 
 
 def _wait_for(children: set[int]) -> None:

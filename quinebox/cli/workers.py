@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from quinebox import fdpass
+from quinebox.processes import reap_children
 
 Request = tuple[socket.socket, dict[str, Any], list[int]]
 
@@ -197,23 +198,12 @@ def _clean(before: set[int], handlers: dict[int, Any], mask: set[Any]) -> bool:
     for thread in threading.enumerate():
         if thread is not threading.current_thread():
             thread.join(THREADS_END_WITHIN)
-    if threading.active_count() > 1 or _children() or _open_fds() != before:
+    if threading.active_count() > 1 or reap_children()[1] or _open_fds() != before:
         return False
     for signum, handler in handlers.items():  # the CLI's own (it forwards signals to its box) are done with
         if signal.getsignal(signum) != handler:
             signal.signal(signum, handler)
     return signal.pthread_sigmask(signal.SIG_BLOCK, ()) == mask and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-
-
-def _children() -> bool:
-    """Whether a child of this process runs (one that has exited is collected here)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        if pid == 0:
-            return True
 
 
 def _open_fds() -> set[int]:
