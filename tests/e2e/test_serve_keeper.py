@@ -36,10 +36,15 @@ def served(request, tmp_path, engine):
     subprocess.run([QUINEBOX, "serve", "stop"], env=env, capture_output=True, timeout=60)
 
 
-def _server_of(env: dict) -> int:
+def status(env: dict) -> dict:
+    """What `serve status --json` says of the server of `env`."""
     said = subprocess.run([QUINEBOX, "serve", "status", "--json"], env=env, capture_output=True, timeout=60)
     assert said.returncode == 0, said.stderr
-    return int(json.loads(said.stdout)["pid"])
+    return json.loads(said.stdout)
+
+
+def _server_of(env: dict) -> int:
+    return int(status(env)["pid"])
 
 
 def _stat(pid: int) -> tuple[str, int] | None:

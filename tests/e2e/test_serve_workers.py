@@ -4,14 +4,13 @@ command died of a signal exits. Each backend pins itself, as in test_serve_keepe
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 from pathlib import Path
 
 from commands import QUINEBOX, wait_for
-from test_serve_keeper import _stat, descendants, served  # noqa: F401 (a fixture, its tests' argument)
+from test_serve_keeper import _cmdline, _stat, descendants, served, status  # noqa: F401 (a fixture, its tests' argument)
 
 
 def _worker_of(server: int, marker: str) -> int:
@@ -24,12 +23,6 @@ def _worker_of(server: int, marker: str) -> int:
     return pid
 
 
-def _status(env: dict) -> dict:
-    said = subprocess.run([QUINEBOX, "serve", "status", "--json"], env=env, capture_output=True, timeout=60)
-    assert said.returncode == 0, said.stderr
-    return json.loads(said.stdout)
-
-
 def _exited(pid: int, server: int) -> bool:
     """Gone, or a zombie the server has not collected yet, or another process by now."""
     try:
@@ -38,13 +31,6 @@ def _exited(pid: int, server: int) -> bool:
         return True
     fields = text.rpartition(") ")[2].split()
     return fields[0] in ("Z", "X") or int(fields[1]) != server
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def _one(env: dict, cwd: Path, marker: str, server: int) -> tuple[int, bytes, set[str]]:
@@ -70,7 +56,7 @@ def test_a_worker_whose_exec_left_it_clean_runs_the_next_and_holds_nothing_of_it
     links = {fd: os.readlink(f"/proc/{first}/fd/{fd}") for fd in os.listdir(f"/proc/{first}/fd")}
     assert [links[str(fd)] for fd in (0, 1, 2)] == ["/dev/null"] * 3
     assert not pipes & set(links.values()), links
-    wait_for(lambda: first in _status(env)["workers"]["free"], timeout=30, what=f"the server to hear its worker {first} is free")
+    wait_for(lambda: first in status(env)["workers"]["free"], timeout=30, what=f"the server to hear its worker {first} is free")
     second, out, _ = _one(env, tmp_path, "second-of-two", server)
     assert (second, out) == (first, b"got hello\n")
 
