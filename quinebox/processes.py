@@ -46,13 +46,19 @@ def owner_tag() -> str:
 
 def owner_alive(owner: str, hostname: str | None = None) -> bool:
     """Is the `host:pid:start` process still running? Owners on other hosts are assumed alive."""
-    host, _, rest = owner.partition(":")
-    pid, _, start = rest.partition(":")
+    host, pid, start = _parts(owner)
     if host != (hostname or socket.gethostname()):
         return True
     if not pid.isdigit():
         return False
     return pid_alive(int(pid), start)
+
+
+def _parts(owner: str) -> tuple[str, str, str]:
+    """`host:pid:start` as its three parts (each "" where it has none)."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    return host, pid, start
 
 
 def pid_alive(pid: int, start: str) -> bool:
@@ -69,8 +75,7 @@ def pid_alive(pid: int, start: str) -> bool:
 def signal_owner(owner: str, signum: int) -> bool:
     """Send `signum` to the `host:pid:start` process of this host, held first by a pidfd and its start read again
     after, so that a pid handed out anew meanwhile is never signalled. Whether it was sent."""
-    host, _, rest = owner.partition(":")
-    pid, _, start = rest.partition(":")
+    host, pid, start = _parts(owner)
     if host != socket.gethostname() or not pid.isdigit():
         return False
     try:
