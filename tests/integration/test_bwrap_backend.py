@@ -239,6 +239,31 @@ def test_the_box_is_in_its_own_cgroup_from_its_first_instruction(bwrap):
     assert cgroups_of(proc.session) == []
 
 
+def _limits(text: str) -> dict[str, tuple[str, str]]:
+    """/proc/PID/limits' core and open-files rows: (soft, hard)."""
+    rows = {line[:26].strip(): line[26:].split()[:2] for line in text.splitlines()[1:]}
+    return {"core": tuple(rows["Max core file size"]), "nofile": tuple(rows["Max open files"])}  # type: ignore[dict-item]
+
+
+def test_the_box_holds_its_rlimits_from_its_first_instruction(bwrap):
+    """core 0:0 and nofile 1024:8192 (policy.RLIMITS), as runc's boxes have them: on the box's PID 1 and a process it
+    forks, read from inside as they start (util-linux's prlimit set them on itself before it became bwrap), and on
+    bwrap itself, read from the host."""
+    proc = quinebox.Popen(["sh", "-c", "cat /proc/1/limits; echo --; cat /proc/self/limits; exec sleep 30"], stdout=quinebox.PIPE)
+    try:
+        inside = b""
+        while inside.count(b"Max realtime timeout") < 2:
+            inside += proc.stdout.read1(65536)
+        first, forked = inside.decode().split("--\n")
+        bwrap = int(Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[1])  # the box's PID 1's parent
+        assert Path(f"/proc/{bwrap}/comm").read_text() == "bwrap\n"
+        for text in (first, forked, Path(f"/proc/{bwrap}/limits").read_text()):
+            assert _limits(text) == {"core": ("0", "0"), "nofile": ("1024", "8192")}, text
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_no_process_of_the_box_is_ever_host_root_and_the_host_holds_none_of_its_mounts(bwrap):
     """From the host's /proc: bwrap and every process of the box run as the box's own unprivileged host ids (root) or
     the caller (a plain user), in every id the kernel keeps, and hold no capability."""
