@@ -307,7 +307,8 @@ def describe(old: Manifest, delta: Changes) -> list[tuple[str, str]]:
 
 
 class RevisionLog:
-    """A world's revisions, one JSON line each, appended and fsynced: `sessions/<id>/world/revisions.jsonl` (0600)."""
+    """A world's revisions, one JSON line each, appended and fsynced: `sessions/<id>/world/revisions.jsonl` (0600).
+    A world made empty appends its rev 0 unsynced (World): the next append's fsync makes it durable with it."""
 
     def __init__(self, session: str):
         self.session = session
@@ -322,7 +323,8 @@ class RevisionLog:
             return []
         return [json.loads(line) for line in data.split(b"\n")[:-1] if line.strip()]
 
-    def append(self, record: dict[str, Any]) -> dict[str, Any]:
+    def append(self, record: dict[str, Any], *, sync: bool = True) -> dict[str, Any]:
+        """`record` as the log's last line, fsynced unless `sync` is False."""
         record = {"t": round(time.time(), 3), **record}
         line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
         with self._lock:
@@ -330,7 +332,8 @@ class RevisionLog:
             with open(private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as f:
                 f.write(line)
                 f.flush()
-                os.fsync(f.fileno())
+                if sync:
+                    os.fsync(f.fileno())
         return record
 
     def manifest(self, rev: int | None = None) -> Manifest:

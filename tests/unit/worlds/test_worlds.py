@@ -219,6 +219,42 @@ def test_restoring_an_unknown_revision_is_refused(parent):
     assert (info.value.kind, info.value.rev) == (NOT_FOUND, 9)
 
 
+@pytest.fixture
+def synced(monkeypatch):
+    """The files fsynced meanwhile, by inode (each then fsynced for real; a log's first line is written under a name
+    of its own, then renamed)."""
+    inodes: list[int] = []
+    real = os.fsync
+
+    def fsync(fd):
+        inodes.append(os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return inodes
+
+
+def test_a_world_made_empty_syncs_its_log_at_its_first_change_not_at_its_start(synced):
+    """Rev 0 of an empty world goes unsynced (a world left empty is removed unread); the first revision fsyncs the
+    log, rev 0 with it. A world that starts with files syncs its rev 0 at once: it records what the box was given."""
+    session = "u-sync-" + os.urandom(3).hex()
+    world = World(session, make(session))
+    try:
+        log = os.stat(world.log.path).st_ino
+        assert (synced, [r["rev"] for r in world.log.records()]) == ([], [0])
+        open(f"{world.spec.layer}/made", "w").write("by the box\n")
+        assert world.revise("end")["changes"].keys() == {"made"}
+        assert synced == [log] and [r["rev"] for r in world.log.records()] == [0, 1]
+    finally:
+        world.close()
+    given = "u-sync-given-" + os.urandom(3).hex()
+    spec = make(given)
+    open(f"{spec.layer}/given", "w").write("for the box\n")
+    started = World(given, spec)
+    started.close()
+    assert synced == [log, os.stat(started.log.path).st_ino] and started.log.records()[0]["changes"].keys() == {"given"}
+
+
 def test_a_world_that_grows_past_its_grant_is_reported_once(tmp_path):
     spec = make("u-full")
     full = threading.Event()
