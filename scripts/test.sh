@@ -145,6 +145,8 @@ rootless_setup() {
     extras=inspect,mcp,view
     grep -q '^bwrap *=' pyproject.toml && extras=$extras,bwrap
     "$work/venv/bin/python" -m pip install -q --disable-pip-version-check -e "$work/src[$extras]" $wanted 2>&1 | grep -v '^WARNING: Location' || true
+    # bwrap's starter (bin/boxstart.c) beside its interpreter too, as setup builds it beside .venv's
+    [ ! -x .venv/bin/quinebox-boxstart ] || cp .venv/bin/quinebox-boxstart "$work/venv/bin/"
     mkdir -p "$work/home" "$work/tmp"
     chown -R "$rootless_user:" "$work"
 }

@@ -17,6 +17,7 @@ import select
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -29,6 +30,7 @@ from openai_server import exit_, sh
 
 import quinebox
 from quinebox.agent.store import read_tape
+from quinebox.box.backends.bwrap import box as bwrap_start
 from quinebox.box.backends.bwrap.box import REMOVE_WITHIN, BwrapProcess
 from quinebox.box.backends.bwrap.configure import configure_bwrap
 from quinebox.box.backends.oci.idmap import BASE, BOXES, SLOTS, SPAN
@@ -49,6 +51,25 @@ def bwrap(monkeypatch, engine):
     monkeypatch.delenv("QUINEBOX_RUNTIME", raising=False)
     done = quinebox.exec(["true"])
     assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(params=["quinebox-boxstart", "util-linux"])
+def starter(request, monkeypatch):
+    """Each box started under quinebox-boxstart (bin/boxstart.c, which scripts/setup.sh builds beside the interpreter)
+    and under util-linux's prlimit and setpriv, which start it where that is not: the box must be the same."""
+    if request.param == "util-linux":
+        monkeypatch.setattr(bwrap_start, "boxstart", lambda: None)
+    else:
+        built_boxstart()
+    return request.param
+
+
+def built_boxstart() -> str:
+    """quinebox-boxstart beside this interpreter, which setup (and CI's) builds: its absence fails the test."""
+    path = bwrap_start.boxstart()
+    if path is None:
+        pytest.fail(f"{bwrap_start.BOXSTART} is not beside {sys.executable}: scripts/setup.sh builds it (bin/boxstart.c)")
+    return path
 
 
 def cli(*argv: str, input: bytes = b"", timeout: float = 60) -> subprocess.CompletedProcess:
@@ -221,7 +242,7 @@ def test_the_kernel_refuses_a_process_past_the_pids_limit(bwrap):
     assert error == b"EAGAIN" and 0 < int(born) < 12, result.stdout + result.stderr
 
 
-def test_the_box_is_in_its_own_cgroup_from_its_first_instruction(bwrap):
+def test_the_box_is_in_its_own_cgroup_from_its_first_instruction(bwrap, starter):
     """The box's PID 1 and its command, read from inside as they start: every hierarchy holding its limits names the
     box's own cgroup (bwrap's child waited on its block fd until it was placed); the limits are there on the host."""
     proc = quinebox.Popen(["sh", "-c", "cat /proc/1/cgroup /proc/self/cgroup; exec sleep 30"], stdout=quinebox.PIPE, grants=["pids:77", "mem:99m"])
@@ -246,10 +267,10 @@ def _limits(text: str) -> dict[str, tuple[str, str]]:
     return {"core": tuple(rows["Max core file size"]), "nofile": tuple(rows["Max open files"])}  # type: ignore[dict-item]
 
 
-def test_the_box_holds_its_rlimits_from_its_first_instruction(bwrap):
+def test_the_box_holds_its_rlimits_from_its_first_instruction(bwrap, starter):
     """core 0:0 and nofile 1024:8192 (policy.RLIMITS), as runc's boxes have them: on the box's PID 1 and a process it
-    forks, read from inside as they start (util-linux's prlimit set them on itself before it became bwrap), and on
-    bwrap itself, read from the host."""
+    forks, read from inside as they start (the starter set them on itself before it became bwrap), and on bwrap itself,
+    read from the host."""
     proc = quinebox.Popen(["sh", "-c", "cat /proc/1/limits; echo --; cat /proc/self/limits; exec sleep 30"], stdout=quinebox.PIPE)
     try:
         inside = b""
@@ -265,7 +286,30 @@ def test_the_box_holds_its_rlimits_from_its_first_instruction(bwrap):
         proc.wait()
 
 
-def test_no_process_of_the_box_is_ever_host_root_and_the_host_holds_none_of_its_mounts(bwrap):
+@pytest.mark.parametrize(("options", "said"), [
+    (["--rlimit=nofile=1024:2000000000"], "nofile=1024:2000000000: Operation not permitted"),  # over fs.nr_open: refused even with CAP_SYS_RESOURCE
+    (["--rlimit=nofile=8192:1024"], "not NAME=SOFT:HARD with SOFT <= HARD: nofile=8192:1024"),
+    (["--rlimit=nofile=1024"], "not NAME=SOFT:HARD: nofile=1024"),
+    (["--rlimit=files=1:1"], "no such rlimit: files=1:1"),
+    (["--rlimit=core=-1:0"], "not NAME=SOFT:HARD with SOFT <= HARD: core=-1:0"),
+    (["--rlimit=core=0:99999999999999999999999"], "not NAME=SOFT:HARD with SOFT <= HARD: core=0:99999999999999999999999"),
+    (["--ids=1000"], "not --ids=UID:GID: 1000"),
+    (["--ids=1000:-1"], "not --ids=UID:GID: 1000:-1"),
+    (["--ids=4294967295:0"], "not --ids=UID:GID: 4294967295:0"),  # (uid_t)-1: "leave it as it is" to the kernel
+    (["--setuid=0"], "an option quinebox-boxstart does not know: --setuid=0"),
+    ([], "no program after --"),
+])
+def test_the_starter_refuses_what_it_cannot_do_in_one_line_and_runs_nothing(tmp_path, options, said):
+    """quinebox-boxstart, which starts each box before bwrap, says what it cannot do in one line and exits 125 (box.py
+    then says bwrap did not start the box), before it runs anything."""
+    marker = tmp_path / "ran"
+    program = [] if said == "no program after --" else ["/bin/touch", str(marker)]
+    done = subprocess.run([built_boxstart(), *options, "--", *program], capture_output=True, timeout=30)
+    assert (done.returncode, done.stdout, done.stderr.decode()) == (125, b"", f"quinebox: cannot start the box: {said}\n")
+    assert not marker.exists()
+
+
+def test_no_process_of_the_box_is_ever_host_root_and_the_host_holds_none_of_its_mounts(bwrap, starter):
     """From the host's /proc: bwrap and every process of the box run as the box's own unprivileged host ids (root) or
     the caller (a plain user), in every id the kernel keeps, and hold no capability."""
     proc = quinebox.Popen(["sh", "-c", "sleep 30 & sleep 30 & echo up; wait"], stdout=quinebox.PIPE)
@@ -293,7 +337,7 @@ def test_no_process_of_the_box_is_ever_host_root_and_the_host_holds_none_of_its_
 
 
 @pytest.mark.skipif(ROOTLESS, reason="as root: bwrap becomes the box's own host ids, with none of its caller's groups")
-def test_a_root_made_box_holds_none_of_its_callers_groups(bwrap):
+def test_a_root_made_box_holds_none_of_its_callers_groups(bwrap, starter):
     """A caller's supplementary group is not the box's (one the box's namespace has no name for would show as 65534)."""
     done = subprocess.run([QUINEBOX, "exec", "--backend", "bwrap", "--", "grep", "^Groups", "/proc/self/status"], capture_output=True, timeout=60, extra_groups=[4242])
     assert done.returncode == 0 and done.stdout.split() == [b"Groups:"], done

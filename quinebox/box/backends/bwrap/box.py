@@ -43,6 +43,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -411,23 +412,38 @@ def _binary(name: str, package: str) -> str:
     return found
 
 
-def _wrapped(argv: list[str], box: BwrapBox, *, tty: bool, as_ids: tuple[int, int] | None) -> list[str]:
-    """bwrap's argv as it is started. Under util-linux's prlimit, which sets the box's rlimits on itself and then is
-    bwrap: a limit set on another process needs CAP_SYS_RESOURCE (a container's root may lack it), and a child bwrap
-    forked before its limits were set would lack them. `as_ids` (root): then util-linux's setpriv, which becomes the
-    box's own host uid and gid with no supplementary group before anything of the box's runs, as subprocess's
-    `user=`/`group=`/`extra_groups=` would; but those make CPython fork the whole interpreter (~2 ms of a worker's
-    CPU, its page tables copied) where it otherwise uses vfork. On a terminal, the pty's slave made bwrap's controlling
-    terminal (`setsid --ctty`), so that ^C and ^\\ reach the box's foreground processes as the kernel sends them,
-    as on a runtime's console; bwrap itself ignores them (`env --ignore-signal`), or its death would kill the box,
-    and its box's init takes them back (guest/lifeline.py forwards SIGINT and SIGQUIT, its command starts with both
+#: bin/boxstart.c as scripts/setup.sh builds it, beside the interpreter: the box's rlimits and (root) its host ids, then bwrap.
+BOXSTART = "quinebox-boxstart"
+
+
+def boxstart() -> str | None:
+    """quinebox-boxstart beside this interpreter (a venv's bin, where scripts/setup.sh builds it), None where it is not
+    (no C compiler then, or a wheel's install): then util-linux's prlimit and setpriv do what it does."""
+    path = os.path.join(os.path.dirname(sys.executable), BOXSTART)
+    return path if os.access(path, os.X_OK) and os.path.isfile(path) else None
+
+
+def _wrapped(argv: list[str], box: BwrapBox, *, tty: bool, as_ids: tuple[int, int] | None, starter: str | None) -> list[str]:
+    """bwrap's argv as it is started: under `starter` (quinebox-boxstart, `boxstart()`), which sets the box's rlimits
+    on itself and, with `as_ids` (root), becomes the box's own host uid and gid with no supplementary group, then is
+    bwrap; with none, util-linux's prlimit and setpriv, which do the same as two execs (~2.5 ms more of each start). A
+    limit is set on the starting process itself: on another, it would need CAP_SYS_RESOURCE (a container's root may
+    lack it), and a child bwrap forked before its limits were set would lack them. subprocess's
+    `user=`/`group=`/`extra_groups=` would change ids too, but make CPython fork the whole interpreter (~2 ms of a
+    worker's CPU, its page tables copied) where it otherwise uses vfork. On a terminal, the pty's slave made bwrap's
+    controlling terminal (`setsid --ctty`), so that ^C and ^\\ reach the box's foreground processes as the kernel sends
+    them, as on a runtime's console; bwrap itself ignores them (`env --ignore-signal`), or its death would kill the
+    box, and its box's init takes them back (guest/lifeline.py forwards SIGINT and SIGQUIT, its command starts with both
     at their defaults)."""
-    limits = [_binary("prlimit", "util-linux"), *(f"--{name}={soft}:{hard}" for name, soft, hard in box.rlimits), "--"]
-    if as_ids is not None:
-        limits += [_binary("setpriv", "util-linux"), f"--reuid={as_ids[0]}", f"--regid={as_ids[1]}", "--clear-groups", "--"]
+    if starter is not None:
+        before = [starter, *(f"--rlimit={name}={soft}:{hard}" for name, soft, hard in box.rlimits), *([f"--ids={as_ids[0]}:{as_ids[1]}"] if as_ids else []), "--"]
+    else:
+        before = [_binary("prlimit", "util-linux"), *(f"--{name}={soft}:{hard}" for name, soft, hard in box.rlimits), "--"]
+        if as_ids is not None:
+            before += [_binary("setpriv", "util-linux"), f"--reuid={as_ids[0]}", f"--regid={as_ids[1]}", "--clear-groups", "--"]
     if tty:
-        limits += [_binary("env", "coreutils"), "--ignore-signal=INT", "--ignore-signal=QUIT", _binary("setsid", "util-linux"), "--ctty"]
-    return [*limits, *argv]
+        before += [_binary("env", "coreutils"), "--ignore-signal=INT", "--ignore-signal=QUIT", _binary("setsid", "util-linux"), "--ctty"]
+    return [*before, *argv]
 
 
 #: The number of read(2) on each architecture bwrap's child may wait on its block fd in (`_waits_on`).
@@ -542,7 +558,7 @@ class BwrapProcess:
             fds += [info_r, info_w, block_r, block_w]
             stdin, stdout, stderr = (terminal, terminal, terminal) if terminal is not None else stdio
             command = _wrapped([_binary("bwrap", "bubblewrap"), *_with_fds(argv, seccomp, info_w, block_r)[1:]], box, tty=terminal is not None,
-                               as_ids=box.host_ids if as_root and world is None else None)
+                               as_ids=box.host_ids if as_root and world is None else None, starter=boxstart())
             if world is not None:  # mounted by the process that becomes bwrap, which then drops to the box's ids itself
                 command = [*mounter(box.overlay, str(world), box.host_ids, as_root=as_root), *command]
             self._proc = _starter.popen(

@@ -2,7 +2,7 @@
 host in a mount namespace of that box's own, which bwrap then binds at /world.
 
 bwrap 0.8 has no overlay mount, so the process that becomes bwrap mounts it first: a small step exec'd before
-prlimit and bwrap (`mounter`, Python with no site and no environment, only for a box with such a world; the pid
+the box's starter (quinebox-boxstart, or prlimit) and bwrap (`mounter`, Python with no site and no environment, only for a box with such a world; the pid
 stays the one Popen made, so `--die-with-parent`, the info and block fds and the cgroup placement are bwrap's as
 ever). It
 
@@ -12,7 +12,7 @@ ever). It
 2. mounts the overlay (policy.world_mount's options, nosuid and nodev) on `target`, an empty directory its bwrap
    may walk to (a root-made box's slot, `<slot>/<session>.mnt/world`, 0711 above it; a plain user's own state dir);
 3. as root, drops to the box's own unprivileged host ids (no supplementary group; the kernel clears every
-   capability as the last uid 0 goes), then execs the rest of its argv: prlimit, bwrap.
+   capability as the last uid 0 goes), then execs the rest of its argv: the starter, bwrap.
 
 Its upper layer is then written as on runc: what the box makes is its user's host ids' (as root, its own ids; as a
 plain user, theirs), a deletion is overlay's whiteout (a 0:0 character device) and an emptied directory opaque
@@ -64,6 +64,6 @@ except OSError as exc:
 
 
 def mounter(options: Sequence[str], target: str, host_ids: tuple[int, int], *, as_root: bool) -> list[str]:
-    """The argv put before prlimit's and bwrap's: mounts the overlay of `options` on `target` in a mount namespace of
+    """The argv put before the starter's and bwrap's: mounts the overlay of `options` on `target` in a mount namespace of
     its own (module docstring), then runs the rest as `host_ids` (as root: dropped to them; a plain user: their own)."""
     return [sys.executable, "-S", "-I", "-c", _PROGRAM, "root" if as_root else "user", target, ",".join(options), str(host_ids[0]), str(host_ids[1]), "--"]
