@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from bwrap_argv import IMAGE, IMAGE_ROOT, PROC, TMP, TreeLook, bwrap, command, env, flags, mounts, options, own, root, system
 from test_policy import AGENT_IMAGE, ARCH, RUNTIME_DIR, spec
-from test_policy_oci import BOXES, DIR_WORLD, env_of, oci, own_mounts
+from test_policy_oci import BOXES, DIR_WORLD, OVERLAY_WORLD, env_of, oci, own_mounts
 
 from quinebox.box.backends.bwrap.policy import OVERLAY_SOURCE, bwrap_box, bwrap_refusal, compile_seccomp, proc_kinds
 from quinebox.box.backends.bwrap.root import ROOT_TMPFS, image_look
@@ -19,6 +19,7 @@ from quinebox.audit.asks import Asks
 from quinebox.box.policy import GUEST_PREFIX, HOST_SOCKET, NATIVE_INIT, RUNTIME
 from quinebox.box.spec import HOST_IMAGE, seccomp_base
 from quinebox.errors import ErrorKind, QuineboxError
+from quinebox.worlds.spec import WorldSpec
 
 # -- the safe defaults, with no grant ---------------------------------------------------------------------------
 
@@ -114,6 +115,21 @@ def test_a_dir_or_bind_world_is_a_read_write_bind(kind):
 def test_a_mount_inside_the_world_lands_on_it_not_under_it():
     dests = [m[2] if m[0] != "--tmpfs" else m[1] for m in own(bwrap(spec("rw:/src=/world/src", "ro:/a/b/c", world=DIR_WORLD)).argv)]
     assert dests == ["/tmp", "/world", RUNTIME, "/world/src", "/a/b/c", HOST_SOCKET]
+
+
+@pytest.mark.parametrize(("world", "workdir", "ours"), [
+    (DIR_WORLD, None, True),  # the default: /world, made for the box and its user's
+    (DIR_WORLD, "/world/", True),
+    (DIR_WORLD, "/world/sub", False),  # below it: what the box made there may shut its user out
+    (DIR_WORLD, "/tmp", False),
+    (DIR_WORLD, "/opt/a", False),  # the image's: its modes say
+    (WorldSpec(kind="bind", layer="/home/me/project"), None, False),  # the host's directory (`--world DIR`): its modes say
+    (OVERLAY_WORLD, None, False),  # a child's overlay of its parent's layers
+])
+def test_only_a_world_made_for_the_box_spares_its_start_the_walk_to_its_working_directory(world, workdir, ours):
+    """box.py walks to the working directory as the box's user before the box starts (a refusal is one line, nothing
+    run), but for /world when it is a world made for the box: its user owns it, and always enters it."""
+    assert bwrap(spec(world=world, **({"workdir": workdir} if workdir else {}))).workdir_ours is ours
 
 
 @pytest.mark.parametrize(("workdir", "made", "tmpfs"), [

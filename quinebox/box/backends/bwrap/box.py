@@ -584,7 +584,7 @@ class BwrapProcess:
                 code = self._proc.wait(START_WITHIN)
                 raise EngineError(f"bwrap could not make the box (it exited {code}): its own line above says why")
             workdir = _option(box.argv, "--chdir") or "/"
-            if workdir != "/" and (refused := _cannot_enter(self.pid, workdir, box.host_ids if as_root else None)):
+            if workdir != "/" and not box.workdir_ours and (refused := _cannot_enter(self.pid, workdir, box.host_ids if as_root else None)):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)  # type: ignore[arg-type]  # placed: it has one. Killed before its block fd closes: it runs nothing, says nothing
                 raise EngineError(f"bwrap could not start the box: its user cannot enter its working directory {workdir}: {os.strerror(refused).lower()}; "
                                   "choose another with -w/--workdir, or one the box's user may walk to", kind=ErrorKind.BAD_INPUT, workdir=workdir)

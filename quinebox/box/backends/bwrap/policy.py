@@ -148,7 +148,9 @@ class BwrapBox:
     and `oom_score_adj` on bwrap's process, which its box inherits, run as `host_ids`; `own_ids`, the box's uid and
     gid, the only ids its user namespace maps (seccomp_program narrows the chown calls to them); `overlay`: the options of
     /world's overlay (a copy-on-write world), which the caller mounts and binds where argv says OVERLAY_SOURCE
-    (bwrap/overlay.py), empty when /world is no overlay."""
+    (bwrap/overlay.py), empty when /world is no overlay; `workdir_ours`: the working directory is /world, a world made
+    for the box and owned by its user (worlds/build.create), which its user always enters: the start does not walk to
+    it to find out (box.py's `_cannot_enter`, a thread of the box's ids, for any other)."""
 
     argv: list[str]
     seccomp: dict[str, Any]
@@ -159,6 +161,7 @@ class BwrapBox:
     host_ids: tuple[int, int]
     own_ids: tuple[int, int]
     overlay: tuple[str, ...] = ()
+    workdir_ours: bool = False
 
 
 def proc_kinds(paths: Iterable[str] = (*MASKED_PATHS, *READONLY_PATHS)) -> dict[str, str]:
@@ -263,8 +266,9 @@ def bwrap_box(
              *init_command(spec, image, environment, native_init=native_init, lasting=lasting)]
     profile = oci_seccomp(seccomp_profile(seccomp, grants, arch, setid=not writes_host_paths(grants, spec.world)), arch)
     overlay = next((m.options for m in own if m.kind == "overlay"), ())
+    ours = spec.world is not None and spec.world.kind == "dir" and os.path.normpath(workdir) == "/world"
     return BwrapBox(argv=argv, seccomp=profile, seccomp_fd=seccomp_fd, resources=resources, rlimits=RLIMITS,
-                    oom_score_adj=OOM_SCORE_ADJ, host_ids=host_ids, own_ids=(spec.uid, spec.gid), overlay=overlay)
+                    oom_score_adj=OOM_SCORE_ADJ, host_ids=host_ids, own_ids=(spec.uid, spec.gid), overlay=overlay, workdir_ours=ours)
 
 
 #: The chown calls, each with the index of its uid argument (its gid's is the next).
