@@ -120,27 +120,21 @@ def _duration(seconds: float | None) -> str:
 
 @box_app.command("rm", help="Remove long-lived boxes and everything running in them.")
 def box_rm_command(refs: list[str] = typer.Argument(..., metavar="ID|NAME...")) -> None:
-    from quinebox.box.live import sandboxes
-    from quinebox.box.owners import listing
+    """Each box ended as `Sandbox.destroy` ends an attached one: by its owner, the one way every box is removed;
+    only an owner that cannot be asked, or does not act in time, has its holder told to stop and the box killed."""
     from quinebox.errors import QuineboxError
+    from quinebox.sandbox import Sandbox
 
     code = 0
     for ref in refs:
         with reported():
             try:
-                record, _ = sandboxes.find(ref)
-            except QuineboxError as exc:  # one missing box (or one the engine fails on) is said and does not keep the others; a bug is itself
+                box = Sandbox.connect(ref)
+                box.destroy()
+            except QuineboxError as exc:  # one missing box, or one that stays, is said and does not keep the others; a bug is itself
                 code = fail(exc).exit_code
                 continue
-            listing.kill_subtree(record.session)
-            gone = sandboxes.wait_gone(record.session, 10)
-            if gone:  # one that stays keeps its record: `box ls` still shows it, and `box rm` tries again
-                sandboxes.remove_record(record.session)
-        if not gone:
-            say(f"box {record.session} did not go in time: `quinebox gc` removes it once its runtime answers")
-            code = 125
-        else:
-            print(record.session)
+        print(box.id)
     raise typer.Exit(code)
 
 
