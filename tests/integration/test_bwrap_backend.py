@@ -14,6 +14,7 @@ import os
 import pty
 import resource
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -36,7 +37,7 @@ from quinebox.box.backends.bwrap.configure import configure_bwrap
 from quinebox.box.backends.oci.idmap import BASE, BOXES, SLOTS, SPAN
 from quinebox.box.configure import unpacked_image
 from quinebox.box.spec import DEFAULT_IMAGE, build_spec
-from quinebox.errors import EngineError
+from quinebox.errors import EngineError, ErrorKind
 from quinebox.processes import pid_alive
 from quinebox.state import session_dir, state_dir
 
@@ -423,6 +424,28 @@ def test_a_working_directory_the_box_cannot_enter_is_125_and_one_line_and_leaves
     assert records() == []
     ran = cli("--workdir", "/bin", "--", "pwd", "-P")  # a link in the image's root (to usr/bin): walked in the box's root
     assert (ran.returncode, ran.stdout) == (0, b"/usr/bin\n"), ran.stderr
+
+
+def test_its_own_world_shut_by_its_last_box_is_refused_in_one_line_and_leaves_nothing(bwrap):
+    """A box's own world is entered without the walk to it as the box's user (its user owns it), but one its last box
+    shut (`chmod 000 /world`, then resumed) is looked at on the host and refused as any working directory its user
+    cannot enter: quinebox's one line, before anything of the box runs, never bwrap's `--chdir` failing as its status."""
+    spec, _, config = configure_bwrap(replace(build_spec(["true"]), lifeline=None))  # no broker: no socket to bind
+    assert config.box.workdir_ours and spec.world is not None and spec.world.kind == "dir"
+    layer = Path(spec.world.layer)
+    layer.mkdir(parents=True)
+    os.chown(layer, *config.box.host_ids)
+    layer.chmod(0o000)
+    ended: list[tuple] = []
+    try:
+        with pytest.raises(EngineError, match=r"its user cannot enter its working directory /world: permission denied") as refused:
+            BwrapProcess(spec.session, config.box, labels=config.labels, image_root=config.image_root, cgroup_path=config.cgroup,
+                         ids=config.ids, stdio=(0, 1, 2), ended=lambda *a: ended.append(a))
+        assert refused.value.kind is ErrorKind.BAD_INPUT and ended == []
+        assert (cgroups_of(spec.session), records()) == ([], [])
+    finally:
+        layer.chmod(0o700)
+        shutil.rmtree(session_dir(spec.session), ignore_errors=True)
 
 
 def test_a_working_directory_below_the_boxs_tmp_is_made_for_its_user(bwrap):

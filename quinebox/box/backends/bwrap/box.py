@@ -42,6 +42,7 @@ import queue
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -510,6 +511,18 @@ def _cannot_enter(pid: int, workdir: str, as_ids: tuple[int, int] | None) -> int
     return said[0] if said else errno.ETIMEDOUT
 
 
+def _own_world_open(box: BwrapBox) -> bool:
+    """Whether the box's own world (policy's `workdir_ours`), as the host has it, is a directory its user owns and may
+    search: then its user enters it, and the walk to it as its user (`_cannot_enter`) is spared. A resumed world its
+    last box shut (`chmod 000 /world`) is walked to, and refused in one line, as any other."""
+    source = next((box.argv[i + 1] for i, option in _options(box.argv) if option == "--bind" and box.argv[i + 2] == "/world"), None)
+    try:
+        st = os.stat(source) if source is not None else None
+    except OSError:
+        return False
+    return st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == box.host_ids[0] and bool(st.st_mode & stat.S_IXUSR)
+
+
 def _oom_score(pid: int, box: BwrapBox) -> None:
     """The box's OOM score on `pid` (bwrap, or its box's PID 1 before it runs the box's command): raised, never lowered."""
     Path(f"/proc/{pid}/oom_score_adj").write_text(str(box.oom_score_adj))
@@ -584,7 +597,7 @@ class BwrapProcess:
                 code = self._proc.wait(START_WITHIN)
                 raise EngineError(f"bwrap could not make the box (it exited {code}): its own line above says why")
             workdir = _option(box.argv, "--chdir") or "/"
-            if workdir != "/" and not box.workdir_ours and (refused := _cannot_enter(self.pid, workdir, box.host_ids if as_root else None)):
+            if workdir != "/" and not (box.workdir_ours and _own_world_open(box)) and (refused := _cannot_enter(self.pid, workdir, box.host_ids if as_root else None)):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)  # type: ignore[arg-type]  # placed: it has one. Killed before its block fd closes: it runs nothing, says nothing
                 raise EngineError(f"bwrap could not start the box: its user cannot enter its working directory {workdir}: {os.strerror(refused).lower()}; "
                                   "choose another with -w/--workdir, or one the box's user may walk to", kind=ErrorKind.BAD_INPUT, workdir=workdir)

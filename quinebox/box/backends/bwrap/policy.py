@@ -149,8 +149,8 @@ class BwrapBox:
     gid, the only ids its user namespace maps (seccomp_program narrows the chown calls to them); `overlay`: the options of
     /world's overlay (a copy-on-write world), which the caller mounts and binds where argv says OVERLAY_SOURCE
     (bwrap/overlay.py), empty when /world is no overlay; `workdir_ours`: the working directory is /world, a world made
-    for the box and owned by its user (worlds/build.create), which its user always enters: the start does not walk to
-    it to find out (box.py's `_cannot_enter`, a thread of the box's ids, for any other)."""
+    for the box and owned by its user (worlds/build.create), which its user enters: the start looks at its mode on the
+    host rather than walk to it as the box's user (box.py's `_cannot_enter`, a thread of the box's ids, for any other)."""
 
     argv: list[str]
     seccomp: dict[str, Any]
